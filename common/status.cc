@@ -1,0 +1,12 @@
+#include "common/status.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace rl {
+
+absl::Status Annotate(const absl::Status& status, std::string_view context) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
+}
+
+}  // namespace rl
