@@ -1,0 +1,72 @@
+// ModelRunner: the interface between the engine (scheduler, KV allocator, sampler) and a
+// backend (CPU oracle, CUDA). The runner makes no policy decisions: it runs one mixed batch of
+// prefill chunks and decode tokens through the model, reading and writing the KV cache through
+// the slot indices the engine allocated, and returns logits for the rows asked for.
+//
+// KV layout contract: the runner owns `num_kv_slots()` token slots per layer; slot s belongs to
+// page s / page_size. The engine's allocator hands out slots; the runner never allocates.
+// Thread safety: not thread-safe; called only from the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/model_io/model_config.h"
+
+namespace rl::model {
+
+enum class LogitsMode {
+  kNone,  // no logits for this sequence (a prefill chunk that is not the last one)
+  kLast,  // one row: the last token of this step
+  kAll,   // one row per token processed this step (prompt logprobs)
+};
+
+struct SequenceInput {
+  // Tokens processed this step (prefill chunk or one decode token).
+  std::vector<int32_t> token_ids;
+  // Number of tokens of this sequence already in the KV cache; the new tokens take positions
+  // start_pos .. start_pos + token_ids.size() - 1.
+  int32_t start_pos = 0;
+  // KV slot of every position 0 .. start_pos + token_ids.size() - 1 (read the first start_pos,
+  // write the rest).
+  std::vector<int32_t> kv_slots;
+  LogitsMode logits = LogitsMode::kLast;
+};
+
+struct ForwardInput {
+  std::vector<SequenceInput> seqs;
+};
+
+struct ForwardOutput {
+  int64_t vocab_size = 0;
+  // Rows of logits in float32, [num_rows, vocab_size], in sequence order.
+  std::vector<float> logits;
+  // Sequence i's rows are [row_begin[i], row_begin[i + 1]); size seqs.size() + 1.
+  std::vector<int64_t> row_begin;
+};
+
+// Description of one weight tensor as the runner holds it.
+struct TensorInfo {
+  std::string name;   // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::string dtype;  // "F32", "BF16", "F16"
+  std::vector<int64_t> shape;
+};
+
+class ModelRunner {
+ public:
+  virtual ~ModelRunner() = default;
+
+  virtual const model_io::ModelConfig& config() const = 0;
+  virtual std::string backend_name() const = 0;  // "cpu", "cuda"
+  virtual int64_t num_kv_slots() const = 0;
+  virtual int32_t page_size() const = 0;
+
+  // Runs one batch. `out` is overwritten. Errors (bad slots, positions past the context)
+  // leave the KV cache of the sequences in the batch unspecified but never crash.
+  virtual absl::Status Forward(const ForwardInput& in, ForwardOutput* out) = 0;
+};
+
+}  // namespace rl::model
