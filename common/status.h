@@ -8,6 +8,8 @@
 
 #include <utility>
 
+#include "absl/strings/string_view.h"
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
@@ -34,6 +36,6 @@
 namespace rl {
 
 // Prefixes `status`'s message with `context` ("loading model: <message>"), keeping its code.
-absl::Status Annotate(const absl::Status& status, std::string_view context);
+absl::Status Annotate(const absl::Status& status, absl::string_view context);
 
 }  // namespace rl

@@ -1,0 +1,57 @@
+// gRPC server runner shared by rl-worker and rl-router: binds HOST:PORT (port 0 picks a free
+// port), registers the given services plus grpc.health.v1.Health and server reflection (so
+// grpcurl works without .proto files), and drains gracefully on shutdown: new calls are refused,
+// in-flight calls get `drain` to finish, then are cancelled.
+//
+// Signals: call BlockTerminationSignals() first thing in main (before any thread starts) and
+// WaitForTerminationSignal() when the process has nothing else to do.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/server.h"
+
+namespace rl {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::chrono::milliseconds drain{10000};
+  // Largest message accepted or sent (weight chunks can be large).
+  int max_message_bytes = 512 << 20;
+};
+
+class GrpcServer {
+ public:
+  // `services` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const ServerOptions& options,
+                                                           const std::vector<grpc::Service*>& services);
+  ~GrpcServer();
+
+  int port() const { return port_; }
+  // "HOST:PORT" as bound.
+  std::string address() const;
+  // Overall health status ("" service) reported by grpc.health.v1.Health.
+  void SetServing(bool serving);
+  // Graceful drain (idempotent).
+  void Shutdown();
+  grpc::Server* server() { return server_.get(); }
+
+ private:
+  GrpcServer() = default;
+  std::unique_ptr<grpc::Server> server_;
+  std::string host_;
+  int port_ = 0;
+  std::chrono::milliseconds drain_{0};
+  bool shut_down_ = false;
+};
+
+void BlockTerminationSignals();
+// Blocks until SIGINT or SIGTERM arrives; returns the signal number.
+int WaitForTerminationSignal();
+
+}  // namespace rl
