@@ -1,0 +1,136 @@
+#include "common/model_io/dtype.h"
+
+#include <cmath>
+
+namespace rl::model_io {
+
+namespace {
+struct DTypeEntry {
+  DType dtype;
+  std::string_view name;
+  int64_t size;
+};
+constexpr DTypeEntry kDTypes[] = {
+    {DType::kF32, "F32", 4}, {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
+    {DType::kF64, "F64", 8}, {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
+    {DType::kI16, "I16", 2}, {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
+    {DType::kBool, "BOOL", 1},
+};
+}  // namespace
+
+const char* DTypeName(DType dtype) {
+  for (const auto& e : kDTypes) {
+    if (e.dtype == dtype) return e.name.data();
+  }
+  return "?";
+}
+
+std::optional<DType> ParseDType(std::string_view name) {
+  for (const auto& e : kDTypes) {
+    if (e.name == name) return e.dtype;
+  }
+  return std::nullopt;
+}
+
+int64_t DTypeSize(DType dtype) {
+  for (const auto& e : kDTypes) {
+    if (e.dtype == dtype) return e.size;
+  }
+  return 0;
+}
+
+bool IsFloatWeightDType(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+}
+
+float F16ToF32(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400u) == 0);
+      bits = sign | static_cast<uint32_t>(127 - 15 - e) << 23 | (mant & 0x3ffu) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | mant << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | mant << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+uint16_t F32ToF16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
+  const uint32_t abs = bits & 0x7fffffffu;
+  if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow (incl. rounding up) → inf
+  if (abs < 0x38800000u) {                        // subnormal or zero in f16
+    if (abs < 0x33000000u) return sign;           // rounds to zero
+    const uint32_t exp = abs >> 23;
+    const uint32_t mant = (abs & 0x7fffffu) | 0x800000u;
+    const uint32_t shift = 126 - exp;  // 14 + (113 - exp) ... brings value to 2^-24 units
+    const uint32_t halfway = 1u << (shift - 1);
+    uint32_t result = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    if (rem > halfway || (rem == halfway && (result & 1u))) ++result;
+    return sign | static_cast<uint16_t>(result);
+  }
+  uint32_t result = ((abs >> 13) - (112u << 10));
+  const uint32_t rem = abs & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (result & 1u))) ++result;
+  return sign | static_cast<uint16_t>(result);
+}
+
+void ConvertToF32(DType src_dtype, const void* src, int64_t n, float* dst) {
+  switch (src_dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    case DType::kBF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToF32(s[i]);
+      return;
+    }
+    case DType::kF16: {
+      const auto* s = static_cast<const uint16_t*>(src);
+      for (int64_t i = 0; i < n; ++i) dst[i] = F16ToF32(s[i]);
+      return;
+    }
+    default:
+      for (int64_t i = 0; i < n; ++i) dst[i] = std::nanf("");
+  }
+}
+
+void ConvertFromF32(const float* src, int64_t n, DType dst_dtype, void* dst) {
+  switch (dst_dtype) {
+    case DType::kF32:
+      std::memcpy(dst, src, static_cast<size_t>(n) * 4);
+      return;
+    case DType::kBF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = F32ToBf16(src[i]);
+      return;
+    }
+    case DType::kF16: {
+      auto* d = static_cast<uint16_t*>(dst);
+      for (int64_t i = 0; i < n; ++i) d[i] = F32ToF16(src[i]);
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+}  // namespace rl::model_io

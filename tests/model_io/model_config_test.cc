@@ -1,0 +1,140 @@
+#include "common/model_io/model_config.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace rl::model_io {
+namespace {
+
+using ::testing::HasSubstr;
+
+const char kQwen3[] = R"({
+  "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936,
+  "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+  "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+  "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+  "rope_scaling": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "attention_bias": false, "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu"
+})";
+
+TEST(ModelConfigTest, ParsesStories260K) {
+  const char* data = std::getenv("RL_TEST_DATA");
+  if (data == nullptr) GTEST_SKIP() << "RL_TEST_DATA not set";
+  auto c = LoadModelConfig(std::string(data) + "/stories260K");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch, Arch::kLlama);
+  EXPECT_EQ(c->hidden_size, 64);
+  EXPECT_EQ(c->intermediate_size, 172);
+  EXPECT_EQ(c->num_hidden_layers, 5);
+  EXPECT_EQ(c->num_attention_heads, 8);
+  EXPECT_EQ(c->num_key_value_heads, 4);
+  EXPECT_EQ(c->head_dim, 8);
+  EXPECT_EQ(c->vocab_size, 512);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_EQ(c->rope_scaling.type, RopeScaling::Type::kNone);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{2}));
+  EXPECT_EQ(c->torch_dtype, "float32");
+}
+
+TEST(ModelConfigTest, ParsesQwen3AndRoundTrips) {
+  auto c = ParseModelConfig(kQwen3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch, Arch::kQwen3);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->attention_bias);
+  EXPECT_EQ(c->head_dim, 128);
+  auto again = ParseModelConfig(ModelConfigToJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->head_dim, 128);
+  EXPECT_EQ(again->eos_token_ids, c->eos_token_ids);
+  EXPECT_EQ(again->bos_token_id, c->bos_token_id);
+  EXPECT_EQ(again->vocab_size, c->vocab_size);
+}
+
+TEST(ModelConfigTest, Qwen2HasBiasAndDefaultHeadDim) {
+  auto c = ParseModelConfig(R"({"architectures": ["Qwen2ForCausalLM"], "vocab_size": 100,
+      "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+      "num_attention_heads": 14, "num_key_value_heads": 2, "max_position_embeddings": 32768,
+      "eos_token_id": [151643, 151645]})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{151643, 151645}));
+}
+
+TEST(ModelConfigTest, RopeScalingTypes) {
+  const std::string base = R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10,
+      "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
+      "num_attention_heads": 2, "max_position_embeddings": 128, "rope_scaling": )";
+  auto llama3 = ParseModelConfig(base + R"({"rope_type": "llama3", "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 8192}})");
+  ASSERT_TRUE(llama3.ok()) << llama3.status();
+  EXPECT_EQ(llama3->rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(llama3->rope_scaling.original_max_position_embeddings, 8192);
+  auto linear = ParseModelConfig(base + R"({"type": "linear", "factor": 2.0}})");
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  EXPECT_EQ(linear->rope_scaling.type, RopeScaling::Type::kLinear);
+  EXPECT_DOUBLE_EQ(linear->rope_scaling.factor, 2.0);
+  auto dynamic = ParseModelConfig(base + R"({"rope_type": "dynamic", "factor": 4.0}})");
+  ASSERT_TRUE(dynamic.ok()) << dynamic.status();
+  EXPECT_EQ(dynamic->rope_scaling.type, RopeScaling::Type::kDynamic);
+  EXPECT_EQ(dynamic->rope_scaling.original_max_position_embeddings, 128);
+
+  auto yarn = ParseModelConfig(base + R"({"rope_type": "yarn", "factor": 4.0}})");
+  ASSERT_FALSE(yarn.ok());
+  EXPECT_THAT(std::string(yarn.status().message()), HasSubstr("rope_scaling.rope_type"));
+  auto no_factor = ParseModelConfig(base + R"({"rope_type": "linear"}})");
+  ASSERT_FALSE(no_factor.ok());
+  EXPECT_THAT(std::string(no_factor.status().message()), HasSubstr("rope_scaling.factor"));
+  auto llama3_missing = ParseModelConfig(base + R"({"rope_type": "llama3", "factor": 8.0,
+      "low_freq_factor": 1.0, "high_freq_factor": 4.0}})");
+  ASSERT_FALSE(llama3_missing.ok());
+  EXPECT_THAT(std::string(llama3_missing.status().message()),
+              HasSubstr("original_max_position_embeddings"));
+}
+
+TEST(ModelConfigTest, ErrorsNameTheField) {
+  struct Case {
+    const char* json;
+    const char* field;
+  };
+  const Case cases[] = {
+      {"{", "valid JSON"},
+      {"[]", "JSON object"},
+      {R"({"vocab_size": 1})", "architectures"},
+      {R"({"architectures": ["GPT2LMHeadModel"]})", "GPT2LMHeadModel"},
+      {R"({"architectures": ["LlamaForCausalLM"], "hidden_size": 8})", "vocab_size"},
+      {R"({"architectures": ["LlamaForCausalLM"], "vocab_size": "x"})", "vocab_size"},
+      {R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+           "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 3,
+           "num_key_value_heads": 2, "max_position_embeddings": 16})",
+       "num_key_value_heads"},
+      {R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+           "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "max_position_embeddings": 16, "eos_token_id": "x"})",
+       "eos_token_id"},
+      {R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+           "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2,
+           "max_position_embeddings": 16, "rms_norm_eps": -1})",
+       "rms_norm_eps"},
+      {R"({"architectures": ["LlamaForCausalLM"], "vocab_size": 10, "hidden_size": 8,
+           "intermediate_size": 16, "num_hidden_layers": 0, "num_attention_heads": 2,
+           "max_position_embeddings": 16})",
+       "num_hidden_layers"},
+  };
+  for (const Case& c : cases) {
+    auto parsed = ParseModelConfig(c.json);
+    ASSERT_FALSE(parsed.ok()) << c.json;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(parsed.status().message()), HasSubstr(c.field)) << c.json;
+  }
+}
+
+}  // namespace
+}  // namespace rl::model_io
