@@ -1,0 +1,87 @@
+#include "services/worker/engine/request.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace rl::engine {
+namespace {
+
+absl::Status Invalid(const char* field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+bool Finite(double x) { return std::isfinite(x); }
+
+}  // namespace
+
+absl::Status ValidateRequest(const GenerateRequest& r, const RequestLimits& limits) {
+  const SamplingParams& s = r.sampling;
+  if (r.id.empty()) return Invalid("id", "must not be empty");
+  if (r.input_ids.empty()) return Invalid("input_ids", "the prompt must not be empty");
+  for (size_t i = 0; i < r.input_ids.size(); ++i) {
+    const int32_t t = r.input_ids[i];
+    if (t < 0 || t >= limits.vocab_size) {
+      return Invalid("input_ids", absl::StrCat("token ", t, " at position ", i,
+                                               " is outside the vocabulary [0, ",
+                                               limits.vocab_size, ")"));
+    }
+  }
+  if (!Finite(s.temperature) || s.temperature < 0) {
+    return Invalid("temperature", "must be finite and >= 0");
+  }
+  if (s.top_k < -1) return Invalid("top_k", "must be >= -1 (0 and -1 mean off)");
+  if (!Finite(s.top_p) || s.top_p <= 0 || s.top_p > 1) {
+    return Invalid("top_p", "must be in (0, 1]");
+  }
+  if (!Finite(s.min_p) || s.min_p < 0 || s.min_p > 1) return Invalid("min_p", "must be in [0, 1]");
+  if (!Finite(s.repetition_penalty) || s.repetition_penalty <= 0) {
+    return Invalid("repetition_penalty", "must be > 0");
+  }
+  if (!Finite(s.frequency_penalty) || std::fabs(s.frequency_penalty) > 2) {
+    return Invalid("frequency_penalty", "must be in [-2, 2]");
+  }
+  if (!Finite(s.presence_penalty) || std::fabs(s.presence_penalty) > 2) {
+    return Invalid("presence_penalty", "must be in [-2, 2]");
+  }
+  if (s.max_new_tokens < 0) return Invalid("max_new_tokens", "must be >= 0");
+  if (s.min_new_tokens < 0) return Invalid("min_new_tokens", "must be >= 0");
+  if (s.min_new_tokens > s.max_new_tokens) {
+    return Invalid("min_new_tokens", "must not exceed max_new_tokens");
+  }
+  for (int32_t t : s.stop_token_ids) {
+    if (t < 0 || t >= limits.vocab_size) {
+      return Invalid("stop_token_ids", absl::StrCat("token ", t, " is outside the vocabulary"));
+    }
+  }
+  for (const std::string& stop : s.stop) {
+    if (stop.empty()) return Invalid("stop", "stop strings must not be empty");
+  }
+  if (!s.stop.empty() && !limits.has_text_decoder) {
+    return Invalid("stop", "stop strings need a text decoder, and this engine has none");
+  }
+  if (s.n < 1 || s.n > kMaxSamplesPerRequest) {
+    return Invalid("n", absl::StrCat("must be in [1, ", kMaxSamplesPerRequest, "]"));
+  }
+  if (r.top_logprobs_num < 0 || r.top_logprobs_num > kMaxTopLogprobs) {
+    return Invalid("top_logprobs_num", absl::StrCat("must be in [0, ", kMaxTopLogprobs, "]"));
+  }
+  const int64_t prompt_len = static_cast<int64_t>(r.input_ids.size());
+  if (r.logprob_start_len < -1 || r.logprob_start_len > prompt_len) {
+    return Invalid("logprob_start_len", absl::StrCat("must be -1 or in [0, ", prompt_len, "]"));
+  }
+  const int64_t total = prompt_len + s.max_new_tokens;
+  if (total > limits.max_context_len) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt (", prompt_len, " tokens) + max_new_tokens (", s.max_new_tokens,
+        ") exceeds the context length ", limits.max_context_len));
+  }
+  if (total > limits.max_kv_tokens) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt (", prompt_len, " tokens) + max_new_tokens (", s.max_new_tokens,
+        ") exceeds the KV cache capacity ", limits.max_kv_tokens));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rl::engine

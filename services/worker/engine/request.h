@@ -1,0 +1,146 @@
+// Domain structs of the engine's public API: what a generation request asks for, what the
+// engine streams back while it runs, and the one final result it delivers when it ends.
+//
+// These are plain values with no protobuf: the worker service translates rl.v1 messages to and
+// from them. `ValidateRequest` checks every field once, at submission, so the scheduler can
+// trust what it receives. Cost: validation is O(prompt + stop strings).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace rl::engine {
+
+struct SamplingParams {
+  // 0 = greedy (argmax; logprobs reported at temperature 1).
+  double temperature = 1.0;
+  // Keep only the k most likely tokens; 0 or -1 = off.
+  int32_t top_k = 0;
+  // Nucleus mass in (0, 1]; 1 = off.
+  double top_p = 1.0;
+  // Drop tokens whose probability is below min_p * max probability; 0 = off.
+  double min_p = 0.0;
+  // Multiplicative penalty on tokens seen in the prompt or completion; 1 = off.
+  double repetition_penalty = 1.0;
+  // Additive penalty times a token's count in the completion; 0 = off.
+  double frequency_penalty = 0.0;
+  // Additive penalty for any token present in the completion; 0 = off.
+  double presence_penalty = 0.0;
+  // Per-request RNG seed. The same seed gives the same tokens however the batch is formed.
+  // Unset: the engine draws one.
+  std::optional<uint64_t> seed;
+  // 0 runs the prompt only (prompt logprobs); the request then finishes with kLength.
+  int32_t max_new_tokens = 128;
+  // EOS and stop tokens are masked, and stop strings ignored, until this many tokens exist.
+  int32_t min_new_tokens = 0;
+  // Keep going past the model's EOS ids (stop_token_ids still stop).
+  bool ignore_eos = false;
+  std::vector<int32_t> stop_token_ids;
+  // Matched on the decoded completion; needs a TextDecoder.
+  std::vector<std::string> stop;
+  // Number of completions; > 1 shares the prompt's KV through the prefix cache.
+  int32_t n = 1;
+};
+
+struct GenerateRequest {
+  // Unique among in-flight requests; chosen by the caller.
+  std::string id;
+  std::vector<int32_t> input_ids;
+  SamplingParams sampling;
+  // Logprob of every output token.
+  bool return_logprob = false;
+  // With return_logprob: top-N alternatives per position (0..kMaxTopLogprobs).
+  int32_t top_logprobs_num = 0;
+  // With return_logprob: prompt logprobs for prompt positions >= max(logprob_start_len, 1)
+  // (position 0 has no logprob). -1 = no prompt logprobs.
+  int32_t logprob_start_len = -1;
+  // Report logprobs at temperature 1 instead of the sampling temperature.
+  bool logprobs_at_temperature_one = false;
+};
+
+inline constexpr int32_t kMaxTopLogprobs = 20;
+inline constexpr int32_t kMaxSamplesPerRequest = 64;
+
+struct TopLogprob {
+  int32_t token_id = 0;
+  double logprob = 0.0;
+};
+
+// Logprob of one token: log_softmax(logits / T)[token_id] computed in double with
+// max-subtraction, before penalties and top-k/top-p/min-p truncation.
+struct TokenLogprob {
+  int32_t token_id = 0;
+  double logprob = 0.0;
+  std::vector<TopLogprob> top;  // most likely first; empty unless top_logprobs_num > 0
+};
+
+// Incremental output of one completion: the tokens produced since the previous chunk.
+struct OutputChunk {
+  std::string id;
+  int32_t index = 0;  // completion index, 0..n-1
+  std::vector<int32_t> token_ids;
+  std::vector<TokenLogprob> logprobs;  // one per token when return_logprob
+};
+
+enum class FinishKind { kStop, kLength, kAbort };
+
+struct FinishReason {
+  FinishKind kind = FinishKind::kLength;
+  // kStop: the token id that matched (EOS or stop_token_ids), or -1 for a stop string.
+  int32_t matched_token_id = -1;
+  // kStop: the stop string that matched, empty otherwise.
+  std::string matched_stop;
+  // kAbort: why.
+  std::string message;
+};
+
+struct RequestTimings {
+  int64_t queue_us = 0;  // submission to first scheduling
+  int64_t ttft_us = 0;   // submission to first output token (0 when none)
+  int64_t total_us = 0;  // submission to finish
+};
+
+// The final result of one completion: totals of everything streamed, plus bookkeeping.
+struct GenerateResult {
+  std::string id;
+  int32_t index = 0;
+  FinishReason finish_reason;
+  std::vector<int32_t> output_ids;
+  std::vector<TokenLogprob> output_logprobs;  // one per output token when return_logprob
+  // Prompt tokens at positions prompt_logprob_start .. prompt_tokens - 1.
+  std::vector<TokenLogprob> prompt_logprobs;
+  int32_t prompt_logprob_start = 0;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache at first admission
+  int32_t num_retractions = 0;
+  int64_t weight_version = 0;  // weight version when the completion finished
+  RequestTimings timings;
+};
+
+// Callbacks run on the engine thread and must not block (hand work off to another thread).
+// For n > 1 both receive the completion `index`; on_finish runs exactly once per completion,
+// also on abort and engine shutdown, never before Submit returned OK.
+struct RequestCallbacks {
+  std::function<void(const OutputChunk&)> on_output;  // optional
+  std::function<void(GenerateResult)> on_finish;      // required
+};
+
+// Limits the request is validated against (from the model and the KV pool).
+struct RequestLimits {
+  int64_t vocab_size = 0;
+  int64_t max_context_len = 0;     // prompt + max_new_tokens must fit
+  int64_t max_kv_tokens = 0;       // one completion must fit in the KV pool on its own
+  bool has_text_decoder = false;   // stop strings need one
+};
+
+// Checks every field. INVALID_ARGUMENT names the field; a prompt plus max_new_tokens longer
+// than the context or the KV pool is RESOURCE_EXHAUSTED.
+absl::Status ValidateRequest(const GenerateRequest& request, const RequestLimits& limits);
+
+}  // namespace rl::engine

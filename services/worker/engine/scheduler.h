@@ -1,0 +1,186 @@
+// Scheduler: continuous batching over a paged KV pool with a radix prefix cache. Pure CPU
+// policy: no tensors, no protobuf, no threads. One engine step is
+//
+//   ScheduledBatch batch = scheduler.Schedule();
+//   runner.Forward(batch.input, &out);
+//   scheduler.Update(batch, out);
+//
+// Schedule() gives every running sequence with one uncomputed token (decode) a slot first,
+// retracting the newest running sequences back to the waiting queue when KV runs out (their
+// pages are freed; they are prefilled again later, prompt + tokens so far). Then it continues
+// chunked prefills and admits waiting sequences FCFS within a per-step prefill token budget,
+// a req_to_token row limit and a KV reservation for future decode tokens (new_token_ratio).
+// A waiting sequence whose prefix is being prefilled by another sequence right now waits one
+// step so it reuses that prefix from the cache (this is how n > 1 forks the prompt's KV).
+// Update() samples, streams outputs, and finishes sequences on EOS / stop ids / stop strings /
+// max_new_tokens, returning their KV to the radix cache.
+//
+// Invariant (checked by CheckInvariants): free pages + radix-cache pages + pages owned by
+// running sequences == all pages, and rows in use == running sequences.
+// Thread safety: none; owned by the engine thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "services/worker/engine/kv_pool.h"
+#include "services/worker/engine/radix_cache.h"
+#include "services/worker/engine/req_to_token.h"
+#include "services/worker/engine/request.h"
+#include "services/worker/engine/sampler.h"
+#include "services/worker/engine/sequence.h"
+#include "services/worker/engine/text_decoder.h"
+#include "services/worker/model/model_runner.h"
+
+namespace rl::engine {
+
+struct SchedulerOptions {
+  int64_t num_kv_slots = 0;
+  int32_t page_size = 1;
+  int64_t vocab_size = 0;
+  int64_t max_context_len = 0;
+  std::vector<int32_t> eos_token_ids;
+  // Most sequences holding KV at once (req_to_token rows).
+  int32_t max_running_requests = 256;
+  // Most prefill tokens per step (decode tokens are not counted).
+  int32_t chunked_prefill_size = 2048;
+  // Fraction of a running sequence's remaining max_new_tokens reserved when admitting: starts
+  // at init, decays linearly to min over decay_steps decode steps, rises after a retraction.
+  double init_new_token_ratio = 0.7;
+  double min_new_token_ratio = 0.1;
+  int32_t new_token_ratio_decay_steps = 600;
+};
+
+struct SchedulerStats {
+  int32_t num_running = 0;
+  std::vector<std::string> running_ids;
+  int32_t num_waiting = 0;
+  int64_t total_kv_tokens = 0;
+  int64_t available_kv_tokens = 0;  // free pages * page_size
+  int64_t evictable_kv_tokens = 0;  // cached and not locked
+  int64_t tree_cache_tokens = 0;
+  int64_t tree_cache_nodes = 0;
+  int32_t req_to_token_used = 0;
+  int32_t req_to_token_total = 0;
+  bool has_chunked_prefill = false;
+  int64_t forward_ct_decode = 0;
+  double new_token_ratio = 0;
+  int64_t num_finished = 0;
+  int64_t num_aborted = 0;
+  int64_t num_retractions = 0;
+  int64_t cache_hit_tokens = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+};
+
+// One sequence's share of a step.
+struct BatchEntry {
+  Sequence* seq = nullptr;
+  int64_t start = 0;  // first position processed this step
+  int64_t count = 0;  // tokens processed this step
+  model::LogitsMode logits = model::LogitsMode::kNone;
+};
+
+struct ScheduledBatch {
+  std::vector<BatchEntry> entries;
+  model::ForwardInput input;  // entries[i] ↔ input.seqs[i]
+  int32_t num_decode = 0;
+  int64_t num_prefill_tokens = 0;
+  bool empty() const { return entries.empty(); }
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerOptions& options, const TextDecoder* decoder);
+
+  // Queues the n completions of a request (already validated). `seed` is used when the
+  // request has none.
+  void Add(std::shared_ptr<RequestGroup> group, uint64_t seed, int64_t now_us);
+
+  bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
+  bool HasRunning() const { return !running_.empty(); }
+
+  // Picks the next step's work and allocates its KV. Empty only when there is no work.
+  ScheduledBatch Schedule(int64_t now_us);
+  // Consumes the runner's output for `batch`: samples, streams, finishes.
+  void Update(const ScheduledBatch& batch, const model::ForwardOutput& out, int64_t now_us);
+  // The forward pass failed: every sequence of `batch` finishes with kAbort and `error`, its
+  // KV (now unspecified) freed without caching.
+  void FailBatch(const ScheduledBatch& batch, const absl::Status& error, int64_t now_us);
+
+  // Finishes the completions of request `id` (waiting or running) with kAbort. Returns how
+  // many completions were aborted.
+  int32_t Abort(const std::string& id, const std::string& message, int64_t now_us);
+  int32_t AbortAll(const std::string& message, int64_t now_us);
+  // Moves every running sequence back to the front of the waiting queue (oldest first) and
+  // frees its KV.
+  void RetractAll();
+  // Empties the radix cache, KV pool and req_to_token table and resets counters. Requires no
+  // running sequence (waiting ones survive and are recomputed).
+  absl::Status Flush();
+
+  void set_weight_version(int64_t version) { weight_version_ = version; }
+  int64_t weight_version() const { return weight_version_; }
+
+  SchedulerStats Stats() const;
+  // OK when the page accounting invariant holds; INTERNAL naming the mismatch otherwise.
+  absl::Status CheckInvariants() const;
+
+ private:
+  // KV bookkeeping.
+  bool EnsureFreePages(int64_t num_pages);
+  int64_t PagesToGrow(const Sequence& seq, int64_t new_len) const;
+  bool Grow(Sequence* seq, int64_t new_len);
+  void AppendOwnPages(const Sequence& seq, std::vector<int32_t>* pages) const;
+  void ReleaseKv(Sequence* seq, bool cache);
+  void CacheUnfinished(Sequence* seq);
+  void Retract(std::unique_ptr<Sequence> seq);
+  void RetractNewest();
+
+  // Scheduling helpers.
+  int64_t MatchLimit(const Sequence& seq) const;
+  bool PrefixInFlight(const Sequence& seq, int64_t matched,
+                      const std::vector<const Sequence*>& in_flight) const;
+  int64_t ReservedTokens() const;
+  bool TryAdmit(Sequence* seq, int64_t budget, int64_t* chunk);
+  ScheduledBatch BuildOnce(int64_t now_us);
+  void AddEntry(ScheduledBatch* batch, Sequence* seq, int64_t count);
+
+  // Output helpers.
+  void ProcessEntry(const BatchEntry& entry, const float* rows, int64_t vocab, int64_t now_us);
+  double LogprobTemperature(const Sequence& seq) const;
+  bool CheckStop(Sequence* seq, int32_t token, FinishReason* reason) const;
+  void Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_t now_us);
+  void RemoveFinished();
+
+  SchedulerOptions options_;
+  const TextDecoder* decoder_;
+  KvPool pool_;
+  ReqToTokenPool req_to_token_;
+  RadixCache tree_;
+  Sampler sampler_;
+
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;  // admission order: newest last
+  std::vector<Sequence*> finished_;                 // finished during the current call
+  int64_t weight_version_ = 0;
+
+  double new_token_ratio_;
+  double new_token_ratio_decay_;
+  int64_t forward_ct_decode_ = 0;
+  int64_t num_finished_ = 0;
+  int64_t num_aborted_ = 0;
+  int64_t num_retractions_ = 0;
+  int64_t cache_hit_tokens_ = 0;
+  int64_t prompt_tokens_ = 0;
+  int64_t generated_tokens_ = 0;
+  std::vector<int32_t> scratch_pages_;
+};
+
+}  // namespace rl::engine

@@ -1,0 +1,62 @@
+// rl-worker: one model replica serving rl.v1.Worker and rl.v1.Admin over gRPC.
+// Flags are read here only, turned into a WorkerConfig and validated.
+#include <cstdio>
+#include <iostream>
+
+#include "common/auth.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/server_runner.h"
+#include "services/worker/worker_server.h"
+
+int main(int argc, char** argv) {
+  rl::BlockTerminationSignals();
+  rl::worker::WorkerConfig config;
+  rl::FlagSet flags("rl-worker");
+  flags.String("model", &config.model_path, "Hugging Face model folder (config.json, *.safetensors)");
+  flags.String("host", &config.host, "address to bind");
+  flags.Int("port", &config.port, "gRPC port (0 picks a free one)");
+  flags.String("backend", &config.backend, "auto | cpu | cuda");
+  flags.String("admin-api-key", &config.admin_api_key,
+               "bearer key for Admin calls (or env RL_ADMIN_API_KEY)");
+  flags.String("api-key", &config.api_key, "optional bearer key for Worker calls (or env RL_API_KEY)");
+  flags.Int("metrics-port", &config.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
+  flags.Int("page-size", &config.page_size, "KV cache page size in tokens");
+  flags.Double("kv-cache-gb", &config.kv_cache_gb, "KV cache memory budget in GiB");
+  flags.Int("threads", &config.num_threads, "compute threads (0: all cores)");
+  flags.Int("max-running-requests", &config.max_running_requests, "running batch limit");
+  flags.Int("chunked-prefill-tokens", &config.chunked_prefill_tokens, "prefill tokens per step");
+  flags.Int("weight-version", &config.weight_version, "initial weight version");
+  flags.String("log-level", &config.log_level, "trace|debug|info|warn|error|off");
+  auto positional = flags.Parse(argc, argv);
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  if (!positional.ok() || !positional->empty()) {
+    std::cerr << "rl-worker: "
+              << (positional.ok() ? "unexpected argument '" + positional->front() + "'"
+                                  : std::string(positional.status().message()))
+              << "\n";
+    return 2;
+  }
+  config.admin_api_key = rl::ResolveApiKey(config.admin_api_key, "RL_ADMIN_API_KEY");
+  config.api_key = rl::ResolveApiKey(config.api_key, "RL_API_KEY");
+  if (absl::Status s = rl::InitLogging(config.log_level); !s.ok()) {
+    std::cerr << "rl-worker: " << s.message() << "\n";
+    return 2;
+  }
+  auto server = rl::worker::WorkerServer::Start(config);
+  if (!server.ok()) {
+    std::cerr << "rl-worker: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::printf("listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+  if ((*server)->metrics_port() >= 0) {
+    spdlog::info("metrics on http://{}:{}/metrics", config.host, (*server)->metrics_port());
+  }
+  rl::WaitForTerminationSignal();
+  (*server)->Shutdown();
+  return 0;
+}

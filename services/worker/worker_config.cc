@@ -1,0 +1,36 @@
+#include "services/worker/worker_config.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+
+namespace rl::worker {
+
+absl::Status Validate(const WorkerConfig& c) {
+  const auto bad = [](const char* flag, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", why));
+  };
+  if (c.model_path.empty()) return bad("model", "required (a Hugging Face model folder)");
+  std::error_code ec;
+  if (!std::filesystem::is_directory(c.model_path, ec)) {
+    return bad("model", absl::StrCat("'", c.model_path, "' is not a folder"));
+  }
+  if (c.port < 0 || c.port > 65535) return bad("port", "must be in [0, 65535]");
+  if (c.metrics_port < -1 || c.metrics_port > 65535) {
+    return bad("metrics-port", "must be -1 (off) or in [0, 65535]");
+  }
+  if (c.backend != "auto" && c.backend != "cpu" && c.backend != "cuda") {
+    return bad("backend", absl::StrCat("'", c.backend, "' is not auto, cpu or cuda"));
+  }
+  if (c.page_size < 1 || c.page_size > 1024 || (c.page_size & (c.page_size - 1)) != 0) {
+    return bad("page-size", "must be a power of two in [1, 1024]");
+  }
+  if (!(c.kv_cache_gb > 0) || c.kv_cache_gb > 4096) return bad("kv-cache-gb", "must be in (0, 4096]");
+  if (c.num_threads < 0 || c.num_threads > 1024) return bad("threads", "must be in [0, 1024]");
+  if (c.max_running_requests < 1) return bad("max-running-requests", "must be >= 1");
+  if (c.chunked_prefill_tokens < 16) return bad("chunked-prefill-tokens", "must be >= 16");
+  if (c.weight_version < 0) return bad("weight-version", "must be >= 0");
+  return absl::OkStatus();
+}
+
+}  // namespace rl::worker

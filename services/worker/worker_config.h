@@ -1,0 +1,32 @@
+// WorkerConfig: everything rl-worker is started with, built from flags in main.cc and validated
+// once; nothing below main reads flags.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace rl::worker {
+
+struct WorkerConfig {
+  std::string model_path;
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string backend = "auto";  // auto | cpu | cuda
+  std::string admin_api_key;     // empty: admin calls need no key
+  std::string api_key;           // optional separate data-plane key
+  int metrics_port = -1;         // -1: no metrics endpoint; 0: any free port
+  int page_size = 16;
+  double kv_cache_gb = 0.25;
+  int num_threads = 0;           // 0: all cores
+  int max_running_requests = 256;
+  int chunked_prefill_tokens = 2048;
+  int64_t weight_version = 0;
+  std::string log_level = "info";
+};
+
+// InvalidArgument naming the first bad flag.
+absl::Status Validate(const WorkerConfig& config);
+
+}  // namespace rl::worker
