@@ -5,6 +5,7 @@
 
 #include "common/status.h"
 #include "services/worker/admin_service.h"
+#include "services/worker/worker_service.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::worker {
@@ -43,11 +44,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   s->metrics_.SetGaugeCallback("rl_worker_weight_version", "Version of the served weights.", {},
                                [raw = s.get()] { return static_cast<double>(raw->weight_version()); });
   s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
+  s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
   s->admin_service_ = std::make_unique<AdminService>(s.get(), s->admin_auth_.get());
+  s->worker_service_ = std::make_unique<WorkerService>(s.get(), s->data_auth_.get());
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
-  ASSIGN_OR_RETURN(s->grpc_, GrpcServer::Start(options, {s->admin_service_.get()}));
+  ASSIGN_OR_RETURN(s->grpc_, GrpcServer::Start(options, {s->worker_service_.get(), s->admin_service_.get()}));
   if (config.metrics_port >= 0) {
     ASSIGN_OR_RETURN(s->metrics_http_,
                      MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));

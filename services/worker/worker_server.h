@@ -19,6 +19,7 @@
 namespace rl::worker {
 
 class AdminService;
+class WorkerService;
 
 class WorkerServer {
  public:
@@ -46,6 +47,8 @@ class WorkerServer {
   std::atomic<int64_t> weight_version_{0};
   MetricsRegistry metrics_;
   std::unique_ptr<BearerAuth> admin_auth_;
+  std::unique_ptr<BearerAuth> data_auth_;
+  std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;

@@ -29,6 +29,9 @@ class ReqToTokenPool {
   absl::Span<int32_t> row(int32_t r) {
     return absl::MakeSpan(table_.data() + static_cast<int64_t>(r) * row_len_, row_len_);
   }
+  absl::Span<const int32_t> row(int32_t r) const {
+    return absl::MakeConstSpan(table_.data() + static_cast<int64_t>(r) * row_len_, row_len_);
+  }
   // All rows free again.
   void Reset();
 

@@ -101,7 +101,7 @@ class Scheduler {
 
   // Queues the n completions of a request (already validated). `seed` is used when the
   // request has none.
-  void Add(std::shared_ptr<RequestGroup> group, uint64_t seed, int64_t now_us);
+  void Add(std::shared_ptr<RequestGroup> group, uint64_t seed);
 
   bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
   bool HasRunning() const { return !running_.empty(); }
@@ -153,11 +153,12 @@ class Scheduler {
   void AddEntry(ScheduledBatch* batch, Sequence* seq, int64_t count);
 
   // Output helpers.
-  void ProcessEntry(const BatchEntry& entry, const float* rows, int64_t vocab, int64_t now_us);
+  void ProcessEntry(const BatchEntry& entry, const float* rows, int64_t num_rows, int64_t now_us);
   double LogprobTemperature(const Sequence& seq) const;
   bool CheckStop(Sequence* seq, int32_t token, FinishReason* reason) const;
   void Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_t now_us);
-  void RemoveFinished();
+  // Drops finished sequences from the running batch (and the waiting queue when asked).
+  void RemoveFinished(bool include_waiting);
 
   SchedulerOptions options_;
   const TextDecoder* decoder_;

@@ -51,6 +51,7 @@ struct Sequence {
   int32_t num_retractions = 0;
   int64_t first_scheduled_us = -1;
   int64_t first_token_us = -1;
+  bool finished = false;
 
   const GenerateRequest& request() const { return group->request; }
   const SamplingParams& params() const { return group->request.sampling; }
