@@ -105,6 +105,7 @@ class Scheduler {
 
   bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
   bool HasRunning() const { return !running_.empty(); }
+  bool HasWaiting() const { return !waiting_.empty(); }
 
   // Picks the next step's work and allocates its KV. Empty only when there is no work.
   ScheduledBatch Schedule(int64_t now_us);

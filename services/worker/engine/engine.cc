@@ -1,0 +1,390 @@
+#include "services/worker/engine/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/status.h"
+
+namespace rl::engine {
+namespace {
+
+int64_t NowUs() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+const char* PauseModeName(PauseMode mode) {
+  switch (mode) {
+    case PauseMode::kNone:
+      return "none";
+    case PauseMode::kInPlace:
+      return "in_place";
+    case PauseMode::kRetract:
+      return "retract";
+    case PauseMode::kAbort:
+      return "abort";
+  }
+  return "unknown";
+}
+
+// ---------------------------------------------------------------------------------------------
+// EngineContext
+
+model::ModelRunner& EngineContext::runner() { return *engine_->runner_; }
+
+absl::Status EngineContext::ReplaceRunner(std::unique_ptr<model::ModelRunner> runner) {
+  return engine_->ApplyReplaceRunner(std::move(runner));
+}
+
+void EngineContext::Pause(PauseMode mode) { engine_->ApplyPause(mode); }
+
+void EngineContext::Continue() {
+  engine_->paused_ = false;
+  engine_->pause_mode_ = PauseMode::kNone;
+}
+
+absl::Status EngineContext::FlushCache() { return engine_->ApplyFlush(); }
+
+int32_t EngineContext::AbortAll(const std::string& message) {
+  return engine_->scheduler_->AbortAll(message, NowUs());
+}
+
+bool EngineContext::paused() const { return engine_->paused_; }
+PauseMode EngineContext::pause_mode() const { return engine_->pause_mode_; }
+bool EngineContext::has_running() const { return engine_->scheduler_->HasRunning(); }
+bool EngineContext::has_waiting() const { return engine_->scheduler_->HasWaiting(); }
+absl::Status EngineContext::CheckInvariants() const {
+  return engine_->scheduler_->CheckInvariants();
+}
+int64_t EngineContext::weight_version() const { return engine_->weight_version(); }
+
+void EngineContext::set_weight_version(int64_t version) {
+  engine_->weight_version_.store(version);
+  engine_->scheduler_->set_weight_version(version);
+}
+
+ServerInfo EngineContext::info() const { return engine_->BuildInfo(); }
+
+// ---------------------------------------------------------------------------------------------
+// Engine
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<model::ModelRunner> runner,
+                                                       const EngineOptions& options,
+                                                       std::unique_ptr<TextDecoder> decoder) {
+  if (runner == nullptr) return absl::InvalidArgumentError("runner: must not be null");
+  const model_io::ModelConfig& c = runner->config();
+  if (c.vocab_size <= 0) return absl::InvalidArgumentError("runner: vocab_size must be > 0");
+  if (runner->page_size() <= 0) return absl::InvalidArgumentError("runner: page_size must be > 0");
+  if (runner->num_kv_slots() < runner->page_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("runner: ", runner->num_kv_slots(), " KV slots hold no whole page of ",
+                     runner->page_size()));
+  }
+  if (options.max_running_requests <= 0) {
+    return absl::InvalidArgumentError("max_running_requests: must be > 0");
+  }
+  if (options.chunked_prefill_size <= 0) {
+    return absl::InvalidArgumentError("chunked_prefill_size: must be > 0");
+  }
+  if (options.max_queued_requests <= 0) {
+    return absl::InvalidArgumentError("max_queued_requests: must be > 0");
+  }
+  if (!(options.min_new_token_ratio >= 0 &&
+        options.min_new_token_ratio <= options.init_new_token_ratio &&
+        options.init_new_token_ratio <= 1)) {
+    return absl::InvalidArgumentError(
+        "new_token_ratio: need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1");
+  }
+  return std::unique_ptr<Engine>(new Engine(std::move(runner), options, std::move(decoder)));
+}
+
+Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& options,
+               std::unique_ptr<TextDecoder> decoder)
+    : options_(options),
+      config_(runner->config()),
+      weight_version_(options.initial_weight_version),
+      seed_rng_(std::random_device{}()),
+      runner_(std::move(runner)),
+      decoder_(std::move(decoder)) {
+  const int64_t kv_tokens = runner_->num_kv_slots() / runner_->page_size() * runner_->page_size();
+  limits_.vocab_size = config_.vocab_size;
+  limits_.max_context_len =
+      config_.max_position_embeddings > 0 ? config_.max_position_embeddings : kv_tokens;
+  limits_.max_kv_tokens = kv_tokens;
+  limits_.has_text_decoder = decoder_ != nullptr;
+
+  SchedulerOptions so;
+  so.num_kv_slots = runner_->num_kv_slots();
+  so.page_size = runner_->page_size();
+  so.vocab_size = config_.vocab_size;
+  so.max_context_len = limits_.max_context_len;
+  so.eos_token_ids = config_.eos_token_ids;
+  so.max_running_requests = options.max_running_requests;
+  so.chunked_prefill_size = options.chunked_prefill_size;
+  so.init_new_token_ratio = options.init_new_token_ratio;
+  so.min_new_token_ratio = options.min_new_token_ratio;
+  so.new_token_ratio_decay_steps = options.new_token_ratio_decay_steps;
+  scheduler_ = std::make_unique<Scheduler>(so, decoder_.get());
+  scheduler_->set_weight_version(options.initial_weight_version);
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot_ = BuildInfo();
+  }
+  thread_ = std::thread([this] { Loop(); });
+  thread_id_.store(thread_.get_id());
+}
+
+Engine::~Engine() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    cv_.Signal();
+  }
+  thread_.join();
+}
+
+void Engine::Post(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  inbox_.push_back(std::move(task));
+  cv_.Signal();
+}
+
+absl::Status Engine::Call(std::function<absl::Status()> fn) {
+  if (std::this_thread::get_id() == thread_id_.load()) {
+    return absl::FailedPreconditionError(
+        "blocking engine call made from the engine thread (e.g. inside a request callback)");
+  }
+  absl::Notification done;
+  absl::Status result;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("engine is shutting down");
+    inbox_.push_back([&] {
+      result = fn();
+      PublishSnapshot();
+      done.Notify();
+    });
+    cv_.Signal();
+  }
+  done.WaitForNotification();
+  return result;
+}
+
+absl::Status Engine::Submit(GenerateRequest request, RequestCallbacks callbacks) {
+  if (!callbacks.on_finish) return absl::InvalidArgumentError("callbacks.on_finish: required");
+  RETURN_IF_ERROR(ValidateRequest(request, limits_));
+  auto group = std::make_shared<RequestGroup>();
+  group->submit_us = NowUs();
+  group->callbacks.on_output = std::move(callbacks.on_output);
+  group->callbacks.on_finish = [this, id = request.id, remaining = request.sampling.n,
+                                user = std::move(callbacks.on_finish)](
+                                   GenerateResult result) mutable {
+    if (--remaining == 0) {
+      absl::MutexLock lock(&mu_);
+      live_ids_.erase(id);
+    }
+    user(std::move(result));
+  };
+  const std::string id = request.id;
+  group->request = std::move(request);
+
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return absl::UnavailableError("engine is shutting down");
+  if (live_ids_.contains(id)) {
+    return absl::AlreadyExistsError(absl::StrCat("id: request '", id, "' is already in flight"));
+  }
+  if (static_cast<int64_t>(live_ids_.size()) >= options_.max_queued_requests) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request queue is full (", options_.max_queued_requests, " requests)"));
+  }
+  live_ids_.insert(id);
+  const uint64_t seed = seed_rng_();
+  inbox_.push_back([this, group = std::move(group), seed]() mutable {
+    scheduler_->Add(std::move(group), seed);
+  });
+  cv_.Signal();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int32_t> Engine::Abort(const std::string& id, const std::string& message) {
+  int32_t count = 0;
+  RETURN_IF_ERROR(Call([&] {
+    count = scheduler_->Abort(id, message, NowUs());
+    return absl::OkStatus();
+  }));
+  return count;
+}
+
+void Engine::AbortAsync(const std::string& id, const std::string& message) {
+  Post([this, id, message] { scheduler_->Abort(id, message, NowUs()); });
+}
+
+absl::StatusOr<int32_t> Engine::AbortAll(const std::string& message) {
+  int32_t count = 0;
+  RETURN_IF_ERROR(Call([&] {
+    count = scheduler_->AbortAll(message, NowUs());
+    return absl::OkStatus();
+  }));
+  return count;
+}
+
+absl::Status Engine::Pause(PauseMode mode) {
+  if (mode == PauseMode::kNone) return absl::InvalidArgumentError("mode: must be named");
+  return Call([&] {
+    ApplyPause(mode);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Engine::Continue() {
+  return Call([&] {
+    paused_ = false;
+    pause_mode_ = PauseMode::kNone;
+    return absl::OkStatus();
+  });
+}
+
+absl::Status Engine::FlushCache() {
+  return Call([&] { return ApplyFlush(); });
+}
+
+absl::Status Engine::RunOnEngineThread(std::function<absl::Status(EngineContext&)> fn) {
+  return Call([&] {
+    EngineContext ctx(this);
+    return fn(ctx);
+  });
+}
+
+absl::Status Engine::SetWeightVersion(int64_t version) {
+  return Call([&] {
+    weight_version_.store(version);
+    scheduler_->set_weight_version(version);
+    return absl::OkStatus();
+  });
+}
+
+ServerInfo Engine::GetServerInfo() const {
+  absl::MutexLock lock(&mu_);
+  return snapshot_;
+}
+
+void Engine::ApplyPause(PauseMode mode) {
+  if (mode == PauseMode::kNone) return;
+  if (mode == PauseMode::kAbort) {
+    scheduler_->AbortAll("aborted by pause_generation(abort)", NowUs());
+  } else if (mode == PauseMode::kRetract) {
+    scheduler_->RetractAll();
+  }
+  pause_mode_ = paused_ ? std::max(pause_mode_, mode) : mode;
+  paused_ = true;
+}
+
+absl::Status Engine::ApplyFlush() {
+  if (scheduler_->HasRunning()) {
+    return absl::FailedPreconditionError("cannot flush the cache while requests are running");
+  }
+  const bool retracted = paused_ && pause_mode_ >= PauseMode::kRetract;
+  if (scheduler_->HasWork() && !retracted) {
+    return absl::FailedPreconditionError(
+        "cannot flush the cache while requests are waiting (pause with retract first)");
+  }
+  return scheduler_->Flush();
+}
+
+absl::Status Engine::ApplyReplaceRunner(std::unique_ptr<model::ModelRunner> runner) {
+  if (runner == nullptr) return absl::InvalidArgumentError("runner: must not be null");
+  if (runner->config().vocab_size != config_.vocab_size ||
+      runner->num_kv_slots() != runner_->num_kv_slots() ||
+      runner->page_size() != runner_->page_size()) {
+    return absl::InvalidArgumentError(
+        "runner: the new runner must have the same vocabulary, KV slots and page size");
+  }
+  if (scheduler_->HasRunning()) {
+    return absl::FailedPreconditionError("cannot replace the runner while requests are running");
+  }
+  runner_ = std::move(runner);
+  return scheduler_->Flush();
+}
+
+bool Engine::CanStep() const { return !paused_ && scheduler_->HasWork(); }
+
+void Engine::Loop() {
+  while (true) {
+    std::deque<std::function<void()>> tasks;
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&mu_);
+      while (inbox_.empty() && !stopping_ && !CanStep()) cv_.Wait(&mu_);
+      tasks.swap(inbox_);
+      stopping = stopping_;
+    }
+    for (auto& task : tasks) task();
+    if (stopping) {
+      scheduler_->AbortAll("engine is shutting down", NowUs());
+      PublishSnapshot();
+      return;
+    }
+    if (CanStep()) Step();
+    PublishSnapshot();
+  }
+}
+
+void Engine::Step() {
+  ScheduledBatch batch = scheduler_->Schedule(NowUs());
+  if (batch.empty()) return;
+  absl::Status status = runner_->Forward(batch.input, &forward_out_);
+  if (status.ok()) {
+    scheduler_->Update(batch, forward_out_, NowUs());
+  } else {
+    scheduler_->FailBatch(batch, status, NowUs());
+  }
+  ++num_steps_;
+  if (options_.check_invariants && invariant_error_.empty()) {
+    absl::Status check = scheduler_->CheckInvariants();
+    if (!check.ok()) invariant_error_ = std::string(check.message());
+  }
+}
+
+ServerInfo Engine::BuildInfo() const {
+  SchedulerStats st = scheduler_->Stats();
+  ServerInfo info;
+  info.paused = paused_;
+  info.pause_mode = pause_mode_;
+  info.backend = runner_->backend_name();
+  info.num_running = st.num_running;
+  info.running_ids = std::move(st.running_ids);
+  info.num_waiting = st.num_waiting;
+  info.has_chunked_prefill = st.has_chunked_prefill;
+  info.kv_tokens_total = st.total_kv_tokens;
+  info.kv_tokens_available = st.available_kv_tokens;
+  info.kv_tokens_evictable = st.evictable_kv_tokens;
+  info.tree_cache_tokens = st.tree_cache_tokens;
+  info.req_to_token_used = st.req_to_token_used;
+  info.req_to_token_total = st.req_to_token_total;
+  info.forward_ct_decode = st.forward_ct_decode;
+  info.new_token_ratio = st.new_token_ratio;
+  info.num_steps = num_steps_;
+  info.num_finished = st.num_finished;
+  info.num_aborted = st.num_aborted;
+  info.num_retractions = st.num_retractions;
+  info.cache_hit_tokens = st.cache_hit_tokens;
+  info.prompt_tokens = st.prompt_tokens;
+  info.generated_tokens = st.generated_tokens;
+  info.weight_version = weight_version_.load();
+  info.invariant_error = invariant_error_;
+  return info;
+}
+
+void Engine::PublishSnapshot() {
+  ServerInfo info = BuildInfo();
+  absl::MutexLock lock(&mu_);
+  snapshot_ = std::move(info);
+}
+
+}  // namespace rl::engine

@@ -1,0 +1,204 @@
+// Engine: one model replica's generation loop. It owns a ModelRunner and a Scheduler and runs
+// them on a single engine thread:
+//
+//   loop: run queued commands → batch = scheduler.Schedule() → runner.Forward(batch)
+//         → scheduler.Update(batch, out) → publish a ServerInfo snapshot
+//
+// Every public method may be called from any thread. Commands reach the engine thread through
+// a mutex + condition-variable queue; the blocking ones (Pause, Continue, FlushCache, Abort,
+// RunOnEngineThread) return after the engine thread applied them, between two steps (never
+// during a forward pass), and refuse to run on the engine thread itself (a callback calling
+// them would deadlock). Request callbacks run on the engine thread and must not block.
+//
+// Control semantics (DESIGN.md): Pause(kAbort) finishes every waiting and running request
+// with kAbort; kInPlace stops scheduling and keeps KV; kRetract moves running requests back to
+// the waiting queue and frees their KV (they are prefilled again on Continue). Pausing a paused
+// engine keeps the stronger mode (in_place < retract < abort). Requests submitted while paused
+// wait. FlushCache is refused with FAILED_PRECONDITION while a request runs or waits, unless
+// the engine is paused with retract (or abort): then waiting requests survive.
+//
+// Cost: a blocking command waits for at most the forward pass in flight.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/model_io/model_config.h"
+#include "services/worker/engine/request.h"
+#include "services/worker/engine/scheduler.h"
+#include "services/worker/engine/text_decoder.h"
+#include "services/worker/model/model_runner.h"
+
+namespace rl::engine {
+
+// Ordered by strength: a pause with a stronger mode overrides a weaker one.
+enum class PauseMode { kNone = 0, kInPlace = 1, kRetract = 2, kAbort = 3 };
+
+const char* PauseModeName(PauseMode mode);
+
+struct EngineOptions {
+  // Most sequences holding KV at once (req_to_token rows).
+  int32_t max_running_requests = 256;
+  // Most prefill tokens per step.
+  int32_t chunked_prefill_size = 2048;
+  // Most requests in flight (waiting + running); Submit beyond is RESOURCE_EXHAUSTED.
+  int32_t max_queued_requests = 65536;
+  double init_new_token_ratio = 0.7;
+  double min_new_token_ratio = 0.1;
+  int32_t new_token_ratio_decay_steps = 600;
+  int64_t initial_weight_version = 0;
+  // Verify the KV page accounting after every step (tests); a violation is reported in
+  // ServerInfo::invariant_error.
+  bool check_invariants = false;
+};
+
+// A snapshot of the engine, published by the engine thread after every step and command.
+struct ServerInfo {
+  bool paused = false;
+  PauseMode pause_mode = PauseMode::kNone;
+  std::string backend;
+  int32_t num_running = 0;
+  std::vector<std::string> running_ids;  // "id" or "id#index" for completions of n > 1
+  int32_t num_waiting = 0;
+  bool has_chunked_prefill = false;
+  int64_t kv_tokens_total = 0;
+  int64_t kv_tokens_available = 0;  // free pages (the radix cache's pages are not free)
+  int64_t kv_tokens_evictable = 0;
+  int64_t tree_cache_tokens = 0;
+  int32_t req_to_token_used = 0;
+  int32_t req_to_token_total = 0;
+  int64_t forward_ct_decode = 0;
+  double new_token_ratio = 0;
+  int64_t num_steps = 0;
+  int64_t num_finished = 0;  // including aborted
+  int64_t num_aborted = 0;
+  int64_t num_retractions = 0;
+  int64_t cache_hit_tokens = 0;
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  int64_t weight_version = 0;
+  std::string invariant_error;  // with EngineOptions::check_invariants
+};
+
+class Engine;
+
+// What RunOnEngineThread's function may do. Valid only during that call, on the engine
+// thread. A weight update reads: Pause(kRetract or kAbort) → swap weights in runner() or
+// ReplaceRunner → FlushCache → set_weight_version → Continue.
+class EngineContext {
+ public:
+  model::ModelRunner& runner();
+  // Swaps in a runner with the same vocabulary, KV slots and page size, then flushes the
+  // cache (the old KV is gone). FAILED_PRECONDITION while a request is running.
+  absl::Status ReplaceRunner(std::unique_ptr<model::ModelRunner> runner);
+  void Pause(PauseMode mode);
+  void Continue();
+  absl::Status FlushCache();
+  int32_t AbortAll(const std::string& message);
+  bool paused() const;
+  PauseMode pause_mode() const;
+  bool has_running() const;
+  bool has_waiting() const;
+  int64_t weight_version() const;
+  void set_weight_version(int64_t version);
+  ServerInfo info() const;
+  // OK when the KV page and req_to_token accounting is consistent (tests, debugging).
+  absl::Status CheckInvariants() const;
+
+ private:
+  friend class Engine;
+  explicit EngineContext(Engine* engine) : engine_(engine) {}
+  Engine* engine_;
+};
+
+class Engine {
+ public:
+  // Starts the engine thread. `decoder` may be null (then stop strings are rejected).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      std::unique_ptr<model::ModelRunner> runner, const EngineOptions& options,
+      std::unique_ptr<TextDecoder> decoder = nullptr);
+  // Finishes every request with kAbort ("engine shutting down") and joins the thread.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Validates and queues a request. On OK, callbacks.on_finish runs exactly once per
+  // completion; on error no callback runs. ALREADY_EXISTS for an id in flight,
+  // RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE after shutdown began.
+  absl::Status Submit(GenerateRequest request, RequestCallbacks callbacks);
+  // Finishes request `id` (all its completions) with kAbort. Returns the number of
+  // completions aborted (0 for an unknown or finished id).
+  absl::StatusOr<int32_t> Abort(const std::string& id, const std::string& message = "aborted");
+  // Like Abort but returns at once (e.g. from a gRPC OnCancel).
+  void AbortAsync(const std::string& id, const std::string& message = "aborted");
+  absl::StatusOr<int32_t> AbortAll(const std::string& message = "aborted");
+  absl::Status Pause(PauseMode mode);
+  absl::Status Continue();
+  absl::Status FlushCache();
+  // Runs `fn` on the engine thread between two steps and returns its status.
+  absl::Status RunOnEngineThread(std::function<absl::Status(EngineContext&)> fn);
+
+  int64_t weight_version() const { return weight_version_.load(); }
+  absl::Status SetWeightVersion(int64_t version);
+  // Non-blocking: the snapshot published after the latest step or command.
+  ServerInfo GetServerInfo() const;
+  const model_io::ModelConfig& model_config() const { return config_; }
+  const RequestLimits& limits() const { return limits_; }
+
+ private:
+  friend class EngineContext;
+  Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& options,
+         std::unique_ptr<TextDecoder> decoder);
+
+  // Runs `fn` on the engine thread and waits for it.
+  absl::Status Call(std::function<absl::Status()> fn);
+  void Post(std::function<void()> task);
+  void Loop();
+  void Step();
+  bool CanStep() const;
+  void PublishSnapshot();
+  ServerInfo BuildInfo() const;
+  void ApplyPause(PauseMode mode);
+  absl::Status ApplyFlush();
+  absl::Status ApplyReplaceRunner(std::unique_ptr<model::ModelRunner> runner);
+
+  const EngineOptions options_;
+  const model_io::ModelConfig config_;
+  RequestLimits limits_;
+  std::atomic<int64_t> weight_version_;
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;
+  std::deque<std::function<void()>> inbox_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<std::string> live_ids_ ABSL_GUARDED_BY(mu_);
+  std::mt19937_64 seed_rng_ ABSL_GUARDED_BY(mu_);
+  ServerInfo snapshot_ ABSL_GUARDED_BY(mu_);
+
+  // Engine-thread state.
+  std::unique_ptr<model::ModelRunner> runner_;
+  std::unique_ptr<TextDecoder> decoder_;
+  std::unique_ptr<Scheduler> scheduler_;
+  model::ForwardOutput forward_out_;
+  bool paused_ = false;
+  PauseMode pause_mode_ = PauseMode::kNone;
+  int64_t num_steps_ = 0;
+  std::string invariant_error_;
+
+  std::thread thread_;
+  std::atomic<std::thread::id> thread_id_;
+};
+
+}  // namespace rl::engine
