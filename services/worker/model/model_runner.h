@@ -9,11 +9,13 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "common/model_io/model_config.h"
 
 namespace rl::model {
@@ -67,6 +69,29 @@ class ModelRunner {
   // Runs one batch. `out` is overwritten. Errors (bad slots, positions past the context)
   // leave the KV cache of the sequences in the batch unspecified but never crash.
   virtual absl::Status Forward(const ForwardInput& in, ForwardOutput* out) = 0;
+
+  // ---- Weights (UpdateWeightsFromDisk / FromTensor / WeightsChecker / ListWeights) ----
+  // Runners that cannot do these answer UNIMPLEMENTED. Same thread rules as Forward.
+
+  // Every weight tensor as held, sorted by name (tied LM heads are not listed separately).
+  virtual std::vector<TensorInfo> ListWeights() const { return {}; }
+  // Calls fn(info, bytes) for every tensor in name order; `bytes` are the raw little-endian
+  // values in info.dtype, valid only during the call.
+  virtual absl::Status VisitWeights(
+      const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const {
+    return absl::UnimplementedError("VisitWeights");
+  }
+  // Loads the checkpoint in `model_dir`, checks every tensor against this model's config
+  // (errors name the tensor and the expected shape) and swaps it in atomically. On error the
+  // old weights keep serving. The KV cache is not cleared (the engine flushes it).
+  virtual absl::Status LoadWeightsFromDisk(const std::string& model_dir) {
+    return absl::UnimplementedError("LoadWeightsFromDisk");
+  }
+  // Replaces one tensor from raw bytes: info.name must exist, info.shape must equal the held
+  // shape, info.dtype is F32/BF16/F16 (converted to the held dtype). Nothing changes on error.
+  virtual absl::Status UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) {
+    return absl::UnimplementedError("UpdateWeight");
+  }
 };
 
 }  // namespace rl::model

@@ -1,0 +1,176 @@
+#include "kernels/cpu/matmul.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/matmul.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace rl::kernels::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using model_io::DType;
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// Loads lanes(DF) weights starting at element `i` of row `w`, widened to float32.
+template <DType kW>
+HWY_INLINE VF LoadW(DF d, const void* w, int64_t i) {
+  if constexpr (kW == DType::kF32) {
+    return hn::LoadU(d, static_cast<const float*>(w) + i);
+  } else if constexpr (kW == DType::kBF16) {
+    const hn::Rebind<uint16_t, DF> du16;
+    const hn::Rebind<uint32_t, DF> du32;
+    const auto raw = hn::LoadU(du16, static_cast<const uint16_t*>(w) + i);
+    return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, raw)));
+  } else {
+    const hn::Rebind<hwy::float16_t, DF> df16;
+    return hn::PromoteTo(d, hn::LoadU(df16, static_cast<const hwy::float16_t*>(w) + i));
+  }
+}
+
+template <DType kW>
+HWY_INLINE float ScalarW(const void* w, int64_t i) {
+  if constexpr (kW == DType::kF32) {
+    return static_cast<const float*>(w)[i];
+  } else if constexpr (kW == DType::kBF16) {
+    return model_io::Bf16ToF32(static_cast<const uint16_t*>(w)[i]);
+  } else {
+    return model_io::F16ToF32(static_cast<const uint16_t*>(w)[i]);
+  }
+}
+
+// Computes the kR × kC block y[r0.., c0..] of dot products (no bias). The per-element order
+// is the same for every (kR, kC): one accumulator per element over full vectors, the
+// horizontal sum, then the tail in index order.
+template <DType kW, int kR, int kC>
+HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_t c0, int64_t n,
+                     int64_t k) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const int64_t wsize = model_io::DTypeSize(kW);
+  const void* wrow[kC];
+  for (int c = 0; c < kC; ++c) {
+    wrow[c] = static_cast<const uint8_t*>(w) + (c0 + c) * k * wsize;
+  }
+  const float* xrow[kR];
+  for (int r = 0; r < kR; ++r) xrow[r] = x + (r0 + r) * k;
+  VF acc[kR][kC];
+  for (int r = 0; r < kR; ++r) {
+    for (int c = 0; c < kC; ++c) acc[r][c] = hn::Zero(d);
+  }
+  const int64_t kvec = k - k % lanes;
+  for (int64_t i = 0; i < kvec; i += lanes) {
+    VF wv[kC];
+    for (int c = 0; c < kC; ++c) wv[c] = LoadW<kW>(d, wrow[c], i);
+    for (int r = 0; r < kR; ++r) {
+      const VF xv = hn::LoadU(d, xrow[r] + i);
+      for (int c = 0; c < kC; ++c) acc[r][c] = hn::MulAdd(xv, wv[c], acc[r][c]);
+    }
+  }
+  for (int r = 0; r < kR; ++r) {
+    for (int c = 0; c < kC; ++c) {
+      float sum = hn::GetLane(hn::SumOfLanes(d, acc[r][c]));
+      for (int64_t i = kvec; i < k; ++i) sum += xrow[r][i] * ScalarW<kW>(wrow[c], i);
+      y[(r0 + r) * n + c0 + c] = sum;
+    }
+  }
+}
+
+// Columns [c_begin, c_end) of all m rows.
+template <DType kW>
+void MatmulColumns(const float* x, const void* w, float* y, int64_t m, int64_t n, int64_t k,
+                   int64_t c_begin, int64_t c_end) {
+  // Column super-blocks keep a slab of W hot in cache while all row blocks pass over it.
+  const int64_t wbytes = k * model_io::DTypeSize(kW);
+  const int64_t slab = std::max<int64_t>(8, (int64_t{256} << 10) / std::max<int64_t>(1, wbytes));
+  for (int64_t s0 = c_begin; s0 < c_end; s0 += slab) {
+    const int64_t s1 = std::min(c_end, s0 + slab);
+    int64_t r = 0;
+    for (; r + 4 <= m; r += 4) {
+      int64_t c = s0;
+      for (; c + 3 <= s1; c += 3) Tile<kW, 4, 3>(x, w, y, r, c, n, k);
+      for (; c < s1; ++c) Tile<kW, 4, 1>(x, w, y, r, c, n, k);
+    }
+    for (; r < m; ++r) {
+      int64_t c = s0;
+      for (; c + 4 <= s1; c += 4) Tile<kW, 1, 4>(x, w, y, r, c, n, k);
+      for (; c < s1; ++c) Tile<kW, 1, 1>(x, w, y, r, c, n, k);
+    }
+  }
+}
+
+void MatmulColumnsImpl(const float* x, const void* w, int dtype, float* y, int64_t m, int64_t n,
+                       int64_t k, int64_t c_begin, int64_t c_end) {
+  switch (static_cast<DType>(dtype)) {
+    case DType::kF32:
+      return MatmulColumns<DType::kF32>(x, w, y, m, n, k, c_begin, c_end);
+    case DType::kBF16:
+      return MatmulColumns<DType::kBF16>(x, w, y, m, n, k, c_begin, c_end);
+    case DType::kF16:
+      return MatmulColumns<DType::kF16>(x, w, y, m, n, k, c_begin, c_end);
+    default:
+      return;
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace rl::kernels::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace rl::kernels::cpu {
+
+HWY_EXPORT(MatmulColumnsImpl);
+
+absl::Status MatmulParams::Validate() const {
+  if (x == nullptr || w == nullptr || y == nullptr) {
+    return absl::InvalidArgumentError("matmul: null x, w or y");
+  }
+  if (m < 0 || n <= 0 || k <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("matmul: bad sizes m=", m, " n=", n, " k=", k));
+  }
+  if (!model_io::IsFloatWeightDType(w_dtype) ||
+      (bias != nullptr && !model_io::IsFloatWeightDType(bias_dtype))) {
+    return absl::InvalidArgumentError("matmul: weights must be F32, BF16 or F16");
+  }
+  return absl::OkStatus();
+}
+
+void Matmul(const MatmulParams& p, ThreadPool* pool) {
+  if (p.m == 0) return;
+  // Parts of at least 4 columns (a multiple of the 1-row tile width), split by column only.
+  constexpr int64_t kQuantum = 12;
+  const int64_t num_chunks = (p.n + kQuantum - 1) / kQuantum;
+  auto run = [&](int64_t chunk_begin, int64_t chunk_end, int) {
+    const int64_t c0 = chunk_begin * kQuantum;
+    const int64_t c1 = std::min(p.n, chunk_end * kQuantum);
+    HWY_DYNAMIC_DISPATCH(MatmulColumnsImpl)(p.x, p.w, static_cast<int>(p.w_dtype), p.y, p.m, p.n,
+                                            p.k, c0, c1);
+    if (p.bias != nullptr) {
+      std::vector<float> b(static_cast<size_t>(c1 - c0));
+      model_io::ConvertToF32(p.bias_dtype,
+                             static_cast<const uint8_t*>(p.bias) +
+                                 c0 * model_io::DTypeSize(p.bias_dtype),
+                             c1 - c0, b.data());
+      for (int64_t r = 0; r < p.m; ++r) {
+        float* row = p.y + r * p.n + c0;
+        for (int64_t c = 0; c < c1 - c0; ++c) row[c] += b[c];
+      }
+    }
+  };
+  if (pool == nullptr) {
+    run(0, num_chunks, 0);
+  } else {
+    pool->ParallelFor(num_chunks, run);
+  }
+}
+
+}  // namespace rl::kernels::cpu
+#endif  // HWY_ONCE

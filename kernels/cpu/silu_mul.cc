@@ -1,0 +1,28 @@
+#include "kernels/cpu/silu_mul.h"
+
+#include <cmath>
+
+namespace rl::kernels::cpu {
+
+absl::Status SiluMulParams::Validate() const {
+  if (gate == nullptr || up == nullptr || out == nullptr || n < 0) {
+    return absl::InvalidArgumentError("silu_mul: null buffer or negative size");
+  }
+  return absl::OkStatus();
+}
+
+void SiluMul(const SiluMulParams& p, ThreadPool* pool) {
+  auto run = [&](int64_t begin, int64_t end, int) {
+    for (int64_t i = begin; i < end; ++i) {
+      const float g = p.gate[i];
+      p.out[i] = g / (1.0f + std::exp(-g)) * p.up[i];
+    }
+  };
+  if (pool == nullptr || p.n < 16384) {
+    run(0, p.n, 0);
+  } else {
+    pool->ParallelFor(p.n, run);
+  }
+}
+
+}  // namespace rl::kernels::cpu

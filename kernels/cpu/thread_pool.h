@@ -1,0 +1,51 @@
+// ThreadPool: a fixed set of worker threads for the CPU kernels. ParallelFor splits a range
+// into one contiguous part per thread (the caller runs part 0), so the partition depends only
+// on the range and the thread count — kernels never make a result depend on it anyway.
+//
+// Workers spin briefly before sleeping on a condition variable, which keeps the wake-up cost of
+// the ~10 parallel regions per layer low. Not reentrant: ParallelFor must not be called from
+// inside a task, nor concurrently from two threads.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace rl::kernels::cpu {
+
+class ThreadPool {
+ public:
+  // `num_threads` counts the calling thread; values < 1 mean 1 (no workers).
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+
+  // Calls fn(begin, end, thread_index) for each non-empty part of [0, n); returns when all
+  // parts are done. thread_index is in [0, num_threads()).
+  using RangeFn = std::function<void(int64_t begin, int64_t end, int thread_index)>;
+  void ParallelFor(int64_t n, const RangeFn& fn);
+
+ private:
+  void WorkerLoop(int index);
+  void RunPart(int index);
+
+  const int num_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable wake_cv_;
+  std::condition_variable done_cv_;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  bool stop_ = false;  // guarded by mu_
+  const RangeFn* fn_ = nullptr;
+  int64_t n_ = 0;
+};
+
+}  // namespace rl::kernels::cpu

@@ -1,0 +1,66 @@
+#include "kernels/cpu/vec_ops.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/vec_ops.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace rl::kernels::cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+float DotImpl(const float* a, const float* b, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  auto acc = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) acc = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc);
+  float sum = hn::GetLane(hn::SumOfLanes(d, acc));
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+float SumSquaresImpl(const float* a, int64_t n) { return DotImpl(a, a, n); }
+
+void AxpyImpl(float alpha, const float* x, float* y, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto va = hn::Set(d, alpha);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(hn::MulAdd(va, hn::LoadU(d, x + i), hn::LoadU(d, y + i)), d, y + i);
+  }
+  for (; i < n; ++i) y[i] += alpha * x[i];
+}
+
+void ScaleImpl(float alpha, float* y, int64_t n) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto va = hn::Set(d, alpha);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Mul(va, hn::LoadU(d, y + i)), d, y + i);
+  for (; i < n; ++i) y[i] *= alpha;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace rl::kernels::cpu
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace rl::kernels::cpu {
+
+HWY_EXPORT(DotImpl);
+HWY_EXPORT(SumSquaresImpl);
+HWY_EXPORT(AxpyImpl);
+HWY_EXPORT(ScaleImpl);
+
+float Dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
+float SumSquares(const float* a, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(a, n); }
+void Axpy(float alpha, const float* x, float* y, int64_t n) {
+  HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, y, n);
+}
+void Scale(float alpha, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(alpha, y, n); }
+
+}  // namespace rl::kernels::cpu
+#endif  // HWY_ONCE

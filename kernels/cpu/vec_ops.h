@@ -1,0 +1,20 @@
+// Small SIMD vector primitives shared by the CPU kernels (Highway, dynamic dispatch to the best
+// target the CPU supports). Each has a fixed reduction order that depends only on `n` (vector
+// lanes accumulate in index order, then one fixed horizontal sum, then the scalar tail in
+// order), so equal inputs give bit-identical results wherever they sit in a batch.
+#pragma once
+
+#include <cstdint>
+
+namespace rl::kernels::cpu {
+
+// sum_i a[i] * b[i]
+float Dot(const float* a, const float* b, int64_t n);
+// sum_i a[i]^2
+float SumSquares(const float* a, int64_t n);
+// y[i] += alpha * x[i]
+void Axpy(float alpha, const float* x, float* y, int64_t n);
+// y[i] *= alpha
+void Scale(float alpha, float* y, int64_t n);
+
+}  // namespace rl::kernels::cpu

@@ -1,0 +1,74 @@
+// Backend: the ops a transformer forward needs, behind one interface so the model definition
+// (transformer.h) is shared by every device. The CPU backend runs the kernels in kernels/cpu;
+// a CUDA backend implements the same methods with its own kernels and cuBLAS.
+//
+// Buffers: every pointer in the params structs is backend memory (host memory for the CPU,
+// device memory for CUDA), obtained from Allocate(); host data crosses with CopyToDevice /
+// CopyToHost. Weight pointers come from the backend's view of the Weights (for the CPU the
+// mmapped host tensors). Params structs are plain descriptions (kernels/cpu/*.h document every
+// buffer's shape); each op validates them and returns InvalidArgument instead of running on
+// bad input.
+// Thread safety: a backend is used by one thread at a time (the runner's).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/silu_mul.h"
+
+namespace rl::model {
+
+// A block of backend memory, freed with the backend's deleter.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(void* data, int64_t bytes, void (*deleter)(void*))
+      : data_(data, deleter), bytes_(bytes) {}
+  void* data() const { return data_.get(); }
+  float* f32() const { return static_cast<float*>(data_.get()); }
+  int32_t* i32() const { return static_cast<int32_t*>(data_.get()); }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::unique_ptr<void, void (*)(void*)> data_{nullptr, [](void*) {}};
+  int64_t bytes_ = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual std::string name() const = 0;
+  virtual int num_threads() const = 0;
+
+  // Uninitialised memory (the OS commits host pages on first touch).
+  virtual absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) = 0;
+  virtual void CopyToDevice(void* dst, const void* src, int64_t bytes) = 0;
+  virtual void CopyToHost(void* dst, const void* src, int64_t bytes) = 0;
+
+  virtual absl::Status Embedding(const kernels::cpu::EmbeddingParams& p) = 0;
+  virtual absl::Status RmsNorm(const kernels::cpu::RmsNormParams& p) = 0;
+  virtual absl::Status Matmul(const kernels::cpu::MatmulParams& p) = 0;
+  virtual absl::Status Rope(const kernels::cpu::RopeParams& p) = 0;
+  virtual absl::Status WriteKv(const kernels::cpu::WriteKvParams& p) = 0;
+  virtual absl::Status Attention(const kernels::cpu::AttentionParams& p) = 0;
+  virtual absl::Status SiluMul(const kernels::cpu::SiluMulParams& p) = 0;
+  // y[i] += x[i] for i < n (the residual connection).
+  virtual absl::Status AddInPlace(const float* x, float* y, int64_t n) = 0;
+  // out[r] = x[rows[r]] for r < num_rows, rows of `dim` floats.
+  virtual absl::Status GatherRows(const float* x, const int32_t* rows, int64_t num_rows,
+                                  int64_t dim, float* out) = 0;
+};
+
+// The CPU backend with `num_threads` threads (0: hardware concurrency).
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads);
+
+}  // namespace rl::model

@@ -1,0 +1,107 @@
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "kernels/cpu/thread_pool.h"
+#include "services/worker/model/backend.h"
+
+namespace rl::model {
+
+namespace {
+
+namespace kc = kernels::cpu;
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads) : pool_(num_threads) {}
+
+  std::string name() const override { return "cpu"; }
+  int num_threads() const override { return pool_.num_threads(); }
+
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) override {
+    if (bytes < 0) return absl::InvalidArgumentError("allocate: negative size");
+    const size_t size = static_cast<size_t>((std::max<int64_t>(bytes, 1) + 63) / 64 * 64);
+    void* p = std::aligned_alloc(64, size);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
+    }
+    return DeviceBuffer(p, bytes, [](void* q) { std::free(q); });
+  }
+  void CopyToDevice(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  }
+  void CopyToHost(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+  }
+
+  absl::Status Embedding(const kc::EmbeddingParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    kc::Embedding(p, &pool_);
+    return absl::OkStatus();
+  }
+  absl::Status RmsNorm(const kc::RmsNormParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    kc::RmsNorm(p, &pool_);
+    return absl::OkStatus();
+  }
+  absl::Status Matmul(const kc::MatmulParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    kc::Matmul(p, &pool_);
+    return absl::OkStatus();
+  }
+  absl::Status Rope(const kc::RopeParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    kc::Rope(p, &pool_);
+    return absl::OkStatus();
+  }
+  absl::Status WriteKv(const kc::WriteKvParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    kc::WriteKv(p);
+    return absl::OkStatus();
+  }
+  absl::Status Attention(const kc::AttentionParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    if (p.num_workspaces < pool_.num_threads()) {
+      return absl::InvalidArgumentError("attention: fewer workspaces than threads");
+    }
+    kc::Attention(p, &pool_);
+    return absl::OkStatus();
+  }
+  absl::Status SiluMul(const kc::SiluMulParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    kc::SiluMul(p, &pool_);
+    return absl::OkStatus();
+  }
+  absl::Status AddInPlace(const float* x, float* y, int64_t n) override {
+    if (x == nullptr || y == nullptr || n < 0) return absl::InvalidArgumentError("add: bad args");
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    return absl::OkStatus();
+  }
+  absl::Status GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim,
+                          float* out) override {
+    if (x == nullptr || rows == nullptr || out == nullptr || num_rows < 0 || dim <= 0) {
+      return absl::InvalidArgumentError("gather_rows: bad args");
+    }
+    for (int64_t r = 0; r < num_rows; ++r) {
+      std::memmove(out + r * dim, x + static_cast<int64_t>(rows[r]) * dim, dim * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  kc::ThreadPool pool_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
+  if (num_threads <= 0) {
+    num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  }
+  return std::make_unique<CpuBackend>(num_threads);
+}
+
+}  // namespace rl::model

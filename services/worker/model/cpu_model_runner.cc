@@ -1,0 +1,73 @@
+#include "services/worker/model/cpu_model_runner.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace rl::model {
+
+absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
+    const RunnerOptions& options) {
+  if (options.page_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size must be positive, got ", options.page_size));
+  }
+  auto r = std::unique_ptr<CpuModelRunner>(new CpuModelRunner());
+  ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(options.model_dir));
+  r->page_size_ = options.page_size;
+  ASSIGN_OR_RETURN(r->weights_, LoadWeights(options.model_dir, r->config_));
+  int64_t slots = options.num_kv_slots;
+  if (slots <= 0) slots = options.kv_cache_bytes / Transformer::KvBytesPerSlot(r->config_);
+  slots = slots / options.page_size * options.page_size;
+  if (slots <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache budget holds no page: ", options.kv_cache_bytes, " bytes at ",
+        Transformer::KvBytesPerSlot(r->config_), " bytes per slot, page_size ",
+        options.page_size));
+  }
+  r->backend_ = CreateCpuBackend(options.num_threads);
+  ASSIGN_OR_RETURN(r->transformer_, Transformer::Create(r->config_, r->backend_.get(), slots));
+  return r;
+}
+
+absl::Status CpuModelRunner::Forward(const ForwardInput& in, ForwardOutput* out) {
+  if (out == nullptr) return absl::InvalidArgumentError("Forward: null output");
+  return transformer_->Forward(*weights_, in, out);
+}
+
+absl::Status CpuModelRunner::VisitWeights(
+    const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const {
+  weights_->Visit(fn);
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::LoadWeightsFromDisk(const std::string& model_dir) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Weights> fresh, LoadWeights(model_dir, config_));
+  return SwapWeights(std::move(fresh));
+}
+
+absl::Status CpuModelRunner::UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) {
+  return weights_->Update(info, bytes);
+}
+
+absl::Status CpuModelRunner::SwapWeights(std::unique_ptr<Weights> weights) {
+  if (weights == nullptr) return absl::InvalidArgumentError("SwapWeights: null weights");
+  const model_io::ModelConfig& a = config_;
+  const model_io::ModelConfig& b = weights->config();
+  if (a.vocab_size != b.vocab_size || a.hidden_size != b.hidden_size ||
+      a.intermediate_size != b.intermediate_size || a.num_hidden_layers != b.num_hidden_layers ||
+      a.num_attention_heads != b.num_attention_heads ||
+      a.num_key_value_heads != b.num_key_value_heads || a.head_dim != b.head_dim ||
+      a.tie_word_embeddings != b.tie_word_embeddings || a.attention_bias != b.attention_bias ||
+      a.qk_norm != b.qk_norm) {
+    return absl::InvalidArgumentError("SwapWeights: weights were loaded for another architecture");
+  }
+  weights_ = std::move(weights);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuModelRunner(const RunnerOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CpuModelRunner> r, CpuModelRunner::Create(options));
+  return std::unique_ptr<ModelRunner>(std::move(r));
+}
+
+}  // namespace rl::model

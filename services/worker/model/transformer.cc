@@ -1,0 +1,315 @@
+#include "services/worker/model/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace rl::model {
+
+namespace kc = kernels::cpu;
+
+int64_t Transformer::KvBytesPerSlot(const model_io::ModelConfig& c) {
+  return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim *
+         static_cast<int64_t>(sizeof(float));
+}
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
+    const model_io::ModelConfig& config, Backend* backend, int64_t num_kv_slots) {
+  if (num_kv_slots <= 0) return absl::InvalidArgumentError("num_kv_slots must be positive");
+  auto t = std::unique_ptr<Transformer>(new Transformer(config, backend, num_kv_slots));
+  const int64_t layer_bytes =
+      num_kv_slots * config.num_key_value_heads * config.head_dim * static_cast<int64_t>(4);
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    ASSIGN_OR_RETURN(DeviceBuffer k, backend->Allocate(layer_bytes));
+    ASSIGN_OR_RETURN(DeviceBuffer v, backend->Allocate(layer_bytes));
+    t->k_cache_.push_back(std::move(k));
+    t->v_cache_.push_back(std::move(v));
+  }
+  return t;
+}
+
+absl::Status Transformer::Reserve(DeviceBuffer* buffer, int64_t bytes) {
+  if (buffer->data() != nullptr && buffer->bytes() >= bytes) return absl::OkStatus();
+  const int64_t grown = std::max<int64_t>(bytes, buffer->bytes() + buffer->bytes() / 2);
+  ASSIGN_OR_RETURN(*buffer, backend_->Allocate(std::max<int64_t>(grown, 64)));
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::Validate(const ForwardInput& in) const {
+  const int64_t max_pos = config_.max_position_embeddings;
+  for (size_t i = 0; i < in.seqs.size(); ++i) {
+    const SequenceInput& s = in.seqs[i];
+    const std::string where = absl::StrCat("seqs[", i, "]");
+    if (s.token_ids.empty()) return absl::InvalidArgumentError(where + ".token_ids is empty");
+    if (s.start_pos < 0) return absl::InvalidArgumentError(where + ".start_pos is negative");
+    const int64_t end = static_cast<int64_t>(s.start_pos) + static_cast<int64_t>(s.token_ids.size());
+    if (end > max_pos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          where, ": positions up to ", end - 1, " exceed the context of ", max_pos, " tokens"));
+    }
+    if (static_cast<int64_t>(s.kv_slots.size()) != end) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ".kv_slots has ", s.kv_slots.size(),
+                                                     " entries, expected start_pos + tokens = ",
+                                                     end));
+    }
+    for (size_t j = 0; j < s.kv_slots.size(); ++j) {
+      if (s.kv_slots[j] < 0 || s.kv_slots[j] >= num_kv_slots_) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".kv_slots[", j, "] = ",
+                                                       s.kv_slots[j], " out of range [0, ",
+                                                       num_kv_slots_, ")"));
+      }
+    }
+    for (size_t j = 0; j < s.token_ids.size(); ++j) {
+      if (s.token_ids[j] < 0 || s.token_ids[j] >= config_.vocab_size) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ".token_ids[", j, "] = ",
+                                                       s.token_ids[j], " out of range [0, ",
+                                                       config_.vocab_size, ")"));
+      }
+    }
+    if (s.logits != LogitsMode::kNone && s.logits != LogitsMode::kLast &&
+        s.logits != LogitsMode::kAll) {
+      return absl::InvalidArgumentError(where + ".logits is not a LogitsMode");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, ForwardOutput* out) {
+  RETURN_IF_ERROR(Validate(in));
+  const model_io::ModelConfig& c = config_;
+  const int64_t half = rope_.half_dim();
+
+  // ---- Step plan (host) ----
+  h_ids_.clear();
+  h_write_slots_.clear();
+  h_context_len_.clear();
+  h_slot_begin_.clear();
+  h_slots_.clear();
+  h_logit_rows_.clear();
+  out->vocab_size = c.vocab_size;
+  out->row_begin.assign(1, 0);
+  for (const SequenceInput& s : in.seqs) {
+    const int32_t begin = static_cast<int32_t>(h_slots_.size());
+    h_slots_.insert(h_slots_.end(), s.kv_slots.begin(), s.kv_slots.end());
+    const int32_t first_token = static_cast<int32_t>(h_ids_.size());
+    const int32_t n = static_cast<int32_t>(s.token_ids.size());
+    for (int32_t i = 0; i < n; ++i) {
+      h_ids_.push_back(s.token_ids[static_cast<size_t>(i)]);
+      h_write_slots_.push_back(s.kv_slots[static_cast<size_t>(s.start_pos + i)]);
+      h_context_len_.push_back(s.start_pos + i + 1);
+      h_slot_begin_.push_back(begin);
+    }
+    if (s.logits == LogitsMode::kLast) {
+      h_logit_rows_.push_back(first_token + n - 1);
+    } else if (s.logits == LogitsMode::kAll) {
+      for (int32_t i = 0; i < n; ++i) h_logit_rows_.push_back(first_token + i);
+    }
+    out->row_begin.push_back(static_cast<int64_t>(h_logit_rows_.size()));
+  }
+  const int64_t num_tokens = static_cast<int64_t>(h_ids_.size());
+  const int64_t num_rows = static_cast<int64_t>(h_logit_rows_.size());
+  out->logits.assign(static_cast<size_t>(num_rows * c.vocab_size), 0.0f);
+  if (num_tokens == 0) return absl::OkStatus();
+
+  h_cos_.resize(static_cast<size_t>(num_tokens * half));
+  h_sin_.resize(static_cast<size_t>(num_tokens * half));
+  {
+    int64_t t = 0;
+    for (const SequenceInput& s : in.seqs) {
+      const int64_t seq_len = s.start_pos + static_cast<int64_t>(s.token_ids.size());
+      for (size_t i = 0; i < s.token_ids.size(); ++i, ++t) {
+        rope_.Fill(s.start_pos + static_cast<int64_t>(i), seq_len, &h_cos_[t * half],
+                   &h_sin_[t * half]);
+      }
+    }
+  }
+
+  // ---- Buffers ----
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  const int64_t f = sizeof(float);
+  const int64_t i32 = sizeof(int32_t);
+  RETURN_IF_ERROR(Reserve(&ids_, num_tokens * i32));
+  RETURN_IF_ERROR(Reserve(&write_slots_, num_tokens * i32));
+  RETURN_IF_ERROR(Reserve(&context_len_, num_tokens * i32));
+  RETURN_IF_ERROR(Reserve(&slot_begin_, num_tokens * i32));
+  RETURN_IF_ERROR(Reserve(&slots_, static_cast<int64_t>(h_slots_.size()) * i32));
+  RETURN_IF_ERROR(Reserve(&logit_rows_, std::max<int64_t>(1, num_rows) * i32));
+  RETURN_IF_ERROR(Reserve(&cos_, num_tokens * half * f));
+  RETURN_IF_ERROR(Reserve(&sin_, num_tokens * half * f));
+  RETURN_IF_ERROR(Reserve(&x_, num_tokens * hidden * f));
+  RETURN_IF_ERROR(Reserve(&h_, num_tokens * hidden * f));
+  RETURN_IF_ERROR(Reserve(&q_, num_tokens * q_dim * f));
+  RETURN_IF_ERROR(Reserve(&k_, num_tokens * kv_dim * f));
+  RETURN_IF_ERROR(Reserve(&v_, num_tokens * kv_dim * f));
+  RETURN_IF_ERROR(Reserve(&attn_, num_tokens * q_dim * f));
+  RETURN_IF_ERROR(Reserve(&gate_, num_tokens * c.intermediate_size * f));
+  RETURN_IF_ERROR(Reserve(&up_, num_tokens * c.intermediate_size * f));
+  RETURN_IF_ERROR(Reserve(&final_, std::max<int64_t>(1, num_rows) * hidden * f));
+  RETURN_IF_ERROR(Reserve(&logits_, std::max<int64_t>(1, num_rows) * c.vocab_size * f));
+  RETURN_IF_ERROR(
+      Reserve(&workspace_, backend_->num_threads() * c.max_position_embeddings * f));
+
+  backend_->CopyToDevice(ids_.data(), h_ids_.data(), num_tokens * i32);
+  backend_->CopyToDevice(write_slots_.data(), h_write_slots_.data(), num_tokens * i32);
+  backend_->CopyToDevice(context_len_.data(), h_context_len_.data(), num_tokens * i32);
+  backend_->CopyToDevice(slot_begin_.data(), h_slot_begin_.data(), num_tokens * i32);
+  backend_->CopyToDevice(slots_.data(), h_slots_.data(),
+                         static_cast<int64_t>(h_slots_.size()) * i32);
+  backend_->CopyToDevice(logit_rows_.data(), h_logit_rows_.data(), num_rows * i32);
+  backend_->CopyToDevice(cos_.data(), h_cos_.data(), num_tokens * half * f);
+  backend_->CopyToDevice(sin_.data(), h_sin_.data(), num_tokens * half * f);
+
+  // ---- Embedding and layers ----
+  kc::EmbeddingParams emb;
+  emb.table = w.embed().data;
+  emb.table_dtype = w.embed().dtype;
+  emb.ids = ids_.i32();
+  emb.out = x_.f32();
+  emb.num_tokens = num_tokens;
+  emb.num_rows = c.vocab_size;
+  emb.dim = hidden;
+  RETURN_IF_ERROR(backend_->Embedding(emb));
+  RETURN_IF_ERROR(RunLayers(w, num_tokens));
+  if (num_rows == 0) return absl::OkStatus();
+
+  // ---- Final norm and LM head on the rows asked for ----
+  RETURN_IF_ERROR(
+      backend_->GatherRows(x_.f32(), logit_rows_.i32(), num_rows, hidden, final_.f32()));
+  kc::RmsNormParams norm;
+  norm.x = final_.f32();
+  norm.w = w.final_norm().data;
+  norm.w_dtype = w.final_norm().dtype;
+  norm.y = final_.f32();
+  norm.rows = num_rows;
+  norm.dim = hidden;
+  norm.eps = static_cast<float>(c.rms_norm_eps);
+  RETURN_IF_ERROR(backend_->RmsNorm(norm));
+  kc::MatmulParams head;
+  head.x = final_.f32();
+  head.w = w.lm_head().data;
+  head.w_dtype = w.lm_head().dtype;
+  head.y = logits_.f32();
+  head.m = num_rows;
+  head.n = c.vocab_size;
+  head.k = hidden;
+  RETURN_IF_ERROR(backend_->Matmul(head));
+  backend_->CopyToHost(out->logits.data(), logits_.data(), num_rows * c.vocab_size * f);
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens) {
+  const model_io::ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  const float eps = static_cast<float>(c.rms_norm_eps);
+
+  auto norm = [&](const float* x, const WeightTensor& wt, int64_t rows, int64_t dim, float* y) {
+    kc::RmsNormParams p;
+    p.x = x;
+    p.w = wt.data;
+    p.w_dtype = wt.dtype;
+    p.y = y;
+    p.rows = rows;
+    p.dim = dim;
+    p.eps = eps;
+    return backend_->RmsNorm(p);
+  };
+  auto linear = [&](const float* x, const WeightTensor& wt, const WeightTensor* bias, float* y) {
+    kc::MatmulParams p;
+    p.x = x;
+    p.w = wt.data;
+    p.w_dtype = wt.dtype;
+    if (bias != nullptr) {
+      p.bias = bias->data;
+      p.bias_dtype = bias->dtype;
+    }
+    p.y = y;
+    p.m = num_tokens;
+    p.n = wt.shape[0];
+    p.k = wt.shape[1];
+    return backend_->Matmul(p);
+  };
+
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& lw = w.layer(l);
+    RETURN_IF_ERROR(norm(x_.f32(), *lw.input_norm, num_tokens, hidden, h_.f32()));
+    RETURN_IF_ERROR(linear(h_.f32(), *lw.q_proj, lw.q_bias, q_.f32()));
+    RETURN_IF_ERROR(linear(h_.f32(), *lw.k_proj, lw.k_bias, k_.f32()));
+    RETURN_IF_ERROR(linear(h_.f32(), *lw.v_proj, lw.v_bias, v_.f32()));
+    if (lw.q_norm != nullptr) {
+      RETURN_IF_ERROR(norm(q_.f32(), *lw.q_norm, num_tokens * c.num_attention_heads, c.head_dim,
+                           q_.f32()));
+      RETURN_IF_ERROR(norm(k_.f32(), *lw.k_norm, num_tokens * c.num_key_value_heads, c.head_dim,
+                           k_.f32()));
+    }
+    kc::RopeParams rope;
+    rope.q = q_.f32();
+    rope.k = k_.f32();
+    rope.cos = cos_.f32();
+    rope.sin = sin_.f32();
+    rope.num_tokens = num_tokens;
+    rope.num_heads = c.num_attention_heads;
+    rope.num_kv_heads = c.num_key_value_heads;
+    rope.head_dim = c.head_dim;
+    rope.q_stride = q_dim;
+    rope.k_stride = kv_dim;
+    RETURN_IF_ERROR(backend_->Rope(rope));
+
+    kc::WriteKvParams kv;
+    kv.k = k_.f32();
+    kv.v = v_.f32();
+    kv.slots = write_slots_.i32();
+    kv.k_cache = k_cache_[static_cast<size_t>(l)].f32();
+    kv.v_cache = v_cache_[static_cast<size_t>(l)].f32();
+    kv.num_tokens = num_tokens;
+    kv.kv_dim = kv_dim;
+    kv.k_stride = kv_dim;
+    kv.v_stride = kv_dim;
+    kv.num_slots = num_kv_slots_;
+    RETURN_IF_ERROR(backend_->WriteKv(kv));
+
+    kc::AttentionParams at;
+    at.q = q_.f32();
+    at.k_cache = kv.k_cache;
+    at.v_cache = kv.v_cache;
+    at.out = attn_.f32();
+    at.context_len = context_len_.i32();
+    at.slot_begin = slot_begin_.i32();
+    at.slots = slots_.i32();
+    at.workspace = workspace_.f32();
+    at.num_workspaces = backend_->num_threads();
+    at.num_tokens = num_tokens;
+    at.num_heads = c.num_attention_heads;
+    at.num_kv_heads = c.num_key_value_heads;
+    at.head_dim = c.head_dim;
+    at.q_stride = q_dim;
+    at.num_slots = num_kv_slots_;
+    at.num_slot_entries = static_cast<int64_t>(h_slots_.size());
+    at.max_context = c.max_position_embeddings;
+    at.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+    RETURN_IF_ERROR(backend_->Attention(at));
+
+    RETURN_IF_ERROR(linear(attn_.f32(), *lw.o_proj, nullptr, h_.f32()));
+    RETURN_IF_ERROR(backend_->AddInPlace(h_.f32(), x_.f32(), num_tokens * hidden));
+
+    RETURN_IF_ERROR(norm(x_.f32(), *lw.post_norm, num_tokens, hidden, h_.f32()));
+    RETURN_IF_ERROR(linear(h_.f32(), *lw.gate_proj, nullptr, gate_.f32()));
+    RETURN_IF_ERROR(linear(h_.f32(), *lw.up_proj, nullptr, up_.f32()));
+    kc::SiluMulParams act;
+    act.gate = gate_.f32();
+    act.up = up_.f32();
+    act.out = gate_.f32();
+    act.n = num_tokens * c.intermediate_size;
+    RETURN_IF_ERROR(backend_->SiluMul(act));
+    RETURN_IF_ERROR(linear(gate_.f32(), *lw.down_proj, nullptr, h_.f32()));
+    RETURN_IF_ERROR(backend_->AddInPlace(h_.f32(), x_.f32(), num_tokens * hidden));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rl::model

@@ -1,0 +1,178 @@
+#include "services/worker/model/weights.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status.h"
+
+namespace rl::model {
+
+namespace {
+
+using model_io::DType;
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+}  // namespace
+
+const WeightTensor* Weights::Find(const std::string& name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : &it->second;
+}
+
+std::vector<TensorInfo> Weights::List() const {
+  std::vector<TensorInfo> out;
+  for (const auto& [name, t] : tensors_) {
+    out.push_back({name, model_io::DTypeName(t.dtype), t.shape});
+  }
+  return out;
+}
+
+void Weights::Visit(
+    const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const {
+  for (const auto& [name, t] : tensors_) {
+    fn({name, model_io::DTypeName(t.dtype), t.shape},
+       absl::Span<const uint8_t>(static_cast<const uint8_t*>(t.data),
+                                 static_cast<size_t>(t.num_bytes)));
+  }
+}
+
+int64_t Weights::TotalBytes() const {
+  int64_t total = 0;
+  for (const auto& [name, t] : tensors_) total += t.num_bytes;
+  return total;
+}
+
+int64_t Weights::BytesPerToken() const {
+  int64_t total = TotalBytes();
+  if (embed_ != lm_head_) {
+    // Only one embedding row is read per token.
+    total -= embed_->num_bytes - embed_->num_bytes / embed_->shape[0];
+  }
+  return total;
+}
+
+absl::Status Weights::Update(const TensorInfo& info, absl::Span<const uint8_t> bytes) {
+  auto it = tensors_.find(info.name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat("update weight: no tensor named '", info.name, "'"));
+  }
+  WeightTensor& t = it->second;
+  if (info.shape != t.shape) {
+    return absl::InvalidArgumentError(absl::StrCat("update weight '", info.name, "': shape ",
+                                                   ShapeString(info.shape), ", expected ",
+                                                   ShapeString(t.shape)));
+  }
+  std::optional<DType> src = model_io::ParseDType(info.dtype);
+  if (!src || !model_io::IsFloatWeightDType(*src)) {
+    return absl::InvalidArgumentError(absl::StrCat("update weight '", info.name, "': dtype '",
+                                                   info.dtype, "' (want F32, BF16 or F16)"));
+  }
+  int64_t numel = 1;
+  for (int64_t d : t.shape) numel *= d;
+  if (static_cast<int64_t>(bytes.size()) != numel * model_io::DTypeSize(*src)) {
+    return absl::InvalidArgumentError(absl::StrCat("update weight '", info.name, "': ",
+                                                   bytes.size(), " bytes, expected ",
+                                                   numel * model_io::DTypeSize(*src)));
+  }
+  auto buffer = std::make_unique<uint8_t[]>(static_cast<size_t>(t.num_bytes));
+  if (*src == t.dtype) {
+    std::memcpy(buffer.get(), bytes.data(), bytes.size());
+  } else {
+    std::vector<float> f32(static_cast<size_t>(numel));
+    model_io::ConvertToF32(*src, bytes.data(), numel, f32.data());
+    model_io::ConvertFromF32(f32.data(), numel, t.dtype, buffer.get());
+  }
+  t.data = buffer.get();
+  owned_[info.name] = std::move(buffer);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
+    model_io::Checkpoint checkpoint, const model_io::ModelConfig& c) {
+  auto w = std::unique_ptr<Weights>(new Weights());
+  w->config_ = c;
+  w->checkpoint_ = std::move(checkpoint);
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+
+  auto need = [&](const std::string& name,
+                  std::vector<int64_t> shape) -> absl::StatusOr<const WeightTensor*> {
+    const model_io::TensorView* v = w->checkpoint_.Find(name);
+    if (v == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: missing tensor '", name,
+                                                     "' (expected shape ", ShapeString(shape),
+                                                     ")"));
+    }
+    if (v->shape != shape) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: tensor '", name, "' has shape ",
+                                                     ShapeString(v->shape), ", expected ",
+                                                     ShapeString(shape)));
+    }
+    if (!model_io::IsFloatWeightDType(v->dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: tensor '", name, "' has dtype ",
+                                                     model_io::DTypeName(v->dtype),
+                                                     ", expected F32, BF16 or F16"));
+    }
+    WeightTensor t;
+    t.name = name;
+    t.dtype = v->dtype;
+    t.shape = v->shape;
+    t.num_bytes = static_cast<int64_t>(v->data.size());
+    t.data = v->data.data();
+    if (reinterpret_cast<uintptr_t>(t.data) % model_io::DTypeSize(t.dtype) != 0) {
+      auto copy = std::make_unique<uint8_t[]>(v->data.size());
+      std::memcpy(copy.get(), v->data.data(), v->data.size());
+      t.data = copy.get();
+      w->owned_[name] = std::move(copy);
+    }
+    auto [it, inserted] = w->tensors_.emplace(name, std::move(t));
+    return &it->second;
+  };
+
+  ASSIGN_OR_RETURN(w->embed_, need("model.embed_tokens.weight", {c.vocab_size, c.hidden_size}));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    LayerWeights lw;
+    ASSIGN_OR_RETURN(lw.input_norm, need(p + "input_layernorm.weight", {c.hidden_size}));
+    ASSIGN_OR_RETURN(lw.q_proj, need(p + "self_attn.q_proj.weight", {q_dim, c.hidden_size}));
+    ASSIGN_OR_RETURN(lw.k_proj, need(p + "self_attn.k_proj.weight", {kv_dim, c.hidden_size}));
+    ASSIGN_OR_RETURN(lw.v_proj, need(p + "self_attn.v_proj.weight", {kv_dim, c.hidden_size}));
+    if (c.attention_bias) {
+      ASSIGN_OR_RETURN(lw.q_bias, need(p + "self_attn.q_proj.bias", {q_dim}));
+      ASSIGN_OR_RETURN(lw.k_bias, need(p + "self_attn.k_proj.bias", {kv_dim}));
+      ASSIGN_OR_RETURN(lw.v_bias, need(p + "self_attn.v_proj.bias", {kv_dim}));
+    }
+    if (c.qk_norm) {
+      ASSIGN_OR_RETURN(lw.q_norm, need(p + "self_attn.q_norm.weight", {c.head_dim}));
+      ASSIGN_OR_RETURN(lw.k_norm, need(p + "self_attn.k_norm.weight", {c.head_dim}));
+    }
+    ASSIGN_OR_RETURN(lw.o_proj, need(p + "self_attn.o_proj.weight", {c.hidden_size, q_dim}));
+    ASSIGN_OR_RETURN(lw.post_norm, need(p + "post_attention_layernorm.weight", {c.hidden_size}));
+    ASSIGN_OR_RETURN(lw.gate_proj,
+                     need(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}));
+    ASSIGN_OR_RETURN(lw.up_proj,
+                     need(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}));
+    ASSIGN_OR_RETURN(lw.down_proj,
+                     need(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}));
+    w->layers_.push_back(lw);
+  }
+  ASSIGN_OR_RETURN(w->final_norm_, need("model.norm.weight", {c.hidden_size}));
+  if (c.tie_word_embeddings) {
+    w->lm_head_ = w->embed_;
+  } else {
+    ASSIGN_OR_RETURN(w->lm_head_, need("lm_head.weight", {c.vocab_size, c.hidden_size}));
+  }
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<Weights>> LoadWeights(const std::string& model_dir,
+                                                     const model_io::ModelConfig& config) {
+  ASSIGN_OR_RETURN(model_io::Checkpoint ckpt, model_io::OpenCheckpoint(model_dir));
+  return WeightsFromCheckpoint(std::move(ckpt), config);
+}
+
+}  // namespace rl::model

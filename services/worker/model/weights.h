@@ -1,0 +1,101 @@
+// Weights: the tensors of one model replica, as Hugging Face names them, kept in their stored
+// dtype (F32 / BF16 / F16) — memory-mapped from safetensors where possible, so loading costs
+// no copy and big bf16 models are never widened in memory. Kernels widen to float32 on the fly.
+//
+// Invariants: every tensor the architecture needs is present with the expected shape (checked
+// at load, errors name the tensor and the expected shape); tensor addresses are stable for the
+// lifetime of the Weights; Update() validates before it changes anything. Tied embeddings: the
+// LM head is the embedding tensor, and "lm_head.weight" is not listed.
+// Thread safety: const methods may run concurrently; Update() needs exclusive access (the
+// runner calls it on the engine thread between forwards).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model_io/dtype.h"
+#include "common/model_io/model_config.h"
+#include "common/model_io/safetensors.h"
+#include "services/worker/model/model_runner.h"
+
+namespace rl::model {
+
+struct WeightTensor {
+  std::string name;
+  model_io::DType dtype = model_io::DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // host memory, NumElements() · DTypeSize(dtype) bytes
+  int64_t num_bytes = 0;
+};
+
+struct LayerWeights {
+  const WeightTensor* input_norm = nullptr;  // [hidden]
+  const WeightTensor* q_proj = nullptr;      // [num_heads · head_dim, hidden]
+  const WeightTensor* k_proj = nullptr;      // [num_kv_heads · head_dim, hidden]
+  const WeightTensor* v_proj = nullptr;      // [num_kv_heads · head_dim, hidden]
+  const WeightTensor* q_bias = nullptr;      // [num_heads · head_dim] (attention_bias only)
+  const WeightTensor* k_bias = nullptr;      // [num_kv_heads · head_dim]
+  const WeightTensor* v_bias = nullptr;      // [num_kv_heads · head_dim]
+  const WeightTensor* q_norm = nullptr;      // [head_dim] (qk_norm only)
+  const WeightTensor* k_norm = nullptr;      // [head_dim]
+  const WeightTensor* o_proj = nullptr;      // [hidden, num_heads · head_dim]
+  const WeightTensor* post_norm = nullptr;   // [hidden]
+  const WeightTensor* gate_proj = nullptr;   // [intermediate, hidden]
+  const WeightTensor* up_proj = nullptr;     // [intermediate, hidden]
+  const WeightTensor* down_proj = nullptr;   // [hidden, intermediate]
+};
+
+class Weights {
+ public:
+  const model_io::ModelConfig& config() const { return config_; }
+  const WeightTensor& embed() const { return *embed_; }
+  const WeightTensor& lm_head() const { return *lm_head_; }
+  const WeightTensor& final_norm() const { return *final_norm_; }
+  const LayerWeights& layer(int64_t i) const { return layers_[static_cast<size_t>(i)]; }
+
+  // Null when the model has no tensor of that name.
+  const WeightTensor* Find(const std::string& name) const;
+  // Every tensor, sorted by name.
+  std::vector<TensorInfo> List() const;
+  // Calls fn(info, bytes) per tensor in name order; bytes are valid during the call.
+  void Visit(const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const;
+  // Total bytes of the tensors one forward token reads (all of them; the embedding row only
+  // when the head is untied). Used for memory-bandwidth bounds.
+  int64_t BytesPerToken() const;
+  int64_t TotalBytes() const;
+
+  // Replaces tensor `info.name` with `bytes` (info.dtype F32/BF16/F16, converted to the held
+  // dtype). The shape must equal the held one. Nothing changes on error.
+  absl::Status Update(const TensorInfo& info, absl::Span<const uint8_t> bytes);
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<Weights>> LoadWeights(const std::string&,
+                                                             const model_io::ModelConfig&);
+  friend absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
+      model_io::Checkpoint, const model_io::ModelConfig&);
+  Weights() = default;
+
+  model_io::ModelConfig config_;
+  model_io::Checkpoint checkpoint_;  // keeps the mappings alive
+  std::map<std::string, WeightTensor> tensors_;
+  std::map<std::string, std::unique_ptr<uint8_t[]>> owned_;  // copies (updates, realigned)
+  const WeightTensor* embed_ = nullptr;
+  const WeightTensor* lm_head_ = nullptr;
+  const WeightTensor* final_norm_ = nullptr;
+  std::vector<LayerWeights> layers_;
+};
+
+// Opens DIR's safetensors checkpoint (single file or sharded) and checks it against `config`.
+absl::StatusOr<std::unique_ptr<Weights>> LoadWeights(const std::string& model_dir,
+                                                     const model_io::ModelConfig& config);
+absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
+    model_io::Checkpoint checkpoint, const model_io::ModelConfig& config);
+
+}  // namespace rl::model
