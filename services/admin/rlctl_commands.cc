@@ -1,0 +1,356 @@
+#include "services/admin/rlctl_commands.h"
+
+#include <chrono>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/grpc_status.h"
+#include "common/model_io/model_maker.h"
+#include "google/protobuf/util/json_util.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "nlohmann/json.hpp"
+#include "rl/v1/admin.grpc.pb.h"
+#include "rl/v1/router.grpc.pb.h"
+#include "rl/v1/worker.grpc.pb.h"
+#include "services/admin/rlctl_offline.h"
+
+namespace rl::rlctl {
+namespace {
+
+using Json = nlohmann::json;
+
+std::string ToJson(const google::protobuf::Message& m) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string out;
+  if (!google::protobuf::util::MessageToJsonString(m, &out, options).ok()) out = "{}";
+  return out;
+}
+
+// Prints an error (as {"error": {...}} with --json) and returns exit status 1 (2 for usage).
+int Fail(const Options& o, const absl::Status& status) {
+  const bool usage = status.code() == absl::StatusCode::kInvalidArgument &&
+                     absl::StartsWith(status.message(), "usage:");
+  if (o.json) {
+    Json err = {{"error",
+                 {{"code", absl::StatusCodeToString(status.code())},
+                  {"message", std::string(status.message())}}}};
+    std::cout << err.dump() << "\n";
+  } else {
+    std::cerr << "rlctl: " << absl::StatusCodeToString(status.code()) << ": " << status.message()
+              << "\n";
+  }
+  return usage ? 2 : 1;
+}
+
+absl::Status Usage(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("usage: ", what));
+}
+
+class Client {
+ public:
+  explicit Client(const Options& o) : o_(o) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(512 << 20);
+    args.SetMaxSendMessageSize(512 << 20);
+    channel_ = grpc::CreateCustomChannel(o.target, grpc::InsecureChannelCredentials(), args);
+  }
+  void Prepare(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(std::chrono::system_clock::now() +
+                      std::chrono::milliseconds(static_cast<int64_t>(o_.timeout_s * 1000)));
+    if (!o_.api_key.empty()) ctx->AddMetadata("authorization", "Bearer " + o_.api_key);
+  }
+  std::unique_ptr<rl::v1::Admin::Stub> admin() const { return rl::v1::Admin::NewStub(channel_); }
+  std::unique_ptr<rl::v1::Router::Stub> router() const { return rl::v1::Router::NewStub(channel_); }
+  std::unique_ptr<rl::v1::Worker::Stub> worker() const { return rl::v1::Worker::NewStub(channel_); }
+  std::unique_ptr<grpc::health::v1::Health::Stub> health() const {
+    return grpc::health::v1::Health::NewStub(channel_);
+  }
+
+ private:
+  const Options& o_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+// Calls `rpc` and prints the response: JSON, or the human form from `human` (default: the
+// JSON pretty-printed).
+template <typename Response>
+int Print(const Options& o, const grpc::Status& status, const Response& response,
+          const std::function<void(const Response&)>& human = nullptr) {
+  if (!status.ok()) return Fail(o, FromGrpcStatus(status));
+  if (o.json || !human) {
+    const std::string text = ToJson(response);
+    std::cout << (o.json ? text : Json::parse(text).dump(2)) << "\n";
+  } else {
+    human(response);
+  }
+  return 0;
+}
+
+void PrintAdmin(const rl::v1::AdminResponse& r) {
+  std::cout << (r.success() ? "ok" : "FAILED") << (r.message().empty() ? "" : ": ") << r.message()
+            << " (weight_version " << r.weight_version() << ")\n";
+  for (const auto& w : r.results()) {
+    std::cout << "  " << w.worker() << "  " << w.code() << "  v" << w.weight_version() << "  "
+              << w.message() << "\n";
+  }
+}
+
+absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
+  std::vector<int32_t> ids;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(part, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat("--ids: '", std::string(part), "' is not an integer"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+// Streams one generation. Tries rl.v1.Router first; a worker answers UNIMPLEMENTED for it, and
+// then the same request goes to rl.v1.Worker.
+int Generate(const Options& o, const Client& c, bool via_router = true) {
+  rl::v1::GenerateRequest req;
+  if (!o.text.empty() == !o.ids.empty()) return Fail(o, Usage("generate needs exactly one of --text or --ids"));
+  if (!o.text.empty()) {
+    req.set_text(o.text);
+  } else {
+    auto ids = ParseIds(o.ids);
+    if (!ids.ok()) return Fail(o, ids.status());
+    for (int32_t id : *ids) req.mutable_input_ids()->add_ids(id);
+  }
+  auto* sp = req.mutable_sampling_params();
+  if (o.max_new_tokens >= 0) sp->set_max_new_tokens(o.max_new_tokens);
+  if (o.temperature >= 0) sp->set_temperature(static_cast<float>(o.temperature));
+  if (o.top_p >= 0) sp->set_top_p(static_cast<float>(o.top_p));
+  sp->set_top_k(o.top_k);
+  if (o.seed >= 0) sp->set_seed(static_cast<uint64_t>(o.seed));
+  for (const auto& s : o.stop) sp->add_stop(s);
+  req.set_return_logprob(o.logprobs);
+  req.set_return_trajectory(via_router && o.logprobs);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  std::unique_ptr<grpc::ClientReader<rl::v1::GenerateResponse>> reader =
+      via_router ? c.router()->Generate(&ctx, req) : c.worker()->Generate(&ctx, req);
+  rl::v1::GenerateResponse msg, final_msg;
+  bool have_final = false;
+  while (reader->Read(&msg)) {
+    if (msg.has_chunk() && !o.json) std::cout << msg.chunk().text() << std::flush;
+    if (msg.has_final()) {
+      final_msg = msg;
+      have_final = true;
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  if (via_router && status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    return Generate(o, c, /*via_router=*/false);
+  }
+  if (!status.ok()) return Fail(o, FromGrpcStatus(status));
+  if (!have_final) return Fail(o, absl::InternalError("stream ended without a final message"));
+  if (o.json) {
+    std::cout << ToJson(final_msg) << "\n";
+  } else {
+    const auto& f = final_msg.final();
+    std::cout << "\n[" << rl::v1::FinishReason_Name(f.finish_reason()) << "] prompt "
+              << f.prompt_tokens() << " tokens (" << f.cached_tokens() << " cached), completion "
+              << f.completion_tokens() << " tokens, weight_version " << f.weight_version() << ", "
+              << f.timings().total_us() / 1000.0 << " ms\n";
+  }
+  return 0;
+}
+
+int Workers(const Options& o, const Client& c, const std::vector<std::string>& args) {
+  const std::string sub = args.size() > 1 ? args[1] : "list";
+  auto stub = c.router();
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::WorkerListResponse resp;
+  grpc::Status status;
+  const bool needs_addr = sub != "list";
+  if (needs_addr && args.size() < 3) return Fail(o, Usage("workers " + sub + " ADDR"));
+  if (sub == "list") {
+    status = stub->ListWorkers(&ctx, rl::v1::ListWorkersRequest(), &resp);
+  } else if (sub == "add") {
+    rl::v1::AddWorkerRequest req;
+    req.set_address(args[2]);
+    status = stub->AddWorker(&ctx, req, &resp);
+  } else if (sub == "remove") {
+    rl::v1::RemoveWorkerRequest req;
+    req.set_address(args[2]);
+    status = stub->RemoveWorker(&ctx, req, &resp);
+  } else if (sub == "enable" || sub == "disable") {
+    rl::v1::SetWorkerEnabledRequest req;
+    req.set_address(args[2]);
+    req.set_enabled(sub == "enable");
+    status = stub->SetWorkerEnabled(&ctx, req, &resp);
+  } else {
+    return Fail(o, Usage("workers list|add ADDR|remove ADDR|enable ADDR|disable ADDR"));
+  }
+  return Print<rl::v1::WorkerListResponse>(o, status, resp, [](const auto& r) {
+    for (const auto& w : r.workers()) {
+      std::cout << w.address() << "  " << rl::v1::WorkerState_Name(w.state())
+                << (w.enabled() ? "" : "  disabled") << "  in_flight " << w.in_flight() << "  v"
+                << w.weight_version() << (w.version_mismatch() ? "  VERSION MISMATCH" : "") << "\n";
+    }
+  });
+}
+
+int UpdateWeights(const Options& o, const Client& c) {
+  if (o.from_disk.empty()) return Fail(o, Usage("update-weights --from-disk DIR"));
+  rl::v1::UpdateWeightsFromDiskRequest req;
+  req.set_model_path(o.from_disk);
+  if (o.version >= 0) req.set_weight_version(o.version);
+  req.set_abort_all_requests(o.abort_all);
+  req.set_keep_pause(o.keep_pause);
+  req.set_flush_cache(!o.no_flush);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::AdminResponse resp;
+  const grpc::Status status = c.admin()->UpdateWeightsFromDisk(&ctx, req, &resp);
+  return Print<rl::v1::AdminResponse>(o, status, resp, PrintAdmin);
+}
+
+int Pause(const Options& o, const Client& c) {
+  static const std::map<std::string, rl::v1::PauseMode> kModes = {
+      {"abort", rl::v1::PAUSE_MODE_ABORT},
+      {"in_place", rl::v1::PAUSE_MODE_IN_PLACE},
+      {"retract", rl::v1::PAUSE_MODE_RETRACT}};
+  auto it = kModes.find(o.mode);
+  if (it == kModes.end()) return Fail(o, Usage("pause --mode abort|in_place|retract"));
+  rl::v1::PauseGenerationRequest req;
+  req.set_mode(it->second);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::AdminResponse resp;
+  return Print<rl::v1::AdminResponse>(o, c.admin()->PauseGeneration(&ctx, req, &resp), resp,
+                                      PrintAdmin);
+}
+
+int WeightsChecker(const Options& o, const Client& c) {
+  static const std::map<std::string, rl::v1::WeightsCheckerAction> kActions = {
+      {"snapshot", rl::v1::WEIGHTS_CHECKER_ACTION_SNAPSHOT},
+      {"reset_tensors", rl::v1::WEIGHTS_CHECKER_ACTION_RESET_TENSORS},
+      {"compare", rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE},
+      {"checksum", rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM}};
+  auto it = kActions.find(o.action);
+  if (it == kActions.end()) {
+    return Fail(o, Usage("weights-checker --action snapshot|reset_tensors|compare|checksum"));
+  }
+  rl::v1::WeightsCheckerRequest req;
+  req.set_action(it->second);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::WeightsCheckerResponse resp;
+  return Print<rl::v1::WeightsCheckerResponse>(o, c.admin()->WeightsChecker(&ctx, req, &resp),
+                                               resp);
+}
+
+int Health(const Options& o, const Client& c) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  grpc::health::v1::HealthCheckResponse resp;
+  const grpc::Status status = c.health()->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
+  return Print<grpc::health::v1::HealthCheckResponse>(o, status, resp, [](const auto& r) {
+    std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(r.status()) << "\n";
+  });
+}
+
+int Metrics(const Options& o, const Client& c) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::GetMetricsResponse resp;
+  return Print<rl::v1::GetMetricsResponse>(
+      o, c.router()->GetMetrics(&ctx, rl::v1::GetMetricsRequest(), &resp), resp,
+      [](const auto& r) { std::cout << r.prometheus_text(); });
+}
+
+int MakeModel(const Options& o) {
+  if (o.arch.empty() || o.size.empty() || o.out.empty()) {
+    return Fail(o, Usage("make-model --arch llama|qwen2|qwen3 --size tiny|0.5b|1b|8b --out DIR"));
+  }
+  model_io::MakeModelOptions m;
+  m.arch = o.arch;
+  m.size = o.size;
+  m.seed = o.seed >= 0 ? static_cast<uint64_t>(o.seed) : 0;
+  m.dtype = o.dtype;
+  m.out_dir = o.out;
+  if (absl::Status s = model_io::MakeModel(m); !s.ok()) return Fail(o, s);
+  Json out = {{"out", o.out}, {"arch", o.arch}, {"size", o.size}, {"seed", m.seed}};
+  std::cout << (o.json ? out.dump() : "wrote " + o.arch + " " + o.size + " model to " + o.out)
+            << "\n";
+  return 0;
+}
+
+}  // namespace
+
+int Run(const Options& o, const std::vector<std::string>& args) {
+  const std::string& cmd = args[0];
+  if (cmd == "make-model") return MakeModel(o);
+  if (cmd == "tokenize" || cmd == "detokenize") {
+    absl::Status s = cmd == "tokenize" ? Tokenize(o) : Detokenize(o);
+    return s.ok() ? 0 : Fail(o, s);
+  }
+  Client c(o);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::AdminResponse admin_resp;
+  if (cmd == "generate") return Generate(o, c);
+  if (cmd == "pause") return Pause(o, c);
+  if (cmd == "continue") {
+    return Print<rl::v1::AdminResponse>(
+        o, c.admin()->ContinueGeneration(&ctx, rl::v1::ContinueGenerationRequest(), &admin_resp),
+        admin_resp, PrintAdmin);
+  }
+  if (cmd == "flush") {
+    return Print<rl::v1::AdminResponse>(
+        o, c.admin()->FlushCache(&ctx, rl::v1::FlushCacheRequest(), &admin_resp), admin_resp,
+        PrintAdmin);
+  }
+  if (cmd == "release-memory" || cmd == "resume-memory") {
+    const grpc::Status st =
+        cmd == "release-memory"
+            ? c.admin()->ReleaseMemory(&ctx, rl::v1::ReleaseMemoryRequest(), &admin_resp)
+            : c.admin()->ResumeMemory(&ctx, rl::v1::ResumeMemoryRequest(), &admin_resp);
+    return Print<rl::v1::AdminResponse>(o, st, admin_resp, PrintAdmin);
+  }
+  if (cmd == "update-weights") return UpdateWeights(o, c);
+  if (cmd == "weights-checker") return WeightsChecker(o, c);
+  if (cmd == "model-info") {
+    rl::v1::GetModelInfoResponse resp;
+    return Print<rl::v1::GetModelInfoResponse>(
+        o, c.admin()->GetModelInfo(&ctx, rl::v1::GetModelInfoRequest(), &resp), resp);
+  }
+  if (cmd == "server-info") {
+    rl::v1::GetServerInfoResponse resp;
+    return Print<rl::v1::GetServerInfoResponse>(
+        o, c.admin()->GetServerInfo(&ctx, rl::v1::GetServerInfoRequest(), &resp), resp);
+  }
+  if (cmd == "list-weights") {
+    rl::v1::ListWeightsResponse resp;
+    return Print<rl::v1::ListWeightsResponse>(
+        o, c.admin()->ListWeights(&ctx, rl::v1::ListWeightsRequest(), &resp), resp);
+  }
+  if (cmd == "retrieve") {
+    if (o.text.empty()) return Fail(o, Usage("retrieve --text T"));
+    rl::v1::RetrieveFromTextRequest req;
+    req.set_text(o.text);
+    rl::v1::RetrieveFromTextResponse resp;
+    return Print<rl::v1::RetrieveFromTextResponse>(
+        o, c.router()->RetrieveFromText(&ctx, req, &resp), resp);
+  }
+  if (cmd == "workers") return Workers(o, c, args);
+  if (cmd == "metrics") return Metrics(o, c);
+  if (cmd == "health") return Health(o, c);
+  return Fail(o, Usage("unknown command '" + cmd + "' (see rlctl --help)"));
+}
+
+}  // namespace rl::rlctl

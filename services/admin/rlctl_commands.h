@@ -1,0 +1,44 @@
+// rlctl's commands: each turns Options into one RPC (or an offline action) and prints the
+// result, human-readable or as exactly one JSON object.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rl::rlctl {
+
+struct Options {
+  std::string target = "127.0.0.1:50051";
+  std::string api_key;
+  bool json = false;
+  double timeout_s = 60;
+  std::string text;
+  std::string ids;
+  int max_new_tokens = -1;
+  double temperature = -1;
+  double top_p = -1;
+  int top_k = 0;
+  int64_t seed = -1;
+  bool logprobs = false;
+  std::vector<std::string> stop;
+  std::string mode;
+  std::string from_disk;
+  int64_t version = -1;
+  bool abort_all = false;
+  bool keep_pause = false;
+  bool no_flush = false;
+  std::string action;
+  std::string tokenizer;
+  bool no_special = false;
+  bool skip_special = false;
+  std::string arch;
+  std::string size;
+  std::string dtype;
+  std::string out;
+};
+
+// Runs the command named by args[0] (further args are its operands); returns the exit status.
+int Run(const Options& options, const std::vector<std::string>& args);
+
+}  // namespace rl::rlctl

@@ -1,0 +1,76 @@
+// rlctl: command-line client for every data and admin call of a worker or the router, plus
+// offline helpers (tokenize, detokenize, make-model). Human-readable output by default; with
+// --json every command prints exactly one JSON object. Exit status 0 on success, 1 when the
+// call failed, 2 for bad usage.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/auth.h"
+#include "common/flags.h"
+#include "services/admin/rlctl_commands.h"
+
+namespace {
+
+constexpr char kCommands[] = R"(Commands:
+  generate --text T | --ids 1,2,3 [--max-new-tokens N] [--temperature F] [--top-p F]
+           [--top-k N] [--seed N] [--logprobs] [--stop S]...
+  retrieve --text T
+  pause --mode abort|in_place|retract      continue      flush
+  update-weights --from-disk DIR [--version N] [--abort-all] [--keep-pause] [--no-flush]
+  weights-checker --action snapshot|reset_tensors|compare|checksum
+  list-weights      model-info      server-info      metrics      health
+  workers list | add ADDR | remove ADDR | enable ADDR | disable ADDR
+  tokenize --tokenizer DIR [--text T] [--no-special]    (offline; stdin lines without --text)
+  detokenize --tokenizer DIR [--ids 1,2,3] [--skip-special]  (offline; stdin JSON arrays)
+  make-model --arch llama|qwen2|qwen3 --size tiny|0.5b|1b|8b [--seed N] [--dtype D] --out DIR
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  rl::rlctl::Options o;
+  rl::FlagSet flags("rlctl");
+  flags.String("target", &o.target, "worker or router address HOST:PORT");
+  flags.String("api-key", &o.api_key, "bearer key (or env RL_ADMIN_API_KEY)");
+  flags.Bool("json", &o.json, "print exactly one JSON object");
+  flags.Double("timeout", &o.timeout_s, "call deadline in seconds");
+  flags.String("text", &o.text, "prompt text");
+  flags.String("ids", &o.ids, "comma-separated token ids");
+  flags.Int("max-new-tokens", &o.max_new_tokens, "generate: tokens to generate (-1: server default)");
+  flags.Double("temperature", &o.temperature, "generate: temperature (-1: server default)");
+  flags.Double("top-p", &o.top_p, "generate: nucleus mass (-1: server default)");
+  flags.Int("top-k", &o.top_k, "generate: top-k (0 off)");
+  flags.Int("seed", &o.seed, "generate / make-model: seed (-1: none)");
+  flags.Bool("logprobs", &o.logprobs, "generate: return logprobs");
+  flags.StringList("stop", &o.stop, "generate: stop string (repeatable)");
+  flags.String("mode", &o.mode, "pause: abort | in_place | retract");
+  flags.String("from-disk", &o.from_disk, "update-weights: model folder");
+  flags.Int("version", &o.version, "update-weights: new weight version (-1: current + 1)");
+  flags.Bool("abort-all", &o.abort_all, "update-weights: abort active requests");
+  flags.Bool("keep-pause", &o.keep_pause, "update-weights: stay paused afterwards");
+  flags.Bool("no-flush", &o.no_flush, "update-weights: keep the prefix cache");
+  flags.String("action", &o.action, "weights-checker: snapshot | reset_tensors | compare | checksum");
+  flags.String("tokenizer", &o.tokenizer, "tokenize / detokenize: folder with tokenizer.json");
+  flags.Bool("no-special", &o.no_special, "tokenize: leave out BOS/EOS of the post-processor");
+  flags.Bool("skip-special", &o.skip_special, "detokenize: drop special tokens");
+  flags.String("arch", &o.arch, "make-model: llama | qwen2 | qwen3");
+  flags.String("size", &o.size, "make-model: tiny | 0.5b | 1b | 8b");
+  flags.String("dtype", &o.dtype, "make-model: float32 | bfloat16 | float16");
+  flags.String("out", &o.out, "make-model: output folder");
+  auto positional = flags.Parse(argc, argv);
+  if (flags.help_requested()) {
+    std::cout << flags.Usage() << kCommands;
+    return 0;
+  }
+  if (!positional.ok()) {
+    std::cerr << "rlctl: " << positional.status().message() << "\n";
+    return 2;
+  }
+  if (positional->empty()) {
+    std::cerr << "rlctl: no command\n" << kCommands;
+    return 2;
+  }
+  o.api_key = rl::ResolveApiKey(o.api_key, "RL_ADMIN_API_KEY");
+  return rl::rlctl::Run(o, *positional);
+}
