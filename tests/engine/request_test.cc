@@ -1,0 +1,98 @@
+#include "services/worker/engine/request.h"
+
+#include <functional>
+
+#include "gtest/gtest.h"
+
+namespace rl::engine {
+namespace {
+
+RequestLimits Limits() {
+  RequestLimits l;
+  l.vocab_size = 100;
+  l.max_context_len = 64;
+  l.max_kv_tokens = 48;
+  l.has_text_decoder = true;
+  return l;
+}
+
+GenerateRequest Good() {
+  GenerateRequest r;
+  r.id = "r";
+  r.input_ids = {1, 2, 3};
+  r.sampling.max_new_tokens = 8;
+  return r;
+}
+
+TEST(ValidateRequestTest, AcceptsAGoodRequest) {
+  EXPECT_TRUE(ValidateRequest(Good(), Limits()).ok());
+}
+
+TEST(ValidateRequestTest, NamesTheBadField) {
+  struct Case {
+    std::function<void(GenerateRequest&)> mutate;
+    absl::StatusCode code;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](auto& r) { r.id.clear(); }, absl::StatusCode::kInvalidArgument, "id"},
+      {[](auto& r) { r.input_ids.clear(); }, absl::StatusCode::kInvalidArgument, "input_ids"},
+      {[](auto& r) { r.input_ids[1] = 100; }, absl::StatusCode::kInvalidArgument, "input_ids"},
+      {[](auto& r) { r.input_ids[1] = -1; }, absl::StatusCode::kInvalidArgument, "input_ids"},
+      {[](auto& r) { r.sampling.temperature = -0.1; }, absl::StatusCode::kInvalidArgument,
+       "temperature"},
+      {[](auto& r) { r.sampling.top_p = 0; }, absl::StatusCode::kInvalidArgument, "top_p"},
+      {[](auto& r) { r.sampling.top_p = 1.01; }, absl::StatusCode::kInvalidArgument, "top_p"},
+      {[](auto& r) { r.sampling.top_k = -2; }, absl::StatusCode::kInvalidArgument, "top_k"},
+      {[](auto& r) { r.sampling.min_p = 1.5; }, absl::StatusCode::kInvalidArgument, "min_p"},
+      {[](auto& r) { r.sampling.repetition_penalty = 0; }, absl::StatusCode::kInvalidArgument,
+       "repetition_penalty"},
+      {[](auto& r) { r.sampling.frequency_penalty = 3; }, absl::StatusCode::kInvalidArgument,
+       "frequency_penalty"},
+      {[](auto& r) { r.sampling.presence_penalty = -3; }, absl::StatusCode::kInvalidArgument,
+       "presence_penalty"},
+      {[](auto& r) { r.sampling.max_new_tokens = -1; }, absl::StatusCode::kInvalidArgument,
+       "max_new_tokens"},
+      {[](auto& r) { r.sampling.min_new_tokens = 9; }, absl::StatusCode::kInvalidArgument,
+       "min_new_tokens"},
+      {[](auto& r) { r.sampling.stop_token_ids = {100}; }, absl::StatusCode::kInvalidArgument,
+       "stop_token_ids"},
+      {[](auto& r) { r.sampling.stop = {""}; }, absl::StatusCode::kInvalidArgument, "stop"},
+      {[](auto& r) { r.sampling.n = 0; }, absl::StatusCode::kInvalidArgument, "n"},
+      {[](auto& r) { r.top_logprobs_num = 21; }, absl::StatusCode::kInvalidArgument,
+       "top_logprobs_num"},
+      {[](auto& r) { r.logprob_start_len = 4; }, absl::StatusCode::kInvalidArgument,
+       "logprob_start_len"},
+      {[](auto& r) { r.sampling.max_new_tokens = 62; }, absl::StatusCode::kResourceExhausted,
+       "context"},
+      {[](auto& r) { r.sampling.max_new_tokens = 46; }, absl::StatusCode::kResourceExhausted,
+       "KV cache"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    GenerateRequest r = Good();
+    cases[i].mutate(r);
+    const absl::Status s = ValidateRequest(r, Limits());
+    EXPECT_EQ(s.code(), cases[i].code) << i << ": " << s;
+    EXPECT_NE(std::string(s.message()).find(cases[i].field), std::string::npos)
+        << i << ": " << s;
+  }
+}
+
+TEST(ValidateRequestTest, StopStringsNeedADecoder) {
+  GenerateRequest r = Good();
+  r.sampling.stop = {"x"};
+  RequestLimits l = Limits();
+  l.has_text_decoder = false;
+  EXPECT_EQ(ValidateRequest(r, l).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateRequestTest, MaxNewTokensZeroAndPromptLogprobsAreFine) {
+  GenerateRequest r = Good();
+  r.sampling.max_new_tokens = 0;
+  r.return_logprob = true;
+  r.logprob_start_len = 0;
+  EXPECT_TRUE(ValidateRequest(r, Limits()).ok());
+}
+
+}  // namespace
+}  // namespace rl::engine
