@@ -100,7 +100,8 @@ absl::StatusOr<std::unique_ptr<AddedVocabulary>> AddedVocabulary::Create(
     if (!v->tokens_[i].special) order.push_back(i);
   }
   for (int32_t i : order) {
-    const AddedToken& t = v->tokens_[i];
+    AddedToken& t = v->tokens_[i];
+    t.display = t.content;
     v->by_id_[t.id] = i;
     v->by_content_.try_emplace(t.content, t.id);
     if (t.special) v->special_contents_[t.content] = true;
@@ -115,6 +116,7 @@ absl::StatusOr<std::unique_ptr<AddedVocabulary>> AddedVocabulary::Create(
       RETURN_IF_ERROR(normalizer->Normalize(&ns));
       pattern = std::string(ns.text());
     }
+    t.display = pattern;
     if (!pattern.empty()) v->normalized_.Insert(pattern, i);
   }
   return v;

@@ -26,6 +26,9 @@ namespace rl::tokenizer {
 
 struct AddedToken {
   std::string content;
+  // What Decode and IdToToken show: the content, normalized when `normalized` is set (as
+  // Hugging Face does). Filled by AddedVocabulary::Create.
+  std::string display;
   int32_t id = -1;
   bool special = false;
   bool lstrip = false;

@@ -157,6 +157,10 @@ absl::Status Tokenizer::Load(std::string_view json_text) {
     }
   }
   ASSIGN_OR_RETURN(std::vector<AddedToken> added, ParseAddedTokens(root));
+  // Hugging Face gives a token that the model already has the model's id.
+  for (AddedToken& t : added) {
+    if (auto id = model_->TokenToId(t.content)) t.id = *id;
+  }
   ASSIGN_OR_RETURN(added_, AddedVocabulary::Create(std::move(added), normalizer_.get()));
 
   vocab_size_ = model_->id_limit();
@@ -182,7 +186,7 @@ absl::Status Tokenizer::Load(std::string_view json_text) {
 }
 
 const std::string* Tokenizer::TokenText(int32_t id) const {
-  if (const AddedToken* t = added_->FindById(id)) return &t->content;
+  if (const AddedToken* t = added_->FindById(id)) return &t->display;
   return model_->IdToToken(id);
 }
 

@@ -2,6 +2,7 @@
 // stories260K prompt, and the committed corpus fixtures (tests/golden/tokenizer/*.json.gz,
 // made by make_goldens.py): ids, byte offsets, decoded text, whole-file hashes, and
 // decode(encode(x)) == x for every sampled line the reference decodes losslessly.
+#include <map>
 #include <string>
 #include <vector>
 
@@ -165,6 +166,53 @@ TEST_P(FixtureTest, WholeFiles) {
     EXPECT_EQ(testing::Fnv1a64(enc->ids), w["fnv1a64"].get<std::string>()) << file;
     if (w.contains("ids")) {
       EXPECT_EQ(enc->ids, w["ids"].get<std::vector<int32_t>>()) << file;
+    }
+  }
+}
+
+// Edited copies of the shared tokenizers (variants.json.gz), one per option.
+TEST(VariantsTest, MatchHuggingFace) {
+  const nlohmann::json variants = nlohmann::json::parse(
+      ReadFileOrDie(std::string(RL_TOKENIZER_GOLDEN_DIR) + "/variants.json.gz"));
+  ASSERT_GE(variants.size(), 10u);
+  std::map<std::string, nlohmann::json> bases;
+  for (const auto& v : variants) {
+    const std::string base_path = DataDir() + "/" + v["base"].get<std::string>();
+    auto& base = bases[base_path];
+    if (base.is_null()) base = nlohmann::json::parse(ReadFileOrDie(base_path));
+    nlohmann::json doc = base;
+    for (const auto& [key, value] : v["patch"].items()) {
+      if (key == "merges_as_pairs") {
+        nlohmann::json pairs = nlohmann::json::array();
+        for (const auto& m : doc["model"]["merges"]) {
+          const std::string s = m;
+          const size_t sp = s.find(' ');
+          pairs.push_back({s.substr(0, sp), s.substr(sp + 1)});
+        }
+        doc["model"]["merges"] = pairs;
+      } else {
+        doc[key] = value;
+      }
+    }
+    const std::string name = v["name"];
+    auto tok = Tokenizer::FromJson(doc.dump());
+    ASSERT_TRUE(tok.ok()) << name << ": " << tok.status();
+    for (const auto& c : v["cases"]) {
+      const std::string text = c["text"];
+      const bool special = c["add_special_tokens"];
+      auto enc = (*tok)->Encode(text, special);
+      ASSERT_TRUE(enc.ok()) << enc.status();
+      EXPECT_EQ(enc->ids, c["ids"].get<std::vector<int32_t>>()) << name << " '" << text << "'";
+      const auto offsets = ParseOffsets(c["offsets"]);
+      EXPECT_EQ(enc->offsets, offsets) << name << " '" << text << "' got " << Show(enc->offsets)
+                                       << " want " << Show(offsets);
+      auto decoded = (*tok)->Decode(enc->ids, false);
+      ASSERT_TRUE(decoded.ok()) << decoded.status();
+      EXPECT_EQ(*decoded, c["decoded"].get<std::string>()) << name << " '" << text << "'";
+      auto skipped = (*tok)->Decode(enc->ids, true);
+      ASSERT_TRUE(skipped.ok()) << skipped.status();
+      EXPECT_EQ(*skipped, c["decoded_skip_special"].get<std::string>())
+          << name << " '" << text << "'";
     }
   }
 }
