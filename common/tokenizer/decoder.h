@@ -26,6 +26,15 @@ class Decoder {
   // Decodes token strings (tokenizer.json form) into text.
   absl::StatusOr<std::string> Decode(std::vector<std::string> tokens) const;
 
+  // True when the chain has a ByteFallback step: a run of "<0xXX>" tokens then decodes as a
+  // unit (all U+FFFD if the run is not valid UTF-8).
+  bool has_byte_fallback() const {
+    for (const Step& s : steps_) {
+      if (s.kind == Step::Kind::kByteFallback) return true;
+    }
+    return false;
+  }
+
   // True when the chain is a single ByteLevel step: text = lossy UTF-8 of the bytes.
   bool is_pure_byte_level() const {
     return steps_.size() == 1 && steps_[0].kind == Step::Kind::kByteLevel;

@@ -1,6 +1,7 @@
 #include "common/tokenizer/tokenizer.h"
 
 #include <algorithm>
+#include <cctype>
 #include <atomic>
 #include <fstream>
 #include <sstream>
@@ -169,6 +170,15 @@ absl::Status Tokenizer::Load(std::string_view json_text) {
   for (int32_t id = 0; id < vocab_size_; ++id) {
     const std::string* text = TokenText(id);
     special_ids_[id] = text != nullptr && added_->IsSpecialContent(*text);
+  }
+  if (decoder_ && decoder_->has_byte_fallback()) {
+    fallback_byte_ids_.assign(vocab_size_, false);
+    for (int32_t id = 0; id < vocab_size_; ++id) {
+      const std::string* text = TokenText(id);
+      fallback_byte_ids_[id] = text != nullptr && text->size() == 6 && text->starts_with("<0x") &&
+                               text->back() == '>' && std::isxdigit((*text)[3]) &&
+                               std::isxdigit((*text)[4]);
+    }
   }
   if (post_processor_ && !post_processor_->prefix_ids().empty()) {
     bos_id_ = post_processor_->prefix_ids().front();

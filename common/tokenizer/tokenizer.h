@@ -85,6 +85,11 @@ class Tokenizer {
   absl::Status Load(std::string_view json_text);
   absl::Status EncodeSegment(std::string_view text, uint32_t shift, Encoding* out) const;
   absl::Status EncodeWords(const NormalizedString& piece, Encoding* out) const;
+  // Whether `id` is a "<0xXX>" token that the decoder's ByteFallback groups with its
+  // neighbours (StreamDecoder must not emit text while such a run may still grow).
+  bool IsFallbackByte(int32_t id) const {
+    return id >= 0 && static_cast<size_t>(id) < fallback_byte_ids_.size() && fallback_byte_ids_[id];
+  }
   // The tokenizer.json form of `id`, or nullptr when the id is unknown.
   const std::string* TokenText(int32_t id) const;
 
@@ -100,6 +105,7 @@ class Tokenizer {
   // Raw bytes of every id, for the pure ByteLevel decoder fast path (empty otherwise).
   std::vector<std::string> id_bytes_;
   std::vector<bool> special_ids_;
+  std::vector<bool> fallback_byte_ids_;  // empty unless the decoder has ByteFallback
 };
 
 }  // namespace rl::tokenizer
