@@ -1,0 +1,189 @@
+// TextCache: the router's prefix cache from trajectory text to the exact tokens the model saw.
+//
+// A radix tree over the bytes of trajectory texts. Each edge carries a run of tokens with, per
+// token, its id, its loss mask (0 prompt, 1 generated), its rollout logprob (NaN = unknown) and
+// the byte offset where its span ends; each node carries a weight version.
+//
+// Boundaries. A trajectory is text plus, per token, the byte offset where the token's span ends
+// (non-decreasing, the last one equal to the text size). A token spans [end of the previous
+// token, its own end). Tokens that share bytes (Hugging Face offsets give every token inside one
+// multi-byte character that whole character) have equal ends; leading special tokens may end at
+// 0. A *boundary* is a byte offset b > 0 at which a token ends; the tokens of the prefix
+// text[0, b) are exactly the tokens with end <= b. Edges are split only at boundaries, so every
+// node sits on one.
+//
+// Match. The result is the longest prefix of the query that ends on a boundary of one cached
+// path and whose text equals the query's. When the query diverges from the cached text inside a
+// token (or inside a group of tokens ending at the same offset), the match backs off to the
+// previous boundary: the caller tokenizes the rest. With `utf8_safe_match` it also backs off
+// until the rest does not start with a UTF-8 continuation byte, so the rest of a valid UTF-8
+// query is valid UTF-8.
+//
+// Conflicts. An insert shares a cached edge only while tokens, masks, logprobs (bitwise) and
+// span ends agree group by group. Where the same text is cached with other tokens, or cached
+// first-token groups overlap the new one (one is a prefix of the other), the newest insert wins:
+// those cached subtrees are removed and the new remainder takes their place.
+//
+// Invariants (checked by ValidateForTesting):
+//   - every root-to-node sequence of tokens, masks, logprobs and span ends is a prefix of one
+//     inserted trajectory (the cache never returns a mix the model did not see);
+//   - the first-token-group texts of a node's children are prefix-free, so a query can follow
+//     at most one child per node;
+//   - a node's version is >= its children's (inserts raise the whole path to the max);
+//   - a non-root node is in the version-ordered leaf index iff it has no children.
+//
+// GC. After an insert leaves more than `max_cache_size` tokens, every node whose version is
+// <= current_version - gc_threshold_k is removed, oldest leaves first (a parent that becomes a
+// leaf joins the index), at O(log #versions) per removed node; no tree scan. The cache may stay
+// above the limit when everything is recent.
+//
+// Cost. Match: O(matched bytes + depth * log fan-out) plus the copy of the result. Insert: the
+// same for the shared part, O(new tokens + bytes) for the new edge, O(edge) per split, and
+// O(removed) for conflicts and GC. Memory: 13 B per token (id 4, logprob 4, span end 4, mask 1)
+// and the text bytes in one allocation per edge, plus an ~80 B node per edge.
+//
+// Thread safety: every method may be called concurrently. Insert and SetCurrentVersion hold the
+// writer lock; Match, Retrieve, GetStats and ValidateForTesting a shared reader lock.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+
+namespace rl::router {
+
+struct TextCacheOptions {
+  // GC runs when an insert leaves more than this many cached tokens. > 0.
+  int64_t max_cache_size = 1 << 20;
+  // GC removes nodes whose version is <= current_version - gc_threshold_k. >= 0.
+  int64_t gc_threshold_k = 5;
+  // Matches never end right before a UTF-8 continuation byte of the query.
+  bool utf8_safe_match = true;
+
+  absl::Status Validate() const;
+};
+
+// The cached prefix of a query. Empty (matched_bytes == 0, no tokens) on a miss.
+struct CacheMatch {
+  size_t matched_bytes = 0;               // query[0, matched_bytes) is covered by `tokens`
+  std::vector<int32_t> tokens;
+  std::vector<uint32_t> token_end_offsets;  // absolute byte offsets into the query
+  std::vector<uint8_t> loss_mask;         // 0 prompt, 1 generated
+  std::vector<float> logprobs;            // NaN where unknown
+  int64_t weight_version = 0;             // version of the deepest matched node (0 on a miss)
+};
+
+// RetrieveFromText's view of a match: exactly what was inserted for query[0, matched_bytes).
+struct CacheRetrieval {
+  size_t matched_bytes = 0;
+  std::vector<int32_t> tokens;
+  std::vector<uint8_t> loss_mask;
+  std::vector<float> rollout_logp;
+};
+
+struct TextCacheStats {
+  int64_t entries = 0;  // nodes, root excluded
+  int64_t hits = 0;     // queries that matched at least one token
+  int64_t misses = 0;
+  double hit_rate = 0;  // hits / (hits + misses); 0 before the first query
+  int64_t size_tokens = 0;
+  int64_t size_bytes = 0;  // cached text bytes
+  int64_t max_cache_size = 0;
+  int64_t gc_threshold_k = 0;
+  int64_t gc_runs = 0;
+  int64_t gc_removed_tokens = 0;
+  int64_t gc_removed_nodes = 0;
+  int64_t conflicts_replaced = 0;  // cached subtrees replaced by a newer tokenization
+  int64_t current_version = 0;
+};
+
+class TextCache {
+ public:
+  static absl::StatusOr<std::unique_ptr<TextCache>> Create(const TextCacheOptions& options);
+  ~TextCache();
+  TextCache(const TextCache&) = delete;
+  TextCache& operator=(const TextCache&) = delete;
+
+  // Inserts one trajectory: `text` and its tokens, with per-token span ends, loss masks and
+  // logprobs (empty `logprobs`: all unknown). Raises every node on the path to
+  // `weight_version` (max) and current_version to at least it; resolves conflicts as described
+  // above; then runs GC when over the size limit. InvalidArgument (cache unchanged) when the
+  // text is empty or over 4 GiB, lengths differ, ends decrease or do not end at the text size,
+  // or a mask is not 0/1.
+  absl::Status Insert(std::string_view text, absl::Span<const int32_t> tokens,
+                      absl::Span<const uint32_t> token_end_offsets,
+                      absl::Span<const uint8_t> loss_mask, absl::Span<const float> logprobs,
+                      int64_t weight_version) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Longest cached prefix of `query` ending on a token boundary (see the file comment). Counts
+  // one hit (some tokens matched) or one miss.
+  CacheMatch Match(std::string_view query) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Match projected onto RetrieveFromText's fields; the trajectory is fully cached iff
+  // matched_bytes == text.size(). Counts a hit or miss like Match.
+  CacheRetrieval Retrieve(std::string_view text) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Sets current_version (e.g. on a weight update announced before any response carries it);
+  // later inserts still raise it to their version. Runs GC when over the size limit.
+  void SetCurrentVersion(int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
+
+  TextCacheStats GetStats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Walks the whole tree and checks every invariant and counter. O(size); for tests.
+  absl::Status ValidateForTesting() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Node;
+
+  explicit TextCache(const TextCacheOptions& options);
+
+  // Orders children by first-group text, compared as unsigned bytes.
+  static bool KeyLess(const std::unique_ptr<Node>& child, std::string_view key);
+  // Index in parent->children of the child whose first-group text is a prefix of `rest`, or -1.
+  static int FindChild(const Node* parent, std::string_view rest);
+  void Bump(Node* node, int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SyncLeaf(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LinkLeaf(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnlinkLeaf(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Splits `node` (a child of its parent) after its first `num_tokens` tokens; returns the new
+  // upper node, which takes node's place, with `node` as its only child.
+  Node* Split(Node* node, uint32_t num_tokens) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Detaches parent->children[index] and frees its subtree; the parent's leaf state is left to
+  // the caller.
+  void RemoveSubtree(Node* parent, size_t index) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds the trajectory's rest (text[pos..], tokens[first..]) as a new child of `parent`.
+  Node* AddChild(Node* parent, std::string_view text, size_t pos, size_t first,
+                 absl::Span<const int32_t> tokens, absl::Span<const uint32_t> ends,
+                 absl::Span<const uint8_t> loss_mask, absl::Span<const float> logprobs,
+                 int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCollectGarbage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MatchLocked(std::string_view query, CacheMatch* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+
+  const TextCacheOptions options_;
+  mutable absl::Mutex mu_;
+  std::unique_ptr<Node> root_ ABSL_GUARDED_BY(mu_);
+  // Leaves (non-root nodes without children) by version: head of an intrusive list each.
+  std::map<int64_t, Node*> leaves_ ABSL_GUARDED_BY(mu_);
+  int64_t entries_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t size_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t size_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t gc_runs_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t gc_removed_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t gc_removed_nodes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t conflicts_replaced_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t current_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Counted under the shared lock, hence atomic.
+  mutable std::atomic<int64_t> hits_{0};
+  mutable std::atomic<int64_t> misses_{0};
+};
+
+}  // namespace rl::router
