@@ -184,6 +184,9 @@ TextCache::Node* TextCache::Split(Node* node, uint32_t num_tokens) {
   RL_CHECK(cut > 0 && cut < node->num_bytes && node->ends()[num_tokens] > cut);
   const uint32_t n = node->num_tokens;
   const std::string_view text = node->text();
+  auto it = std::lower_bound(parent->children.begin(), parent->children.end(),
+                             node->FirstGroup(), KeyLess);
+  RL_CHECK(it != parent->children.end() && it->get() == node);
 
   auto upper = std::make_unique<Node>();
   upper->Allocate(num_tokens, cut);
@@ -210,9 +213,6 @@ TextCache::Node* TextCache::Split(Node* node, uint32_t num_tokens) {
   node->num_bytes = lower.num_bytes;
 
   // `upper` keeps node's first group, hence node's place among the parent's children.
-  auto it = std::lower_bound(parent->children.begin(), parent->children.end(),
-                             upper->FirstGroup(), KeyLess);
-  RL_CHECK(it != parent->children.end() && it->get() == node);
   Node* upper_raw = upper.get();
   upper->children.push_back(std::move(*it));
   node->parent = upper_raw;
@@ -338,7 +338,7 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
         const bool edge_group_end = k == child->num_tokens || e[k] != e[k - 1];
         const bool new_group_end = first + k == n || ends[first + k] != ends[first + k - 1];
         if (edge_group_end != new_group_end) break;
-        if (edge_group_end) shared = k;
+        if (edge_group_end && e[k - 1] > 0) shared = k;  // boundaries are > 0
       }
       if (shared == child->num_tokens) {
         pos += child->num_bytes;
