@@ -1,0 +1,212 @@
+#include "bench/router/cache_bench.h"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/router/heap_counter.h"
+#include "common/status.h"
+#include "nlohmann/json.hpp"
+#include "services/router/cache/text_cache.h"
+
+namespace rl::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Turn {
+  std::string user;
+  std::string assistant;
+};
+
+struct Trajectory {
+  std::string system;
+  std::vector<Turn> turns;
+};
+
+// Token data in the layout TextCache::Insert takes.
+struct Tokens {
+  std::vector<int32_t> ids;
+  std::vector<uint32_t> ends;
+  std::vector<uint8_t> mask;
+  std::vector<float> logprobs;
+};
+
+bool IsSpace(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+
+uint32_t Fnv1a(std::string_view s) {
+  uint32_t h = 2166136261u;
+  for (char c : s) {
+    h ^= static_cast<uint8_t>(c);
+    h *= 16777619u;
+  }
+  return h;
+}
+
+// Appends the word tokens of `text` (which starts at byte `base` of the trajectory): a token
+// is optional leading whitespace, a run of non-whitespace and the whitespace after it.
+void Tokenize(std::string_view text, size_t base, uint8_t mask, Tokens* out) {
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t j = i;
+    while (j < text.size() && IsSpace(text[j])) ++j;
+    while (j < text.size() && !IsSpace(text[j])) ++j;
+    while (j < text.size() && IsSpace(text[j])) ++j;
+    const int32_t id = static_cast<int32_t>(Fnv1a(text.substr(i, j - i)) % 151936u);
+    out->ids.push_back(id);
+    out->ends.push_back(static_cast<uint32_t>(base + j));
+    out->mask.push_back(mask);
+    // Generated tokens get a fake logprob; prompt tokens are unknown.
+    out->logprobs.push_back(mask == 1 ? -0.001f * static_cast<float>(id % 1000 + 1)
+                                      : std::numeric_limits<float>::quiet_NaN());
+    i = j;
+  }
+}
+
+absl::StatusOr<std::vector<Trajectory>> LoadWorkload(const std::string& path, int64_t limit) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open workload ", path));
+  std::vector<Trajectory> out;
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line) && (limit == 0 || static_cast<int64_t>(out.size()) < limit)) {
+    ++line_no;
+    if (line.empty()) continue;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("system") || !j["system"].is_string() ||
+        !j.contains("turns") || !j["turns"].is_array()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", line_no, ": expected {\"system\": str, \"turns\": [...]}"));
+    }
+    Trajectory t;
+    t.system = j["system"].get<std::string>();
+    for (const auto& turn : j["turns"]) {
+      if (!turn.is_object() || !turn.contains("user") || !turn["user"].is_string() ||
+          !turn.contains("assistant") || !turn["assistant"].is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ":", line_no, ": a turn needs string user and assistant"));
+      }
+      t.turns.push_back({turn["user"].get<std::string>(), turn["assistant"].get<std::string>()});
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+}  // namespace
+
+absl::Status CacheBenchConfig::Validate() const {
+  if (workload_path.empty()) return absl::InvalidArgumentError("--workload is required");
+  if (max_cache_size <= 0) return absl::InvalidArgumentError("--max-cache-size must be > 0");
+  if (gc_threshold_k < 0) return absl::InvalidArgumentError("--gc-threshold-k must be >= 0");
+  if (trajectories_per_version <= 0) {
+    return absl::InvalidArgumentError("--trajectories-per-version must be > 0");
+  }
+  if (limit < 0) return absl::InvalidArgumentError("--limit must be >= 0");
+  return absl::OkStatus();
+}
+
+absl::Status RunCacheBench(const CacheBenchConfig& config, std::ostream& out) {
+  RETURN_IF_ERROR(config.Validate());
+  ASSIGN_OR_RETURN(std::vector<Trajectory> workload,
+                   LoadWorkload(config.workload_path, config.limit));
+
+  router::TextCacheOptions options;
+  options.max_cache_size = config.max_cache_size;
+  options.gc_threshold_k = config.gc_threshold_k;
+  const int64_t heap_before = LiveHeapBytes();
+  ASSIGN_OR_RETURN(std::unique_ptr<router::TextCache> cache, router::TextCache::Create(options));
+
+  Clock::duration lookup_time{}, insert_time{};
+  int64_t lookups = 0, inserts = 0, prompt_tokens = 0, reused_tokens = 0, turns = 0;
+  const Clock::time_point start = Clock::now();
+  {
+    std::string text;
+    Tokens tokens;
+    for (size_t index = 0; index < workload.size(); ++index) {
+      const Trajectory& traj = workload[index];
+      const int64_t version = 1 + static_cast<int64_t>(index) / config.trajectories_per_version;
+      text = traj.system;
+      for (const Turn& turn : traj.turns) {
+        text += turn.user;
+        Clock::time_point t0 = Clock::now();
+        router::CacheMatch match = cache->Match(text);
+        lookup_time += Clock::now() - t0;
+        ++lookups;
+
+        // The prompt: cached tokens reused as they are, the rest tokenized.
+        tokens.ids = std::move(match.tokens);
+        tokens.ends = std::move(match.token_end_offsets);
+        tokens.mask = std::move(match.loss_mask);
+        tokens.logprobs = std::move(match.logprobs);
+        reused_tokens += static_cast<int64_t>(tokens.ids.size());
+        Tokenize(std::string_view(text).substr(match.matched_bytes), match.matched_bytes, 0,
+                 &tokens);
+        prompt_tokens += static_cast<int64_t>(tokens.ids.size());
+        // The "generated" reply.
+        const size_t reply_start = text.size();
+        text += turn.assistant;
+        Tokenize(std::string_view(text).substr(reply_start), reply_start, 1, &tokens);
+
+        t0 = Clock::now();
+        const absl::Status inserted = cache->Insert(text, tokens.ids, tokens.ends, tokens.mask,
+                                                    tokens.logprobs, version);
+        insert_time += Clock::now() - t0;
+        RETURN_IF_ERROR(inserted);
+        ++inserts;
+        ++turns;
+      }
+    }
+  }
+  const double wall = Seconds(Clock::now() - start);
+  const router::TextCacheStats stats = cache->GetStats();
+  const int64_t heap = LiveHeapBytes() - heap_before;
+  RETURN_IF_ERROR(cache->ValidateForTesting());
+
+  // Token data proper: id 4 B + logprob 4 B + span end 4 B + mask 1 B.
+  constexpr double kTokenDataBytes = 13;
+  const double tokens_cached = static_cast<double>(std::max<int64_t>(stats.size_tokens, 1));
+  out << "== router text cache (TextCache) ==\n"
+      << "tokenizer: word splitter (word + trailing whitespace = 1 token, FNV-1a id), not the "
+         "model tokenizer: the figures measure the cache alone\n"
+      << absl::StrFormat("trajectories %d, turns %d, weight versions 1..%d, max_cache_size %d, "
+                         "gc_threshold_k %d\n",
+                         workload.size(), turns, stats.current_version, config.max_cache_size,
+                         config.gc_threshold_k)
+      << absl::StrFormat("insert ops/s          %12.0f  (%d inserts, %.3f s)\n",
+                         static_cast<double>(inserts) / Seconds(insert_time), inserts,
+                         Seconds(insert_time))
+      << absl::StrFormat("lookup ops/s          %12.0f  (%d lookups, %.3f s)\n",
+                         static_cast<double>(lookups) / Seconds(lookup_time), lookups,
+                         Seconds(lookup_time))
+      << absl::StrFormat("hit rate              %12.4f  (%d hits, %d misses)\n", stats.hit_rate,
+                         stats.hits, stats.misses)
+      << absl::StrFormat("prompt tokens reused  %12.4f  (%d of %d)\n",
+                         static_cast<double>(reused_tokens) /
+                             static_cast<double>(std::max<int64_t>(prompt_tokens, 1)),
+                         reused_tokens, prompt_tokens)
+      << absl::StrFormat("cached tokens         %12d  (%d text bytes, %d nodes)\n",
+                         stats.size_tokens, stats.size_bytes, stats.entries)
+      << absl::StrFormat("heap bytes/token      %12.2f  (%d bytes in all)\n",
+                         static_cast<double>(heap) / tokens_cached, heap)
+      << absl::StrFormat("overhead bytes/token  %12.2f  (beyond 13 B of token data; text bytes "
+                         "%.2f of it)\n",
+                         static_cast<double>(heap) / tokens_cached - kTokenDataBytes,
+                         static_cast<double>(stats.size_bytes) / tokens_cached)
+      << absl::StrFormat("gc runs %d, gc removed tokens %d, conflicts replaced %d\n",
+                         stats.gc_runs, stats.gc_removed_tokens, stats.conflicts_replaced)
+      << absl::StrFormat("replay wall time      %12.3f s (tokenization included)\n", wall);
+  return absl::OkStatus();
+}
+
+}  // namespace rl::bench

@@ -1,0 +1,39 @@
+// router_bench: router benchmarks. The text-cache part (cache_bench.h) replays a multi-turn
+// workload through TextCache; the router-vs-direct latency part belongs next to it, in its own
+// file, selected by its own flags.
+#include <iostream>
+#include <string>
+
+#include "bench/router/cache_bench.h"
+#include "common/flags.h"
+
+int main(int argc, char** argv) {
+  rl::bench::CacheBenchConfig cache_config;
+  rl::FlagSet flags("router_bench");
+  flags.String("workload", &cache_config.workload_path,
+               "cache workload JSONL (see ../shared/bench/README.md); runs the cache benchmark");
+  flags.Int("max-cache-size", &cache_config.max_cache_size, "cache size limit in tokens");
+  flags.Int("gc-threshold-k", &cache_config.gc_threshold_k, "GC keeps versions > current - k");
+  flags.Int("trajectories-per-version", &cache_config.trajectories_per_version,
+            "weight version = 1 + trajectory index / this");
+  flags.Int("limit", &cache_config.limit, "replay at most this many trajectories (0: all)");
+  auto positional = flags.Parse(argc, argv);
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  if (!positional.ok() || !positional->empty()) {
+    std::cerr << "router_bench: "
+              << (positional.ok() ? "unexpected argument '" + positional->front() + "'"
+                                  : std::string(positional.status().message()))
+              << "\n";
+    return 2;
+  }
+  if (!cache_config.workload_path.empty()) {
+    if (absl::Status s = rl::bench::RunCacheBench(cache_config, std::cout); !s.ok()) {
+      std::cerr << "router_bench: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  return 0;
+}
