@@ -66,17 +66,19 @@ double Time(int repeat, const std::function<size_t()>& fn, size_t* tokens) {
   for (int i = 0; i < repeat; ++i) {
     const auto t0 = std::chrono::steady_clock::now();
     *tokens = fn();
-    best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
   return best;
 }
 
 void Report(const std::string& name, const std::string& workload, const std::string& file,
             int threads, size_t bytes, size_t tokens, double seconds) {
-  std::printf("impl=cpp tokenizer=%s workload=%s file=%s threads=%d bytes=%zu tokens=%zu "
-              "seconds=%.6f MB/s=%.2f tokens/s=%.0f\n",
-              name.c_str(), workload.c_str(), file.c_str(), threads, bytes, tokens, seconds,
-              bytes / seconds / 1e6, tokens / seconds);
+  std::printf(
+      "impl=cpp tokenizer=%s workload=%s file=%s threads=%d bytes=%zu tokens=%zu "
+      "seconds=%.6f MB/s=%.2f tokens/s=%.0f\n",
+      name.c_str(), workload.c_str(), file.c_str(), threads, bytes, tokens, seconds,
+      bytes / seconds / 1e6, tokens / seconds);
   std::fflush(stdout);
 }
 
@@ -126,31 +128,41 @@ int main(int argc, char** argv) {
       const std::string text = ReadFile(corpus_dir + "/" + file);
       const std::vector<std::string> lines = SplitLines(text);
       size_t tokens = 0;
-      double s = Time(repeat, [&] {
-        size_t n = 0;
-        for (const auto& l : lines) n += (*tok)->Encode(l, false)->ids.size();
-        return n;
-      }, &tokens);
+      double s = Time(
+          repeat,
+          [&] {
+            size_t n = 0;
+            for (const auto& l : lines) n += (*tok)->Encode(l, false)->ids.size();
+            return n;
+          },
+          &tokens);
       Report(name, "lines", file, 1, text.size(), tokens, s);
-      s = Time(repeat, [&] { return (*tok)->Encode(text, false)->ids.size(); }, &tokens);
+      s = Time(
+          repeat, [&] { return (*tok)->Encode(text, false)->ids.size(); }, &tokens);
       Report(name, "whole", file, 1, text.size(), tokens, s);
-      s = Time(repeat, [&] {
-        size_t n = 0;
-        const auto batch = (*tok)->EncodeBatch(lines, false, threads);
-        for (const auto& e : *batch) n += e.ids.size();
-        return n;
-      }, &tokens);
+      s = Time(
+          repeat,
+          [&] {
+            size_t n = 0;
+            const auto batch = (*tok)->EncodeBatch(lines, false, threads);
+            for (const auto& e : *batch) n += e.ids.size();
+            return n;
+          },
+          &tokens);
       Report(name, "batch", file, threads, text.size(), tokens, s);
       std::vector<std::vector<int32_t>> ids;
       for (const auto& l : lines) ids.push_back((*tok)->Encode(l, false)->ids);
-      s = Time(repeat, [&] {
-        size_t n = 0;
-        for (const auto& v : ids) {
-          (void)(*tok)->Decode(v, false);
-          n += v.size();
-        }
-        return n;
-      }, &tokens);
+      s = Time(
+          repeat,
+          [&] {
+            size_t n = 0;
+            for (const auto& v : ids) {
+              (void)(*tok)->Decode(v, false);
+              n += v.size();
+            }
+            return n;
+          },
+          &tokens);
       Report(name, "decode", file, 1, text.size(), tokens, s);
     }
   }

@@ -32,8 +32,7 @@ struct WordCache {
 
 constexpr int kCachesPerThread = 4;
 
-StringMap<std::vector<std::pair<int32_t, uint32_t>>>& CacheFor(
-    uint64_t owner) {
+StringMap<std::vector<std::pair<int32_t, uint32_t>>>& CacheFor(uint64_t owner) {
   thread_local WordCache caches[kCachesPerThread];
   thread_local int next_victim = 0;
   for (auto& c : caches) {
@@ -67,13 +66,14 @@ absl::StatusOr<std::pair<std::string, std::string>> ParseMerge(const Json& m, si
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& model,
-                                                             bool byte_level) {
+absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& model, bool byte_level) {
   std::unique_ptr<BpeModel> bpe(new BpeModel());
   bpe->instance_id_ = g_next_instance.fetch_add(1);
   bpe->byte_level_ = byte_level;
-  ASSIGN_OR_RETURN(bpe->ignore_merges_, json_util::GetBoolOr(model, "ignore_merges", "model", false));
-  ASSIGN_OR_RETURN(bpe->byte_fallback_, json_util::GetBoolOr(model, "byte_fallback", "model", false));
+  ASSIGN_OR_RETURN(bpe->ignore_merges_,
+                   json_util::GetBoolOr(model, "ignore_merges", "model", false));
+  ASSIGN_OR_RETURN(bpe->byte_fallback_,
+                   json_util::GetBoolOr(model, "byte_fallback", "model", false));
   ASSIGN_OR_RETURN(bpe->fuse_unk_, json_util::GetBoolOr(model, "fuse_unk", "model", false));
   if (const Json* d = json_util::Find(model, "dropout")) {
     if (!d->is_number()) return json_util::TypeError("model.dropout", "a number", *d);
@@ -100,8 +100,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& model,
   for (const auto& [token, id_json] : vocab->items()) {
     if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
         id_json.get<int64_t>() > INT32_MAX - 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokenizer.json: model.vocab[\"", token, "\"] must be a non-negative integer id"));
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: model.vocab[\"", token,
+                                                     "\"] must be a non-negative integer id"));
     }
     const int32_t id = static_cast<int32_t>(id_json.get<int64_t>());
     bpe->vocab_[token] = id;
@@ -147,8 +147,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& model,
   bpe->merges_.reserve(merges->size());
   // A merge "x ▁y" where x ends with another character could join the two sides of a
   // U+2581 boundary; when none exists, words can be cut there.
-  bool metaspace_safe = !byte_level && !bpe->ignore_merges_ &&
-                        bpe->vocab_.contains(std::string(kMetaspace));
+  bool metaspace_safe =
+      !byte_level && !bpe->ignore_merges_ && bpe->vocab_.contains(std::string(kMetaspace));
   for (size_t i = 0; i < merges->size(); ++i) {
     ASSIGN_OR_RETURN(auto pair, ParseMerge((*merges)[i], i));
     const auto a = bpe->vocab_.find(pair.first);

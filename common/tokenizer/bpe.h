@@ -78,7 +78,7 @@ class BpeModel {
   StringMap<int32_t> byte_vocab_;  // raw bytes (byte-level only)
   std::vector<std::string> id_to_token_;
   std::vector<bool> id_present_;
-  std::array<int32_t, 256> single_byte_ids_{};  // ids of one-byte words, -1 when absent
+  std::array<int32_t, 256> single_byte_ids_{};    // ids of one-byte words, -1 when absent
   std::array<int32_t, 256> fallback_byte_ids_{};  // ids of "<0xXX>", -1 when absent
   absl::flat_hash_map<uint64_t, Merge> merges_;
 };

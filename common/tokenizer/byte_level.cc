@@ -16,7 +16,8 @@ struct Tables {
     };
     int n = 0;
     for (int b = 0; b < 256; ++b) {
-      const char32_t cp = printable(b) ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
+      const char32_t cp =
+          printable(b) ? static_cast<char32_t>(b) : static_cast<char32_t>(256 + n++);
       AppendUtf8(cp, &byte_to_str[b]);
       cp_to_byte[cp] = static_cast<int16_t>(b);
     }

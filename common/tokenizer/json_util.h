@@ -36,7 +36,8 @@ inline absl::StatusOr<std::string> GetString(const Json& obj, const std::string&
                                              const std::string& where) {
   const Json* v = Find(obj, key);
   const std::string path = absl::StrCat(where, ".", key);
-  if (v == nullptr) return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: missing ", path));
+  if (v == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: missing ", path));
   if (!v->is_string()) return TypeError(path, "a string", *v);
   return v->get<std::string>();
 }
@@ -69,7 +70,8 @@ inline absl::StatusOr<const Json*> GetArray(const Json& obj, const std::string& 
                                             const std::string& where) {
   const Json* v = Find(obj, key);
   const std::string path = absl::StrCat(where, ".", key);
-  if (v == nullptr) return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: missing ", path));
+  if (v == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: missing ", path));
   if (!v->is_array()) return TypeError(path, "an array", *v);
   return v;
 }
@@ -94,7 +96,8 @@ struct Pattern {
 inline absl::StatusOr<Pattern> GetPattern(const Json& obj, const std::string& where) {
   const Json* p = Find(obj, "pattern");
   const std::string path = absl::StrCat(where, ".pattern");
-  if (p == nullptr) return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: missing ", path));
+  if (p == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: missing ", path));
   if (!p->is_object()) return TypeError(path, "an object", *p);
   Pattern out;
   if (const Json* s = Find(*p, "String")) {

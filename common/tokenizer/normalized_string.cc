@@ -69,7 +69,8 @@ void NormalizedString::Materialize() {
   size_t pos = 0;
   while (pos < view_.size()) {
     const size_t len = Utf8SeqLen(static_cast<uint8_t>(view_[pos]));
-    const Alignment a{static_cast<uint32_t>(shift_ + pos), static_cast<uint32_t>(shift_ + pos + len)};
+    const Alignment a{static_cast<uint32_t>(shift_ + pos),
+                      static_cast<uint32_t>(shift_ + pos + len)};
     for (size_t i = 0; i < len; ++i) align[pos + i] = a;
     pos += len;
   }

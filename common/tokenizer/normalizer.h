@@ -31,9 +31,9 @@ class Normalizer {
   struct Step {
     enum class Kind { kUnicode, kPrepend, kReplace, kStrip } kind;
     NormalizedString::NormalForm form = NormalizedString::NormalForm::kNfc;
-    std::string text;                    // Prepend: prefix; Replace: content
-    std::string literal;                 // Replace with a String pattern
-    std::unique_ptr<Regex> regex;        // Replace with a Regex pattern
+    std::string text;              // Prepend: prefix; Replace: content
+    std::string literal;           // Replace with a String pattern
+    std::unique_ptr<Regex> regex;  // Replace with a Regex pattern
     bool left = false;
     bool right = false;
   };

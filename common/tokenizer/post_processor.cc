@@ -50,13 +50,16 @@ absl::StatusOr<std::vector<int32_t>> TemplateIds(const Json& items, const Json& 
     const Json& item = items[i];
     const std::string at = absl::StrCat(where, "[", i, "]");
     if (const Json* s = json_util::Find(item, "SpecialToken")) {
-      ASSIGN_OR_RETURN(const std::string name, json_util::GetString(*s, "id", at + ".SpecialToken"));
+      ASSIGN_OR_RETURN(const std::string name,
+                       json_util::GetString(*s, "id", at + ".SpecialToken"));
       const Json* entry = json_util::Find(special, name);
       if (entry == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "tokenizer.json: ", at, " names special token '", name, "' missing from special_tokens"));
+        return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", at,
+                                                       " names special token '", name,
+                                                       "' missing from special_tokens"));
       }
-      ASSIGN_OR_RETURN(const Json* ids, json_util::GetArray(*entry, "ids", "special_tokens." + name));
+      ASSIGN_OR_RETURN(const Json* ids,
+                       json_util::GetArray(*entry, "ids", "special_tokens." + name));
       for (const Json& id : *ids) {
         if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
           return json_util::TypeError(absl::StrCat("special_tokens.", name, ".ids"),
@@ -72,8 +75,8 @@ absl::StatusOr<std::vector<int32_t>> TemplateIds(const Json& items, const Json& 
       }
       *seen_sequence = true;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokenizer.json: ", at, " must be a SpecialToken or a Sequence"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer.json: ", at, " must be a SpecialToken or a Sequence"));
     }
   }
   return prefix;

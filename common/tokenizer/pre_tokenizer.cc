@@ -27,8 +27,8 @@ absl::StatusOr<SplitBehavior> ParseBehavior(const std::string& b, const std::str
 }  // namespace
 
 void SplitByMatches(const NormalizedString& s,
-                    const std::vector<std::pair<size_t, size_t>>& matches,
-                    SplitBehavior behavior, bool invert, std::vector<NormalizedString>* out) {
+                    const std::vector<std::pair<size_t, size_t>>& matches, SplitBehavior behavior,
+                    bool invert, std::vector<NormalizedString>* out) {
   struct Part {
     size_t begin;
     size_t end;
@@ -168,8 +168,8 @@ absl::Status PreTokenizer::Add(const Json& json, const std::string& where) {
     } else if (scheme == "never") {
       step.prepend = Step::Prepend::kNever;
     } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tokenizer.json: ", where, ".prepend_scheme '", scheme, "' is not always/first/never"));
+      return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", where, ".prepend_scheme '",
+                                                     scheme, "' is not always/first/never"));
     }
   } else {
     return json_util::UnknownType("pre_tokenizer", type);
@@ -213,9 +213,8 @@ absl::Status PreTokenizer::Apply(const Step& step, const NormalizedString& s,
     case Step::Kind::kMetaspace: {
       NormalizedString copy = s;
       copy.ReplaceRanges(FindLiteral(copy.text(), " "), step.replacement);
-      const bool prepend =
-          step.prepend == Step::Prepend::kAlways ||
-          (step.prepend == Step::Prepend::kFirst && copy.original_start() == 0);
+      const bool prepend = step.prepend == Step::Prepend::kAlways ||
+                           (step.prepend == Step::Prepend::kFirst && copy.original_start() == 0);
       if (prepend && !copy.text().starts_with(step.replacement)) copy.Prepend(step.replacement);
       if (!step.split) {
         out->push_back(std::move(copy));

@@ -24,8 +24,9 @@ enum class SplitBehavior { kRemoved, kIsolated, kMergedWithPrevious, kMergedWith
 
 // Splits `s` at `matches` (sorted, disjoint byte ranges) the way Hugging Face's
 // NormalizedString::split does, appending the non-empty pieces to `out`.
-void SplitByMatches(const NormalizedString& s, const std::vector<std::pair<size_t, size_t>>& matches,
-                    SplitBehavior behavior, bool invert, std::vector<NormalizedString>* out);
+void SplitByMatches(const NormalizedString& s,
+                    const std::vector<std::pair<size_t, size_t>>& matches, SplitBehavior behavior,
+                    bool invert, std::vector<NormalizedString>* out);
 
 class PreTokenizer {
  public:

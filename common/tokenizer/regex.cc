@@ -113,8 +113,8 @@ absl::Status Regex::FindAll(std::string_view subject,
     if (rc < 0) {
       PCRE2_UCHAR buf[256];
       pcre2_get_error_message(rc, buf, sizeof(buf));
-      status = absl::ResourceExhaustedError(absl::StrCat(
-          "regex match failed: ", reinterpret_cast<const char*>(buf)));
+      status = absl::ResourceExhaustedError(
+          absl::StrCat("regex match failed: ", reinterpret_cast<const char*>(buf)));
       break;
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);

@@ -33,8 +33,7 @@ class Regex {
 
   // Appends the non-overlapping matches [begin, end) of the pattern in `subject`, left to
   // right, to `out` (empty matches are skipped, as the callers drop empty pieces anyway).
-  absl::Status FindAll(std::string_view subject,
-                       std::vector<std::pair<size_t, size_t>>* out) const;
+  absl::Status FindAll(std::string_view subject, std::vector<std::pair<size_t, size_t>>* out) const;
 
   const std::string& pattern() const { return pattern_; }
 

@@ -46,9 +46,8 @@ absl::StatusOr<std::string> StreamDecoder::Flush() {
   if (text->starts_with(context_text_)) {
     rest = text->substr(context_text_.size());
   } else {
-    return absl::InternalError(absl::StrCat(
-        "stream decoding diverged: context '", context_text_, "' is not a prefix of '", *text,
-        "'"));
+    return absl::InternalError(absl::StrCat("stream decoding diverged: context '", context_text_,
+                                            "' is not a prefix of '", *text, "'"));
   }
   window_.clear();
   context_len_ = 0;

@@ -1,8 +1,8 @@
 #include "common/tokenizer/tokenizer.h"
 
 #include <algorithm>
-#include <cctype>
 #include <atomic>
+#include <cctype>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -20,6 +20,7 @@
 #include "common/tokenizer/post_processor.h"
 #include "common/tokenizer/pre_tokenizer.h"
 #include "common/tokenizer/unicode.h"
+#include "common/tokenizer/worker_pool.h"
 
 namespace rl::tokenizer {
 
@@ -144,7 +145,8 @@ absl::Status Tokenizer::Load(std::string_view json_text) {
   ASSIGN_OR_RETURN(const std::string model_type,
                    json_util::GetStringOr(*model, "type", "model", "BPE"));
   if (model_type != "BPE") return json_util::UnknownType("model", model_type);
-  ASSIGN_OR_RETURN(model_, BpeModel::FromJson(*model, pre_tokenizer_ && pre_tokenizer_->byte_level()));
+  ASSIGN_OR_RETURN(model_,
+                   BpeModel::FromJson(*model, pre_tokenizer_ && pre_tokenizer_->byte_level()));
   if (const Json* p = json_util::Find(root, "post_processor")) {
     ASSIGN_OR_RETURN(post_processor_, PostProcessor::FromJson(*p));
   }
@@ -250,8 +252,7 @@ absl::StatusOr<Encoding> Tokenizer::Encode(std::string_view text, bool add_speci
   return enc;
 }
 
-absl::Status Tokenizer::EncodeSegment(std::string_view text, uint32_t shift,
-                                      Encoding* out) const {
+absl::Status Tokenizer::EncodeSegment(std::string_view text, uint32_t shift, Encoding* out) const {
   NormalizedString piece(text, shift);
   if (normalizer_) RETURN_IF_ERROR(normalizer_->Normalize(&piece));
   if (piece.empty()) return absl::OkStatus();
@@ -296,7 +297,8 @@ absl::StatusOr<std::vector<Encoding>> Tokenizer::EncodeBatch(const std::vector<s
                                                              int num_threads) const {
   std::vector<Encoding> out(texts.size());
   std::vector<absl::Status> errors(texts.size());
-  if (num_threads <= 0) num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (num_threads <= 0)
+    num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   num_threads = static_cast<int>(std::min<size_t>(num_threads, texts.size()));
   std::atomic<size_t> next{0};
   auto work = [&] {
@@ -312,11 +314,16 @@ absl::StatusOr<std::vector<Encoding>> Tokenizer::EncodeBatch(const std::vector<s
   if (num_threads <= 1) {
     work();
   } else {
-    std::vector<std::thread> threads;
-    threads.reserve(num_threads - 1);
-    for (int t = 1; t < num_threads; ++t) threads.emplace_back(work);
-    work();
-    for (std::thread& t : threads) t.join();
+    WorkerPool* pool;
+    {
+      std::lock_guard<std::mutex> lock(pool_mu_);
+      if (!pool_) {
+        const int hw = static_cast<int>(std::max(2u, std::thread::hardware_concurrency()));
+        pool_ = std::make_unique<WorkerPool>(hw - 1);
+      }
+      pool = pool_.get();
+    }
+    pool->Run(num_threads - 1, work);
   }
   for (size_t i = 0; i < errors.size(); ++i) {
     if (!errors[i].ok()) {

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -36,6 +37,7 @@ class NormalizedString;
 class Normalizer;
 class PostProcessor;
 class PreTokenizer;
+class WorkerPool;
 
 class Tokenizer {
  public:
@@ -106,6 +108,9 @@ class Tokenizer {
   std::vector<std::string> id_bytes_;
   std::vector<bool> special_ids_;
   std::vector<bool> fallback_byte_ids_;  // empty unless the decoder has ByteFallback
+  // Threads of EncodeBatch, started on first use and reused so their BPE caches stay warm.
+  mutable std::mutex pool_mu_;
+  mutable std::unique_ptr<WorkerPool> pool_;  // guarded by pool_mu_ (creation only)
 };
 
 }  // namespace rl::tokenizer

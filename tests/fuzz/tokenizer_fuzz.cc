@@ -116,7 +116,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::vector<int32_t> ids(rest.size() / 4);
       if (!ids.empty()) std::memcpy(ids.data(), rest.data(), ids.size() * 4);
       for (const auto& tok : Tokenizers()) {
-        for (int32_t& id : ids) id = static_cast<int32_t>(static_cast<uint32_t>(id) % (tok->vocab_size() + 2)) - 1;
+        for (int32_t& id : ids)
+          id = static_cast<int32_t>(static_cast<uint32_t>(id) % (tok->vocab_size() + 2)) - 1;
         auto full = tok->Decode(ids, false);
         StreamDecoder stream(*tok, false);
         std::string streamed;

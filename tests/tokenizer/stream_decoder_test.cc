@@ -104,8 +104,7 @@ TEST_P(StreamDecoderTest, UnknownIdIsAnErrorAndLeavesStateIntact) {
   auto d = stream.Step(enc->ids[0]);
   ASSERT_TRUE(d.ok());
   out += *d;
-  EXPECT_EQ(stream.Step(tok.vocab_size() + 5).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(stream.Step(tok.vocab_size() + 5).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(stream.Step(-1).status().code(), absl::StatusCode::kInvalidArgument);
   for (size_t i = 1; i < enc->ids.size(); ++i) {
     auto delta = stream.Step(enc->ids[i]);

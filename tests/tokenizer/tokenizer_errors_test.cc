@@ -13,8 +13,8 @@
 namespace rl::tokenizer {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::GetTokenizer;
+using ::testing::HasSubstr;
 using testing::ReadFileOrDie;
 
 // A small valid byte-level tokenizer to mutate.
@@ -156,8 +156,8 @@ TEST(TokenizerErrorsTest, UnknownIdsAreInvalidArgument) {
 
 TEST(TokenizerThreadsTest, ConcurrentEncodeDecodeAndBatchAgree) {
   const Tokenizer& tok = GetTokenizer("qwen2");
-  const auto lines = testing::SplitLines(
-      ReadFileOrDie(testing::CorpusDir() + "/mixed_utf8_demo.txt"));
+  const auto lines =
+      testing::SplitLines(ReadFileOrDie(testing::CorpusDir() + "/mixed_utf8_demo.txt"));
   std::vector<std::vector<int32_t>> expected;
   std::vector<std::string> expected_text;
   for (const auto& l : lines) {

@@ -14,9 +14,9 @@
 namespace rl::tokenizer {
 namespace {
 
-using ::testing::ElementsAre;
 using testing::CorpusDir;
 using testing::DataDir;
+using ::testing::ElementsAre;
 using testing::GetTokenizer;
 using testing::ReadFileOrDie;
 
@@ -61,8 +61,8 @@ TEST_P(CasesFileTest, MatchesHuggingFaceIds) {
   for (size_t i = 0; i < cases.size(); ++i) {
     std::string expected = out[i];
     if (!expected.empty() && expected.back() == '\n') expected.pop_back();
-    EXPECT_EQ(EncodeIds(tok, cases[i], false), ParseIds(expected)) << "case " << i << ": '"
-                                                                    << cases[i] << "'";
+    EXPECT_EQ(EncodeIds(tok, cases[i], false), ParseIds(expected))
+        << "case " << i << ": '" << cases[i] << "'";
   }
 }
 
@@ -204,8 +204,8 @@ TEST(VariantsTest, MatchHuggingFace) {
       ASSERT_TRUE(enc.ok()) << enc.status();
       EXPECT_EQ(enc->ids, c["ids"].get<std::vector<int32_t>>()) << name << " '" << text << "'";
       const auto offsets = ParseOffsets(c["offsets"]);
-      EXPECT_EQ(enc->offsets, offsets) << name << " '" << text << "' got " << Show(enc->offsets)
-                                       << " want " << Show(offsets);
+      EXPECT_EQ(enc->offsets, offsets)
+          << name << " '" << text << "' got " << Show(enc->offsets) << " want " << Show(offsets);
       auto decoded = (*tok)->Decode(enc->ids, false);
       ASSERT_TRUE(decoded.ok()) << decoded.status();
       EXPECT_EQ(*decoded, c["decoded"].get<std::string>()) << name << " '" << text << "'";
