@@ -135,9 +135,54 @@ inline absl::Status CheckInvariants(Engine& engine) {
   return engine.RunOnEngineThread([](EngineContext& ctx) { return ctx.CheckInvariants(); });
 }
 
+// Wraps a real runner with the same step gate as FakeRunner (SetStepBudget / AllowSteps /
+// WaitForSteps), so tests can hold the engine between known steps.
+class GatedRunner : public model::ModelRunner {
+ public:
+  explicit GatedRunner(std::unique_ptr<model::ModelRunner> inner) : inner_(std::move(inner)) {}
+  const model_io::ModelConfig& config() const override { return inner_->config(); }
+  std::string backend_name() const override { return inner_->backend_name(); }
+  int64_t num_kv_slots() const override { return inner_->num_kv_slots(); }
+  int32_t page_size() const override { return inner_->page_size(); }
+  absl::Status Forward(const model::ForwardInput& in, model::ForwardOutput* out) override {
+    {
+      absl::MutexLock lock(&mu_);
+      while (budget_ == 0) cv_.Wait(&mu_);
+      if (budget_ > 0) --budget_;
+    }
+    absl::Status s = inner_->Forward(in, out);
+    absl::MutexLock lock(&mu_);
+    ++steps_done_;
+    cv_.SignalAll();
+    return s;
+  }
+  void SetStepBudget(int64_t k) {
+    absl::MutexLock lock(&mu_);
+    budget_ = k;
+    cv_.SignalAll();
+  }
+  void AllowSteps(int64_t k) {
+    absl::MutexLock lock(&mu_);
+    if (budget_ >= 0) budget_ += k;
+    cv_.SignalAll();
+  }
+  void WaitForSteps(int64_t n) {
+    absl::MutexLock lock(&mu_);
+    while (steps_done_ < n) cv_.Wait(&mu_);
+  }
+
+ private:
+  std::unique_ptr<model::ModelRunner> inner_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;
+  int64_t budget_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // Pauses `engine` while `runner` gates it: releases one forward step at a time until the
 // pause was applied, so requests advance only a few steps past the call.
-inline absl::Status PauseGated(Engine& engine, FakeRunner& runner, PauseMode mode) {
+template <typename Runner>
+absl::Status PauseGated(Engine& engine, Runner& runner, PauseMode mode) {
   auto pause = std::async(std::launch::async, [&] { return engine.Pause(mode); });
   while (pause.wait_for(std::chrono::milliseconds(2)) != std::future_status::ready) {
     runner.AllowSteps(1);
