@@ -159,8 +159,8 @@ absl::Status RunCacheBench(const CacheBenchConfig& config, std::ostream& out) {
         Tokenize(std::string_view(text).substr(reply_start), reply_start, 1, &tokens);
 
         t0 = Clock::now();
-        const absl::Status inserted = cache->Insert(text, tokens.ids, tokens.ends, tokens.mask,
-                                                    tokens.logprobs, version);
+        const absl::Status inserted =
+            cache->Insert(text, tokens.ids, tokens.ends, tokens.mask, tokens.logprobs, version);
         insert_time += Clock::now() - t0;
         RETURN_IF_ERROR(inserted);
         ++inserts;
@@ -179,10 +179,11 @@ absl::Status RunCacheBench(const CacheBenchConfig& config, std::ostream& out) {
   out << "== router text cache (TextCache) ==\n"
       << "tokenizer: word splitter (word + trailing whitespace = 1 token, FNV-1a id), not the "
          "model tokenizer: the figures measure the cache alone\n"
-      << absl::StrFormat("trajectories %d, turns %d, weight versions 1..%d, max_cache_size %d, "
-                         "gc_threshold_k %d\n",
-                         workload.size(), turns, stats.current_version, config.max_cache_size,
-                         config.gc_threshold_k)
+      << absl::StrFormat(
+             "trajectories %d, turns %d, weight versions 1..%d, max_cache_size %d, "
+             "gc_threshold_k %d\n",
+             workload.size(), turns, stats.current_version, config.max_cache_size,
+             config.gc_threshold_k)
       << absl::StrFormat("insert ops/s          %12.0f  (%d inserts, %.3f s)\n",
                          static_cast<double>(inserts) / Seconds(insert_time), inserts,
                          Seconds(insert_time))
@@ -199,12 +200,13 @@ absl::Status RunCacheBench(const CacheBenchConfig& config, std::ostream& out) {
                          stats.size_tokens, stats.size_bytes, stats.entries)
       << absl::StrFormat("heap bytes/token      %12.2f  (%d bytes in all)\n",
                          static_cast<double>(heap) / tokens_cached, heap)
-      << absl::StrFormat("overhead bytes/token  %12.2f  (beyond 13 B of token data; text bytes "
-                         "%.2f of it)\n",
-                         static_cast<double>(heap) / tokens_cached - kTokenDataBytes,
-                         static_cast<double>(stats.size_bytes) / tokens_cached)
-      << absl::StrFormat("gc runs %d, gc removed tokens %d, conflicts replaced %d\n",
-                         stats.gc_runs, stats.gc_removed_tokens, stats.conflicts_replaced)
+      << absl::StrFormat(
+             "overhead bytes/token  %12.2f  (beyond 13 B of token data; text bytes "
+             "%.2f of it)\n",
+             static_cast<double>(heap) / tokens_cached - kTokenDataBytes,
+             static_cast<double>(stats.size_bytes) / tokens_cached)
+      << absl::StrFormat("gc runs %d, gc removed tokens %d, conflicts replaced %d\n", stats.gc_runs,
+                         stats.gc_removed_tokens, stats.conflicts_replaced)
       << absl::StrFormat("replay wall time      %12.3f s (tokenization included)\n", wall);
   return absl::OkStatus();
 }

@@ -184,8 +184,8 @@ TextCache::Node* TextCache::Split(Node* node, uint32_t num_tokens) {
   RL_CHECK(cut > 0 && cut < node->num_bytes && node->ends()[num_tokens] > cut);
   const uint32_t n = node->num_tokens;
   const std::string_view text = node->text();
-  auto it = std::lower_bound(parent->children.begin(), parent->children.end(),
-                             node->FirstGroup(), KeyLess);
+  auto it = std::lower_bound(parent->children.begin(), parent->children.end(), node->FirstGroup(),
+                             KeyLess);
   RL_CHECK(it != parent->children.end() && it->get() == node);
 
   auto upper = std::make_unique<Node>();
@@ -236,8 +236,8 @@ void TextCache::RemoveSubtree(Node* parent, size_t index) {
   }
 }
 
-TextCache::Node* TextCache::AddChild(Node* parent, std::string_view text, size_t pos,
-                                     size_t first, absl::Span<const int32_t> tokens,
+TextCache::Node* TextCache::AddChild(Node* parent, std::string_view text, size_t pos, size_t first,
+                                     absl::Span<const int32_t> tokens,
                                      absl::Span<const uint32_t> ends,
                                      absl::Span<const uint8_t> loss_mask,
                                      absl::Span<const float> logprobs, int64_t version) {
@@ -258,8 +258,8 @@ TextCache::Node* TextCache::AddChild(Node* parent, std::string_view text, size_t
   node->parent = parent;
 
   Node* raw = node.get();
-  auto it = std::lower_bound(parent->children.begin(), parent->children.end(),
-                             raw->FirstGroup(), KeyLess);
+  auto it = std::lower_bound(parent->children.begin(), parent->children.end(), raw->FirstGroup(),
+                             KeyLess);
   parent->children.insert(it, std::move(node));
   size_tokens_ += raw->num_tokens;
   size_bytes_ += raw->num_bytes;
@@ -278,7 +278,8 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
     return absl::InvalidArgumentError("cannot insert an empty trajectory");
   }
   if (text.size() > std::numeric_limits<uint32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat("text of ", text.size(), " bytes is over 4 GiB"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("text of ", text.size(), " bytes is over 4 GiB"));
   }
   const size_t n = tokens.size();
   if (ends.size() != n || loss_mask.size() != n || (!logprobs.empty() && logprobs.size() != n)) {
@@ -288,9 +289,9 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
   }
   for (size_t i = 0; i < n; ++i) {
     if (i > 0 && ends[i] < ends[i - 1]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("span end of token ", i, " (", ends[i], ") is before the previous one (",
-                       ends[i - 1], ")"));
+      return absl::InvalidArgumentError(absl::StrCat("span end of token ", i, " (", ends[i],
+                                                     ") is before the previous one (", ends[i - 1],
+                                                     ")"));
     }
     if (loss_mask[i] > 1) {
       return absl::InvalidArgumentError(
@@ -298,8 +299,8 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
     }
   }
   if (ends[n - 1] != text.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "the last token ends at byte ", ends[n - 1], ", the text has ", text.size(), " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat("the last token ends at byte ", ends[n - 1],
+                                                   ", the text has ", text.size(), " bytes"));
   }
 
   absl::MutexLock lock(&mu_);
@@ -381,8 +382,8 @@ void TextCache::MaybeCollectGarbage() {
   while (!leaves_.empty() && leaves_.begin()->first <= threshold) {
     Node* leaf = leaves_.begin()->second;
     Node* parent = leaf->parent;
-    auto it = std::lower_bound(parent->children.begin(), parent->children.end(),
-                               leaf->FirstGroup(), KeyLess);
+    auto it = std::lower_bound(parent->children.begin(), parent->children.end(), leaf->FirstGroup(),
+                               KeyLess);
     RL_CHECK(it != parent->children.end() && it->get() == leaf);
     gc_removed_tokens_ += leaf->num_tokens;
     ++gc_removed_nodes_;
@@ -534,9 +535,9 @@ absl::Status TextCache::ValidateForTesting() const {
         const std::string_view key = child->FirstGroup();
         if (!(prev < key)) return absl::InternalError("children not sorted");
         if (key.starts_with(prev)) {
-          return absl::InternalError(
-              absl::StrCat("sibling first groups not prefix-free: '", std::string(prev),
-                           "' / '", std::string(key), "'"));
+          return absl::InternalError(absl::StrCat("sibling first groups not prefix-free: '",
+                                                  std::string(prev), "' / '", std::string(key),
+                                                  "'"));
         }
       }
       stack.push_back(child);

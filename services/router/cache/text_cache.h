@@ -74,12 +74,12 @@ struct TextCacheOptions {
 
 // The cached prefix of a query. Empty (matched_bytes == 0, no tokens) on a miss.
 struct CacheMatch {
-  size_t matched_bytes = 0;               // query[0, matched_bytes) is covered by `tokens`
+  size_t matched_bytes = 0;  // query[0, matched_bytes) is covered by `tokens`
   std::vector<int32_t> tokens;
   std::vector<uint32_t> token_end_offsets;  // absolute byte offsets into the query
-  std::vector<uint8_t> loss_mask;         // 0 prompt, 1 generated
-  std::vector<float> logprobs;            // NaN where unknown
-  int64_t weight_version = 0;             // version of the deepest matched node (0 on a miss)
+  std::vector<uint8_t> loss_mask;           // 0 prompt, 1 generated
+  std::vector<float> logprobs;              // NaN where unknown
+  int64_t weight_version = 0;               // version of the deepest matched node (0 on a miss)
 };
 
 // RetrieveFromText's view of a match: exactly what was inserted for query[0, matched_bytes).
