@@ -57,10 +57,12 @@ Interrupted RunInterrupted(const std::vector<std::vector<int32_t>>& prompts, Pau
   Collector c;
   FakeEngine fe = MakeFakeEngine(Options(), SmallChunks());
   fe.runner->SetStepBudget(hold);
+  EXPECT_TRUE(fe.engine->Pause(PauseMode::kInPlace).ok());  // all start in the same step
   for (size_t i = 0; i < prompts.size(); ++i) {
     EXPECT_TRUE(
         fe.engine->Submit(Greedy(absl::StrCat("r", i), prompts[i], kMaxNew), c.Callbacks()).ok());
   }
+  EXPECT_TRUE(fe.engine->Continue().ok());
   fe.runner->WaitForSteps(hold);
   EXPECT_TRUE(PauseGated(*fe.engine, *fe.runner, mode).ok());
   if (mode != PauseMode::kAbort) {

@@ -22,12 +22,15 @@ class PauseContinueTest : public ::testing::Test {
   void TearDown() override { fe_.runner->SetStepBudget(-1); }
 
   // Submits the requests and lets the engine run `steps` forward passes, then holds it.
+  // The requests are queued while paused so that they all start in the same step.
   void StartAndHold(int64_t steps) {
     fe_.runner->SetStepBudget(steps);
+    ASSERT_TRUE(fe_.engine->Pause(PauseMode::kInPlace).ok());
     for (int i = 0; i < kNumRequests; ++i) {
       ASSERT_TRUE(
           fe_.engine->Submit(Greedy(Id(i), prompts_[i], kMaxNew), collector_.Callbacks()).ok());
     }
+    ASSERT_TRUE(fe_.engine->Continue().ok());
     fe_.runner->WaitForSteps(steps);
   }
   void Release() { fe_.runner->SetStepBudget(-1); }

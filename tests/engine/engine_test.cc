@@ -481,11 +481,11 @@ TEST(EngineTest, ForwardFailureAbortsTheBatchAndTheEngineGoesOn) {
   FakeRunnerOptions fo;
   Collector c;
   FakeEngine fe = MakeFakeEngine(fo);
-  fe.runner->SetStepBudget(0);
+  ASSERT_TRUE(fe.engine->Pause(PauseMode::kInPlace).ok());  // both start in the same step
   ASSERT_TRUE(fe.engine->Submit(Greedy("a", Prompt(6, 1), 10), c.Callbacks()).ok());
   ASSERT_TRUE(fe.engine->Submit(Greedy("b", Prompt(6, 2), 10), c.Callbacks()).ok());
   fe.runner->FailNextForward();
-  fe.runner->SetStepBudget(-1);
+  ASSERT_TRUE(fe.engine->Continue().ok());
   ASSERT_TRUE(c.WaitFor(2));
   for (const char* id : {"a", "b"}) {
     EXPECT_EQ(c.result(id).finish_reason.kind, FinishKind::kAbort);
