@@ -159,15 +159,30 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::FromJson(const Json& model, 
                                                      pair.first, " ", pair.second,
                                                      "' uses a token missing from the vocab"));
     }
-    // Later duplicates do not override the first (lowest) rank, like Hugging Face's map.
-    bpe->merges_.try_emplace(PairKey(a->second, b->second),
-                             Merge{static_cast<int32_t>(i), merged->second});
+    // A later duplicate replaces the earlier rank, as in Hugging Face's HashMap.
+    bpe->merges_.insert_or_assign(PairKey(a->second, b->second),
+                                  Merge{static_cast<int32_t>(i), merged->second});
     if (metaspace_safe && pair.second.starts_with(kMetaspace) &&
         !pair.first.ends_with(kMetaspace)) {
       metaspace_safe = false;
     }
   }
   bpe->split_on_metaspace_ = metaspace_safe;
+  const bool all_bytes = std::all_of(bpe->single_byte_ids_.begin(), bpe->single_byte_ids_.end(),
+                                     [](int32_t id) { return id >= 0; });
+  if (byte_level && all_bytes) {
+    bpe->byte_pair_merges_.assign(256 * 256, Merge{-1, -1});
+    for (int x = 0; x < 256; ++x) {
+      for (int y = 0; y < 256; ++y) {
+        const int32_t a = bpe->single_byte_ids_[x];
+        const int32_t b = bpe->single_byte_ids_[y];
+        if (a < 0 || b < 0) continue;
+        if (const auto it = bpe->merges_.find(PairKey(a, b)); it != bpe->merges_.end()) {
+          bpe->byte_pair_merges_[x * 256 + y] = it->second;
+        }
+      }
+    }
+  }
   return bpe;
 }
 
@@ -265,6 +280,8 @@ void BpeModel::MergeWord(std::string_view word, Pieces* pieces) const {
     int32_t rank;
     int32_t pos;
     int32_t new_id;
+    int32_t left;  // ids of the pair when the entry was pushed
+    int32_t right;
     // std::push_heap builds a max-heap: "less" means lower priority (higher rank, then
     // higher position).
     bool operator<(const QueueEntry& o) const {
@@ -322,9 +339,16 @@ void BpeModel::MergeWord(std::string_view word, Pieces* pieces) const {
     const auto it = merges_.find(PairKey(a, b));
     return it == merges_.end() ? nullptr : &it->second;
   };
+  // Initial pairs; byte-level words whose symbols are still single bytes use the dense
+  // byte-pair table instead of the hash map.
+  const bool dense = byte_level_ && !byte_pair_merges_.empty() && symbols.size() == word.size();
   for (size_t i = 0; i + 1 < symbols.size(); ++i) {
-    if (const Merge* m = lookup(symbols[i].id, symbols[i + 1].id)) {
-      queue.push_back({m->rank, static_cast<int32_t>(i), m->new_id});
+    const Merge* m = dense ? &byte_pair_merges_[static_cast<uint8_t>(word[i]) * 256 +
+                                                static_cast<uint8_t>(word[i + 1])]
+                           : lookup(symbols[i].id, symbols[i + 1].id);
+    if (m != nullptr && m->rank >= 0) {
+      queue.push_back(
+          {m->rank, static_cast<int32_t>(i), m->new_id, symbols[i].id, symbols[i + 1].id});
     }
   }
   std::make_heap(queue.begin(), queue.end());
@@ -340,8 +364,10 @@ void BpeModel::MergeWord(std::string_view word, Pieces* pieces) const {
     if (cur.len == 0 || cur.next == -1) continue;
     const int32_t next_pos = cur.next;
     const Symbol right = symbols[next_pos];
-    const Merge* m = lookup(cur.id, right.id);
-    if (m == nullptr || m->new_id != top.new_id) continue;
+    // Hugging Face re-looks the pair up and compares merged ids. A symbol only grows by
+    // absorbing its right neighbour, so a pair at a position that changed covers a different
+    // span, hence a different token: comparing the ids of the pair is the same test.
+    if (cur.id != top.left || right.id != top.right) continue;
     cur.id = top.new_id;
     cur.len += right.len;
     cur.next = right.next;
@@ -349,12 +375,12 @@ void BpeModel::MergeWord(std::string_view word, Pieces* pieces) const {
     if (right.next >= 0) symbols[right.next].prev = top.pos;
     if (cur.prev >= 0) {
       if (const Merge* pm = lookup(symbols[cur.prev].id, cur.id)) {
-        push({pm->rank, cur.prev, pm->new_id});
+        push({pm->rank, cur.prev, pm->new_id, symbols[cur.prev].id, cur.id});
       }
     }
     if (cur.next >= 0) {
       if (const Merge* nm = lookup(cur.id, symbols[cur.next].id)) {
-        push({nm->rank, top.pos, nm->new_id});
+        push({nm->rank, top.pos, nm->new_id, cur.id, symbols[cur.next].id});
       }
     }
   }

@@ -81,6 +81,7 @@ class BpeModel {
   std::array<int32_t, 256> single_byte_ids_{};    // ids of one-byte words, -1 when absent
   std::array<int32_t, 256> fallback_byte_ids_{};  // ids of "<0xXX>", -1 when absent
   absl::flat_hash_map<uint64_t, Merge> merges_;
+  std::vector<Merge> byte_pair_merges_;  // byte-level: [b1 * 256 + b2], rank -1 when none
 };
 
 }  // namespace rl::tokenizer
