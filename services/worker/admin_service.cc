@@ -1,34 +1,317 @@
 #include "services/worker/admin_service.h"
 
+#include <functional>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
+#include "common/model_io/dtype.h"
+#include "common/status.h"
+#include "services/worker/proto_convert.h"
 #include "services/worker/worker_server.h"
 
 namespace rl::worker {
 namespace {
 
-// Finishes a unary call with `status` (OK or the error).
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
+using Ctx = grpc::CallbackServerContext;
+
+grpc::ServerUnaryReactor* FinishNow(Ctx* context, const absl::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
 
-}  // namespace
-
-grpc::ServerUnaryReactor* AdminService::GetModelInfo(grpc::CallbackServerContext* context,
-                                                     const rl::v1::GetModelInfoRequest*,
-                                                     rl::v1::GetModelInfoResponse* response) {
-  if (absl::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
-  server_->FillModelInfo(response);
-  return Finish(context, absl::OkStatus());
+// Checks the key, then runs `fn` on its own thread and finishes the call with its status.
+grpc::ServerUnaryReactor* RunAsync(Ctx* context, const BearerAuth* auth,
+                                   std::function<absl::Status()> fn) {
+  if (absl::Status s = auth->Check(*context); !s.ok()) return FinishNow(context, s);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::thread([reactor, fn = std::move(fn)] { reactor->Finish(ToGrpcStatus(fn())); }).detach();
+  return reactor;
 }
 
-grpc::ServerUnaryReactor* AdminService::GetServerInfo(grpc::CallbackServerContext* context,
-                                                      const rl::v1::GetServerInfoRequest*,
-                                                      rl::v1::GetServerInfoResponse* response) {
-  if (absl::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
-  server_->FillServerInfo(response);
-  return Finish(context, absl::OkStatus());
+void Fill(const AdminOutcome& o, rl::v1::AdminResponse* resp) {
+  resp->set_success(true);
+  resp->set_message(o.message);
+  resp->set_num_aborted(o.num_aborted);
+  resp->set_weight_version(o.weight_version);
+  resp->set_duration_us(o.duration_us);
+}
+
+absl::Status FillFrom(absl::StatusOr<AdminOutcome> o, rl::v1::AdminResponse* resp) {
+  if (!o.ok()) return o.status();
+  Fill(*o, resp);
+  return absl::OkStatus();
+}
+
+// Assembles the tensors of an UpdateWeightsFromTensor stream, chunk by chunk, and applies them
+// when the client half-closes. Every chunk is checked (known dtype, consistent name/dtype/shape,
+// offset and size within the tensor, no overlap); a tensor must arrive complete.
+class TensorUpdateReactor final : public grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest> {
+ public:
+  TensorUpdateReactor(WorkerServer* server, const BearerAuth* auth, Ctx* context,
+                      rl::v1::AdminResponse* response)
+      : server_(server), response_(response) {
+    if (absl::Status s = auth->Check(*context); !s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    StartRead(&msg_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // client half-closed: apply
+      std::thread([this] { Finish(ToGrpcStatus(Apply())); }).detach();
+      return;
+    }
+    if (absl::Status s = AddChunk(); !s.ok()) {
+      Finish(ToGrpcStatus(s));
+      return;
+    }
+    StartRead(&msg_);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Pending {
+    NamedTensor tensor;
+    int64_t received = 0;
+    std::vector<std::pair<uint64_t, uint64_t>> ranges;
+  };
+
+  absl::Status AddChunk() {
+    if (first_) {
+      first_ = false;
+      if (msg_.has_weight_version()) policy_.weight_version = msg_.weight_version();
+      policy_.abort_all_requests = msg_.abort_all_requests();
+      policy_.keep_pause = msg_.keep_pause();
+    }
+    const rl::v1::TensorChunk& c = msg_.chunk();
+    if (c.name().empty()) return absl::InvalidArgumentError("chunk.name: must not be empty");
+    const std::optional<model_io::DType> dtype = model_io::ParseDType(c.dtype());
+    if (!dtype || !model_io::IsFloatWeightDType(*dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk.dtype: '", c.dtype(), "' for '", c.name(), "' (F32, BF16 or F16)"));
+    }
+    std::vector<int64_t> shape(c.shape().begin(), c.shape().end());
+    int64_t numel = 1;
+    for (int64_t d : shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("chunk.shape: negative dim in '", c.name(), "'"));
+      numel *= d;
+    }
+    const int64_t total = numel * model_io::DTypeSize(*dtype);
+    if (total > (int64_t{64} << 30)) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk.shape: '", c.name(), "' is too large"));
+    }
+    auto [it, inserted] = pending_.try_emplace(c.name());
+    Pending& p = it->second;
+    if (inserted) {
+      p.tensor.info = {c.name(), c.dtype(), shape};
+      p.tensor.bytes.resize(static_cast<size_t>(total));
+    } else if (p.tensor.info.dtype != c.dtype() || p.tensor.info.shape != shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk: '", c.name(), "' changed dtype or shape between chunks"));
+    }
+    const uint64_t begin = c.offset(), end = begin + c.data().size();
+    if (end > static_cast<uint64_t>(total) || end < begin) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk.offset: bytes [", begin, ", ", end,
+                                                     ") outside '", c.name(), "' (", total, " bytes)"));
+    }
+    for (const auto& [b, e] : p.ranges) {
+      if (begin < e && b < end) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk.offset: overlapping chunks of '", c.name(), "'"));
+      }
+    }
+    p.ranges.emplace_back(begin, end);
+    std::copy(c.data().begin(), c.data().end(), p.tensor.bytes.begin() + static_cast<int64_t>(begin));
+    p.received += static_cast<int64_t>(c.data().size());
+    return absl::OkStatus();
+  }
+
+  absl::Status Apply() {
+    std::vector<NamedTensor> tensors;
+    for (auto& [name, p] : pending_) {
+      if (p.received != static_cast<int64_t>(p.tensor.bytes.size())) {
+        return absl::InvalidArgumentError(absl::StrCat("chunk: '", name, "' incomplete: ", p.received,
+                                                       " of ", p.tensor.bytes.size(), " bytes"));
+      }
+      tensors.push_back(std::move(p.tensor));
+    }
+    pending_.clear();
+    return FillFrom(server_->UpdateWeightsFromTensors(std::move(tensors), policy_), response_);
+  }
+
+  WorkerServer* server_;
+  rl::v1::AdminResponse* response_;
+  rl::v1::UpdateWeightsFromTensorRequest msg_;
+  bool first_ = true;
+  UpdatePolicy policy_;
+  std::map<std::string, Pending> pending_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* AdminService::PauseGeneration(Ctx* c,
+                                                        const rl::v1::PauseGenerationRequest* req,
+                                                        rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, req, resp] {
+    ASSIGN_OR_RETURN(engine::PauseMode mode, FromProto(req->mode()));
+    return FillFrom(server_->Pause(mode), resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::ContinueGeneration(Ctx* c,
+                                                           const rl::v1::ContinueGenerationRequest*,
+                                                           rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, resp] { return FillFrom(server_->Continue(), resp); });
+}
+
+grpc::ServerUnaryReactor* AdminService::FlushCache(Ctx* c, const rl::v1::FlushCacheRequest*,
+                                                   rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, resp] { return FillFrom(server_->FlushCache(), resp); });
+}
+
+grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDisk(
+    Ctx* c, const rl::v1::UpdateWeightsFromDiskRequest* req, rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, req, resp] {
+    UpdatePolicy policy;
+    if (req->has_weight_version()) policy.weight_version = req->weight_version();
+    policy.abort_all_requests = req->abort_all_requests();
+    policy.keep_pause = req->keep_pause();
+    return FillFrom(server_->UpdateWeightsFromDisk(req->model_path(), policy), resp);
+  });
+}
+
+grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest>*
+AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
+  return new TensorUpdateReactor(server_, auth_, c, resp);
+}
+
+grpc::ServerUnaryReactor* AdminService::InitWeightsUpdateGroup(
+    Ctx* c, const rl::v1::InitWeightsUpdateGroupRequest* req, rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, req, resp]() -> absl::Status {
+    GroupRequest g;
+    g.master_address = req->master_address();
+    g.master_port = req->master_port();
+    g.rank_offset = req->rank_offset();
+    g.world_size = req->world_size();
+    g.group_name = req->group_name();
+    switch (req->backend()) {
+      case rl::v1::GROUP_BACKEND_NCCL:
+        g.backend = "nccl";
+        break;
+      case rl::v1::GROUP_BACKEND_TCP:
+        g.backend = "tcp";
+        break;
+      default:
+        g.backend = server_->backend_name() == "cuda" ? "nccl" : "tcp";
+    }
+    if (req->has_timeout_ms()) g.timeout_ms = req->timeout_ms();
+    return FillFrom(server_->InitWeightsUpdateGroup(g), resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDistributed(
+    Ctx* c, const rl::v1::UpdateWeightsFromDistributedRequest* req, rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, req, resp]() -> absl::Status {
+    if (req->names_size() != req->dtypes_size() || req->names_size() != req->shapes_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "names/dtypes/shapes: lengths differ (", req->names_size(), "/", req->dtypes_size(), "/",
+          req->shapes_size(), ")"));
+    }
+    std::vector<model::TensorInfo> specs;
+    for (int i = 0; i < req->names_size(); ++i) {
+      specs.push_back({req->names(i), req->dtypes(i),
+                       {req->shapes(i).dims().begin(), req->shapes(i).dims().end()}});
+    }
+    UpdatePolicy policy;
+    if (req->has_weight_version()) policy.weight_version = req->weight_version();
+    policy.abort_all_requests = req->abort_all_requests();
+    return FillFrom(server_->UpdateWeightsFromDistributed(req->group_name(), std::move(specs), policy),
+                    resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::DestroyWeightsUpdateGroup(
+    Ctx* c, const rl::v1::DestroyWeightsUpdateGroupRequest* req, rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, req, resp] {
+    return FillFrom(server_->DestroyWeightsUpdateGroup(req->group_name()), resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest*,
+                                                     rl::v1::GetModelInfoResponse* resp) {
+  if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishNow(c, s);
+  server_->FillModelInfo(resp);
+  return FinishNow(c, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AdminService::GetServerInfo(Ctx* c, const rl::v1::GetServerInfoRequest*,
+                                                      rl::v1::GetServerInfoResponse* resp) {
+  if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishNow(c, s);
+  server_->FillServerInfo(resp);
+  return FinishNow(c, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* AdminService::ListWeights(Ctx* c, const rl::v1::ListWeightsRequest*,
+                                                    rl::v1::ListWeightsResponse* resp) {
+  return RunAsync(c, auth_, [this, resp]() -> absl::Status {
+    ASSIGN_OR_RETURN(std::vector<model::TensorInfo> weights, server_->ListWeights());
+    for (const auto& w : weights) {
+      rl::v1::WeightInfo* info = resp->add_weights();
+      info->set_name(w.name);
+      info->set_dtype(w.dtype);
+      info->mutable_shape()->Assign(w.shape.begin(), w.shape.end());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::WeightsChecker(Ctx* c,
+                                                       const rl::v1::WeightsCheckerRequest* req,
+                                                       rl::v1::WeightsCheckerResponse* resp) {
+  return RunAsync(c, auth_, [this, req, resp]() -> absl::Status {
+    WorkerServer::CheckerAction action;
+    switch (req->action()) {
+      case rl::v1::WEIGHTS_CHECKER_ACTION_SNAPSHOT:
+        action = WorkerServer::CheckerAction::kSnapshot;
+        break;
+      case rl::v1::WEIGHTS_CHECKER_ACTION_RESET_TENSORS:
+        action = WorkerServer::CheckerAction::kResetTensors;
+        break;
+      case rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE:
+        action = WorkerServer::CheckerAction::kCompare;
+        break;
+      case rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM:
+        action = WorkerServer::CheckerAction::kChecksum;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            "action: must be SNAPSHOT, RESET_TENSORS, COMPARE or CHECKSUM");
+    }
+    ASSIGN_OR_RETURN(CheckerResult r, server_->CheckWeights(action));
+    resp->set_success(r.missing.empty() && r.unexpected.empty());
+    resp->set_message(r.message);
+    for (auto& s : r.missing) resp->add_missing(s);
+    for (auto& s : r.unexpected) resp->add_unexpected(s);
+    for (auto& s : r.changed) resp->add_changed(s);
+    for (auto& [name, digest] : r.tensor_sha256) (*resp->mutable_tensor_sha256())[name] = digest;
+    resp->set_rank_sha256(r.rank_sha256);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::ReleaseMemory(Ctx* c, const rl::v1::ReleaseMemoryRequest*,
+                                                      rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, resp] { return FillFrom(server_->ReleaseMemory(), resp); });
+}
+
+grpc::ServerUnaryReactor* AdminService::ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest*,
+                                                     rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, resp] { return FillFrom(server_->ResumeMemory(), resp); });
 }
 
 }  // namespace rl::worker

@@ -1,26 +1,56 @@
 #include "services/worker/worker_server.h"
 
+#include <chrono>
+#include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model_io/dtype.h"
 #include "common/status.h"
 #include "services/worker/admin_service.h"
+#include "services/worker/model/cpu_model_runner.h"
+#include "services/worker/proto_convert.h"
+#include "services/worker/sleepable_runner.h"
+#include "services/worker/weight_sync/weight_sync.h"
 #include "services/worker/worker_service.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::worker {
 namespace {
 
-const char* ArchName(model_io::Arch arch) {
-  switch (arch) {
-    case model_io::Arch::kLlama:
-      return "llama";
-    case model_io::Arch::kQwen2:
-      return "qwen2";
-    case model_io::Arch::kQwen3:
-      return "qwen3";
+// The engine's view of the tokenizer, for stop strings.
+class TokenizerTextDecoder final : public engine::TextDecoder {
+ public:
+  explicit TokenizerTextDecoder(const tokenizer::Tokenizer* tok) : tok_(tok) {}
+  std::string Decode(absl::Span<const int32_t> ids) const override {
+    auto text = tok_->Decode(ids, /*skip_special_tokens=*/false);
+    return text.ok() ? *std::move(text) : std::string();
   }
-  return "unknown";
+
+ private:
+  const tokenizer::Tokenizer* tok_;
+};
+
+int64_t NumParameters(const model_io::ModelConfig& c) {
+  const int64_t q = c.num_attention_heads * c.head_dim;
+  const int64_t kv = c.num_key_value_heads * c.head_dim;
+  int64_t per_layer = 2 * c.hidden_size + c.hidden_size * (q + 2 * kv) + q * c.hidden_size +
+                      3 * c.hidden_size * c.intermediate_size;
+  if (c.attention_bias) per_layer += q + 2 * kv;
+  if (c.qk_norm) per_layer += 2 * c.head_dim;
+  int64_t total = c.num_hidden_layers * per_layer + c.vocab_size * c.hidden_size + c.hidden_size;
+  if (!c.tie_word_embeddings) total += c.vocab_size * c.hidden_size;
+  return total;
+}
+
+int64_t MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start)
+      .count();
 }
 
 }  // namespace
@@ -29,7 +59,6 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   RETURN_IF_ERROR(Validate(config));
   std::unique_ptr<WorkerServer> s(new WorkerServer());
   s->config_ = config;
-  s->weight_version_ = config.weight_version;
   ASSIGN_OR_RETURN(s->model_config_, model_io::LoadModelConfig(config.model_path));
   {
     std::ifstream in(config.model_path + "/config.json");
@@ -37,20 +66,56 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     text << in.rdbuf();
     s->config_json_ = text.str();
   }
-  spdlog::info("model {}: {} layers, hidden {}, vocab {}, arch {}", config.model_path,
-               s->model_config_.num_hidden_layers, s->model_config_.hidden_size,
-               s->model_config_.vocab_size, ArchName(s->model_config_.arch));
+  s->num_parameters_ = NumParameters(s->model_config_);
+  if (config.backend == "cuda") {
+    return absl::UnimplementedError(
+        "--backend cuda: this build has no CUDA backend yet; use --backend cpu or auto");
+  }
+  s->backend_name_ = "cpu";
+  spdlog::info("backend {} (no CUDA backend in this build)", s->backend_name_);
 
-  s->metrics_.SetGaugeCallback("rl_worker_weight_version", "Version of the served weights.", {},
-                               [raw = s.get()] { return static_cast<double>(raw->weight_version()); });
+  if (std::filesystem::exists(config.model_path + "/tokenizer.json")) {
+    ASSIGN_OR_RETURN(s->tokenizer_, tokenizer::Tokenizer::FromDir(config.model_path));
+  } else {
+    spdlog::warn("{} has no tokenizer.json: text prompts and stop strings are refused",
+                 config.model_path);
+  }
+
+  model::RunnerOptions runner_options;
+  runner_options.model_dir = config.model_path;
+  runner_options.page_size = config.page_size;
+  runner_options.kv_cache_bytes = static_cast<int64_t>(config.kv_cache_gb * (1 << 30));
+  runner_options.num_threads = config.num_threads;
+  const std::string spill_dir = (std::filesystem::temp_directory_path() /
+                                 absl::StrCat("rl-worker-spill-", getpid()))
+                                    .string();
+  ASSIGN_OR_RETURN(std::unique_ptr<SleepableRunner> runner,
+                   SleepableRunner::Create(
+                       [runner_options] { return model::CreateCpuModelRunner(runner_options); },
+                       spill_dir));
+  s->runner_ = runner.get();
+  engine::EngineOptions engine_options;
+  engine_options.max_running_requests = config.max_running_requests;
+  engine_options.chunked_prefill_size = config.chunked_prefill_tokens;
+  engine_options.initial_weight_version = config.weight_version;
+  std::unique_ptr<engine::TextDecoder> decoder;
+  if (s->tokenizer_) decoder = std::make_unique<TokenizerTextDecoder>(s->tokenizer_.get());
+  ASSIGN_OR_RETURN(s->engine_,
+                   engine::Engine::Create(std::move(runner), engine_options, std::move(decoder)));
+  spdlog::info("model {}: {} layers, hidden {}, vocab {}, {} KV tokens", config.model_path,
+               s->model_config_.num_hidden_layers, s->model_config_.hidden_size,
+               s->model_config_.vocab_size, s->engine_->GetServerInfo().kv_tokens_total);
+
+  s->RegisterMetrics();
   s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
   s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
-  s->admin_service_ = std::make_unique<AdminService>(s.get(), s->admin_auth_.get());
   s->worker_service_ = std::make_unique<WorkerService>(s.get(), s->data_auth_.get());
+  s->admin_service_ = std::make_unique<AdminService>(s.get(), s->admin_auth_.get());
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
-  ASSIGN_OR_RETURN(s->grpc_, GrpcServer::Start(options, {s->worker_service_.get(), s->admin_service_.get()}));
+  ASSIGN_OR_RETURN(s->grpc_,
+                   GrpcServer::Start(options, {s->worker_service_.get(), s->admin_service_.get()}));
   if (config.metrics_port >= 0) {
     ASSIGN_OR_RETURN(s->metrics_http_,
                      MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));
@@ -61,8 +126,433 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
 WorkerServer::~WorkerServer() { Shutdown(); }
 
 void WorkerServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  // Abort generations first so streams end with a final message instead of hanging the drain.
+  if (engine_) (void)engine_->AbortAll("worker shutting down");
   if (grpc_) grpc_->Shutdown();
   if (metrics_http_) metrics_http_->Stop();
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [name, receiver] : groups_) receiver->Close();
+    groups_.clear();
+  }
+  engine_.reset();
+}
+
+void WorkerServer::RegisterMetrics() {
+  MetricsRegistry& m = metrics_;
+  requests_total_ = m.GetCounter("rl_worker_requests_total", "Generate completions finished.");
+  aborted_total_ = m.GetCounter("rl_worker_aborted_total", "Completions finished by abort.");
+  prompt_tokens_total_ = m.GetCounter("rl_worker_prompt_tokens_total", "Prompt tokens processed.");
+  generated_tokens_total_ =
+      m.GetCounter("rl_worker_generated_tokens_total", "Tokens generated (rate() = tokens/s).");
+  cached_tokens_total_ =
+      m.GetCounter("rl_worker_cached_tokens_total", "Prompt tokens served from the prefix cache.");
+  const auto latency = ExponentialBuckets(0.001, 2, 16);
+  ttft_seconds_ = m.GetHistogram("rl_worker_time_to_first_token_seconds", "Time to first token.",
+                                 latency);
+  per_token_seconds_ = m.GetHistogram("rl_worker_time_per_output_token_seconds",
+                                      "Mean decode time per output token of a request.", latency);
+  e2e_seconds_ = m.GetHistogram("rl_worker_request_duration_seconds", "Submission to finish.",
+                                latency);
+  update_seconds_ = m.GetHistogram("rl_worker_weight_update_duration_seconds",
+                                   "Duration of weight updates.", latency);
+  engine::Engine* e = engine_.get();
+  m.SetGaugeCallback("rl_worker_running_requests", "Requests in the running batch.", {},
+                     [e] { return e->GetServerInfo().num_running; });
+  m.SetGaugeCallback("rl_worker_waiting_requests", "Requests in the waiting queue.", {},
+                     [e] { return e->GetServerInfo().num_waiting; });
+  m.SetGaugeCallback("rl_worker_kv_usage_ratio", "Fraction of KV tokens in use.", {}, [e] {
+    const engine::ServerInfo i = e->GetServerInfo();
+    return i.kv_tokens_total > 0
+               ? 1.0 - static_cast<double>(i.kv_tokens_available) / i.kv_tokens_total
+               : 0.0;
+  });
+  m.SetGaugeCallback("rl_worker_cache_hit_ratio", "Prompt tokens served from the prefix cache.",
+                     {}, [e] {
+                       const engine::ServerInfo i = e->GetServerInfo();
+                       return i.prompt_tokens > 0
+                                  ? static_cast<double>(i.cache_hit_tokens) / i.prompt_tokens
+                                  : 0.0;
+                     });
+  m.SetGaugeCallback("rl_worker_weight_version", "Version of the served weights.", {},
+                     [e] { return static_cast<double>(e->weight_version()); });
+  m.SetGaugeCallback("rl_worker_paused", "1 while generation is paused.", {},
+                     [e] { return e->GetServerInfo().paused ? 1.0 : 0.0; });
+  m.SetGaugeCallback("rl_worker_asleep", "1 while memory is released.", {},
+                     [this] { return asleep() ? 1.0 : 0.0; });
+}
+
+void WorkerServer::RecordFinished(const engine::GenerateResult& r) {
+  requests_total_->Inc();
+  if (r.finish_reason.kind == engine::FinishKind::kAbort) aborted_total_->Inc();
+  prompt_tokens_total_->Inc(r.prompt_tokens);
+  generated_tokens_total_->Inc(r.completion_tokens);
+  cached_tokens_total_->Inc(r.cached_tokens);
+  if (r.timings.ttft_us > 0) ttft_seconds_->Observe(r.timings.ttft_us / 1e6);
+  e2e_seconds_->Observe(r.timings.total_us / 1e6);
+  if (r.completion_tokens > 1 && r.timings.ttft_us > 0) {
+    per_token_seconds_->Observe((r.timings.total_us - r.timings.ttft_us) / 1e6 /
+                                (r.completion_tokens - 1));
+  }
+}
+
+std::string WorkerServer::NextRequestId() { return absl::StrCat("w", next_request_id_.fetch_add(1)); }
+
+absl::Status WorkerServer::Submit(engine::GenerateRequest request,
+                                  engine::RequestCallbacks callbacks) {
+  if (asleep()) {
+    return absl::FailedPreconditionError("the worker is asleep (ReleaseMemory); call ResumeMemory");
+  }
+  return engine_->Submit(std::move(request), std::move(callbacks));
+}
+
+void WorkerServer::RefreshHealth() {
+  if (grpc_) grpc_->SetServing(!asleep() && updates_in_progress_.load() == 0);
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::Pause(engine::PauseMode mode) {
+  const auto start = std::chrono::steady_clock::now();
+  const engine::ServerInfo before = engine_->GetServerInfo();
+  RETURN_IF_ERROR(engine_->Pause(mode));
+  AdminOutcome out;
+  out.num_aborted = static_cast<int32_t>(engine_->GetServerInfo().num_aborted - before.num_aborted);
+  out.message = absl::StrCat("paused (", engine::PauseModeName(mode), ")");
+  out.weight_version = weight_version();
+  out.duration_us = MicrosSince(start);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::Continue() {
+  const auto start = std::chrono::steady_clock::now();
+  if (asleep()) {
+    return absl::FailedPreconditionError("continue: the worker is asleep; call ResumeMemory");
+  }
+  RETURN_IF_ERROR(engine_->Continue());
+  AdminOutcome out;
+  {
+    absl::MutexLock lock(&mu_);
+    out.message = update_failed_ ? "resumed; note: the last weight update failed: " + last_error_
+                                 : "resumed";
+  }
+  out.weight_version = weight_version();
+  out.duration_us = MicrosSince(start);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::FlushCache() {
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(engine_->FlushCache());
+  AdminOutcome out;
+  out.message = "cache flushed";
+  out.weight_version = weight_version();
+  out.duration_us = MicrosSince(start);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::RunWeightUpdate(
+    const char* what, const UpdatePolicy& policy,
+    const std::function<absl::Status(model::ModelRunner&)>& apply, bool failure_keeps_pause) {
+  if (asleep()) {
+    return absl::FailedPreconditionError(absl::StrCat(what, ": the worker is asleep"));
+  }
+  if (policy.weight_version.has_value() && *policy.weight_version < 0) {
+    return absl::InvalidArgumentError("weight_version: must be >= 0");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  updates_in_progress_.fetch_add(1);
+  RefreshHealth();
+  AdminOutcome out;
+  absl::Status status = engine_->RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
+    const bool active = ctx.has_running() || ctx.has_waiting();
+    const bool retracted = ctx.paused() && ctx.pause_mode() >= engine::PauseMode::kRetract;
+    if (active && !policy.abort_all_requests && !retracted) {
+      const engine::ServerInfo info = ctx.info();
+      return absl::FailedPreconditionError(absl::StrCat(
+          what, ": ", info.num_running, " running and ", info.num_waiting,
+          " waiting requests; pass abort_all_requests or pause with retract first"));
+    }
+    const bool was_paused = ctx.paused();
+    if (!retracted) ctx.Pause(engine::PauseMode::kRetract);
+    if (policy.abort_all_requests) out.num_aborted = ctx.AbortAll(absl::StrCat(what, " aborted it"));
+    if (absl::Status s = apply(ctx.runner()); !s.ok()) {
+      if (!failure_keeps_pause && !was_paused) ctx.Continue();
+      return s;
+    }
+    RETURN_IF_ERROR(ctx.FlushCache());
+    const int64_t version = policy.weight_version.value_or(ctx.weight_version() + 1);
+    ctx.set_weight_version(version);
+    if (!policy.keep_pause) ctx.Continue();
+    out.weight_version = version;
+    return absl::OkStatus();
+  });
+  updates_in_progress_.fetch_sub(1);
+  RefreshHealth();
+  out.duration_us = MicrosSince(start);
+  update_seconds_->Observe(out.duration_us / 1e6);
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      update_failed_ = false;
+      last_error_.clear();
+    } else if (failure_keeps_pause && status.code() != absl::StatusCode::kFailedPrecondition) {
+      update_failed_ = true;
+      last_error_ = std::string(status.message());
+    }
+  }
+  if (!status.ok()) {
+    spdlog::warn("{} failed: {}", what, std::string(status.message()));
+    return status;
+  }
+  out.message = absl::StrCat(what, ": weight_version ", out.weight_version,
+                             policy.keep_pause ? " (kept paused)" : "");
+  spdlog::info("{} in {} ms", out.message, out.duration_us / 1000.0);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromDisk(const std::string& model_path,
+                                                                  const UpdatePolicy& policy) {
+  if (model_path.empty()) return absl::InvalidArgumentError("model_path: must not be empty");
+  std::error_code ec;
+  if (!std::filesystem::is_directory(model_path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("model_path: '", model_path, "' is not a folder"));
+  }
+  return RunWeightUpdate("update_weights_from_disk", policy,
+                         [&](model::ModelRunner& runner) {
+                           return Annotate(runner.LoadWeightsFromDisk(model_path), model_path);
+                         },
+                         /*failure_keeps_pause=*/false);
+}
+
+namespace {
+
+// Checks that every tensor names a held weight with the same shape, a float dtype and the
+// right byte count, and that no name repeats.
+absl::Status ValidateTensors(const std::vector<model::TensorInfo>& held,
+                             const std::vector<const model::TensorInfo*>& incoming,
+                             const std::vector<int64_t>& byte_counts) {
+  std::map<std::string, const model::TensorInfo*> by_name;
+  for (const auto& t : held) by_name[t.name] = &t;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < incoming.size(); ++i) {
+    const model::TensorInfo& t = *incoming[i];
+    auto it = by_name.find(t.name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': no such weight"));
+    }
+    if (!seen.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': sent twice"));
+    }
+    if (t.shape != it->second->shape) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", t.name, "': shape [", absl::StrJoin(t.shape, ", "), "] but the model has [",
+          absl::StrJoin(it->second->shape, ", "), "]"));
+    }
+    const std::optional<model_io::DType> dtype = model_io::ParseDType(t.dtype);
+    if (!dtype || !model_io::IsFloatWeightDType(*dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "': dtype '", t.dtype, "' (F32, BF16 or F16)"));
+    }
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    if (byte_counts[i] >= 0 && byte_counts[i] != numel * model_io::DTypeSize(*dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", byte_counts[i],
+                                                     " bytes, expected ",
+                                                     numel * model_io::DTypeSize(*dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromTensors(std::vector<NamedTensor> tensors,
+                                                                     const UpdatePolicy& policy) {
+  if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
+  return RunWeightUpdate(
+      "update_weights_from_tensor", policy,
+      [&](model::ModelRunner& runner) -> absl::Status {
+        std::vector<const model::TensorInfo*> infos;
+        std::vector<int64_t> sizes;
+        for (const NamedTensor& t : tensors) {
+          infos.push_back(&t.info);
+          sizes.push_back(static_cast<int64_t>(t.bytes.size()));
+        }
+        RETURN_IF_ERROR(ValidateTensors(runner.ListWeights(), infos, sizes));
+        for (const NamedTensor& t : tensors) RETURN_IF_ERROR(runner.UpdateWeight(t.info, t.bytes));
+        return absl::OkStatus();
+      },
+      /*failure_keeps_pause=*/false);
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::InitWeightsUpdateGroup(const GroupRequest& r) {
+  if (r.group_name.empty()) return absl::InvalidArgumentError("group_name: must not be empty");
+  if (r.master_address.empty()) return absl::InvalidArgumentError("master_address: must not be empty");
+  if (r.master_port <= 0 || r.master_port > 65535) {
+    return absl::InvalidArgumentError("master_port: must be in [1, 65535]");
+  }
+  if (r.world_size < 2) return absl::InvalidArgumentError("world_size: must be >= 2 (trainer + worker)");
+  if (r.rank_offset < 1 || r.rank_offset >= r.world_size) {
+    return absl::InvalidArgumentError("rank_offset: must be in [1, world_size) (rank 0 is the trainer)");
+  }
+  if (r.timeout_ms <= 0) return absl::InvalidArgumentError("timeout_ms: must be > 0");
+  {
+    absl::MutexLock lock(&mu_);
+    if (groups_.contains(r.group_name)) {
+      return absl::AlreadyExistsError(absl::StrCat("group_name: '", r.group_name, "' already exists"));
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  weight_sync::GroupOptions options;
+  options.backend = r.backend.empty() ? "tcp" : r.backend;
+  options.master_address = r.master_address;
+  options.master_port = r.master_port;
+  options.rank = r.rank_offset;
+  options.world_size = r.world_size;
+  options.group_name = r.group_name;
+  options.timeout = std::chrono::milliseconds(r.timeout_ms);
+  auto receiver = weight_sync::ConnectReceiver(options);
+  if (!receiver.ok()) {
+    absl::MutexLock lock(&mu_);
+    last_error_ = std::string(receiver.status().message());
+    return receiver.status();
+  }
+  absl::MutexLock lock(&mu_);
+  groups_[r.group_name] = *std::move(receiver);
+  AdminOutcome out;
+  out.message = absl::StrCat("joined group '", r.group_name, "' as rank ", r.rank_offset, " of ",
+                             r.world_size, " (", options.backend, ")");
+  out.weight_version = weight_version();
+  out.duration_us = MicrosSince(start);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromDistributed(
+    const std::string& group_name, std::vector<model::TensorInfo> specs, const UpdatePolicy& policy) {
+  weight_sync::WeightReceiver* receiver = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(group_name);
+    if (it == groups_.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("group_name: no group '", group_name, "' (InitWeightsUpdateGroup first)"));
+    }
+    receiver = it->second.get();
+  }
+  if (specs.empty()) return absl::InvalidArgumentError("names: no tensor in the bucket");
+  return RunWeightUpdate(
+      "update_weights_from_distributed", policy,
+      [&](model::ModelRunner& runner) -> absl::Status {
+        std::vector<const model::TensorInfo*> infos;
+        for (const auto& s : specs) infos.push_back(&s);
+        RETURN_IF_ERROR(ValidateTensors(runner.ListWeights(), infos,
+                                        std::vector<int64_t>(specs.size(), -1)));
+        std::vector<weight_sync::TensorSpec> wire;
+        for (const auto& s : specs) wire.push_back({s.name, s.dtype, s.shape});
+        std::map<std::string, const model::TensorInfo*> by_name;
+        for (const auto& s : specs) by_name[s.name] = &s;
+        return receiver->Receive(wire, [&](const weight_sync::TensorSpec& spec,
+                                           absl::Span<const uint8_t> bytes) {
+          return runner.UpdateWeight(*by_name.at(spec.name), bytes);
+        });
+      },
+      /*failure_keeps_pause=*/true);
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::DestroyWeightsUpdateGroup(const std::string& group_name) {
+  std::unique_ptr<weight_sync::WeightReceiver> receiver;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = groups_.find(group_name);
+    if (it == groups_.end()) {
+      return absl::NotFoundError(absl::StrCat("group_name: no group '", group_name, "'"));
+    }
+    receiver = std::move(it->second);
+    groups_.erase(it);
+  }
+  receiver->Close();
+  AdminOutcome out;
+  out.message = absl::StrCat("left group '", group_name, "'");
+  out.weight_version = weight_version();
+  return out;
+}
+
+absl::StatusOr<std::vector<model::TensorInfo>> WorkerServer::ListWeights() {
+  std::vector<model::TensorInfo> out;
+  RETURN_IF_ERROR(engine_->RunOnEngineThread([&](engine::EngineContext& ctx) {
+    if (asleep()) return absl::FailedPreconditionError("list_weights: the worker is asleep");
+    out = ctx.runner().ListWeights();
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<CheckerResult> WorkerServer::CheckWeights(CheckerAction action) {
+  absl::StatusOr<CheckerResult> result = absl::InternalError("weights checker did not run");
+  RETURN_IF_ERROR(engine_->RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
+    if (asleep()) return absl::FailedPreconditionError("weights_checker: the worker is asleep");
+    switch (action) {
+      case CheckerAction::kSnapshot:
+        result = checker_.Snapshot(ctx.runner());
+        break;
+      case CheckerAction::kResetTensors:
+        if (ctx.has_running()) {
+          return absl::FailedPreconditionError(
+              "weights_checker reset_tensors: requests are running; pause first");
+        }
+        result = checker_.ResetTensors(ctx.runner(), static_cast<uint64_t>(weight_version()) + 1);
+        if (result.ok()) RETURN_IF_ERROR(ctx.FlushCache());
+        break;
+      case CheckerAction::kCompare:
+        result = checker_.Compare(ctx.runner());
+        break;
+      case CheckerAction::kChecksum:
+        result = WeightsChecker::Checksum(ctx.runner());
+        break;
+    }
+    return absl::OkStatus();
+  }));
+  return result;
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::ReleaseMemory() {
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(engine_->RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
+    if (runner_->released()) return absl::OkStatus();
+    if (ctx.has_running() || ctx.has_waiting()) {
+      return absl::FailedPreconditionError(
+          "release_memory: requests are active; pause with abort (or let them finish) first");
+    }
+    ctx.Pause(engine::PauseMode::kInPlace);
+    RETURN_IF_ERROR(ctx.FlushCache());
+    RETURN_IF_ERROR(runner_->Release());
+    asleep_ = true;
+    return absl::OkStatus();
+  }));
+  RefreshHealth();
+  AdminOutcome out;
+  out.message = "memory released (weights and KV cache freed)";
+  out.weight_version = weight_version();
+  out.duration_us = MicrosSince(start);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::ResumeMemory() {
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(engine_->RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
+    if (!runner_->released()) return absl::OkStatus();
+    RETURN_IF_ERROR(runner_->Resume());
+    asleep_ = false;
+    ctx.Continue();
+    return absl::OkStatus();
+  }));
+  RefreshHealth();
+  AdminOutcome out;
+  out.message = "memory resumed";
+  out.weight_version = weight_version();
+  out.duration_us = MicrosSince(start);
+  return out;
 }
 
 void WorkerServer::FillModelInfo(rl::v1::GetModelInfoResponse* out) const {
@@ -80,16 +570,22 @@ void WorkerServer::FillModelInfo(rl::v1::GetModelInfoResponse* out) const {
   out->set_max_position_embeddings(c.max_position_embeddings);
   out->set_dtype(c.torch_dtype);
   out->set_weight_version(weight_version());
-  out->set_backend("cpu");
+  out->set_backend(backend_name_);
+  out->set_num_parameters(num_parameters_);
   out->set_tie_word_embeddings(c.tie_word_embeddings);
   for (int32_t id : c.eos_token_ids) out->add_eos_token_ids(id);
   out->set_config_json(config_json_);
 }
 
 void WorkerServer::FillServerInfo(rl::v1::GetServerInfoResponse* out) const {
-  out->set_weight_version(weight_version());
-  out->set_backend("cpu");
+  ToProto(engine_->GetServerInfo(), out);
+  out->set_asleep(asleep());
+  out->set_backend(backend_name_);
   out->set_version(RL_VERSION);
+  absl::MutexLock lock(&mu_);
+  out->set_update_failed(update_failed_);
+  out->set_last_error(last_error_);
+  for (const auto& [name, receiver] : groups_) out->add_weight_update_groups(name);
 }
 
 }  // namespace rl::worker

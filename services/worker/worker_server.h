@@ -1,57 +1,174 @@
-// WorkerServer: one model replica as a process. Owns the model description, the gRPC services
-// (Worker data plane, Admin control plane, health, reflection) and the metrics endpoint.
-// Thread-safe: gRPC handlers call into it concurrently.
+// WorkerServer: one model replica as a process. Owns the engine (and through it the model
+// runner), the tokenizer, the gRPC services (Worker data plane, Admin control plane, health,
+// reflection) and the metrics endpoint, and implements the domain side of every call; the
+// service classes only translate protos.
+//
+// Weight updates (disk, tensors, distributed) share one lifecycle, run on the engine thread
+// between two steps: refuse while requests are active unless abort_all_requests or paused with
+// retract → pause (retract) → abort if asked → apply → flush the prefix cache (KV computed with
+// the old weights is never reused) → bump weight_version → resume unless keep_pause. A failed
+// disk/tensor update leaves the old weights serving (everything is validated before anything
+// changes); a failed distributed update leaves the engine paused and marks update_failed.
+// Health is NOT_SERVING while asleep or while an update holds the engine.
+// Thread-safe: gRPC handlers call in concurrently; engine state is touched only on its thread.
 #pragma once
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/model_io/model_config.h"
 #include "common/server_runner.h"
+#include "common/tokenizer/tokenizer.h"
 #include "rl/v1/admin.pb.h"
+#include "services/worker/engine/engine.h"
+#include "services/worker/weights_checker.h"
 #include "services/worker/worker_config.h"
+
+namespace rl::weight_sync {
+class WeightReceiver;
+}
 
 namespace rl::worker {
 
 class AdminService;
 class WorkerService;
+class SleepableRunner;
+
+// What an admin call did.
+struct AdminOutcome {
+  std::string message;
+  int32_t num_aborted = 0;
+  int64_t weight_version = 0;
+  int64_t duration_us = 0;
+};
+
+struct UpdatePolicy {
+  std::optional<int64_t> weight_version;  // unset: current + 1
+  bool abort_all_requests = false;
+  bool keep_pause = false;
+};
+
+// One tensor of an UpdateWeightsFromTensor stream, assembled.
+struct NamedTensor {
+  model::TensorInfo info;
+  std::vector<uint8_t> bytes;
+};
+
+struct GroupRequest {
+  std::string master_address;
+  int master_port = 0;
+  int rank_offset = 0;
+  int world_size = 0;
+  std::string group_name;
+  std::string backend;  // "tcp" | "nccl" | "" (auto)
+  int timeout_ms = 60000;
+};
 
 class WorkerServer {
  public:
-  // Loads the model description and starts serving. Errors name the bad flag or file.
+  // Loads the model and tokenizer, starts the engine and serving. Errors name the bad flag or
+  // file.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(const WorkerConfig& config);
   ~WorkerServer();
 
   // "HOST:PORT" of the gRPC listener.
   std::string address() const { return grpc_->address(); }
   int metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
+  std::string backend_name() const { return backend_name_; }
+  // Graceful drain: refuses new calls, aborts generations, stops the engine.
   void Shutdown();
 
-  // Domain calls used by the services.
+  // ---- data plane ----
+  engine::Engine& engine() { return *engine_; }
+  // Null when the model folder has no tokenizer.json.
+  const tokenizer::Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  // FAILED_PRECONDITION while asleep; otherwise Engine::Submit.
+  absl::Status Submit(engine::GenerateRequest request, engine::RequestCallbacks callbacks);
+  // A fresh request id ("w<n>").
+  std::string NextRequestId();
+  MetricsRegistry& metrics() { return metrics_; }
+  void RecordFinished(const engine::GenerateResult& result);
+
+  // ---- control plane ----
+  absl::StatusOr<AdminOutcome> Pause(engine::PauseMode mode);
+  absl::StatusOr<AdminOutcome> Continue();
+  absl::StatusOr<AdminOutcome> FlushCache();
+  absl::StatusOr<AdminOutcome> UpdateWeightsFromDisk(const std::string& model_path,
+                                                     const UpdatePolicy& policy);
+  // Validates every tensor (name, dtype, shape, byte count) before changing any.
+  absl::StatusOr<AdminOutcome> UpdateWeightsFromTensors(std::vector<NamedTensor> tensors,
+                                                        const UpdatePolicy& policy);
+  absl::StatusOr<AdminOutcome> InitWeightsUpdateGroup(const GroupRequest& request);
+  absl::StatusOr<AdminOutcome> UpdateWeightsFromDistributed(
+      const std::string& group_name, std::vector<model::TensorInfo> specs,
+      const UpdatePolicy& policy);
+  absl::StatusOr<AdminOutcome> DestroyWeightsUpdateGroup(const std::string& group_name);
+  absl::StatusOr<std::vector<model::TensorInfo>> ListWeights();
+  enum class CheckerAction { kSnapshot, kResetTensors, kCompare, kChecksum };
+  absl::StatusOr<CheckerResult> CheckWeights(CheckerAction action);
+  absl::StatusOr<AdminOutcome> ReleaseMemory();
+  absl::StatusOr<AdminOutcome> ResumeMemory();
+
   void FillModelInfo(rl::v1::GetModelInfoResponse* out) const;
   void FillServerInfo(rl::v1::GetServerInfoResponse* out) const;
-  int64_t weight_version() const { return weight_version_.load(); }
-  MetricsRegistry& metrics() { return metrics_; }
+  int64_t weight_version() const { return engine_->weight_version(); }
+  bool asleep() const { return asleep_.load(); }
 
  private:
   WorkerServer() = default;
+  // The shared weight-update lifecycle (see the file comment). `apply` runs on the engine
+  // thread with the engine paused.
+  absl::StatusOr<AdminOutcome> RunWeightUpdate(
+      const char* what, const UpdatePolicy& policy,
+      const std::function<absl::Status(model::ModelRunner&)>& apply, bool failure_keeps_pause);
+  void RefreshHealth();
+  void RegisterMetrics();
 
   WorkerConfig config_;
   model_io::ModelConfig model_config_;
   std::string config_json_;
-  std::atomic<int64_t> weight_version_{0};
+  std::string backend_name_;
+  int64_t num_parameters_ = 0;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  SleepableRunner* runner_ = nullptr;  // owned by engine_; touched on the engine thread only
+  std::unique_ptr<engine::Engine> engine_;
+  WeightsChecker checker_;  // engine thread only
+  std::atomic<bool> asleep_{false};
+  std::atomic<int> updates_in_progress_{0};
+  std::atomic<uint64_t> next_request_id_{0};
+
+  mutable absl::Mutex mu_;
+  bool update_failed_ ABSL_GUARDED_BY(mu_) = false;
+  std::string last_error_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<weight_sync::WeightReceiver>> groups_ ABSL_GUARDED_BY(mu_);
+
   MetricsRegistry metrics_;
+  Counter* requests_total_ = nullptr;
+  Counter* aborted_total_ = nullptr;
+  Counter* prompt_tokens_total_ = nullptr;
+  Counter* generated_tokens_total_ = nullptr;
+  Counter* cached_tokens_total_ = nullptr;
+  Histogram* ttft_seconds_ = nullptr;
+  Histogram* per_token_seconds_ = nullptr;
+  Histogram* e2e_seconds_ = nullptr;
+  Histogram* update_seconds_ = nullptr;
+
   std::unique_ptr<BearerAuth> admin_auth_;
   std::unique_ptr<BearerAuth> data_auth_;
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
+  bool shut_down_ = false;
 };
 
 }  // namespace rl::worker

@@ -1,5 +1,6 @@
 // rl.v1.Worker on the worker: the generation data plane. Translates protos ⇄ engine requests;
-// streams chunks with a ServerWriteReactor and aborts the request when the client cancels.
+// Generate streams chunks through a ServerWriteReactor (one write in flight, a queue behind
+// it) and aborts the engine request when the client cancels or disconnects.
 #pragma once
 
 #include "common/auth.h"
@@ -12,6 +13,15 @@ class WorkerServer;
 class WorkerService final : public rl::v1::Worker::CallbackService {
  public:
   WorkerService(WorkerServer* server, const BearerAuth* auth) : server_(server), auth_(auth) {}
+
+  grpc::ServerWriteReactor<rl::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const rl::v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
+                                  const rl::v1::AbortRequest* request,
+                                  rl::v1::AbortResponse* response) override;
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
+                                    const rl::v1::GetLoadRequest* request,
+                                    rl::v1::GetLoadResponse* response) override;
 
  private:
   WorkerServer* server_;

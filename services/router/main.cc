@@ -1,0 +1,60 @@
+// rl-router: the trainers' entry point (rl.v1.Router + the rl.v1.Admin fan-out).
+// Flags are read here only, turned into a RouterConfig and validated.
+#include <cstdio>
+#include <iostream>
+
+#include "common/auth.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/server_runner.h"
+#include "services/router/router_server.h"
+
+int main(int argc, char** argv) {
+  rl::BlockTerminationSignals();
+  rl::router::RouterConfig c;
+  rl::FlagSet flags("rl-router");
+  flags.String("host", &c.host, "address to bind");
+  flags.Int("port", &c.port, "gRPC port (0 picks a free one)");
+  flags.String("tokenizer", &c.tokenizer_path, "folder with tokenizer.json (the model folder)");
+  flags.StringList("worker", &c.workers, "rl-worker address HOST:PORT (repeatable)");
+  flags.String("admin-api-key", &c.admin_api_key, "bearer key for admin calls (or env RL_ADMIN_API_KEY)");
+  flags.String("api-key", &c.api_key, "optional bearer key for Generate/Retrieve (or env RL_API_KEY)");
+  flags.Int("metrics-port", &c.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
+  flags.Int("max-cache-size", &c.max_cache_size, "text cache size in tokens before GC");
+  flags.Int("gc-threshold-k", &c.gc_threshold_k, "GC removes versions <= current - k");
+  flags.Int("max-attempts", &c.max_attempts, "attempts per generation (retries + 1)");
+  flags.Int("retry-backoff-ms", &c.retry_backoff_ms, "first retry backoff, doubled per retry");
+  flags.Int("admin-lock-timeout-ms", &c.admin_lock_timeout_ms, "wait for the admin lock before UNAVAILABLE");
+  flags.Int("health-interval-ms", &c.health_interval_ms, "worker health check interval");
+  flags.Int("health-failures", &c.health_failure_threshold, "failed checks before a worker is dead");
+  flags.Int("health-successes", &c.health_success_threshold, "passed checks before a dead worker is live");
+  flags.String("log-level", &c.log_level, "trace|debug|info|warn|error|off");
+  auto positional = flags.Parse(argc, argv);
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  if (!positional.ok() || !positional->empty()) {
+    std::cerr << "rl-router: "
+              << (positional.ok() ? "unexpected argument '" + positional->front() + "'"
+                                  : std::string(positional.status().message()))
+              << "\n";
+    return 2;
+  }
+  c.admin_api_key = rl::ResolveApiKey(c.admin_api_key, "RL_ADMIN_API_KEY");
+  c.api_key = rl::ResolveApiKey(c.api_key, "RL_API_KEY");
+  if (absl::Status s = rl::InitLogging(c.log_level); !s.ok()) {
+    std::cerr << "rl-router: " << s.message() << "\n";
+    return 2;
+  }
+  auto server = rl::router::RouterServer::Start(c);
+  if (!server.ok()) {
+    std::cerr << "rl-router: " << server.status().message() << "\n";
+    return 1;
+  }
+  std::printf("listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+  rl::WaitForTerminationSignal();
+  (*server)->Shutdown();
+  return 0;
+}

@@ -1,0 +1,75 @@
+#include "services/router/router_server.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace rl::router {
+
+absl::Status Validate(const RouterConfig& c) {
+  const auto bad = [](const char* flag, const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", why));
+  };
+  if (c.tokenizer_path.empty()) return bad("tokenizer", "required (a folder with tokenizer.json)");
+  if (c.port < 0 || c.port > 65535) return bad("port", "must be in [0, 65535]");
+  if (c.metrics_port < -1 || c.metrics_port > 65535) return bad("metrics-port", "must be -1 or in [0, 65535]");
+  if (c.max_cache_size <= 0) return bad("max-cache-size", "must be > 0 (tokens)");
+  if (c.gc_threshold_k < 0) return bad("gc-threshold-k", "must be >= 0");
+  if (c.max_attempts < 1 || c.max_attempts > 100) return bad("max-attempts", "must be in [1, 100]");
+  if (c.retry_backoff_ms < 0) return bad("retry-backoff-ms", "must be >= 0");
+  if (c.admin_lock_timeout_ms < 1) return bad("admin-lock-timeout-ms", "must be >= 1");
+  if (c.health_interval_ms < 10) return bad("health-interval-ms", "must be >= 10");
+  if (c.health_failure_threshold < 1) return bad("health-failures", "must be >= 1");
+  if (c.health_success_threshold < 1) return bad("health-successes", "must be >= 1");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterConfig& config) {
+  RETURN_IF_ERROR(Validate(config));
+  std::unique_ptr<RouterServer> s(new RouterServer());
+  s->config_ = config;
+  ASSIGN_OR_RETURN(s->tokenizer_, tokenizer::Tokenizer::FromDir(config.tokenizer_path));
+  TextCacheOptions cache_options;
+  cache_options.max_cache_size = config.max_cache_size;
+  cache_options.gc_threshold_k = config.gc_threshold_k;
+  ASSIGN_OR_RETURN(s->cache_, TextCache::Create(cache_options));
+  PoolOptions pool_options;
+  pool_options.health_interval = std::chrono::milliseconds(config.health_interval_ms);
+  pool_options.failure_threshold = config.health_failure_threshold;
+  pool_options.success_threshold = config.health_success_threshold;
+  s->pool_ = std::make_unique<WorkerPool>(pool_options);
+  for (const std::string& w : config.workers) RETURN_IF_ERROR(s->pool_->Add(w));
+  s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
+  s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
+  RetryOptions retry;
+  retry.max_attempts = config.max_attempts;
+  retry.backoff = std::chrono::milliseconds(config.retry_backoff_ms);
+  s->router_service_ = std::make_unique<RouterService>(
+      s->pool_.get(), s->cache_.get(), s->tokenizer_.get(), s->data_auth_.get(),
+      s->admin_auth_.get(), &s->metrics_, retry);
+  admin::FanoutOptions fanout;
+  fanout.lock_timeout = std::chrono::milliseconds(config.admin_lock_timeout_ms);
+  s->admin_service_ = std::make_unique<admin::AdminFanout>(s->pool_.get(), s->cache_.get(),
+                                                           s->admin_auth_.get(), fanout);
+  ServerOptions options;
+  options.host = config.host;
+  options.port = config.port;
+  ASSIGN_OR_RETURN(s->grpc_, GrpcServer::Start(options, {s->router_service_.get(),
+                                                         s->admin_service_.get()}));
+  if (config.metrics_port >= 0) {
+    ASSIGN_OR_RETURN(s->metrics_http_,
+                     MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));
+  }
+  return s;
+}
+
+RouterServer::~RouterServer() { Shutdown(); }
+
+void RouterServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  if (grpc_) grpc_->Shutdown();
+  if (metrics_http_) metrics_http_->Stop();
+}
+
+}  // namespace rl::router

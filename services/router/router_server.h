@@ -1,0 +1,70 @@
+// RouterServer: the rl-router process. Owns the worker pool, the text cache, the tokenizer,
+// the Router service, the Admin fan-out, health, reflection and the metrics endpoint.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/auth.h"
+#include "common/metrics.h"
+#include "common/metrics_http.h"
+#include "common/server_runner.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/admin/admin_fanout.h"
+#include "services/router/cache/text_cache.h"
+#include "services/router/router_service.h"
+#include "services/router/worker_pool.h"
+
+namespace rl::router {
+
+struct RouterConfig {
+  std::string host = "127.0.0.1";
+  int port = 0;
+  std::string tokenizer_path;
+  std::vector<std::string> workers;
+  std::string admin_api_key;
+  std::string api_key;
+  int metrics_port = -1;
+  int64_t max_cache_size = 1 << 24;
+  int64_t gc_threshold_k = 2;
+  int max_attempts = 3;
+  int retry_backoff_ms = 50;
+  int admin_lock_timeout_ms = 30000;
+  int health_interval_ms = 1000;
+  int health_failure_threshold = 2;
+  int health_success_threshold = 1;
+  std::string log_level = "info";
+};
+
+// InvalidArgument naming the first bad flag.
+absl::Status Validate(const RouterConfig& config);
+
+class RouterServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<RouterServer>> Start(const RouterConfig& config);
+  ~RouterServer();
+  std::string address() const { return grpc_->address(); }
+  int metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
+  WorkerPool& pool() { return *pool_; }
+  TextCache& cache() { return *cache_; }
+  void Shutdown();
+
+ private:
+  RouterServer() = default;
+  RouterConfig config_;
+  std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<TextCache> cache_;
+  std::unique_ptr<WorkerPool> pool_;
+  MetricsRegistry metrics_;
+  std::unique_ptr<BearerAuth> admin_auth_;
+  std::unique_ptr<BearerAuth> data_auth_;
+  std::unique_ptr<RouterService> router_service_;
+  std::unique_ptr<admin::AdminFanout> admin_service_;
+  std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;
+  bool shut_down_ = false;
+};
+
+}  // namespace rl::router

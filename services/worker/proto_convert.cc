@@ -1,0 +1,130 @@
+#include "services/worker/proto_convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace rl::worker {
+
+absl::StatusOr<engine::GenerateRequest> ToEngineRequest(const rl::v1::GenerateRequest& proto,
+                                                        std::string id,
+                                                        std::vector<int32_t> input_ids) {
+  const rl::v1::SamplingParams& sp = proto.sampling_params();
+  engine::GenerateRequest r;
+  r.id = std::move(id);
+  r.input_ids = std::move(input_ids);
+  engine::SamplingParams& s = r.sampling;
+  s.max_new_tokens = sp.has_max_new_tokens() ? sp.max_new_tokens() : kDefaultMaxNewTokens;
+  s.min_new_tokens = sp.min_new_tokens();
+  s.temperature = sp.has_temperature() ? sp.temperature() : 1.0;
+  s.top_p = sp.has_top_p() ? sp.top_p() : 1.0;
+  s.top_k = sp.top_k();
+  s.min_p = sp.min_p();
+  s.repetition_penalty = sp.has_repetition_penalty() ? sp.repetition_penalty() : 1.0;
+  s.frequency_penalty = sp.frequency_penalty();
+  s.presence_penalty = sp.presence_penalty();
+  if (sp.has_seed()) s.seed = sp.seed();
+  s.stop_token_ids.assign(sp.stop_token_ids().begin(), sp.stop_token_ids().end());
+  s.stop.assign(sp.stop().begin(), sp.stop().end());
+  s.ignore_eos = sp.ignore_eos();
+  s.n = sp.has_n() ? sp.n() : 1;
+  r.return_logprob = proto.return_logprob();
+  r.top_logprobs_num = proto.top_logprobs_num();
+  r.logprob_start_len = proto.has_logprob_start_len() ? proto.logprob_start_len() : -1;
+  r.logprobs_at_temperature_one = proto.logprobs_at_temperature_one();
+  if (r.top_logprobs_num != 0 && !r.return_logprob) {
+    return absl::InvalidArgumentError("top_logprobs_num: needs return_logprob");
+  }
+  if (r.logprob_start_len >= 0 && !r.return_logprob) {
+    return absl::InvalidArgumentError("logprob_start_len: needs return_logprob");
+  }
+  return r;
+}
+
+void ToProto(const engine::TokenLogprob& in, rl::v1::TokenLogprob* out) {
+  out->set_token_id(in.token_id);
+  out->set_logprob(static_cast<float>(in.logprob));
+  for (const engine::TopLogprob& t : in.top) {
+    rl::v1::TopLogprob* p = out->add_top();
+    p->set_token_id(t.token_id);
+    p->set_logprob(static_cast<float>(t.logprob));
+  }
+}
+
+rl::v1::FinishReason ToProto(engine::FinishKind kind) {
+  switch (kind) {
+    case engine::FinishKind::kStop:
+      return rl::v1::FINISH_REASON_STOP;
+    case engine::FinishKind::kLength:
+      return rl::v1::FINISH_REASON_LENGTH;
+    case engine::FinishKind::kAbort:
+      return rl::v1::FINISH_REASON_ABORT;
+  }
+  return rl::v1::FINISH_REASON_UNSPECIFIED;
+}
+
+void ToProto(const engine::GenerateResult& in, rl::v1::GenerateFinal* out) {
+  out->set_finish_reason(ToProto(in.finish_reason.kind));
+  out->set_matched_token_id(in.finish_reason.matched_token_id);
+  out->set_matched_stop(in.finish_reason.matched_stop);
+  if (in.finish_reason.kind == engine::FinishKind::kAbort) {
+    out->set_abort_message(in.finish_reason.message);
+  }
+  out->mutable_output_ids()->Assign(in.output_ids.begin(), in.output_ids.end());
+  for (const auto& lp : in.output_logprobs) ToProto(lp, out->add_output_logprobs());
+  for (const auto& lp : in.prompt_logprobs) ToProto(lp, out->add_prompt_logprobs());
+  out->set_prompt_tokens(in.prompt_tokens);
+  out->set_completion_tokens(in.completion_tokens);
+  out->set_cached_tokens(in.cached_tokens);
+  out->set_weight_version(in.weight_version);
+  out->mutable_timings()->set_queue_us(in.timings.queue_us);
+  out->mutable_timings()->set_ttft_us(in.timings.ttft_us);
+  out->mutable_timings()->set_total_us(in.timings.total_us);
+}
+
+void ToProto(const engine::ServerInfo& in, rl::v1::GetServerInfoResponse* out) {
+  out->set_paused(in.paused);
+  out->set_pause_mode(ToProto(in.pause_mode));
+  out->set_num_running(in.num_running);
+  for (const auto& id : in.running_ids) out->add_running_ids(id);
+  out->set_num_waiting(in.num_waiting);
+  out->set_kv_tokens_total(in.kv_tokens_total);
+  out->set_kv_tokens_available(in.kv_tokens_available);
+  out->set_tree_cache_tokens(in.tree_cache_tokens);
+  out->set_req_to_token_slots_used(in.req_to_token_used);
+  out->set_forward_ct_decode(in.forward_ct_decode);
+  out->set_new_token_ratio(in.new_token_ratio);
+  out->set_weight_version(in.weight_version);
+  out->set_backend(in.backend);
+  out->set_num_finished(in.num_finished);
+  out->set_cache_hit_tokens(in.cache_hit_tokens);
+}
+
+absl::StatusOr<engine::PauseMode> FromProto(rl::v1::PauseMode mode) {
+  switch (mode) {
+    case rl::v1::PAUSE_MODE_ABORT:
+      return engine::PauseMode::kAbort;
+    case rl::v1::PAUSE_MODE_IN_PLACE:
+      return engine::PauseMode::kInPlace;
+    case rl::v1::PAUSE_MODE_RETRACT:
+      return engine::PauseMode::kRetract;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("mode: must be PAUSE_MODE_ABORT, PAUSE_MODE_IN_PLACE or PAUSE_MODE_RETRACT (got ",
+                       static_cast<int>(mode), ")"));
+  }
+}
+
+rl::v1::PauseMode ToProto(engine::PauseMode mode) {
+  switch (mode) {
+    case engine::PauseMode::kAbort:
+      return rl::v1::PAUSE_MODE_ABORT;
+    case engine::PauseMode::kInPlace:
+      return rl::v1::PAUSE_MODE_IN_PLACE;
+    case engine::PauseMode::kRetract:
+      return rl::v1::PAUSE_MODE_RETRACT;
+    case engine::PauseMode::kNone:
+      break;
+  }
+  return rl::v1::PAUSE_MODE_UNSPECIFIED;
+}
+
+}  // namespace rl::worker

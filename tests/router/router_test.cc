@@ -1,0 +1,329 @@
+// rl-router over in-process rl-workers on loopback (stories260K): balancing, the text cache
+// with exact tokens / masks / logprobs, GC by weight version, retries around a dead worker,
+// the admin fan-out (broadcast, lock timeout, disable/restore) and auth.
+#include <cmath>
+#include <thread>
+
+#include "rl/v1/router.grpc.pb.h"
+#include "services/router/router_server.h"
+#include "tests/worker/worker_test_util.h"
+
+namespace rl::router {
+namespace {
+
+using worker::testing::kGoldenIds;
+using worker::testing::Stories;
+
+class RouterTest : public ::testing::Test {
+ protected:
+  void StartFleet(int num_workers, RouterConfig config = {}, worker::WorkerConfig wc = {}) {
+    for (int i = 0; i < num_workers; ++i) {
+      wc.model_path = Stories();
+      wc.port = 0;
+      wc.kv_cache_gb = 0.01;
+      wc.num_threads = 1;
+      auto w = worker::WorkerServer::Start(wc);
+      ASSERT_TRUE(w.ok()) << w.status();
+      config.workers.push_back((*w)->address());
+      workers_.push_back(*std::move(w));
+    }
+    config.tokenizer_path = Stories();
+    config.health_interval_ms = 100;
+    config.retry_backoff_ms = 10;
+    auto r = RouterServer::Start(config);
+    ASSERT_TRUE(r.ok()) << r.status();
+    router_ = *std::move(r);
+    auto channel = grpc::CreateChannel(router_->address(), grpc::InsecureChannelCredentials());
+    stub_ = rl::v1::Router::NewStub(channel);
+    admin_ = rl::v1::Admin::NewStub(channel);
+  }
+
+  void TearDown() override {
+    if (router_) router_->Shutdown();
+    for (auto& w : workers_) w->Shutdown();
+  }
+
+  grpc::Status Generate(const rl::v1::GenerateRequest& req, rl::v1::GenerateFinal* f,
+                        std::string* streamed_text = nullptr, const std::string& key = "") {
+    grpc::ClientContext ctx;
+    if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
+    auto reader = stub_->Generate(&ctx, req);
+    rl::v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+      if (msg.has_chunk() && streamed_text) *streamed_text += msg.chunk().text();
+      if (msg.has_final()) *f = msg.final();
+    }
+    return reader->Finish();
+  }
+
+  static rl::v1::GenerateRequest TextRequest(const std::string& text, int max_new_tokens,
+                                             bool trajectory = true) {
+    rl::v1::GenerateRequest req;
+    req.set_text(text);
+    req.mutable_sampling_params()->set_temperature(0);
+    req.mutable_sampling_params()->set_max_new_tokens(max_new_tokens);
+    req.set_return_logprob(true);
+    req.set_return_trajectory(trajectory);
+    return req;
+  }
+
+  rl::v1::WorkerListResponse ListWorkers() {
+    rl::v1::WorkerListResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub_->ListWorkers(&ctx, {}, &resp).ok());
+    return resp;
+  }
+
+  std::vector<std::unique_ptr<worker::WorkerServer>> workers_;
+  std::unique_ptr<RouterServer> router_;
+  std::unique_ptr<rl::v1::Router::Stub> stub_;
+  std::unique_ptr<rl::v1::Admin::Stub> admin_;
+};
+
+TEST_F(RouterTest, GreedyThroughTheRouterMatchesTheGolden) {
+  StartFleet(2);
+  rl::v1::GenerateFinal f;
+  std::string streamed;
+  ASSERT_TRUE(Generate(TextRequest("Once upon a time", 20), &f, &streamed).ok());
+  EXPECT_EQ(std::vector<int32_t>(f.output_ids().begin(), f.output_ids().end()), kGoldenIds);
+  EXPECT_EQ(f.text(), ", there was a little girl named Lily. She loved to play outsid");
+  EXPECT_EQ(streamed, f.text());
+  EXPECT_FALSE(f.worker().empty());
+  EXPECT_EQ(f.attempts(), 1);
+  // The trajectory: 5 prompt tokens (mask 0, unknown logprob), 20 generated (mask 1).
+  const rl::v1::Trajectory& t = f.trajectory();
+  ASSERT_EQ(t.tokens_size(), 25);
+  for (int i = 0; i < 25; ++i) {
+    EXPECT_EQ(t.loss_mask(i), i < 5 ? 0 : 1);
+    if (i < 5) {
+      EXPECT_TRUE(std::isnan(t.rollout_logp(i)));
+    } else {
+      EXPECT_EQ(t.rollout_logp(i), f.output_logprobs(i - 5).logprob());
+    }
+  }
+}
+
+TEST_F(RouterTest, RoundRobinIsEven) {
+  StartFleet(3);
+  std::map<std::string, int> served;
+  for (int i = 0; i < 12; ++i) {
+    rl::v1::GenerateRequest req;
+    req.mutable_input_ids()->add_ids(1);
+    req.mutable_sampling_params()->set_max_new_tokens(2);
+    rl::v1::GenerateFinal f;
+    ASSERT_TRUE(Generate(req, &f).ok());
+    served[f.worker()]++;
+  }
+  ASSERT_EQ(served.size(), 3u);
+  for (const auto& [w, n] : served) EXPECT_EQ(n, 4) << w;
+  for (const auto& w : ListWorkers().workers()) EXPECT_EQ(w.in_flight(), 0);
+}
+
+TEST_F(RouterTest, MultiTurnHitsTheCacheAndRetrieveIsExact) {
+  StartFleet(2);
+  rl::v1::GenerateFinal turn1;
+  ASSERT_TRUE(Generate(TextRequest("Once upon a time", 12), &turn1).ok());
+  const std::string text1 = "Once upon a time" + turn1.text();
+  // Retrieve returns exactly the tokens, masks and logprobs of turn 1.
+  rl::v1::RetrieveFromTextRequest rreq;
+  rreq.set_text(text1);
+  rl::v1::RetrieveFromTextResponse r;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->RetrieveFromText(&ctx, rreq, &r).ok());
+  }
+  EXPECT_EQ(r.matched_bytes(), static_cast<int64_t>(text1.size()));
+  const rl::v1::Trajectory& t1 = turn1.trajectory();
+  ASSERT_EQ(r.trajectory().tokens_size(), t1.tokens_size());
+  for (int i = 0; i < t1.tokens_size(); ++i) {
+    EXPECT_EQ(r.trajectory().tokens(i), t1.tokens(i));
+    EXPECT_EQ(r.trajectory().loss_mask(i), t1.loss_mask(i));
+    if (!std::isnan(t1.rollout_logp(i))) EXPECT_EQ(r.trajectory().rollout_logp(i), t1.rollout_logp(i));
+  }
+  // Turn 2 extends turn 1: the cached tokens are reused exactly, generated ones keep mask 1.
+  const std::string text2 = text1 + " The end. One day,";
+  rl::v1::GenerateFinal turn2;
+  ASSERT_TRUE(Generate(TextRequest(text2, 8), &turn2).ok());
+  const rl::v1::Trajectory& t2 = turn2.trajectory();
+  for (int i = 0; i < t1.tokens_size(); ++i) {
+    EXPECT_EQ(t2.tokens(i), t1.tokens(i));
+    EXPECT_EQ(t2.loss_mask(i), t1.loss_mask(i));
+  }
+  for (int i = t1.tokens_size(); i < t2.tokens_size() - 8; ++i) EXPECT_EQ(t2.loss_mask(i), 0);
+  for (int i = t2.tokens_size() - 8; i < t2.tokens_size(); ++i) EXPECT_EQ(t2.loss_mask(i), 1);
+  rl::v1::GetMetricsResponse m;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->GetMetrics(&ctx, {}, &m).ok());
+  EXPECT_GE(m.cache().hits(), 2);
+  EXPECT_GT(m.cache().size_tokens(), 0);
+  EXPECT_NE(m.prometheus_text().find("rl_router_cache_hits_total"), std::string::npos);
+}
+
+TEST_F(RouterTest, GcCollectsOldVersionsAfterWeightUpdates) {
+  RouterConfig config;
+  config.max_cache_size = 30;
+  config.gc_threshold_k = 1;
+  StartFleet(1, config);
+  rl::v1::GenerateFinal f;
+  ASSERT_TRUE(Generate(TextRequest("Once upon a time", 20), &f).ok());
+  EXPECT_EQ(router_->cache().GetStats().size_tokens, 25);
+  for (int v = 1; v <= 2; ++v) {
+    rl::v1::UpdateWeightsFromDiskRequest req;
+    req.set_model_path(Stories());
+    rl::v1::AdminResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->UpdateWeightsFromDisk(&ctx, req, &resp).ok());
+    EXPECT_TRUE(resp.success());
+    EXPECT_EQ(resp.weight_version(), v);
+  }
+  ASSERT_TRUE(Generate(TextRequest("A cat sat", 20), &f).ok());
+  EXPECT_EQ(f.weight_version(), 2);
+  const TextCacheStats s = router_->cache().GetStats();
+  EXPECT_GE(s.gc_runs, 1);
+  EXPECT_EQ(s.gc_removed_tokens, 25);  // the version-0 trajectory went
+  rl::v1::RetrieveFromTextRequest rreq;
+  rreq.set_text("Once upon a time");
+  rl::v1::RetrieveFromTextResponse r;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->RetrieveFromText(&ctx, rreq, &r).ok());
+  EXPECT_EQ(r.matched_bytes(), 0);
+}
+
+TEST_F(RouterTest, DeadWorkerIsRoutedAroundAndNothingIsLost) {
+  StartFleet(2);
+  workers_[1]->Shutdown();
+  int ok = 0;
+  for (int i = 0; i < 10; ++i) {
+    rl::v1::GenerateFinal f;
+    grpc::Status s = Generate(TextRequest("Once upon a time", 4, false), &f);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    ok += s.ok();
+  }
+  EXPECT_EQ(ok, 10);
+  router_->pool().CheckAll();
+  router_->pool().CheckAll();
+  const auto list = ListWorkers();
+  int live = 0;
+  for (const auto& w : list.workers()) live += w.state() == rl::v1::WORKER_STATE_LIVE;
+  EXPECT_EQ(live, 1);
+}
+
+TEST_F(RouterTest, AdminBroadcastUnderLoadAndRestoresRouting) {
+  StartFleet(2);
+  std::atomic<int> failures{0};
+  std::vector<std::thread> load;
+  for (int i = 0; i < 4; ++i) {
+    load.emplace_back([&] {
+      for (int j = 0; j < 5; ++j) {
+        rl::v1::GenerateFinal f;
+        if (!Generate(TextRequest("Once upon a time", 8, false), &f).ok()) failures++;
+      }
+    });
+  }
+  rl::v1::PauseGenerationRequest pause;
+  pause.set_mode(rl::v1::PAUSE_MODE_RETRACT);
+  rl::v1::AdminResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->PauseGeneration(&ctx, pause, &resp).ok());
+  }
+  EXPECT_TRUE(resp.success());
+  ASSERT_EQ(resp.results_size(), 2);
+  rl::v1::UpdateWeightsFromDiskRequest update;
+  update.set_model_path(Stories());
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->UpdateWeightsFromDisk(&ctx, update, &resp).ok());
+  }
+  EXPECT_TRUE(resp.success()) << resp.message();
+  EXPECT_EQ(resp.weight_version(), 1);
+  for (auto& t : load) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  for (const auto& w : ListWorkers().workers()) {
+    EXPECT_TRUE(w.enabled());
+    EXPECT_EQ(w.weight_version(), 1);
+    EXPECT_FALSE(w.version_mismatch());
+  }
+}
+
+TEST_F(RouterTest, FailedUpdateLeavesTheWorkerDisabled) {
+  StartFleet(2);
+  rl::v1::UpdateWeightsFromDiskRequest update;
+  update.set_model_path("/nonexistent");
+  rl::v1::AdminResponse resp;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(admin_->UpdateWeightsFromDisk(&ctx, update, &resp).ok());
+  EXPECT_FALSE(resp.success());
+  for (const auto& r : resp.results()) EXPECT_EQ(r.code(), "INVALID_ARGUMENT");
+  for (const auto& w : ListWorkers().workers()) EXPECT_FALSE(w.enabled());
+  rl::v1::GenerateFinal f;
+  EXPECT_EQ(Generate(TextRequest("Once", 2, false), &f).error_code(), grpc::StatusCode::UNAVAILABLE);
+  rl::v1::SetWorkerEnabledRequest enable;
+  enable.set_address(workers_[0]->address());
+  enable.set_enabled(true);
+  rl::v1::WorkerListResponse list;
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(stub_->SetWorkerEnabled(&ctx2, enable, &list).ok());
+  EXPECT_TRUE(Generate(TextRequest("Once", 2, false), &f).ok());
+}
+
+TEST_F(RouterTest, AdminLockTimesOut) {
+  RouterConfig config;
+  config.admin_lock_timeout_ms = 200;
+  StartFleet(1, config);
+  // Hold the lock with a slow call: a group init that waits for a trainer that never comes.
+  std::thread slow([&] {
+    rl::v1::InitWeightsUpdateGroupRequest init;
+    init.set_master_address("127.0.0.1");
+    init.set_master_port(1);  // nothing listens there
+    init.set_world_size(2);
+    init.set_rank_offset(1);
+    init.set_group_name("g");
+    init.set_backend(rl::v1::GROUP_BACKEND_TCP);
+    init.set_timeout_ms(1500);
+    rl::v1::AdminResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->InitWeightsUpdateGroup(&ctx, init, &resp).ok());
+    EXPECT_FALSE(resp.success());
+    EXPECT_NE(resp.results(0).message().find("127.0.0.1"), std::string::npos);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  rl::v1::PauseGenerationRequest pause;
+  pause.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
+  rl::v1::AdminResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = admin_->PauseGeneration(&ctx, pause, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("admin lock"), std::string::npos);
+  slow.join();
+  // The worker whose group init failed stays disabled.
+  EXPECT_FALSE(ListWorkers().workers(0).enabled());
+}
+
+TEST_F(RouterTest, AuthIsCheckedAndForwarded) {
+  RouterConfig config;
+  config.admin_api_key = "k";
+  worker::WorkerConfig wc;
+  wc.admin_api_key = "k";
+  StartFleet(1, config, wc);
+  rl::v1::AdminResponse resp;
+  rl::v1::PauseGenerationRequest pause;
+  pause.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(admin_->PauseGeneration(&ctx, pause, &resp).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+  }
+  {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer k");
+    ASSERT_TRUE(admin_->PauseGeneration(&ctx, pause, &resp).ok());
+    EXPECT_TRUE(resp.success()) << resp.message();  // the worker accepted the forwarded key
+  }
+  rl::v1::WorkerListResponse list;
+  grpc::ClientContext ctx;
+  EXPECT_EQ(stub_->ListWorkers(&ctx, {}, &list).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+}  // namespace
+}  // namespace rl::router
