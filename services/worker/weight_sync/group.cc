@@ -107,7 +107,7 @@ absl::StatusOr<int> GroupListener::Admit(const Socket& peer, const std::vector<S
   if (!verdict.ok()) {
     Welcome refusal{verdict.code(), std::string(verdict.message()), ""};
     absl::Status sent = WriteMessage(peer, EncodeWelcome(refusal), budget, "welcome");
-    if (!sent.ok()) spdlog::debug("weight-sync: refusal not delivered: {}", sent.message());
+    if (!sent.ok()) spdlog::debug("weight-sync: refusal not delivered: {}", std::string(sent.message()));
     return verdict;
   }
   return hello->rank;
@@ -146,7 +146,7 @@ absl::StatusOr<std::vector<Socket>> GroupListener::AcceptAll(const std::string& 
     }
     auto rank = Admit(*peer, joined, deadline);
     if (!rank.ok()) {
-      spdlog::warn("{}: refused a receiver: {}", context, rank.status().message());
+      spdlog::warn("{}: refused a receiver: {}", context, std::string(rank.status().message()));
       continue;
     }
     joined[*rank - 1] = *std::move(peer);

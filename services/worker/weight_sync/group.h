@@ -39,6 +39,8 @@ class GroupListener {
   static absl::StatusOr<GroupListener> Listen(const GroupOptions& options, BackendId backend);
 
   int port() const { return port_; }
+  // Makes a pending or later AcceptAll fail promptly (any thread).
+  void Shutdown() { listener_.Shutdown(); }
 
   // Admits receivers until every rank has joined, then sends each the OK Welcome carrying
   // `nccl_unique_id` (empty for tcp). Returns the control sockets indexed by rank - 1, and

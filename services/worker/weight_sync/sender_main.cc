@@ -1,0 +1,169 @@
+// rl-weight-sender: the trainer side (rank 0) of a weight-sync group for tests and for
+// trainers without PyTorch. Opens a safetensors checkpoint, plans buckets, listens, waits for
+// the workers to join (InitWeightsUpdateGroup), then per bucket prints one JSON line on stdout
+// (the metadata the trainer passes to UpdateWeightsFromDistributed) and broadcasts it.
+//
+// stdout (flushed line by line, machine-readable): `listening on HOST:PORT`, then one
+// BucketJson line per bucket (bucket_plan.h), then {"done": true, ...} with totals.
+// --plan-only prints only the bucket lines. Logs go to stderr. Exit 0 on success, 1 on a
+// failed sync, 2 on bad flags.
+#include <cstdio>
+#include <iostream>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/model_io/safetensors.h"
+#include "nlohmann/json.hpp"
+#include "services/worker/weight_sync/bucket_plan.h"
+#include "services/worker/weight_sync/weight_sync.h"
+
+namespace {
+
+struct SenderConfig {
+  std::string checkpoint;
+  std::string listen;
+  int world_size = 2;
+  std::string group_name;
+  std::string backend = "tcp";
+  int64_t bucket_mb = 512;
+  double timeout_s = 60.0;
+  int cuda_device = 0;
+  bool plan_only = false;
+  std::string log_level = "info";
+};
+
+// "HOST:PORT" or "[V6]:PORT".
+bool SplitHostPort(const std::string& text, std::string* host, int* port) {
+  size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  *host = text.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  return absl::SimpleAtoi(text.substr(colon + 1), port) && *port >= 0 && *port <= 65535;
+}
+
+std::string Validate(const SenderConfig& c) {
+  if (c.checkpoint.empty()) return "--checkpoint is required";
+  if (c.bucket_mb <= 0) return "--bucket-mb must be > 0";
+  if (c.plan_only) return "";
+  if (c.listen.empty()) return "--listen HOST:PORT is required";
+  if (c.group_name.empty()) return "--group-name is required";
+  if (c.world_size < 2) return "--world-size must be >= 2 (this sender and a receiver)";
+  if (c.timeout_s <= 0) return "--timeout-s must be > 0";
+  return "";
+}
+
+void PrintLine(const std::string& line) {
+  std::fputs(line.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+int Run(const SenderConfig& config) {
+  auto checkpoint = rl::model_io::OpenCheckpoint(config.checkpoint);
+  if (!checkpoint.ok()) {
+    std::cerr << "rl-weight-sender: " << checkpoint.status().message() << "\n";
+    return 1;
+  }
+  auto buckets = rl::weight_sync::PlanBuckets(*checkpoint, config.bucket_mb << 20);
+  if (!buckets.ok()) {
+    std::cerr << "rl-weight-sender: " << buckets.status().message() << "\n";
+    return 1;
+  }
+  if (config.plan_only) {
+    for (size_t i = 0; i < buckets->size(); ++i) {
+      PrintLine(rl::weight_sync::BucketJson((*buckets)[i], i, buckets->size()));
+    }
+    return 0;
+  }
+  rl::weight_sync::GroupOptions options;
+  if (!SplitHostPort(config.listen, &options.master_address, &options.master_port)) {
+    std::cerr << "rl-weight-sender: --listen: '" << config.listen << "' is not HOST:PORT\n";
+    return 2;
+  }
+  options.backend = config.backend;
+  options.rank = 0;
+  options.world_size = config.world_size;
+  options.group_name = config.group_name;
+  options.timeout = std::chrono::milliseconds(static_cast<int64_t>(config.timeout_s * 1000));
+  options.cuda_device = config.cuda_device;
+  auto sender = rl::weight_sync::WeightSender::Create(options);
+  if (!sender.ok()) {
+    std::cerr << "rl-weight-sender: " << sender.status().message() << "\n";
+    return absl::IsInvalidArgument(sender.status()) ? 2 : 1;
+  }
+  const std::string host = options.master_address.find(':') == std::string::npos
+                               ? options.master_address
+                               : "[" + options.master_address + "]";
+  PrintLine("listening on " + host + ":" + std::to_string((*sender)->port()));
+  if (absl::Status st = (*sender)->WaitForReceivers(); !st.ok()) {
+    std::cerr << "rl-weight-sender: " << st.message() << "\n";
+    return 1;
+  }
+  int64_t total_bytes = 0;
+  double total_seconds = 0;
+  for (size_t i = 0; i < buckets->size(); ++i) {
+    const rl::weight_sync::Bucket& bucket = (*buckets)[i];
+    PrintLine(rl::weight_sync::BucketJson(bucket, i, buckets->size()));
+    auto stats = (*sender)->Broadcast(bucket.specs, bucket.data);
+    if (!stats.ok()) {
+      std::cerr << "rl-weight-sender: bucket " << i << ": " << stats.status().message() << "\n";
+      (*sender)->Close();
+      return 1;
+    }
+    total_bytes += stats->bytes;
+    total_seconds += stats->seconds;
+    spdlog::info("bucket {}/{}: {} tensors, {} bytes in {:.3f} s", i + 1, buckets->size(),
+                 bucket.specs.size(), stats->bytes, stats->seconds);
+  }
+  (*sender)->Close();
+  nlohmann::json done = {{"done", true},
+                         {"buckets", buckets->size()},
+                         {"bytes", total_bytes},
+                         {"seconds", total_seconds},
+                         {"receivers", config.world_size - 1}};
+  PrintLine(done.dump());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  SenderConfig config;
+  rl::FlagSet flags("rl-weight-sender");
+  flags.String("checkpoint", &config.checkpoint, "safetensors checkpoint folder");
+  flags.String("listen", &config.listen, "HOST:PORT to listen on (port 0: any free port)");
+  flags.Int("world-size", &config.world_size, "ranks in the group: this sender + receivers");
+  flags.String("group-name", &config.group_name, "group name the workers join with");
+  flags.String("backend", &config.backend, "tcp | nccl");
+  flags.Int("bucket-mb", &config.bucket_mb, "bucket size in MiB");
+  flags.Double("timeout-s", &config.timeout_s,
+               "bound on group formation and on any stall during a broadcast");
+  flags.Int("cuda-device", &config.cuda_device, "nccl: the CUDA device of this rank");
+  flags.Bool("plan-only", &config.plan_only, "print the bucket plan and exit");
+  flags.String("log-level", &config.log_level, "trace|debug|info|warn|error|off");
+  auto positional = flags.Parse(argc, argv);
+  if (flags.help_requested()) {
+    std::cout << flags.Usage();
+    return 0;
+  }
+  if (!positional.ok() || !positional->empty()) {
+    std::cerr << "rl-weight-sender: "
+              << (positional.ok() ? "unexpected argument '" + positional->front() + "'"
+                                  : std::string(positional.status().message()))
+              << "\n";
+    return 2;
+  }
+  if (std::string error = Validate(config); !error.empty()) {
+    std::cerr << "rl-weight-sender: " << error << "\n";
+    return 2;
+  }
+  if (absl::Status s = rl::InitLogging(config.log_level); !s.ok()) {
+    std::cerr << "rl-weight-sender: " << s.message() << "\n";
+    return 2;
+  }
+  return Run(config);
+}

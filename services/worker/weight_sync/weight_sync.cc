@@ -1,0 +1,136 @@
+#include "services/worker/weight_sync/weight_sync.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model_io/dtype.h"
+#include "common/status.h"
+#include "services/worker/weight_sync/tcp_transport.h"
+#include "services/worker/weight_sync/wire.h"
+#include "spdlog/spdlog.h"
+
+#if defined(RL_WEIGHT_SYNC_CUDA)
+#include "services/worker/weight_sync/gpu_check.h"
+#endif
+#if defined(RL_WEIGHT_SYNC_NCCL)
+#include "services/worker/weight_sync/nccl_transport.h"
+#endif
+
+namespace rl::weight_sync {
+namespace {
+
+absl::Status NcclNotBuilt() {
+  return absl::UnimplementedError(
+      "backend nccl: this build has no NCCL (configure with CUDA and the NCCL headers and "
+      "library installed); use backend tcp");
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> TensorBytes(const TensorSpec& spec) {
+  auto dtype = model_io::ParseDType(spec.dtype);
+  if (!dtype.has_value() || !model_io::IsFloatWeightDType(*dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype '", spec.dtype, "' of '", spec.name, "' is not one of F32, BF16, F16"));
+  }
+  int64_t n = model_io::DTypeSize(*dtype);
+  for (int64_t d : spec.shape) {
+    if (d < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape of '", spec.name, "' has a negative dimension"));
+    }
+    if (d != 0 && n > INT64_MAX / d) {
+      return absl::InvalidArgumentError(absl::StrCat("size of '", spec.name, "' overflows"));
+    }
+    n *= d;
+  }
+  return n;
+}
+
+std::string DescribeSpec(const TensorSpec& spec) {
+  return absl::StrCat("'", spec.name, "' ", spec.dtype, "[", absl::StrJoin(spec.shape, ", "),
+                      "]");
+}
+
+absl::Status ValidateGroupOptions(const GroupOptions& options) {
+  RETURN_IF_ERROR(ParseBackend(options.backend).status());
+  if (options.master_address.empty()) {
+    return absl::InvalidArgumentError("master_address: must not be empty");
+  }
+  if (options.master_port < 0 || options.master_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("master_port: ", options.master_port, " is outside [0, 65535]"));
+  }
+  if (options.world_size < 2) {
+    return absl::InvalidArgumentError("world_size: must be >= 2 (the trainer and a receiver)");
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", options.rank, " is outside [0, ",
+                                                   options.world_size, ")"));
+  }
+  if (options.group_name.empty()) return absl::InvalidArgumentError("group_name: must be set");
+  if (options.timeout.count() <= 0) return absl::InvalidArgumentError("timeout: must be > 0");
+  if (options.stall_timeout.count() < 0) {
+    return absl::InvalidArgumentError("stall_timeout: must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<WeightReceiver>> ConnectReceiver(const GroupOptions& options) {
+  RETURN_IF_ERROR(ValidateGroupOptions(options));
+  if (options.rank == 0) {
+    return absl::InvalidArgumentError("rank: 0 is the sender (the trainer); receivers use >= 1");
+  }
+  if (options.master_port == 0) {
+    return absl::InvalidArgumentError("master_port: a receiver needs the sender's port");
+  }
+  ASSIGN_OR_RETURN(BackendId backend, ParseBackend(options.backend));
+  if (backend == BackendId::kNccl) {
+#if defined(RL_WEIGHT_SYNC_NCCL)
+    return ConnectNcclReceiver(options);
+#else
+    return NcclNotBuilt();
+#endif
+  }
+  return ConnectTcpReceiver(options);
+}
+
+absl::StatusOr<std::unique_ptr<WeightSender>> WeightSender::Create(const GroupOptions& options) {
+  RETURN_IF_ERROR(ValidateGroupOptions(options));
+  if (options.rank != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: the sender is rank 0, got ", options.rank));
+  }
+  ASSIGN_OR_RETURN(BackendId backend, ParseBackend(options.backend));
+  if (backend == BackendId::kNccl) {
+#if defined(RL_WEIGHT_SYNC_NCCL)
+    return CreateNcclSender(options);
+#else
+    return NcclNotBuilt();
+#endif
+  }
+  return CreateTcpSender(options);
+}
+
+bool NcclBackendBuilt() {
+#if defined(RL_WEIGHT_SYNC_NCCL)
+  return true;
+#else
+  return false;
+#endif
+}
+
+int NumCudaDevices() {
+#if defined(RL_WEIGHT_SYNC_CUDA)
+  int count = 0;
+  absl::Status st = RL_GPU_STATUS(cudaGetDeviceCount(&count));
+  if (!st.ok()) {
+    spdlog::debug("weight-sync: no CUDA devices: {}", std::string(st.message()));
+    return 0;
+  }
+  return count;
+#else
+  return 0;
+#endif
+}
+
+}  // namespace rl::weight_sync
