@@ -27,7 +27,7 @@ struct SenderConfig {
   int world_size = 2;
   std::string group_name;
   std::string backend = "tcp";
-  int64_t bucket_mb = 512;
+  double bucket_mb = 512;
   double timeout_s = 60.0;
   int cuda_device = 0;
   bool plan_only = false;
@@ -47,7 +47,7 @@ bool SplitHostPort(const std::string& text, std::string* host, int* port) {
 
 std::string Validate(const SenderConfig& c) {
   if (c.checkpoint.empty()) return "--checkpoint is required";
-  if (c.bucket_mb <= 0) return "--bucket-mb must be > 0";
+  if (!(c.bucket_mb * (1 << 20) >= 1)) return "--bucket-mb must be > 0";
   if (c.plan_only) return "";
   if (c.listen.empty()) return "--listen HOST:PORT is required";
   if (c.group_name.empty()) return "--group-name is required";
@@ -68,7 +68,8 @@ int Run(const SenderConfig& config) {
     std::cerr << "rl-weight-sender: " << checkpoint.status().message() << "\n";
     return 1;
   }
-  auto buckets = rl::weight_sync::PlanBuckets(*checkpoint, config.bucket_mb << 20);
+  auto buckets = rl::weight_sync::PlanBuckets(
+      *checkpoint, static_cast<int64_t>(config.bucket_mb * (1 << 20)));
   if (!buckets.ok()) {
     std::cerr << "rl-weight-sender: " << buckets.status().message() << "\n";
     return 1;
@@ -139,7 +140,7 @@ int main(int argc, char** argv) {
   flags.Int("world-size", &config.world_size, "ranks in the group: this sender + receivers");
   flags.String("group-name", &config.group_name, "group name the workers join with");
   flags.String("backend", &config.backend, "tcp | nccl");
-  flags.Int("bucket-mb", &config.bucket_mb, "bucket size in MiB");
+  flags.Double("bucket-mb", &config.bucket_mb, "bucket size in MiB (fractions allowed)");
   flags.Double("timeout-s", &config.timeout_s,
                "bound on group formation and on any stall during a broadcast");
   flags.Int("cuda-device", &config.cuda_device, "nccl: the CUDA device of this rank");

@@ -190,8 +190,9 @@ absl::StatusOr<Socket> ConnectTcp(const std::string& host, int port, Clock::time
       }
       return s;
     }
-    if (Clock::now() + backoff >= deadline) break;
-    std::this_thread::sleep_for(backoff);
+    const auto now = Clock::now();
+    if (now >= deadline) break;
+    std::this_thread::sleep_for(std::min<Clock::duration>(backoff, deadline - now));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(200));
   }
   return absl::DeadlineExceededError(absl::StrCat("no sender reachable at ", host, ":", port,
