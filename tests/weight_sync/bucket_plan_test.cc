@@ -36,7 +36,8 @@ TEST(BucketPlanTest, RejectsNonFloatDTypesAndBadSize) {
   std::vector<model_io::TensorView> tensors = {
       {"ids", model_io::DType::kI64, {2}, absl::Span<const uint8_t>(bytes)}};
   EXPECT_TRUE(absl::IsInvalidArgument(PlanBuckets(tensors, 100).status()));
-  EXPECT_TRUE(absl::IsInvalidArgument(PlanBuckets(std::vector<model_io::TensorView>{}, 0).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(PlanBuckets(std::vector<model_io::TensorView>{}, 0).status()));
   EXPECT_TRUE(PlanBuckets(std::vector<model_io::TensorView>{}, 10)->empty());
 }
 

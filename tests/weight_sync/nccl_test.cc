@@ -66,10 +66,9 @@ TEST(NcclTransportTest, BucketsArriveIntactAcrossTwoGpus) {
   // A mismatch is still an error on the nccl path, and the group stays in step.
   absl::Status mismatch;
   std::thread t([&] {
-    mismatch = receiver->Receive({{"a", "BF16", {5, 3}}, specs[1]},
-                                 [](const TensorSpec&, absl::Span<const uint8_t>) {
-                                   return absl::OkStatus();
-                                 });
+    mismatch = receiver->Receive(
+        {{"a", "BF16", {5, 3}}, specs[1]},
+        [](const TensorSpec&, absl::Span<const uint8_t>) { return absl::OkStatus(); });
   });
   std::vector<absl::Span<const uint8_t>> data(bytes.begin(), bytes.end());
   EXPECT_FALSE((*sender)->Broadcast(specs, data).ok());

@@ -11,10 +11,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
-#include "gmock/gmock.h"
-#include "gtest/gtest.h"
 #include "common/model_io/model_maker.h"
 #include "common/model_io/safetensors.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
 #include "services/worker/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
 
@@ -102,8 +102,9 @@ TEST_F(SenderToolTest, PlanOnlyCoversEveryTensorExactlyOnce) {
 }
 
 TEST_F(SenderToolTest, BroadcastsTheCheckpointToTwoReceivers) {
-  FILE* out = Start("--listen 127.0.0.1:0 --world-size 3 --group-name tool --bucket-mb 0.1 "
-                    "--timeout-s 20");
+  FILE* out = Start(
+      "--listen 127.0.0.1:0 --world-size 3 --group-name tool --bucket-mb 0.1 "
+      "--timeout-s 20");
   std::string line;
   ASSERT_TRUE(ReadLine(out, &line));
   ASSERT_TRUE(absl::StartsWith(line, "listening on 127.0.0.1:")) << line;
@@ -143,17 +144,17 @@ TEST_F(SenderToolTest, BroadcastsTheCheckpointToTwoReceivers) {
     std::vector<std::thread> threads;
     for (auto& receiver : receivers) {
       threads.emplace_back([&, r = receiver.get()] {
-        absl::Status st = r->Receive(*specs, [&](const TensorSpec& spec,
-                                                 absl::Span<const uint8_t> bytes) {
-          const model_io::TensorView* view = checkpoint_.Find(spec.name);
-          if (view == nullptr || view->data.size() != bytes.size() ||
-              std::memcmp(view->data.data(), bytes.data(), bytes.size()) != 0) {
-            return absl::DataLossError("bytes differ for " + spec.name);
-          }
-          std::lock_guard<std::mutex> lock(mu);
-          ++applied[spec.name];
-          return absl::OkStatus();
-        });
+        absl::Status st =
+            r->Receive(*specs, [&](const TensorSpec& spec, absl::Span<const uint8_t> bytes) {
+              const model_io::TensorView* view = checkpoint_.Find(spec.name);
+              if (view == nullptr || view->data.size() != bytes.size() ||
+                  std::memcmp(view->data.data(), bytes.data(), bytes.size()) != 0) {
+                return absl::DataLossError("bytes differ for " + spec.name);
+              }
+              std::lock_guard<std::mutex> lock(mu);
+              ++applied[spec.name];
+              return absl::OkStatus();
+            });
         EXPECT_TRUE(st.ok()) << st;
       });
     }
@@ -164,9 +165,8 @@ TEST_F(SenderToolTest, BroadcastsTheCheckpointToTwoReceivers) {
   EXPECT_EQ(applied.size(), checkpoint_.tensors().size());
   for (const auto& [name, count] : applied) EXPECT_EQ(count, 2) << name;
   // The tool closed the group: a further Receive says so.
-  absl::Status after = receivers[0]->Receive({}, [](const TensorSpec&, absl::Span<const uint8_t>) {
-    return absl::OkStatus();
-  });
+  absl::Status after = receivers[0]->Receive(
+      {}, [](const TensorSpec&, absl::Span<const uint8_t>) { return absl::OkStatus(); });
   EXPECT_TRUE(absl::IsFailedPrecondition(after)) << after;
 }
 

@@ -1,4 +1,5 @@
 // tcp backend over loopback: a sender and receivers on threads of this process.
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <random>
@@ -16,16 +17,16 @@
 namespace rl::weight_sync {
 namespace {
 
-using ::testing::HasSubstr;
 using std::chrono::milliseconds;
+using ::testing::HasSubstr;
 
 struct TestTensor {
   TensorSpec spec;
   std::vector<uint8_t> bytes;
 };
 
-TestTensor MakeTensor(const std::string& name, const std::string& dtype,
-                      std::vector<int64_t> shape, uint32_t seed) {
+TestTensor MakeTensor(const std::string& name, const std::string& dtype, std::vector<int64_t> shape,
+                      uint32_t seed) {
   TestTensor t{{name, dtype, std::move(shape)}, {}};
   t.bytes.resize(static_cast<size_t>(*TensorBytes(t.spec)));
   std::mt19937 rng(seed);
@@ -106,8 +107,8 @@ double BroadcastAndVerify(Group& g, const std::vector<TestBucket>& buckets) {
     threads.emplace_back([&buckets, r = receiver.get()] {
       for (const TestBucket& bucket : buckets) {
         size_t index = 0;
-        absl::Status st = r->Receive(
-            Specs(bucket), [&](const TensorSpec& spec, absl::Span<const uint8_t> bytes) {
+        absl::Status st =
+            r->Receive(Specs(bucket), [&](const TensorSpec& spec, absl::Span<const uint8_t> bytes) {
               const TestTensor& want = bucket[index++];
               EXPECT_EQ(spec.name, want.spec.name);
               EXPECT_EQ(bytes.size(), want.bytes.size());
@@ -146,19 +147,38 @@ TEST(TcpTransportTest, SeveralBucketsArriveIntactAtTwoReceivers) {
 }
 
 TEST(TcpTransportTest, LoopbackThroughput200MiB) {
-  Group g = FormGroup(2);
-  std::vector<TestBucket> buckets;
-  buckets.push_back({MakeTensor("big.a", "BF16", {50 << 20}, 11),  // 100 MiB
-                     MakeTensor("big.b", "F32", {25 << 20}, 12)}); // 100 MiB
-  const double seconds = BroadcastAndVerify(g, buckets);
+  const TestBucket bucket = {MakeTensor("big.a", "BF16", {50 << 20}, 11),  // 100 MiB
+                             MakeTensor("big.b", "F32", {25 << 20}, 12)};  // 100 MiB
   const double bytes = 200.0 * (1 << 20);
-  // Informational: no assertion on speed (shared CI cores).
-  spdlog::info("tcp loopback: 200 MiB bucket to 2 receivers in {:.3f} s: {:.2f} GB/s per "
-               "receiver, {:.2f} GB/s aggregate",
-               seconds, bytes / seconds / 1e9, 2 * bytes / seconds / 1e9);
-  std::printf("[weight_sync] tcp loopback 200 MiB x 2 receivers: %.3f s, %.2f GB/s per receiver, "
-              "%.2f GB/s aggregate\n",
-              seconds, bytes / seconds / 1e9, 2 * bytes / seconds / 1e9);
+  constexpr int kRounds = 3;
+  for (int num_receivers : {1, 2}) {
+    Group g = FormGroup(num_receivers);
+    std::vector<std::thread> threads;
+    for (auto& receiver : g.receivers) {
+      threads.emplace_back([&bucket, r = receiver.get()] {
+        for (int round = 0; round < kRounds; ++round) {
+          absl::Status st = r->Receive(
+              Specs(bucket),
+              [](const TensorSpec&, absl::Span<const uint8_t>) { return absl::OkStatus(); });
+          EXPECT_TRUE(st.ok()) << st;
+        }
+      });
+    }
+    std::vector<double> seconds;
+    for (int round = 0; round < kRounds; ++round) {
+      auto stats = g.sender->Broadcast(Specs(bucket), Data(bucket));
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      seconds.push_back(stats->seconds);
+    }
+    for (auto& t : threads) t.join();
+    // Informational only: no assertion on speed (shared CI cores). The first round includes
+    // the receivers' staging allocation (page faults); later rounds are the steady state.
+    const double warm = *std::min_element(seconds.begin() + 1, seconds.end());
+    std::printf(
+        "[weight_sync] tcp loopback, 200 MiB bucket to %d receiver(s): first %.3f s, "
+        "warm %.3f s = %.2f GB/s per receiver, %.2f GB/s aggregate\n",
+        num_receivers, seconds[0], warm, bytes / warm / 1e9, num_receivers * bytes / warm / 1e9);
+  }
 }
 
 TEST(TcpTransportTest, MetadataMismatchIsAnErrorAndTheGroupStaysInStep) {
@@ -204,10 +224,9 @@ TEST(TcpTransportTest, InvalidLocalSpecsAreRejectedAfterConsumingTheBucket) {
   const TestBucket sent = {MakeTensor("a", "F32", {4}, 1)};
   absl::Status received;
   std::thread t([&] {
-    received = g.receivers[0]->Receive({{"a", "I64", {2}}},
-                                       [](const TensorSpec&, absl::Span<const uint8_t>) {
-                                         return absl::OkStatus();
-                                       });
+    received = g.receivers[0]->Receive(
+        {{"a", "I64", {2}}},
+        [](const TensorSpec&, absl::Span<const uint8_t>) { return absl::OkStatus(); });
   });
   EXPECT_FALSE(g.sender->Broadcast(Specs(sent), Data(sent)).ok());
   t.join();
@@ -221,10 +240,10 @@ TEST(TcpTransportTest, CallbackErrorIsReturnedWithTheTensorName) {
   const TestBucket sent = {MakeTensor("a", "F32", {4}, 1), MakeTensor("b", "F32", {4}, 2)};
   absl::Status received;
   std::thread t([&] {
-    received = g.receivers[0]->Receive(Specs(sent), [](const TensorSpec& spec,
-                                                       absl::Span<const uint8_t>) {
-      return spec.name == "b" ? absl::InternalError("no such weight") : absl::OkStatus();
-    });
+    received =
+        g.receivers[0]->Receive(Specs(sent), [](const TensorSpec& spec, absl::Span<const uint8_t>) {
+          return spec.name == "b" ? absl::InternalError("no such weight") : absl::OkStatus();
+        });
   });
   EXPECT_TRUE(g.sender->Broadcast(Specs(sent), Data(sent)).ok());  // bytes arrived intact
   t.join();
@@ -343,10 +362,8 @@ TEST(TcpTransportTest, InitTimesOutWhenTheGroupNeverCompletes) {
 TEST(TcpTransportTest, ReceiveTimesOutWhenNoBucketComesAndTheGroupSurvives) {
   Group g = FormGroup(1, /*stall=*/milliseconds(200));
   const TestBucket sent = {MakeTensor("a", "F32", {4}, 1)};
-  absl::Status st = g.receivers[0]->Receive(Specs(sent), [](const TensorSpec&,
-                                                            absl::Span<const uint8_t>) {
-    return absl::OkStatus();
-  });
+  absl::Status st = g.receivers[0]->Receive(
+      Specs(sent), [](const TensorSpec&, absl::Span<const uint8_t>) { return absl::OkStatus(); });
   EXPECT_TRUE(absl::IsDeadlineExceeded(st)) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("no bucket from the sender within 200 ms"));
   BroadcastAndVerify(g, {sent});
@@ -356,17 +373,15 @@ TEST(TcpTransportTest, SenderCloseEndsAPendingReceive) {
   Group g = FormGroup(1);
   absl::Status st;
   std::thread t([&] {
-    st = g.receivers[0]->Receive({{"a", "F32", {4}}}, [](const TensorSpec&,
-                                                         absl::Span<const uint8_t>) {
-      return absl::OkStatus();
-    });
+    st = g.receivers[0]->Receive(
+        {{"a", "F32", {4}}},
+        [](const TensorSpec&, absl::Span<const uint8_t>) { return absl::OkStatus(); });
   });
   g.sender->Close();
   t.join();
   EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
   EXPECT_THAT(std::string(st.message()), HasSubstr("the sender closed the group"));
-  EXPECT_TRUE(absl::IsFailedPrecondition(
-      g.sender->Broadcast({}, {}).status()));
+  EXPECT_TRUE(absl::IsFailedPrecondition(g.sender->Broadcast({}, {}).status()));
 }
 
 TEST(TcpTransportTest, ReceiverCloseFromAnotherThreadEndsItsReceive) {
@@ -375,10 +390,9 @@ TEST(TcpTransportTest, ReceiverCloseFromAnotherThreadEndsItsReceive) {
   absl::Notification entered;
   std::thread t([&] {
     entered.Notify();
-    st = g.receivers[0]->Receive({{"a", "F32", {4}}}, [](const TensorSpec&,
-                                                         absl::Span<const uint8_t>) {
-      return absl::OkStatus();
-    });
+    st = g.receivers[0]->Receive(
+        {{"a", "F32", {4}}},
+        [](const TensorSpec&, absl::Span<const uint8_t>) { return absl::OkStatus(); });
   });
   entered.WaitForNotification();
   g.receivers[0]->Close();
@@ -422,9 +436,8 @@ class FakeSender {
     std::vector<uint8_t> payload;
     for (const auto& t : bucket) payload.insert(payload.end(), t.bytes.begin(), t.bytes.end());
     payload.resize(send_bytes);
-    ASSERT_TRUE(SendAll(peer_, {absl::Span<const uint8_t>(payload)}, milliseconds(5000),
-                        "payload")
-                    .ok());
+    ASSERT_TRUE(
+        SendAll(peer_, {absl::Span<const uint8_t>(payload)}, milliseconds(5000), "payload").ok());
   }
 
   void Die() { peer_ = Socket(); }
@@ -448,11 +461,11 @@ TEST(TcpTransportTest, SenderDyingMidBucketIsAnErrorNotAHang) {
   std::thread t([&] {
     p.receiver = ConnectReceiver(Options(1, 2, fake.port()));
     ASSERT_TRUE(p.receiver.ok()) << p.receiver.status();
-    p.status = (*p.receiver)->Receive(Specs(bucket), [&](const TensorSpec&,
-                                                         absl::Span<const uint8_t>) {
-      p.called = true;
-      return absl::OkStatus();
-    });
+    p.status =
+        (*p.receiver)->Receive(Specs(bucket), [&](const TensorSpec&, absl::Span<const uint8_t>) {
+          p.called = true;
+          return absl::OkStatus();
+        });
   });
   fake.Admit();
   fake.SendPartial(bucket, 0, 300000);
@@ -463,10 +476,10 @@ TEST(TcpTransportTest, SenderDyingMidBucketIsAnErrorNotAHang) {
               HasSubstr("connection closed by peer after 300000 of 1048576 bytes"));
   EXPECT_FALSE(p.called);
   // The group is broken from now on and says so at once.
-  absl::Status again = (*p.receiver)->Receive(Specs(bucket), [](const TensorSpec&,
-                                                                absl::Span<const uint8_t>) {
-    return absl::OkStatus();
-  });
+  absl::Status again =
+      (*p.receiver)->Receive(Specs(bucket), [](const TensorSpec&, absl::Span<const uint8_t>) {
+        return absl::OkStatus();
+      });
   EXPECT_TRUE(absl::IsFailedPrecondition(again)) << again;
   EXPECT_THAT(std::string(again.message()), HasSubstr("destroy and re-init"));
 }
@@ -480,11 +493,11 @@ TEST(TcpTransportTest, SenderStallingMidBucketTimesOut) {
     o.stall_timeout = milliseconds(200);
     p.receiver = ConnectReceiver(o);
     ASSERT_TRUE(p.receiver.ok()) << p.receiver.status();
-    p.status = (*p.receiver)->Receive(Specs(bucket), [&](const TensorSpec&,
-                                                         absl::Span<const uint8_t>) {
-      p.called = true;
-      return absl::OkStatus();
-    });
+    p.status =
+        (*p.receiver)->Receive(Specs(bucket), [&](const TensorSpec&, absl::Span<const uint8_t>) {
+          p.called = true;
+          return absl::OkStatus();
+        });
   });
   fake.Admit();
   fake.SendPartial(bucket, 0, 4096);
@@ -502,11 +515,11 @@ TEST(TcpTransportTest, ChecksumMismatchIsDataLossAndNothingIsApplied) {
   std::thread t([&] {
     p.receiver = ConnectReceiver(Options(1, 2, fake.port()));
     ASSERT_TRUE(p.receiver.ok()) << p.receiver.status();
-    p.status = (*p.receiver)->Receive(Specs(bucket), [&](const TensorSpec&,
-                                                         absl::Span<const uint8_t>) {
-      p.called = true;
-      return absl::OkStatus();
-    });
+    p.status =
+        (*p.receiver)->Receive(Specs(bucket), [&](const TensorSpec&, absl::Span<const uint8_t>) {
+          p.called = true;
+          return absl::OkStatus();
+        });
   });
   fake.Admit();
   const uint32_t good = Crc32c(bucket[0].bytes);

@@ -62,9 +62,8 @@ TEST(WireTest, BucketFrameRoundTrip) {
   EXPECT_EQ(back->bucket.payload_bytes, 36);
   EXPECT_EQ(back->bucket.payload_crc32c, 0xDEADBEEFu);
   EXPECT_EQ(back->bucket.tensor_bytes, (std::vector<int64_t>{24, 10, 2}));
-  EXPECT_TRUE(MatchBucket({{"a", "F32", {2, 3}}, {"b", "BF16", {5}}, {"c", "F16", {}}},
-                          back->bucket)
-                  .ok());
+  EXPECT_TRUE(
+      MatchBucket({{"a", "F32", {2, 3}}, {"b", "BF16", {5}}, {"c", "F16", {}}}, back->bucket).ok());
 
   auto close = DecodeFrame(EncodeFrame({FrameKind::kClose, 9, {}}));
   ASSERT_TRUE(close.ok());
@@ -82,7 +81,8 @@ TEST(WireTest, FrameWithInconsistentSizesIsRejected) {
 
   header = MakeBucketHeader({{"a", "F32", {4}}});
   header->payload_bytes = 1 << 30;  // payload larger than its tensors
-  EXPECT_TRUE(absl::IsDataLoss(DecodeFrame(EncodeFrame({FrameKind::kBucket, 0, *header})).status()));
+  EXPECT_TRUE(
+      absl::IsDataLoss(DecodeFrame(EncodeFrame({FrameKind::kBucket, 0, *header})).status()));
 }
 
 TEST(WireTest, MatchBucketNamesTheFirstDifference) {
@@ -93,7 +93,8 @@ TEST(WireTest, MatchBucketNamesTheFirstDifference) {
     EXPECT_TRUE(absl::IsInvalidArgument(st));
     return std::string(st.message());
   };
-  EXPECT_THAT(mismatch({{"a", "F32", {2, 3}}}), HasSubstr("lists 1 tensors, the sender broadcast 2"));
+  EXPECT_THAT(mismatch({{"a", "F32", {2, 3}}}),
+              HasSubstr("lists 1 tensors, the sender broadcast 2"));
   EXPECT_THAT(mismatch({{"a", "F32", {2, 3}}, {"x", "BF16", {5}}}), HasSubstr("(name)"));
   EXPECT_THAT(mismatch({{"a", "F16", {2, 3}}, {"b", "BF16", {5}}}), HasSubstr("(dtype)"));
   EXPECT_THAT(mismatch({{"a", "F32", {3, 2}}, {"b", "BF16", {5}}}),

@@ -47,9 +47,12 @@ std::string BucketJson(const Bucket& bucket, size_t index, size_t num_buckets) {
     dtypes.push_back(spec.dtype);
     shapes.push_back(spec.shape);
   }
-  nlohmann::json line = {{"bucket", index},         {"num_buckets", num_buckets},
-                         {"bytes", bucket.bytes},   {"last", index + 1 == num_buckets},
-                         {"names", std::move(names)}, {"dtypes", std::move(dtypes)},
+  nlohmann::json line = {{"bucket", index},
+                         {"num_buckets", num_buckets},
+                         {"bytes", bucket.bytes},
+                         {"last", index + 1 == num_buckets},
+                         {"names", std::move(names)},
+                         {"dtypes", std::move(dtypes)},
                          {"shapes", std::move(shapes)}};
   return line.dump();
 }

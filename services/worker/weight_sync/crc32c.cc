@@ -32,7 +32,7 @@ uint32_t ExtendPortable(uint32_t crc, const uint8_t* data, size_t size) {
 
 #if defined(__x86_64__)
 __attribute__((target("sse4.2"))) uint32_t ExtendSse42(uint32_t crc, const uint8_t* data,
-                                                        size_t size) {
+                                                       size_t size) {
   uint64_t c = ~crc;
   while (size > 0 && (reinterpret_cast<uintptr_t>(data) & 7) != 0) {
     c = _mm_crc32_u8(static_cast<uint32_t>(c), *data++);

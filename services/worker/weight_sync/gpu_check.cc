@@ -10,9 +10,9 @@ absl::Status GpuCallStatus(cudaError_t result, const char* expr, const char* fil
   if (result == cudaSuccess || result == cudaErrorNotReady) return absl::OkStatus();
   // Clears the error unless it is sticky, so one failed call does not poison the next.
   cudaGetLastError();
-  std::string message = absl::StrCat("CUDA error ", cudaGetErrorName(result), " (",
-                                     cudaGetErrorString(result), ") in `", expr, "` at ", file,
-                                     ":", line);
+  std::string message =
+      absl::StrCat("CUDA error ", cudaGetErrorName(result), " (", cudaGetErrorString(result),
+                   ") in `", expr, "` at ", file, ":", line);
   switch (result) {
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(message);

@@ -32,6 +32,6 @@ absl::Status GpuCallStatus(ncclResult_t result, const char* expr, const char* fi
 
 }  // namespace rl::weight_sync::internal
 
-#define RL_GPU_STATUS(expr, ...)                                                  \
-  ::rl::weight_sync::internal::GpuCallStatus((expr), #expr, __FILE__, __LINE__ \
-                                             __VA_OPT__(, ) __VA_ARGS__)
+#define RL_GPU_STATUS(expr, ...)                                      \
+  ::rl::weight_sync::internal::GpuCallStatus((expr), #expr, __FILE__, \
+                                             __LINE__ __VA_OPT__(, ) __VA_ARGS__)

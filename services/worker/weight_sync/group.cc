@@ -41,16 +41,16 @@ absl::StatusOr<JoinedGroup> JoinGroup(const GroupOptions& options, BackendId bac
   Hello hello{backend, options.rank, options.world_size, options.group_name};
   absl::Status sent = WriteMessage(*control, EncodeHello(hello), Remaining(deadline), "hello");
   if (!sent.ok()) {
-    return absl::Status(sent.code(), absl::StrCat(context, ": init failed after ",
-                                                  ElapsedMs(start), " ms: ", sent.message()));
+    return absl::Status(sent.code(), absl::StrCat(context, ": init failed after ", ElapsedMs(start),
+                                                  " ms: ", sent.message()));
   }
   auto body = ReadMessage(*control, Remaining(deadline), "welcome");
   if (!body.ok()) {
     if (absl::IsDeadlineExceeded(body.status())) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          context, ": init timed out after ", ElapsedMs(start),
-          " ms: the sender accepted the connection but the group did not form (ranks "
-          "missing?)"));
+      return absl::DeadlineExceededError(
+          absl::StrCat(context, ": init timed out after ", ElapsedMs(start),
+                       " ms: the sender accepted the connection but the group did not form (ranks "
+                       "missing?)"));
     }
     return absl::Status(body.status().code(),
                         absl::StrCat(context, ": init failed after ", ElapsedMs(start),
@@ -62,11 +62,10 @@ absl::StatusOr<JoinedGroup> JoinGroup(const GroupOptions& options, BackendId bac
                         absl::StrCat(context, ": init failed: ", welcome.status().message()));
   }
   if (welcome->code != absl::StatusCode::kOk) {
-    return absl::Status(welcome->code, absl::StrCat(context, ": the sender refused to join: ",
-                                                    welcome->message));
+    return absl::Status(welcome->code,
+                        absl::StrCat(context, ": the sender refused to join: ", welcome->message));
   }
-  spdlog::info("{}: joined ({} backend) in {} ms", context, BackendName(backend),
-               ElapsedMs(start));
+  spdlog::info("{}: joined ({} backend) in {} ms", context, BackendName(backend), ElapsedMs(start));
   return JoinedGroup{*std::move(control), *std::move(welcome)};
 }
 
@@ -94,8 +93,8 @@ absl::StatusOr<int> GroupListener::Admit(const Socket& peer, const std::vector<S
                                                         " does not match the sender's ",
                                                         BackendName(backend_)));
     } else if (hello->world_size != world) {
-      verdict = absl::InvalidArgumentError(absl::StrCat(
-          "world_size ", hello->world_size, " does not match the sender's ", world));
+      verdict = absl::InvalidArgumentError(
+          absl::StrCat("world_size ", hello->world_size, " does not match the sender's ", world));
     } else if (hello->rank < 1 || hello->rank >= world) {
       verdict = absl::InvalidArgumentError(
           absl::StrCat("rank ", hello->rank, " is outside [1, ", world, ")"));
@@ -107,7 +106,8 @@ absl::StatusOr<int> GroupListener::Admit(const Socket& peer, const std::vector<S
   if (!verdict.ok()) {
     Welcome refusal{verdict.code(), std::string(verdict.message()), ""};
     absl::Status sent = WriteMessage(peer, EncodeWelcome(refusal), budget, "welcome");
-    if (!sent.ok()) spdlog::debug("weight-sync: refusal not delivered: {}", std::string(sent.message()));
+    if (!sent.ok())
+      spdlog::debug("weight-sync: refusal not delivered: {}", std::string(sent.message()));
     return verdict;
   }
   return hello->rank;
@@ -135,8 +135,7 @@ absl::StatusOr<std::vector<Socket>> GroupListener::AcceptAll(const std::string& 
       }
       return absl::DeadlineExceededError(absl::StrCat(
           context, ": group did not form within ", ElapsedMs(start), " ms; ", num_joined, " of ",
-          joined.size(), " receivers joined, missing ranks [", absl::StrJoin(missing, ", "),
-          "]"));
+          joined.size(), " receivers joined, missing ranks [", absl::StrJoin(missing, ", "), "]"));
     }
     auto peer = AcceptTcp(listener_, std::min(deadline, Clock::now() + kPendingPoll));
     if (!peer.ok()) {
@@ -158,9 +157,9 @@ absl::StatusOr<std::vector<Socket>> GroupListener::AcceptAll(const std::string& 
   for (size_t i = 0; i < joined.size(); ++i) {
     absl::Status sent = WriteMessage(joined[i], body, Remaining(deadline), "welcome");
     if (!sent.ok()) {
-      return absl::Status(sent.code(), absl::StrCat(context, ": rank ", i + 1,
-                                                    " left while the group formed: ",
-                                                    sent.message()));
+      return absl::Status(sent.code(),
+                          absl::StrCat(context, ": rank ", i + 1,
+                                       " left while the group formed: ", sent.message()));
     }
   }
   listener_ = Socket();

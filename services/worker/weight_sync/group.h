@@ -49,7 +49,9 @@ class GroupListener {
 
  private:
   GroupListener(GroupOptions options, BackendId backend, Socket listener, int port)
-      : options_(std::move(options)), backend_(backend), listener_(std::move(listener)),
+      : options_(std::move(options)),
+        backend_(backend),
+        listener_(std::move(listener)),
         port_(port) {}
 
   // Reads and checks one Hello; refuses a bad one on the socket. Returns the admitted rank.

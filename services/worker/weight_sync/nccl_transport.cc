@@ -32,8 +32,8 @@ absl::Status CheckDevice(int device) {
 
 // Polls a non-blocking communicator until no operation is in progress. `cancel` (optional)
 // ends the wait early. Does not abort: the caller owns that decision.
-absl::Status WaitComm(ncclComm_t comm, Clock::time_point deadline,
-                      const std::atomic<bool>* cancel, const char* what) {
+absl::Status WaitComm(ncclComm_t comm, Clock::time_point deadline, const std::atomic<bool>* cancel,
+                      const char* what) {
   while (true) {
     ncclResult_t state = ncclSuccess;
     RETURN_IF_ERROR(RL_GPU_STATUS(ncclCommGetAsyncError(comm, &state)));
@@ -95,8 +95,7 @@ class NcclRank {
     RETURN_IF_ERROR(RL_GPU_STATUS(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)));
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    absl::Status st =
-        RL_GPU_STATUS(ncclCommInitRankConfig(&comm_, world_size, id, rank, &config));
+    absl::Status st = RL_GPU_STATUS(ncclCommInitRankConfig(&comm_, world_size, id, rank, &config));
     if (st.ok() && comm_ != nullptr) st = WaitComm(comm_, deadline, nullptr, "ncclCommInitRank");
     if (!st.ok()) Abort();
     return st;
@@ -200,8 +199,8 @@ class NcclReceiver final : public ReceiverSession {
     }
     RETURN_IF_ERROR(RL_GPU_STATUS(
         cudaMemcpyAsync(host_, rank_->buffer(), size, cudaMemcpyDeviceToHost, rank_->stream())));
-    RETURN_IF_ERROR(WaitStream(rank_->stream(), rank_->comm(), Clock::now() + stall(), closing_flag(),
-                               "device-to-host copy"));
+    RETURN_IF_ERROR(WaitStream(rank_->stream(), rank_->comm(), Clock::now() + stall(),
+                               closing_flag(), "device-to-host copy"));
     const auto* bytes = static_cast<const uint8_t*>(host_);
     *crc = Crc32cExtend(0, bytes, size);
     return absl::Span<const uint8_t>(bytes, size);
@@ -242,17 +241,16 @@ class NcclSender final : public SenderSession {
 
   absl::Status CompleteGroup() override {
     const auto start = Clock::now();
-    absl::Status st =
-        rank_->Init(unique_id_, 0, options().world_size, start + options().timeout);
+    absl::Status st = rank_->Init(unique_id_, 0, options().world_size, start + options().timeout);
     if (!st.ok()) {
-      return absl::Status(st.code(), absl::StrCat(context(), ": nccl communicator init failed after ",
-                                                  ElapsedMs(start), " ms: ", st.message()));
+      return absl::Status(st.code(),
+                          absl::StrCat(context(), ": nccl communicator init failed after ",
+                                       ElapsedMs(start), " ms: ", st.message()));
     }
     return absl::OkStatus();
   }
 
-  std::vector<absl::Status> Transmit(const std::string& frame, uint64_t seq,
-                                     int64_t payload_bytes,
+  std::vector<absl::Status> Transmit(const std::string& frame, uint64_t seq, int64_t payload_bytes,
                                      const std::vector<absl::Span<const uint8_t>>& data) override {
     std::vector<absl::Status> results(receivers().size());
     bool all_headers = true;
@@ -261,8 +259,9 @@ class NcclSender final : public SenderSession {
       all_headers = all_headers && results[i].ok();
     }
     absl::Status moved = all_headers ? Move(payload_bytes, data)
-                                     : absl::UnavailableError("bucket aborted: a receiver is "
-                                                              "unreachable, no broadcast issued");
+                                     : absl::UnavailableError(
+                                           "bucket aborted: a receiver is "
+                                           "unreachable, no broadcast issued");
     if (!moved.ok()) {
       for (absl::Status& r : results) {
         if (r.ok()) r = moved;
@@ -290,9 +289,9 @@ class NcclSender final : public SenderSession {
     size_t offset = 0;
     for (const auto& span : data) {
       if (span.empty()) continue;
-      RETURN_IF_ERROR(RL_GPU_STATUS(cudaMemcpyAsync(rank_->buffer() + offset, span.data(),
-                                                    span.size(), cudaMemcpyHostToDevice,
-                                                    rank_->stream())));
+      RETURN_IF_ERROR(
+          RL_GPU_STATUS(cudaMemcpyAsync(rank_->buffer() + offset, span.data(), span.size(),
+                                        cudaMemcpyHostToDevice, rank_->stream())));
       offset += span.size();
     }
     return rank_->Broadcast(size, Clock::now() + stall(), closing_flag());

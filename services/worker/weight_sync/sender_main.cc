@@ -68,8 +68,8 @@ int Run(const SenderConfig& config) {
     std::cerr << "rl-weight-sender: " << checkpoint.status().message() << "\n";
     return 1;
   }
-  auto buckets = rl::weight_sync::PlanBuckets(
-      *checkpoint, static_cast<int64_t>(config.bucket_mb * (1 << 20)));
+  auto buckets =
+      rl::weight_sync::PlanBuckets(*checkpoint, static_cast<int64_t>(config.bucket_mb * (1 << 20)));
   if (!buckets.ok()) {
     std::cerr << "rl-weight-sender: " << buckets.status().message() << "\n";
     return 1;

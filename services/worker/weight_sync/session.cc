@@ -60,8 +60,8 @@ absl::Status ReceiverSession::ReceiveLocked(const std::vector<TensorSpec>& specs
     if (closing_.load()) return absl::FailedPreconditionError("group closed during Receive");
     if (absl::IsDeadlineExceeded(body.status()) && !started) {
       // Nothing of the bucket arrived: the stream is still in step, the group stays usable.
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no bucket from the sender within ", stall_.count(), " ms"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no bucket from the sender within ", stall_.count(), " ms"));
     }
     return Break(body.status());
   }
@@ -71,8 +71,8 @@ absl::Status ReceiverSession::ReceiveLocked(const std::vector<TensorSpec>& specs
     return Break(absl::FailedPreconditionError("the sender closed the group"));
   }
   if (frame->seq != next_seq_) {
-    return Break(absl::DataLossError(absl::StrCat("bucket sequence ", frame->seq,
-                                                  " where ", next_seq_, " was expected")));
+    return Break(absl::DataLossError(
+        absl::StrCat("bucket sequence ", frame->seq, " where ", next_seq_, " was expected")));
   }
   ++next_seq_;
   const BucketHeader& header = frame->bucket;
@@ -84,10 +84,10 @@ absl::Status ReceiverSession::ReceiveLocked(const std::vector<TensorSpec>& specs
     return Break(payload.status());
   }
   if (verdict.ok() && crc != header.payload_crc32c) {
-    verdict = absl::DataLossError(absl::StrCat(
-        "bucket ", frame->seq, " checksum mismatch: CRC32C 0x", absl::Hex(crc),
-        ", the sender announced 0x", absl::Hex(header.payload_crc32c), " (",
-        header.payload_bytes, " bytes)"));
+    verdict = absl::DataLossError(
+        absl::StrCat("bucket ", frame->seq, " checksum mismatch: CRC32C 0x", absl::Hex(crc),
+                     ", the sender announced 0x", absl::Hex(header.payload_crc32c), " (",
+                     header.payload_bytes, " bytes)"));
   }
   Ack ack{frame->seq, verdict.code(), std::string(verdict.message())};
   if (absl::Status sent = WriteMessage(control_, EncodeAck(ack), stall_, "ack"); !sent.ok()) {
@@ -177,7 +177,8 @@ absl::StatusOr<BroadcastStats> SenderSession::Broadcast(
   }
   std::vector<std::string> broken;
   for (size_t i = 0; i < broken_.size(); ++i) {
-    if (!broken_[i].ok()) broken.push_back(absl::StrCat("rank ", i + 1, ": ", broken_[i].message()));
+    if (!broken_[i].ok())
+      broken.push_back(absl::StrCat("rank ", i + 1, ": ", broken_[i].message()));
   }
   if (!broken.empty()) {
     return absl::FailedPreconditionError(
@@ -185,25 +186,25 @@ absl::StatusOr<BroadcastStats> SenderSession::Broadcast(
                      absl::StrJoin(broken, "; ")));
   }
   if (specs.size() != data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(context_, ": ", specs.size(), " specs but ",
-                                                   data.size(), " data spans"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(context_, ": ", specs.size(), " specs but ", data.size(), " data spans"));
   }
   auto header = MakeBucketHeader(specs);
   if (!header.ok()) {
     return absl::Status(header.status().code(),
                         absl::StrCat(context_, ": ", header.status().message()));
   }
+  const auto start = Clock::now();
   uint32_t crc = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
     if (static_cast<int64_t>(data[i].size()) != header->tensor_bytes[i]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          context_, ": tensor '", specs[i].name, "' has ", data[i].size(), " bytes, its ",
-          DescribeSpec(specs[i]), " needs ", header->tensor_bytes[i]));
+      return absl::InvalidArgumentError(
+          absl::StrCat(context_, ": tensor '", specs[i].name, "' has ", data[i].size(),
+                       " bytes, its ", DescribeSpec(specs[i]), " needs ", header->tensor_bytes[i]));
     }
     crc = Crc32cExtend(crc, data[i].data(), data[i].size());
   }
   header->payload_crc32c = crc;
-  const auto start = Clock::now();
   const uint64_t seq = next_seq_++;
   Frame frame{FrameKind::kBucket, seq, *std::move(header)};
   const int64_t payload_bytes = frame.bucket.payload_bytes;
@@ -223,14 +224,14 @@ absl::StatusOr<BroadcastStats> SenderSession::Broadcast(
         code = r.code();
       }
     }
-    return absl::Status(code, absl::StrCat(context_, ": bucket ", seq, " failed: ",
-                                           absl::StrJoin(failures, "; ")));
+    return absl::Status(
+        code, absl::StrCat(context_, ": bucket ", seq, " failed: ", absl::StrJoin(failures, "; ")));
   }
   BroadcastStats stats;
   stats.bytes = payload_bytes;
   stats.seconds = SecondsSince(start);
-  spdlog::debug("{}: bucket {} ({} tensors, {} bytes) to {} receivers in {:.3f} s", context_,
-                seq, specs.size(), payload_bytes, receivers_.size(), stats.seconds);
+  spdlog::debug("{}: bucket {} ({} tensors, {} bytes) to {} receivers in {:.3f} s", context_, seq,
+                specs.size(), payload_bytes, receivers_.size(), stats.seconds);
   return stats;
 }
 

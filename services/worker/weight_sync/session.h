@@ -30,8 +30,7 @@ class ReceiverSession : public WeightReceiver {
   ReceiverSession(GroupOptions options, Socket control);
   ~ReceiverSession() override = default;
 
-  absl::Status Receive(const std::vector<TensorSpec>& specs,
-                       const TensorCallback& on_tensor) final;
+  absl::Status Receive(const std::vector<TensorSpec>& specs, const TensorCallback& on_tensor) final;
   void Close() final;
   const GroupOptions& options() const final { return options_; }
 
@@ -51,8 +50,8 @@ class ReceiverSession : public WeightReceiver {
   std::chrono::milliseconds stall() const { return stall_; }
 
  private:
-  absl::Status ReceiveLocked(const std::vector<TensorSpec>& specs,
-                             const TensorCallback& on_tensor) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReceiveLocked(const std::vector<TensorSpec>& specs, const TensorCallback& on_tensor)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a stream-breaking error; later calls fail fast with it.
   absl::Status Break(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -92,9 +91,9 @@ class SenderSession : public WeightSender {
   // their acks with ReadAck; returns one status per receiver (index rank - 1). A status
   // carries UNAVAILABLE / DEADLINE_EXCEEDED / DATA_LOSS for I/O trouble, else the
   // receiver's own verdict.
-  virtual std::vector<absl::Status> Transmit(const std::string& frame, uint64_t seq,
-                                             int64_t payload_bytes,
-                                             const std::vector<absl::Span<const uint8_t>>& data) = 0;
+  virtual std::vector<absl::Status> Transmit(
+      const std::string& frame, uint64_t seq, int64_t payload_bytes,
+      const std::vector<absl::Span<const uint8_t>>& data) = 0;
   virtual void ReleaseBackend() = 0;
 
   // Reads receiver `index`'s ack for bucket `seq`.

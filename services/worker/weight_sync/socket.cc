@@ -21,7 +21,6 @@ namespace {
 
 constexpr size_t kMaxSendChunk = size_t{16} << 20;
 constexpr size_t kMaxRecvChunk = size_t{4} << 20;
-constexpr int kSocketBuffer = 4 << 20;
 constexpr int kMaxIov = 256;
 
 std::string ErrnoText(int err) { return std::strerror(err); }
@@ -37,9 +36,6 @@ absl::Status SetNonBlocking(int fd) {
 void ConfigureDataSocket(int fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  int size = kSocketBuffer;
-  setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &size, sizeof(size));
-  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
 }
 
 int RemainingMs(Clock::time_point deadline) {
@@ -71,7 +67,7 @@ struct AddrInfoDeleter {
 };
 
 absl::StatusOr<std::unique_ptr<addrinfo, AddrInfoDeleter>> Resolve(const std::string& host,
-                                                                    int port, bool passive) {
+                                                                   int port, bool passive) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -128,8 +124,6 @@ absl::StatusOr<Socket> ListenTcp(const std::string& host, int port) {
     int one = 1;
     setsockopt(s.fd(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     // Accepted sockets inherit the receive buffer size only when it is set before listen().
-    int size = kSocketBuffer;
-    setsockopt(s.fd(), SOL_SOCKET, SO_RCVBUF, &size, sizeof(size));
     if (bind(s.fd(), a->ai_addr, a->ai_addrlen) != 0 || listen(s.fd(), 128) != 0) {
       last_error = ErrnoText(errno);
       continue;
@@ -252,14 +246,13 @@ absl::Status SendAll(const Socket& socket, const std::vector<absl::Span<const ui
       if (errno == EAGAIN || errno == EWOULDBLOCK) {
         absl::Status st = WaitReady(socket, POLLOUT, static_cast<int>(stall.count()), what);
         if (!st.ok()) {
-          return absl::Status(st.code(), absl::StrCat(st.message(), " after sending ", sent,
-                                                      " of ", total, " bytes"));
+          return absl::Status(st.code(), absl::StrCat(st.message(), " after sending ", sent, " of ",
+                                                      total, " bytes"));
         }
         continue;
       }
       return absl::UnavailableError(absl::StrCat(what, ": connection lost after sending ", sent,
-                                                 " of ", total, " bytes (", ErrnoText(errno),
-                                                 ")"));
+                                                 " of ", total, " bytes (", ErrnoText(errno), ")"));
     }
     sent += static_cast<size_t>(n);
     size_t left = static_cast<size_t>(n);
@@ -294,16 +287,16 @@ absl::Status RecvAll(const Socket& socket, uint8_t* dst, size_t size,
     }
     if (n == 0) {
       report();
-      return absl::UnavailableError(absl::StrCat(what, ": connection closed by peer after ", got,
-                                                 " of ", size, " bytes"));
+      return absl::UnavailableError(
+          absl::StrCat(what, ": connection closed by peer after ", got, " of ", size, " bytes"));
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) {
       absl::Status st = WaitReady(socket, POLLIN, static_cast<int>(stall.count()), what);
       if (!st.ok()) {
         report();
-        return absl::Status(st.code(), absl::StrCat(st.message(), " after receiving ", got,
-                                                    " of ", size, " bytes"));
+        return absl::Status(st.code(), absl::StrCat(st.message(), " after receiving ", got, " of ",
+                                                    size, " bytes"));
       }
       continue;
     }

@@ -2,9 +2,11 @@
 //
 // Sockets are non-blocking; each send/receive loop waits in poll() for at most its stall
 // budget between progress, so a silent peer turns into DEADLINE_EXCEEDED and a closed one
-// into UNAVAILABLE, never a hang. Data sockets get TCP_NODELAY and 4 MiB kernel buffers;
-// sends gather up to 16 MiB per sendmsg() call (scatter-gather, no copies), receives ask for
-// up to 4 MiB per recv(). SIGPIPE is never raised (MSG_NOSIGNAL).
+// into UNAVAILABLE, never a hang. Data sockets get TCP_NODELAY; their kernel buffers are left
+// to TCP autotuning (an explicit SO_SNDBUF/SO_RCVBUF would disable it and is capped by
+// net.core.[rw]mem_max; on loopback autotuning measured faster). Sends gather up to 16 MiB
+// per sendmsg() call (scatter-gather, no copies), receives ask for up to 4 MiB per recv().
+// SIGPIPE is never raised (MSG_NOSIGNAL).
 //
 // Thread safety: a Socket is owned by one thread at a time, except Shutdown(), which any
 // thread may call to make pending and future waits on it fail promptly.
@@ -61,7 +63,7 @@ absl::StatusOr<int> LocalPort(const Socket& socket);
 absl::StatusOr<Socket> ConnectTcp(const std::string& host, int port, Clock::time_point deadline);
 
 // Accepts one connection, waiting at most until `deadline` (DEADLINE_EXCEEDED). The returned
-// socket is configured for data (non-blocking, TCP_NODELAY, large buffers).
+// socket is configured for data (non-blocking, TCP_NODELAY).
 absl::StatusOr<Socket> AcceptTcp(const Socket& listener, Clock::time_point deadline);
 
 // Sends the concatenation of `segments`. `stall` bounds each wait for buffer space;

@@ -37,8 +37,9 @@ class TcpReceiver final : public ReceiverSession {
       capacity_ = size;
     }
     uint32_t c = 0;
-    RETURN_IF_ERROR(RecvAll(control(), staging_.get(), size, stall(), "bucket payload",
-                            [&c](const uint8_t* chunk, size_t n) { c = Crc32cExtend(c, chunk, n); }));
+    RETURN_IF_ERROR(
+        RecvAll(control(), staging_.get(), size, stall(), "bucket payload",
+                [&c](const uint8_t* chunk, size_t n) { c = Crc32cExtend(c, chunk, n); }));
     *crc = c;
     return absl::Span<const uint8_t>(staging_.get(), size);
   }

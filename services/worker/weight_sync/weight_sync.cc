@@ -47,8 +47,7 @@ absl::StatusOr<int64_t> TensorBytes(const TensorSpec& spec) {
 }
 
 std::string DescribeSpec(const TensorSpec& spec) {
-  return absl::StrCat("'", spec.name, "' ", spec.dtype, "[", absl::StrJoin(spec.shape, ", "),
-                      "]");
+  return absl::StrCat("'", spec.name, "' ", spec.dtype, "[", absl::StrJoin(spec.shape, ", "), "]");
 }
 
 absl::Status ValidateGroupOptions(const GroupOptions& options) {
@@ -64,8 +63,8 @@ absl::Status ValidateGroupOptions(const GroupOptions& options) {
     return absl::InvalidArgumentError("world_size: must be >= 2 (the trainer and a receiver)");
   }
   if (options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: ", options.rank, " is outside [0, ",
-                                                   options.world_size, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", options.rank, " is outside [0, ", options.world_size, ")"));
   }
   if (options.group_name.empty()) return absl::InvalidArgumentError("group_name: must be set");
   if (options.timeout.count() <= 0) return absl::InvalidArgumentError("timeout: must be > 0");

@@ -113,7 +113,7 @@ absl::StatusOr<std::unique_ptr<WeightReceiver>> ConnectReceiver(const GroupOptio
 // Totals over one Broadcast, for logs and throughput figures.
 struct BroadcastStats {
   int64_t bytes = 0;     // payload bytes of the bucket (sent once per receiver)
-  double seconds = 0.0;  // from the first header byte to the last receiver's ack
+  double seconds = 0.0;  // from checksumming the bucket to the last receiver's ack
 };
 
 // The trainer side of a group (rank 0).
@@ -138,8 +138,7 @@ class WeightSender {
   // bytes). Returns once every receiver acknowledged the bucket; an error names each rank
   // that failed or rejected it. The spans are only read during the call.
   virtual absl::StatusOr<BroadcastStats> Broadcast(
-      const std::vector<TensorSpec>& specs,
-      const std::vector<absl::Span<const uint8_t>>& data) = 0;
+      const std::vector<TensorSpec>& specs, const std::vector<absl::Span<const uint8_t>>& data) = 0;
 
   // Tells receivers the group is over (their pending Receive fails with FAILED_PRECONDITION)
   // and releases sockets and communicators. Idempotent.

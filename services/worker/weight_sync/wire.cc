@@ -111,8 +111,7 @@ std::string ShapeText(const std::vector<int64_t>& shape) {
 absl::StatusOr<BackendId> ParseBackend(const std::string& name) {
   if (name == "tcp") return BackendId::kTcp;
   if (name == "nccl") return BackendId::kNccl;
-  return absl::InvalidArgumentError(
-      absl::StrCat("backend: '", name, "' is not one of tcp, nccl"));
+  return absl::InvalidArgumentError(absl::StrCat("backend: '", name, "' is not one of tcp, nccl"));
 }
 
 const char* BackendName(BackendId id) { return id == BackendId::kNccl ? "nccl" : "tcp"; }
@@ -223,8 +222,8 @@ absl::StatusOr<Frame> DecodeFrame(const std::string& body) {
     ASSIGN_OR_RETURN(spec.dtype, r.Str());
     ASSIGN_OR_RETURN(uint32_t ndim, r.U32());
     if (ndim > kMaxDims) {
-      return absl::DataLossError(absl::StrCat("bucket header: tensor '", spec.name, "' has ",
-                                              ndim, " dimensions"));
+      return absl::DataLossError(
+          absl::StrCat("bucket header: tensor '", spec.name, "' has ", ndim, " dimensions"));
     }
     for (uint32_t d = 0; d < ndim; ++d) {
       ASSIGN_OR_RETURN(int64_t dim, r.I64());
@@ -242,22 +241,19 @@ absl::StatusOr<Frame> DecodeFrame(const std::string& body) {
   RETURN_IF_ERROR(r.Done());
   auto header = MakeBucketHeader(std::move(tensors));
   if (!header.ok()) {
-    return absl::DataLossError(
-        absl::StrCat("bucket header: sender announced an invalid tensor: ",
-                     header.status().message()));
+    return absl::DataLossError(absl::StrCat("bucket header: sender announced an invalid tensor: ",
+                                            header.status().message()));
   }
   for (size_t i = 0; i < announced.size(); ++i) {
     if (announced[i] != header->tensor_bytes[i]) {
-      return absl::DataLossError(absl::StrCat("bucket header: tensor '", header->tensors[i].name,
-                                              "' announces ", announced[i], " bytes, its ",
-                                              DescribeSpec(header->tensors[i]), " needs ",
-                                              header->tensor_bytes[i]));
+      return absl::DataLossError(absl::StrCat(
+          "bucket header: tensor '", header->tensors[i].name, "' announces ", announced[i],
+          " bytes, its ", DescribeSpec(header->tensors[i]), " needs ", header->tensor_bytes[i]));
     }
   }
   if (static_cast<int64_t>(payload_bytes) != header->payload_bytes) {
     return absl::DataLossError(absl::StrCat("bucket header: payload of ", payload_bytes,
-                                            " bytes, its tensors sum to ",
-                                            header->payload_bytes));
+                                            " bytes, its tensors sum to ", header->payload_bytes));
   }
   header->payload_crc32c = crc;
   frame.bucket = *std::move(header);
@@ -298,9 +294,9 @@ absl::Status MatchBucket(const std::vector<TensorSpec>& expected, const BucketHe
     const TensorSpec& g = got.tensors[i];
     if (e.name != g.name || e.dtype != g.dtype || e.shape != g.shape) {
       const char* field = e.name != g.name ? "name" : e.dtype != g.dtype ? "dtype" : "shape";
-      return absl::InvalidArgumentError(absl::StrCat(
-          "bucket mismatch at tensor ", i, " (", field, "): metadata says ", DescribeSpec(e),
-          ", the sender broadcast ", DescribeSpec(g)));
+      return absl::InvalidArgumentError(absl::StrCat("bucket mismatch at tensor ", i, " (", field,
+                                                     "): metadata says ", DescribeSpec(e),
+                                                     ", the sender broadcast ", DescribeSpec(g)));
     }
   }
   return absl::OkStatus();
@@ -308,33 +304,32 @@ absl::Status MatchBucket(const std::vector<TensorSpec>& expected, const BucketHe
 
 absl::Status WriteMessage(const Socket& socket, const std::string& body,
                           std::chrono::milliseconds stall, const std::string& what) {
-  uint32_t prefix[2] = {static_cast<uint32_t>(body.size()),
-                        Crc32cExtend(0, reinterpret_cast<const uint8_t*>(body.data()),
-                                     body.size())};
-  return SendAll(socket,
-                 {absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(prefix),
-                                            sizeof(prefix)),
-                  absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(body.data()),
-                                            body.size())},
-                 stall, what);
+  uint32_t prefix[2] = {
+      static_cast<uint32_t>(body.size()),
+      Crc32cExtend(0, reinterpret_cast<const uint8_t*>(body.data()), body.size())};
+  return SendAll(
+      socket,
+      {absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(prefix), sizeof(prefix)),
+       absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(body.data()), body.size())},
+      stall, what);
 }
 
 absl::StatusOr<std::string> ReadMessage(const Socket& socket, std::chrono::milliseconds stall,
                                         const std::string& what, bool* started) {
   uint32_t prefix[2];
   size_t got = 0;
-  absl::Status st = RecvAll(socket, reinterpret_cast<uint8_t*>(prefix), sizeof(prefix), stall,
-                            what, nullptr, &got);
+  absl::Status st = RecvAll(socket, reinterpret_cast<uint8_t*>(prefix), sizeof(prefix), stall, what,
+                            nullptr, &got);
   if (started != nullptr) *started = got > 0;
   if (!st.ok()) return st;
   if (prefix[0] > kMaxMessageBytes) {
-    return absl::DataLossError(absl::StrCat(what, ": message of ", prefix[0],
-                                            " bytes exceeds the ", kMaxMessageBytes,
+    return absl::DataLossError(absl::StrCat(what, ": message of ", prefix[0], " bytes exceeds the ",
+                                            kMaxMessageBytes,
                                             "-byte cap (not a weight-sync peer?)"));
   }
   std::string body(prefix[0], '\0');
-  RETURN_IF_ERROR(RecvAll(socket, reinterpret_cast<uint8_t*>(body.data()), body.size(), stall,
-                          what));
+  RETURN_IF_ERROR(
+      RecvAll(socket, reinterpret_cast<uint8_t*>(body.data()), body.size(), stall, what));
   uint32_t crc = Crc32cExtend(0, reinterpret_cast<const uint8_t*>(body.data()), body.size());
   if (crc != prefix[1]) {
     return absl::DataLossError(absl::StrCat(what, ": message checksum mismatch"));
