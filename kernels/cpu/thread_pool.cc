@@ -61,7 +61,8 @@ void ThreadPool::ParallelFor(int64_t n, const RangeFn& fn) {
 }
 
 void ThreadPool::WorkerLoop(int index) {
-  uint64_t seen = generation_.load(std::memory_order_acquire);
+  // Generation 0 is the state at construction; a ParallelFor may start before this thread runs.
+  uint64_t seen = 0;
   while (true) {
     for (int i = 0; i < kSpinIterations && generation_.load(std::memory_order_acquire) == seen;
          ++i) {
