@@ -1,0 +1,304 @@
+// Every CPU kernel against a plain double-precision reference with a declared tolerance, plus
+// the batch-invariance property of matmul (a row's bits do not depend on m or threads).
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "common/model_io/dtype.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/silu_mul.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/vec_ops.h"
+
+namespace rl::kernels::cpu {
+namespace {
+
+using model_io::DType;
+
+std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Stores `f` in `dtype` and returns the raw bytes plus the values as actually stored.
+std::vector<uint8_t> Store(const std::vector<float>& f, DType dtype, std::vector<float>* stored) {
+  std::vector<uint8_t> raw(f.size() * model_io::DTypeSize(dtype));
+  model_io::ConvertFromF32(f.data(), static_cast<int64_t>(f.size()), dtype, raw.data());
+  stored->resize(f.size());
+  model_io::ConvertToF32(dtype, raw.data(), static_cast<int64_t>(f.size()), stored->data());
+  return raw;
+}
+
+TEST(ThreadPoolTest, CoversRangeOnce) {
+  for (int threads : {1, 2, 3}) {
+    ThreadPool pool(threads);
+    for (int64_t n : {1, 2, 5, 100}) {
+      std::vector<int> hits(static_cast<size_t>(n), 0);
+      for (int rep = 0; rep < 50; ++rep) {
+        pool.ParallelFor(n, [&](int64_t b, int64_t e, int t) {
+          EXPECT_LT(t, threads);
+          for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+        });
+      }
+      for (int h : hits) EXPECT_EQ(h, 50);
+    }
+  }
+}
+
+TEST(VecOpsTest, MatchReference) {
+  for (int64_t n : {1, 7, 8, 9, 31, 128, 1000}) {
+    auto a = Random(static_cast<size_t>(n), 1);
+    auto b = Random(static_cast<size_t>(n), 2);
+    double dot = 0, sq = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      dot += static_cast<double>(a[i]) * b[i];
+      sq += static_cast<double>(a[i]) * a[i];
+    }
+    EXPECT_NEAR(Dot(a.data(), b.data(), n), dot, 1e-4 * std::sqrt(static_cast<double>(n)));
+    EXPECT_NEAR(SumSquares(a.data(), n), sq, 1e-4 * sq);
+    auto y = b;
+    Axpy(0.5f, a.data(), y.data(), n);
+    for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(y[i], b[i] + 0.5 * a[i], 1e-6);
+  }
+}
+
+class MatmulTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MatmulTest, MatchesReferenceAndIsBatchInvariant) {
+  const DType dtype = GetParam();
+  ThreadPool pool(2);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {5, 7}, {13, 64}, {37, 172}, {64, 513}}) {
+    const int64_t max_m = 9;
+    auto x = Random(static_cast<size_t>(max_m * k), 3);
+    std::vector<float> w_stored, b_stored;
+    auto w = Store(Random(static_cast<size_t>(n * k), 4, 0.1f), dtype, &w_stored);
+    auto bias = Store(Random(static_cast<size_t>(n), 5), dtype, &b_stored);
+    std::vector<float> row0;  // row 0 computed with m = 1, 1 thread
+    for (int64_t m = 1; m <= max_m; ++m) {
+      for (bool with_pool : {false, true}) {
+        std::vector<float> y(static_cast<size_t>(m * n), -1.0f);
+        MatmulParams p;
+        p.x = x.data();
+        p.w = w.data();
+        p.w_dtype = dtype;
+        p.bias = bias.data();
+        p.bias_dtype = dtype;
+        p.y = y.data();
+        p.m = m;
+        p.n = n;
+        p.k = k;
+        ASSERT_TRUE(p.Validate().ok());
+        Matmul(p, with_pool ? &pool : nullptr);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double ref = b_stored[j];
+            for (int64_t t = 0; t < k; ++t) {
+              ref += static_cast<double>(x[i * k + t]) * w_stored[j * k + t];
+            }
+            ASSERT_NEAR(y[i * n + j], ref, 1e-4 * (1 + std::abs(ref))) << m << " " << n << " " << k;
+          }
+        }
+        if (row0.empty()) row0.assign(y.begin(), y.begin() + n);
+        // Every row of x is row (i % ...) — compare row 0's bits across m and threads.
+        EXPECT_EQ(std::memcmp(y.data(), row0.data(), n * sizeof(float)), 0) << "m=" << m;
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DTypes, MatmulTest,
+                         ::testing::Values(DType::kF32, DType::kBF16, DType::kF16));
+
+TEST(MatmulValidateTest, RejectsBadParams) {
+  MatmulParams p;
+  EXPECT_FALSE(p.Validate().ok());
+  float x = 0, y = 0;
+  int64_t w = 0;
+  p.x = &x;
+  p.y = &y;
+  p.w = &w;
+  p.m = 1;
+  p.n = 1;
+  p.k = 1;
+  p.w_dtype = DType::kI64;
+  EXPECT_FALSE(p.Validate().ok());
+}
+
+TEST(RmsNormTest, MatchesReference) {
+  ThreadPool pool(2);
+  for (int64_t dim : {8, 64, 172, 1024}) {
+    const int64_t rows = 40;
+    auto x = Random(static_cast<size_t>(rows * dim), 6);
+    std::vector<float> w_stored;
+    auto w = Store(Random(static_cast<size_t>(dim), 7), DType::kBF16, &w_stored);
+    std::vector<float> y(x.size());
+    RmsNormParams p{x.data(), w.data(), DType::kBF16, y.data(), rows, dim, 1e-5f};
+    ASSERT_TRUE(p.Validate().ok());
+    RmsNorm(p, &pool);
+    for (int64_t r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int64_t i = 0; i < dim; ++i) ss += static_cast<double>(x[r * dim + i]) * x[r * dim + i];
+      const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+      for (int64_t i = 0; i < dim; ++i) {
+        ASSERT_NEAR(y[r * dim + i], x[r * dim + i] * inv * w_stored[i], 1e-5);
+      }
+    }
+    RmsNorm(p, &pool);  // in place also works
+    RmsNormParams in_place = p;
+    in_place.y = x.data();
+    RmsNorm(in_place, &pool);
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), y.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(RopeTest, RotatesHalves) {
+  const int64_t t = 3, hq = 2, hk = 1, d = 8, half = 4;
+  auto q = Random(static_cast<size_t>(t * hq * d), 8);
+  auto k = Random(static_cast<size_t>(t * hk * d), 9);
+  auto q0 = q, k0 = k;
+  std::vector<float> cos(t * half), sin(t * half);
+  for (int64_t i = 0; i < t * half; ++i) {
+    cos[i] = std::cos(0.1f * static_cast<float>(i));
+    sin[i] = std::sin(0.1f * static_cast<float>(i));
+  }
+  RopeParams p{q.data(), k.data(), cos.data(), sin.data(), t, hq, hk, d, hq * d, hk * d};
+  ASSERT_TRUE(p.Validate().ok());
+  Rope(p, nullptr);
+  for (int64_t tok = 0; tok < t; ++tok) {
+    for (int64_t h = 0; h < hq; ++h) {
+      for (int64_t i = 0; i < half; ++i) {
+        const float* x = &q0[(tok * hq + h) * d];
+        const float c = cos[tok * half + i], s = sin[tok * half + i];
+        EXPECT_NEAR(q[(tok * hq + h) * d + i], x[i] * c - x[i + half] * s, 1e-6);
+        EXPECT_NEAR(q[(tok * hq + h) * d + i + half], x[i + half] * c + x[i] * s, 1e-6);
+      }
+    }
+  }
+  RopeParams odd = p;
+  odd.head_dim = 7;
+  EXPECT_FALSE(odd.Validate().ok());
+}
+
+TEST(AttentionTest, PagedGqaMatchesReference) {
+  ThreadPool pool(2);
+  const int64_t hq = 4, hk = 2, d = 16, num_slots = 64, max_ctx = 32;
+  const int64_t kv_dim = hk * d;
+  auto kc = Random(static_cast<size_t>(num_slots * kv_dim), 10);
+  auto vc = Random(static_cast<size_t>(num_slots * kv_dim), 11);
+  // Two sequences: lengths 5 (one decode token at pos 4) and 9 (a chunk at pos 6..8).
+  std::vector<int32_t> slots = {40, 3, 17, 9, 22, 1, 2, 60, 61, 33, 34, 35, 50, 7};
+  std::vector<int32_t> context = {5, 7, 8, 9};
+  std::vector<int32_t> begin = {0, 5, 5, 5};
+  const int64_t t = 4;
+  auto q = Random(static_cast<size_t>(t * hq * d), 12);
+  std::vector<float> out(static_cast<size_t>(t * hq * d));
+  std::vector<float> ws(static_cast<size_t>(2 * max_ctx));
+  AttentionParams p;
+  p.q = q.data();
+  p.k_cache = kc.data();
+  p.v_cache = vc.data();
+  p.out = out.data();
+  p.context_len = context.data();
+  p.slot_begin = begin.data();
+  p.slots = slots.data();
+  p.workspace = ws.data();
+  p.num_workspaces = 2;
+  p.num_tokens = t;
+  p.num_heads = hq;
+  p.num_kv_heads = hk;
+  p.head_dim = d;
+  p.q_stride = hq * d;
+  p.num_slots = num_slots;
+  p.num_slot_entries = static_cast<int64_t>(slots.size());
+  p.max_context = max_ctx;
+  p.scale = 0.25f;
+  ASSERT_TRUE(p.Validate().ok());
+  Attention(p, &pool);
+  for (int64_t tok = 0; tok < t; ++tok) {
+    for (int64_t h = 0; h < hq; ++h) {
+      const int64_t kvh = h / (hq / hk);
+      std::vector<double> s(static_cast<size_t>(context[tok]));
+      double mx = -1e30;
+      for (int64_t j = 0; j < context[tok]; ++j) {
+        const int64_t slot = slots[begin[tok] + j];
+        double dot = 0;
+        for (int64_t i = 0; i < d; ++i) {
+          dot += static_cast<double>(q[(tok * hq + h) * d + i]) * kc[slot * kv_dim + kvh * d + i];
+        }
+        s[j] = dot * 0.25;
+        mx = std::max(mx, s[j]);
+      }
+      double sum = 0;
+      for (double& v : s) sum += (v = std::exp(v - mx));
+      for (int64_t i = 0; i < d; ++i) {
+        double ref = 0;
+        for (int64_t j = 0; j < context[tok]; ++j) {
+          ref += s[j] / sum * vc[slots[begin[tok] + j] * kv_dim + kvh * d + i];
+        }
+        ASSERT_NEAR(out[(tok * hq + h) * d + i], ref, 1e-5);
+      }
+    }
+  }
+  std::vector<int32_t> bad_slots = slots;
+  bad_slots[3] = 64;
+  p.slots = bad_slots.data();
+  EXPECT_FALSE(p.Validate().ok());
+  p.slots = slots.data();
+  context[0] = 40;  // beyond max_context
+  EXPECT_FALSE(p.Validate().ok());
+}
+
+TEST(WriteKvTest, WritesSlotsAndChecksRange) {
+  std::vector<float> k = {1, 2, 3, 4}, v = {5, 6, 7, 8}, kc(8, 0), vc(8, 0);
+  std::vector<int32_t> slots = {3, 1};
+  WriteKvParams p{k.data(), v.data(), slots.data(), kc.data(), vc.data(), 2, 2, 2, 2, 4};
+  ASSERT_TRUE(p.Validate().ok());
+  WriteKv(p);
+  EXPECT_EQ(kc, (std::vector<float>{0, 0, 3, 4, 0, 0, 1, 2}));
+  EXPECT_EQ(vc, (std::vector<float>{0, 0, 7, 8, 0, 0, 5, 6}));
+  slots[0] = 4;
+  EXPECT_FALSE(p.Validate().ok());
+}
+
+TEST(SiluMulTest, MatchesReference) {
+  auto g = Random(100000, 13, 3.0f);
+  auto u = Random(100000, 14);
+  std::vector<float> out(g.size());
+  ThreadPool pool(2);
+  SiluMulParams p{g.data(), u.data(), out.data(), static_cast<int64_t>(g.size())};
+  ASSERT_TRUE(p.Validate().ok());
+  SiluMul(p, &pool);
+  for (size_t i = 0; i < g.size(); ++i) {
+    const double ref = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+    ASSERT_NEAR(out[i], ref, 1e-5 * (1 + std::abs(ref)));
+  }
+}
+
+TEST(EmbeddingTest, GathersAndWidens) {
+  std::vector<float> stored;
+  auto table = Store(Random(5 * 3, 15), DType::kF16, &stored);
+  std::vector<int32_t> ids = {4, 0, 4};
+  std::vector<float> out(9);
+  EmbeddingParams p{table.data(), DType::kF16, ids.data(), out.data(), 3, 5, 3};
+  ASSERT_TRUE(p.Validate().ok());
+  Embedding(p, nullptr);
+  for (int t = 0; t < 3; ++t) {
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(out[t * 3 + i], stored[ids[t] * 3 + i]);
+  }
+  ids[1] = 5;
+  EXPECT_FALSE(p.Validate().ok());
+  ids[1] = -1;
+  EXPECT_FALSE(p.Validate().ok());
+}
+
+}  // namespace
+}  // namespace rl::kernels::cpu
