@@ -359,6 +359,27 @@ TEST(TcpTransportTest, InitTimesOutWhenTheGroupNeverCompletes) {
   EXPECT_THAT(std::string(waited.message()), HasSubstr("missing ranks ["));
 }
 
+TEST(TcpTransportTest, AReceiverThatGivesUpFreesItsRank) {
+  auto sender = StartSender(3);
+  absl::Status waited;
+  std::thread wait([&] { waited = sender->WaitForReceivers(); });
+  GroupOptions impatient = Options(1, 3, sender->port());
+  impatient.timeout = milliseconds(200);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(ConnectReceiver(impatient).status()));
+  // Rank 1 left: a new rank 1 and rank 2 still form the group.
+  std::vector<absl::Status> joined(2);
+  std::vector<std::thread> threads;
+  for (int r = 1; r <= 2; ++r) {
+    threads.emplace_back(
+        [&, r] { joined[r - 1] = ConnectReceiver(Options(r, 3, sender->port())).status(); });
+  }
+  for (auto& t : threads) t.join();
+  wait.join();
+  EXPECT_TRUE(joined[0].ok()) << joined[0];
+  EXPECT_TRUE(joined[1].ok()) << joined[1];
+  EXPECT_TRUE(waited.ok()) << waited;
+}
+
 TEST(TcpTransportTest, ReceiveTimesOutWhenNoBucketComesAndTheGroupSurvives) {
   Group g = FormGroup(1, /*stall=*/milliseconds(200));
   const TestBucket sent = {MakeTensor("a", "F32", {4}, 1)};

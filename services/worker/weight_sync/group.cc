@@ -98,7 +98,7 @@ absl::StatusOr<int> GroupListener::Admit(const Socket& peer, const std::vector<S
     } else if (hello->rank < 1 || hello->rank >= world) {
       verdict = absl::InvalidArgumentError(
           absl::StrCat("rank ", hello->rank, " is outside [1, ", world, ")"));
-    } else if (joined[hello->rank - 1].valid()) {
+    } else if (joined[hello->rank - 1].valid() && !PeerClosedOrReadable(joined[hello->rank - 1])) {
       verdict = absl::AlreadyExistsError(
           absl::StrCat("rank ", hello->rank, " has already joined the group"));
     }
@@ -120,7 +120,8 @@ absl::StatusOr<std::vector<Socket>> GroupListener::AcceptAll(const std::string& 
                                            "' sender on ", options_.master_address, ":", port_);
   std::vector<Socket> joined(options_.world_size - 1);
   int num_joined = 0;
-  while (num_joined < options_.world_size - 1) {
+  while (true) {
+    // Sweep peers that gave up while waiting, also right before declaring the group complete.
     for (size_t i = 0; i < joined.size(); ++i) {
       if (joined[i].valid() && PeerClosedOrReadable(joined[i])) {
         spdlog::warn("{}: rank {} left before the group formed", context, i + 1);
@@ -128,6 +129,7 @@ absl::StatusOr<std::vector<Socket>> GroupListener::AcceptAll(const std::string& 
         --num_joined;
       }
     }
+    if (num_joined == options_.world_size - 1) break;
     if (Clock::now() >= deadline) {
       std::vector<int> missing;
       for (size_t i = 0; i < joined.size(); ++i) {
@@ -148,8 +150,13 @@ absl::StatusOr<std::vector<Socket>> GroupListener::AcceptAll(const std::string& 
       spdlog::warn("{}: refused a receiver: {}", context, std::string(rank.status().message()));
       continue;
     }
+    if (joined[*rank - 1].valid()) {
+      spdlog::warn("{}: rank {} left before the group formed; a new peer took its place", context,
+                   *rank);
+    } else {
+      ++num_joined;
+    }
     joined[*rank - 1] = *std::move(peer);
-    ++num_joined;
     spdlog::info("{}: rank {} joined ({} of {})", context, *rank, num_joined, joined.size());
   }
   Welcome ok{absl::StatusCode::kOk, "joined", nccl_unique_id};

@@ -5,7 +5,8 @@
 // Invariants: a Hello with another group name, backend or world size, a rank out of range
 // or a rank already taken is refused at once with an error Welcome naming the reason, and the
 // refused peer does not count; a joined receiver that disconnects before the group completes
-// frees its rank again. Every wait is bounded by GroupOptions::timeout.
+// frees its rank again; a peer that sends no Hello within 5 s is dropped. Every wait is
+// bounded by GroupOptions::timeout.
 // Cost: one accepted socket per receiver; the sender polls pending peers every 100 ms.
 #pragma once
 
@@ -54,7 +55,8 @@ class GroupListener {
         listener_(std::move(listener)),
         port_(port) {}
 
-  // Reads and checks one Hello; refuses a bad one on the socket. Returns the admitted rank.
+  // Reads and checks one Hello; refuses a bad one on the socket. Returns the admitted rank
+  // (whose slot in `joined` may still hold a peer that has left, to be replaced).
   absl::StatusOr<int> Admit(const Socket& peer, const std::vector<Socket>& joined,
                             Clock::time_point deadline);
 
