@@ -15,7 +15,10 @@ namespace {
 constexpr int kSpinIterations = 20000;
 }  // namespace
 
-ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
+ThreadPool::ThreadPool(int num_threads)
+    : num_threads_(std::max(1, num_threads)),
+      claimed_(new std::atomic<int>[static_cast<size_t>(std::max(1, num_threads))]) {
+  for (int i = 0; i < num_threads_; ++i) claimed_[i].store(1, std::memory_order_relaxed);
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { WorkerLoop(i); });
 }
 
@@ -29,10 +32,19 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::RunPart(int index) {
+bool ThreadPool::TryRunPart(int index) {
+  int expected = 0;
+  if (!claimed_[index].compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    return false;
+  }
   const int64_t begin = n_ * index / num_threads_;
   const int64_t end = n_ * (index + 1) / num_threads_;
   if (begin < end) (*fn_)(begin, end, index);
+  if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_cv_.notify_one();
+  }
+  return true;
 }
 
 void ThreadPool::ParallelFor(int64_t n, const RangeFn& fn) {
@@ -41,15 +53,19 @@ void ThreadPool::ParallelFor(int64_t n, const RangeFn& fn) {
     fn(0, n, 0);
     return;
   }
+  // No part of the previous job is running: every part was claimed and finished.
   fn_ = &fn;
   n_ = n;
-  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
+  pending_.store(num_threads_, std::memory_order_relaxed);
+  for (int i = 0; i < num_threads_; ++i) claimed_[i].store(0, std::memory_order_release);
   {
     std::lock_guard<std::mutex> lock(mu_);
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_cv_.notify_all();
-  RunPart(0);
+  TryRunPart(0);
+  // The thread index only selects a workspace, so the caller may run a late worker's part.
+  for (int i = 1; i < num_threads_; ++i) TryRunPart(i);
   for (int i = 0; i < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++i) {
     RL_CPU_RELAX();
   }
@@ -74,11 +90,7 @@ void ThreadPool::WorkerLoop(int index) {
       if (stop_) return;
       seen = generation_.load(std::memory_order_acquire);
     }
-    RunPart(index);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_cv_.notify_one();
-    }
+    TryRunPart(index);
   }
 }
 

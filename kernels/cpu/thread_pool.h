@@ -3,14 +3,18 @@
 // on the range and the thread count — kernels never make a result depend on it anyway.
 //
 // Workers spin briefly before sleeping on a condition variable, which keeps the wake-up cost of
-// the ~10 parallel regions per layer low. Not reentrant: ParallelFor must not be called from
-// inside a task, nor concurrently from two threads.
+// the ~10 parallel regions per layer low. Parts are claimed atomically: when a worker has not
+// started its part by the time the caller finishes its own (the core is busy elsewhere), the
+// caller runs that part too instead of waiting for the worker to be scheduled.
+// Not reentrant: ParallelFor must not be called from inside a task, nor concurrently from two
+// threads.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -27,14 +31,16 @@ class ThreadPool {
 
   int num_threads() const { return num_threads_; }
 
-  // Calls fn(begin, end, thread_index) for each non-empty part of [0, n); returns when all
-  // parts are done. thread_index is in [0, num_threads()).
-  using RangeFn = std::function<void(int64_t begin, int64_t end, int thread_index)>;
+  // Calls fn(begin, end, part) for each non-empty part of [0, n); returns when all parts are
+  // done. `part` is in [0, num_threads()) and each part runs exactly once, on some thread, so
+  // it may index a per-part workspace.
+  using RangeFn = std::function<void(int64_t begin, int64_t end, int part)>;
   void ParallelFor(int64_t n, const RangeFn& fn);
 
  private:
   void WorkerLoop(int index);
-  void RunPart(int index);
+  // Claims part `index` of the current job and runs it; false when already claimed.
+  bool TryRunPart(int index);
 
   const int num_threads_;
   std::vector<std::thread> workers_;
@@ -43,6 +49,7 @@ class ThreadPool {
   std::condition_variable done_cv_;
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
+  std::unique_ptr<std::atomic<int>[]> claimed_;  // per part: 0 free, 1 claimed
   bool stop_ = false;  // guarded by mu_
   const RangeFn* fn_ = nullptr;
   int64_t n_ = 0;

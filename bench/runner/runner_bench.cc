@@ -1,0 +1,241 @@
+// runner_bench: prefill and decode throughput of a ModelRunner at several batch sizes, peak
+// memory, and the memory-bandwidth bound of batch-1 decode (weight bytes per token divided by
+// the measured copy bandwidth) with the fraction of it achieved.
+//
+//   runner_bench [--backend cpu] [--model DIR]... [--make-qwen3-0.5b=true|false]
+//                [--batches 1,8,32] [--prompt-len N] [--decode-steps N] [--threads N]
+// With no --model it runs stories260K from $RL_TEST_DATA and a 0.5B-class random Qwen3 (bf16)
+// made into a temp dir.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/model_io/model_maker.h"
+#include "kernels/cpu/thread_pool.h"
+#include "services/worker/model/cpu_model_runner.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using rl::model::CpuModelRunner;
+using rl::model::ForwardInput;
+using rl::model::ForwardOutput;
+using rl::model::LogitsMode;
+using rl::model::SequenceInput;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Peak resident set (VmHWM) in MiB; mapped weight pages count once touched.
+double PeakRssMiB() {
+  rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+// Current resident set (VmRSS) in MiB.
+double CurrentRssMiB() {
+  std::FILE* f = std::fopen("/proc/self/statm", "r");
+  if (f == nullptr) return 0;
+  long pages = 0, resident = 0;
+  const int got = std::fscanf(f, "%ld %ld", &pages, &resident);
+  std::fclose(f);
+  return got == 2 ? static_cast<double>(resident) * 4096.0 / (1 << 20) : 0;
+}
+
+// Best-of-5 copy bandwidth (bytes copied per second) over a 128 MiB buffer with `threads`.
+double CopyBandwidth(int threads) {
+  const size_t bytes = size_t{128} << 20;
+  std::vector<uint8_t> src(bytes, 1), dst(bytes, 0);
+  rl::kernels::cpu::ThreadPool pool(threads);
+  double best = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    pool.ParallelFor(threads, [&](int64_t b, int64_t e, int) {
+      const size_t lo = bytes * static_cast<size_t>(b) / static_cast<size_t>(threads);
+      const size_t hi = bytes * static_cast<size_t>(e) / static_cast<size_t>(threads);
+      std::memcpy(dst.data() + lo, src.data() + lo, hi - lo);
+    });
+    best = std::max(best, static_cast<double>(bytes) / Seconds(t0, Clock::now()));
+  }
+  return best;
+}
+
+struct Options {
+  std::string backend = "cpu";
+  std::vector<std::string> models;
+  bool make_big = true;
+  std::vector<int> batches = {1, 8, 32};
+  int prompt_len = 32;
+  int decode_steps = 16;
+  int threads = 0;
+};
+
+bool ParseArgs(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    std::string value;
+    const size_t eq = a.find('=');
+    if (eq != std::string::npos) {
+      value = a.substr(eq + 1);
+      a = a.substr(0, eq);
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+    }
+    int n = 0;
+    if (a == "--backend") {
+      o->backend = value;
+    } else if (a == "--model") {
+      o->models.push_back(value);
+    } else if (a == "--make-qwen3-0.5b") {
+      o->make_big = value != "false" && value != "0";
+    } else if (a == "--batches") {
+      o->batches.clear();
+      for (absl::string_view s : absl::StrSplit(value, ',')) {
+        if (!absl::SimpleAtoi(s, &n) || n <= 0) return false;
+        o->batches.push_back(n);
+      }
+    } else if (a == "--prompt-len" && absl::SimpleAtoi(value, &n) && n > 0) {
+      o->prompt_len = n;
+    } else if (a == "--decode-steps" && absl::SimpleAtoi(value, &n) && n > 0) {
+      o->decode_steps = n;
+    } else if (a == "--threads" && absl::SimpleAtoi(value, &n) && n >= 0) {
+      o->threads = n;
+    } else {
+      std::fprintf(stderr, "bad flag %s\n", a.c_str());
+      return false;
+    }
+  }
+  return true;
+}
+
+int Bench(const std::string& name, const std::string& dir, const Options& o, double bandwidth) {
+  const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  rl::model::RunnerOptions ro;
+  ro.model_dir = dir;
+  ro.num_threads = o.threads;
+  ro.num_kv_slots = static_cast<int64_t>(max_batch) * (o.prompt_len + o.decode_steps + 16);
+  auto runner = CpuModelRunner::Create(ro);
+  if (!runner.ok()) {
+    std::fprintf(stderr, "%s: %s\n", name.c_str(), runner.status().ToString().c_str());
+    return 1;
+  }
+  CpuModelRunner& r = **runner;
+  const auto& c = r.config();
+  const double weight_bytes = static_cast<double>(r.weights().BytesPerToken());
+  std::printf("\n== %s (%s, %s, %.1f M params, %.1f MiB weights read per token, %d threads)\n",
+              name.c_str(), c.architecture_name.c_str(), c.torch_dtype.c_str(),
+              static_cast<double>(r.weights().TotalBytes()) /
+                  (c.torch_dtype == "float32" ? 4e6 : 2e6),
+              weight_bytes / (1 << 20), o.threads);
+  const int32_t stride = o.prompt_len + o.decode_steps + 16;
+  double decode_b1 = 0;
+  for (int batch : o.batches) {
+    ForwardInput in;
+    ForwardOutput out;
+    for (int b = 0; b < batch; ++b) {
+      SequenceInput s;
+      for (int i = 0; i < o.prompt_len; ++i) {
+        s.token_ids.push_back(static_cast<int32_t>((b * 131 + i * 7 + 3) % c.vocab_size));
+        s.kv_slots.push_back(b * stride + i);
+      }
+      in.seqs.push_back(std::move(s));
+    }
+    // Warm-up (pages weights in), then timed prefill.
+    if (!r.Forward(in, &out).ok()) return 1;
+    const auto t0 = Clock::now();
+    absl::Status st = r.Forward(in, &out);
+    const double prefill_s = Seconds(t0, Clock::now());
+    if (!st.ok()) return 1;
+    for (int b = 0; b < batch; ++b) {
+      SequenceInput& s = in.seqs[static_cast<size_t>(b)];
+      s.start_pos = o.prompt_len;
+      s.token_ids = {static_cast<int32_t>(b % c.vocab_size)};
+      s.kv_slots.push_back(b * stride + o.prompt_len);
+    }
+    const auto t1 = Clock::now();
+    for (int step = 0; step < o.decode_steps; ++step) {
+      if (!r.Forward(in, &out).ok()) return 1;
+      for (int b = 0; b < batch; ++b) {
+        SequenceInput& s = in.seqs[static_cast<size_t>(b)];
+        s.start_pos += 1;
+        s.kv_slots.push_back(b * stride + s.start_pos);
+      }
+    }
+    const double decode_s = Seconds(t1, Clock::now());
+    const double prefill_tps = batch * o.prompt_len / prefill_s;
+    const double decode_tps = batch * o.decode_steps / decode_s;
+    if (batch == 1) decode_b1 = decode_tps;
+    std::printf("batch %3d: prefill %9.1f tok/s (%d x %d tokens)   decode %9.1f tok/s (%.2f ms/step)\n",
+                batch, prefill_tps, batch, o.prompt_len, decode_tps,
+                1e3 * decode_s / o.decode_steps);
+  }
+  const double bound = bandwidth / weight_bytes;
+  std::printf("batch-1 decode bound: %.1f tok/s (%.1f MiB/token at %.2f GB/s copy bandwidth); "
+              "achieved %.1f tok/s = %.0f%% of the bound\n",
+              bound, weight_bytes / (1 << 20), bandwidth / 1e9, decode_b1,
+              decode_b1 > 0 ? 100.0 * decode_b1 / bound : 0.0);
+  std::printf("RSS with this model loaded: %.0f MiB (process peak so far %.0f MiB)\n",
+              CurrentRssMiB(), PeakRssMiB());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!ParseArgs(argc, argv, &o)) return 2;
+  if (o.backend != "cpu") {
+    std::fprintf(stderr, "backend '%s' is not built in this binary (available: cpu)\n",
+                 o.backend.c_str());
+    return 2;
+  }
+  const int threads =
+      o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  o.threads = threads;
+  const double bandwidth = CopyBandwidth(threads);
+  std::printf("memcpy bandwidth (%d threads): %.2f GB/s copied\n", threads, bandwidth / 1e9);
+
+  std::vector<std::pair<std::string, std::string>> models;
+  for (const auto& m : o.models) models.emplace_back(m, m);
+  std::string made_dir;
+  if (o.models.empty()) {
+    if (const char* data = std::getenv("RL_TEST_DATA")) {
+      models.emplace_back("stories260K", std::string(data) + "/stories260K");
+    }
+    if (o.make_big) {
+      made_dir = (std::filesystem::temp_directory_path() /
+                  ("runner_bench_qwen3_0.5b_" + std::to_string(::getpid())))
+                     .string();
+      rl::model_io::MakeModelOptions mo;
+      mo.arch = "qwen3";
+      mo.size = "0.5b";
+      mo.seed = 1;
+      mo.out_dir = made_dir;
+      const auto t0 = Clock::now();
+      absl::Status st = rl::model_io::MakeModel(mo);
+      if (!st.ok()) {
+        std::fprintf(stderr, "make model: %s\n", st.ToString().c_str());
+        return 1;
+      }
+      std::printf("made qwen3 0.5b (bf16) in %.1f s\n", Seconds(t0, Clock::now()));
+      models.emplace_back("qwen3-0.5b-random", made_dir);
+    }
+  }
+  int rc = 0;
+  for (const auto& [name, dir] : models) rc |= Bench(name, dir, o, bandwidth);
+  if (!made_dir.empty()) std::filesystem::remove_all(made_dir);
+  return rc;
+}
