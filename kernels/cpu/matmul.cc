@@ -49,15 +49,16 @@ HWY_INLINE float ScalarW(const void* w, int64_t i) {
 // Computes the kR × kC block y[r0.., c0..] of dot products (no bias). The per-element order
 // is the same for every (kR, kC): one accumulator per element over full vectors, the
 // horizontal sum, then the tail in index order.
+// `w` holds rows from column `w_col0` on.
 template <DType kW, int kR, int kC>
-HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_t c0, int64_t n,
-                     int64_t k) {
+HWY_INLINE void Tile(const float* x, const void* w, int64_t w_col0, float* y, int64_t r0,
+                     int64_t c0, int64_t n, int64_t k) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t wsize = model_io::DTypeSize(kW);
   const void* wrow[kC];
   for (int c = 0; c < kC; ++c) {
-    wrow[c] = static_cast<const uint8_t*>(w) + (c0 + c) * k * wsize;
+    wrow[c] = static_cast<const uint8_t*>(w) + (c0 + c - w_col0) * k * wsize;
   }
   const float* xrow[kR];
   for (int r = 0; r < kR; ++r) xrow[r] = x + (r0 + r) * k;
@@ -83,25 +84,43 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
   }
 }
 
-// Columns [c_begin, c_end) of all m rows.
+// Rows of x in blocks of 4 against columns [s0, s1) of `w` (which starts at column w_col0).
+template <DType kW>
+void MatmulSlab(const float* x, const void* w, int64_t w_col0, float* y, int64_t m, int64_t n,
+                int64_t k, int64_t s0, int64_t s1) {
+  int64_t r = 0;
+  for (; r + 4 <= m; r += 4) {
+    int64_t c = s0;
+    for (; c + 3 <= s1; c += 3) Tile<kW, 4, 3>(x, w, w_col0, y, r, c, n, k);
+    for (; c < s1; ++c) Tile<kW, 4, 1>(x, w, w_col0, y, r, c, n, k);
+  }
+  for (; r < m; ++r) {
+    int64_t c = s0;
+    for (; c + 4 <= s1; c += 4) Tile<kW, 1, 4>(x, w, w_col0, y, r, c, n, k);
+    for (; c < s1; ++c) Tile<kW, 1, 1>(x, w, w_col0, y, r, c, n, k);
+  }
+}
+
+// Columns [c_begin, c_end) of all m rows. Column slabs keep a slice of W hot in cache while all
+// row blocks pass over it. With many rows a 16-bit slab is first widened to float32 (exactly),
+// so it is converted once instead of once per row block; the float32 tiles then compute the
+// same products in the same order, so the bits do not change with m.
 template <DType kW>
 void MatmulColumns(const float* x, const void* w, float* y, int64_t m, int64_t n, int64_t k,
                    int64_t c_begin, int64_t c_end) {
-  // Column super-blocks keep a slab of W hot in cache while all row blocks pass over it.
-  const int64_t wbytes = k * model_io::DTypeSize(kW);
-  const int64_t slab = std::max<int64_t>(8, (int64_t{256} << 10) / std::max<int64_t>(1, wbytes));
+  const bool widen = kW != DType::kF32 && m >= 8;
+  const int64_t col_bytes = k * (widen ? 4 : model_io::DTypeSize(kW));
+  const int64_t slab = std::max<int64_t>(8, (int64_t{256} << 10) / std::max<int64_t>(1, col_bytes));
+  thread_local std::vector<float> widened;
   for (int64_t s0 = c_begin; s0 < c_end; s0 += slab) {
     const int64_t s1 = std::min(c_end, s0 + slab);
-    int64_t r = 0;
-    for (; r + 4 <= m; r += 4) {
-      int64_t c = s0;
-      for (; c + 3 <= s1; c += 3) Tile<kW, 4, 3>(x, w, y, r, c, n, k);
-      for (; c < s1; ++c) Tile<kW, 4, 1>(x, w, y, r, c, n, k);
-    }
-    for (; r < m; ++r) {
-      int64_t c = s0;
-      for (; c + 4 <= s1; c += 4) Tile<kW, 1, 4>(x, w, y, r, c, n, k);
-      for (; c < s1; ++c) Tile<kW, 1, 1>(x, w, y, r, c, n, k);
+    if (widen) {
+      widened.resize(static_cast<size_t>((s1 - s0) * k));
+      model_io::ConvertToF32(kW, static_cast<const uint8_t*>(w) + s0 * k * model_io::DTypeSize(kW),
+                             (s1 - s0) * k, widened.data());
+      MatmulSlab<DType::kF32>(x, widened.data(), s0, y, m, n, k, s0, s1);
+    } else {
+      MatmulSlab<kW>(x, w, 0, y, m, n, k, s0, s1);
     }
   }
 }
