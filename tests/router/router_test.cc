@@ -116,7 +116,8 @@ TEST_F(RouterTest, RoundRobinIsEven) {
   }
   ASSERT_EQ(served.size(), 3u);
   for (const auto& [w, n] : served) EXPECT_EQ(n, 4) << w;
-  for (const auto& w : ListWorkers().workers()) EXPECT_EQ(w.in_flight(), 0);
+  const auto after = ListWorkers();
+  for (const auto& w : after.workers()) EXPECT_EQ(w.in_flight(), 0);
 }
 
 TEST_F(RouterTest, MultiTurnHitsTheCacheAndRetrieveIsExact) {
@@ -239,7 +240,8 @@ TEST_F(RouterTest, AdminBroadcastUnderLoadAndRestoresRouting) {
   EXPECT_EQ(resp.weight_version(), 1);
   for (auto& t : load) t.join();
   EXPECT_EQ(failures.load(), 0);
-  for (const auto& w : ListWorkers().workers()) {
+  const auto listing = ListWorkers();
+  for (const auto& w : listing.workers()) {
     EXPECT_TRUE(w.enabled());
     EXPECT_EQ(w.weight_version(), 1);
     EXPECT_FALSE(w.version_mismatch());
@@ -255,7 +257,8 @@ TEST_F(RouterTest, FailedUpdateLeavesTheWorkerDisabled) {
   ASSERT_TRUE(admin_->UpdateWeightsFromDisk(&ctx, update, &resp).ok());
   EXPECT_FALSE(resp.success());
   for (const auto& r : resp.results()) EXPECT_EQ(r.code(), "INVALID_ARGUMENT");
-  for (const auto& w : ListWorkers().workers()) EXPECT_FALSE(w.enabled());
+  const auto disabled = ListWorkers();
+  for (const auto& w : disabled.workers()) EXPECT_FALSE(w.enabled());
   rl::v1::GenerateFinal f;
   EXPECT_EQ(Generate(TextRequest("Once", 2, false), &f).error_code(), grpc::StatusCode::UNAVAILABLE);
   rl::v1::SetWorkerEnabledRequest enable;

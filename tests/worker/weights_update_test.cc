@@ -177,8 +177,7 @@ TEST_F(WeightsUpdateTest, FromTensorAppliesAtomically) {
 }
 
 TEST_F(WeightsUpdateTest, CheckerSnapshotResetCompare) {
-  auto r = Check(rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE);  // no snapshot yet
-  rl::v1::WeightsCheckerRequest req;
+  rl::v1::WeightsCheckerRequest req;  // compare before any snapshot
   req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE);
   rl::v1::WeightsCheckerResponse resp;
   EXPECT_EQ(Call(&Stub::WeightsChecker, req, &resp).error_code(),
@@ -186,7 +185,7 @@ TEST_F(WeightsUpdateTest, CheckerSnapshotResetCompare) {
   Check(rl::v1::WEIGHTS_CHECKER_ACTION_SNAPSHOT);
   EXPECT_TRUE(Check(rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE).changed().empty());
   Check(rl::v1::WEIGHTS_CHECKER_ACTION_RESET_TENSORS);
-  r = Check(rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE);
+  const auto r = Check(rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE);
   rl::v1::ListWeightsResponse list;
   ASSERT_TRUE(Call(&Stub::ListWeights, rl::v1::ListWeightsRequest(), &list).ok());
   EXPECT_EQ(list.weights_size(), 2 + 5 * 9);  // embed, final norm, 9 per layer (tied head)
