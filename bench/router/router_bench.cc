@@ -5,6 +5,7 @@
 #include <string>
 
 #include "bench/router/cache_bench.h"
+#include "bench/router/latency_bench.h"
 #include "common/flags.h"
 
 int main(int argc, char** argv) {
@@ -17,6 +18,14 @@ int main(int argc, char** argv) {
   flags.Int("trajectories-per-version", &cache_config.trajectories_per_version,
             "weight version = 1 + trajectory index / this");
   flags.Int("limit", &cache_config.limit, "replay at most this many trajectories (0: all)");
+  rl::bench::LatencyBenchConfig latency;
+  bool run_latency = false;
+  flags.Bool("latency", &run_latency, "run the router-vs-direct latency and throughput benchmark");
+  flags.String("tokenizer", &latency.tokenizer_dir, "latency: the router's tokenizer folder");
+  flags.Int("requests", &latency.requests, "latency: sequential requests per measurement");
+  flags.Int("concurrency", &latency.concurrency, "latency: streams for the throughput run");
+  flags.Int("throughput-requests", &latency.throughput_requests, "latency: requests in the throughput run");
+  flags.Int("workers", &latency.num_workers, "latency: fast workers behind the router");
   auto positional = flags.Parse(argc, argv);
   if (flags.help_requested()) {
     std::cout << flags.Usage();
@@ -34,6 +43,20 @@ int main(int argc, char** argv) {
       std::cerr << "router_bench: " << s.message() << "\n";
       return 1;
     }
+  }
+  if (run_latency) {
+    if (latency.tokenizer_dir.empty()) {
+      std::cerr << "router_bench: --latency needs --tokenizer DIR\n";
+      return 2;
+    }
+    if (absl::Status s = rl::bench::RunLatencyBench(latency, std::cout); !s.ok()) {
+      std::cerr << "router_bench: " << s.message() << "\n";
+      return 1;
+    }
+  }
+  if (cache_config.workload_path.empty() && !run_latency) {
+    std::cerr << "router_bench: nothing to run (--workload FILE and/or --latency)\n";
+    return 2;
   }
   return 0;
 }

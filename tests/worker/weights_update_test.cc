@@ -103,7 +103,7 @@ TEST_F(WeightsUpdateTest, RefusedWhileActiveUnlessAbortOrRetract) {
   pause.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
   rl::v1::AdminResponse resp;
   ASSERT_TRUE(Call(&Stub::PauseGeneration, pause, &resp).ok());
-  std::thread t([&] { EXPECT_TRUE(Generate(req, &f).ok()); });
+  std::jthread t([&] { EXPECT_TRUE(Generate(req, &f).ok()); });
   for (int i = 0; i < 2000 && ServerInfo().num_waiting() == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }

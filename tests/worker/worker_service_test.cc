@@ -108,7 +108,7 @@ TEST_F(WorkerServiceTest, InvalidRequestsNameTheField) {
 
 TEST_F(WorkerServiceTest, AbortByIdEndsTheStreamWithAbort) {
   rl::v1::GenerateFinal f;
-  std::thread t([&] { EXPECT_TRUE(Generate(Long("long-1"), &f).ok()); });
+  std::jthread t([&] { EXPECT_TRUE(Generate(Long("long-1"), &f).ok()); });
   ASSERT_TRUE(WaitRunning(1));
   rl::v1::AbortRequest req;
   req.set_request_id("long-1");
@@ -141,7 +141,7 @@ TEST_F(WorkerServiceTest, PauseInPlaceHoldsNewRequestsUntilContinue) {
   ASSERT_TRUE(Call(&rl::v1::Admin::Stub::PauseGeneration, pause, &resp).ok());
   EXPECT_TRUE(ServerInfo().paused());
   rl::v1::GenerateFinal f;
-  std::thread t([&] { EXPECT_TRUE(Generate(Greedy(kPromptIds, 20), &f).ok()); });
+  std::jthread t([&] { EXPECT_TRUE(Generate(Greedy(kPromptIds, 20), &f).ok()); });
   for (int i = 0; i < 2000 && ServerInfo().num_waiting() != 1; ++i) {
     std::this_thread::sleep_for(milliseconds(5));
   }
@@ -154,12 +154,12 @@ TEST_F(WorkerServiceTest, PauseInPlaceHoldsNewRequestsUntilContinue) {
 }
 
 TEST_F(WorkerServiceTest, RetractThenContinueEqualsAnUninterruptedRun) {
-  rl::v1::GenerateRequest req = Greedy(kPromptIds, 60);
+  rl::v1::GenerateRequest req = Greedy(kPromptIds, 400);
   req.mutable_sampling_params()->set_ignore_eos(true);
   rl::v1::GenerateFinal reference;
   ASSERT_TRUE(Generate(req, &reference).ok());
   rl::v1::GenerateFinal f;
-  std::thread t([&] { EXPECT_TRUE(Generate(req, &f).ok()); });
+  std::jthread t([&] { EXPECT_TRUE(Generate(req, &f).ok()); });
   ASSERT_TRUE(WaitRunning(1));
   rl::v1::AdminResponse resp;
   rl::v1::PauseGenerationRequest pause;
@@ -178,7 +178,7 @@ TEST_F(WorkerServiceTest, RetractThenContinueEqualsAnUninterruptedRun) {
 
 TEST_F(WorkerServiceTest, PauseAbortEndsEverything) {
   rl::v1::GenerateFinal f;
-  std::thread t([&] { EXPECT_TRUE(Generate(Long("a"), &f).ok()); });
+  std::jthread t([&] { EXPECT_TRUE(Generate(Long("a"), &f).ok()); });
   ASSERT_TRUE(WaitRunning(1));
   rl::v1::AdminResponse resp;
   rl::v1::PauseGenerationRequest pause;
@@ -203,7 +203,7 @@ TEST_F(WorkerServiceTest, FlushIsRefusedWhileBusyAndWorksWhenIdle) {
   rl::v1::PauseGenerationRequest pause;
   pause.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
   rl::v1::GenerateFinal f;
-  std::thread t([&] { EXPECT_TRUE(Generate(Long("busy"), &f).ok()); });
+  std::jthread t([&] { EXPECT_TRUE(Generate(Long("busy"), &f).ok()); });
   ASSERT_TRUE(WaitRunning(1));
   ASSERT_TRUE(Call(&rl::v1::Admin::Stub::PauseGeneration, pause, &resp).ok());
   grpc::Status s = Call(&rl::v1::Admin::Stub::FlushCache, rl::v1::FlushCacheRequest(), &resp);
