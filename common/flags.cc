@@ -1,6 +1,7 @@
 #include "common/flags.h"
 
 #include <algorithm>
+#include <iostream>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -109,6 +110,22 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::s
     if (absl::Status s = Set(*it, value); !s.ok()) return s;
   }
   return positional;
+}
+
+std::optional<int> FlagSet::ParseMain(int argc, const char* const* argv) {
+  auto positional = Parse(argc, argv);
+  if (help_requested_) {
+    std::cout << Usage();
+    return 0;
+  }
+  if (!positional.ok() || !positional->empty()) {
+    std::cerr << program_ << ": "
+              << (positional.ok() ? "unexpected argument '" + positional->front() + "'"
+                                  : std::string(positional.status().message()))
+              << "\n";
+    return 2;
+  }
+  return std::nullopt;
 }
 
 std::string FlagSet::Usage() const {

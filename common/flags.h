@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,10 @@ class FlagSet {
   absl::StatusOr<std::vector<std::string>> Parse(int argc, const char* const* argv);
   absl::StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args);
   bool help_requested() const { return help_requested_; }
+  // For binaries without positional arguments: parses argv, prints the usage on --help (exit
+  // code 0) or "<program>: <error>" on a bad flag or a stray argument (exit code 2). Returns
+  // nullopt when the program should go on.
+  std::optional<int> ParseMain(int argc, const char* const* argv);
   // "Usage: ..." with every flag, its default and help.
   std::string Usage() const;
 

@@ -13,12 +13,6 @@ namespace {
 
 using Ctx = grpc::CallbackServerContext;
 
-grpc::ServerUnaryReactor* FinishNow(Ctx* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 std::string CodeName(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
@@ -44,7 +38,7 @@ void AdminFanout::Prepare(Ctx* caller, grpc::ClientContext* ctx) const {
 }
 
 grpc::ServerUnaryReactor* AdminFanout::Run(Ctx* c, std::function<absl::Status()> fn) {
-  if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishNow(c, s);
+  if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishUnary(c, s);
   grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
   std::thread([reactor, fn = std::move(fn)] { reactor->Finish(ToGrpcStatus(fn())); }).detach();
   return reactor;

@@ -29,18 +29,7 @@ int main(int argc, char** argv) {
   flags.Int("health-failures", &c.health_failure_threshold, "failed checks before a worker is dead");
   flags.Int("health-successes", &c.health_success_threshold, "passed checks before a dead worker is live");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error|off");
-  auto positional = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  if (!positional.ok() || !positional->empty()) {
-    std::cerr << "rl-router: "
-              << (positional.ok() ? "unexpected argument '" + positional->front() + "'"
-                                  : std::string(positional.status().message()))
-              << "\n";
-    return 2;
-  }
+  if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
   c.admin_api_key = rl::ResolveApiKey(c.admin_api_key, "RL_ADMIN_API_KEY");
   c.api_key = rl::ResolveApiKey(c.api_key, "RL_API_KEY");
   if (absl::Status s = rl::InitLogging(c.log_level); !s.ok()) {

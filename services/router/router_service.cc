@@ -18,12 +18,6 @@ namespace {
 
 constexpr float kUnknownLogprob = std::numeric_limits<float>::quiet_NaN();
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 // The prompt as the model will see it: cached prefix tokens plus the tokenized remainder.
 struct Prompt {
   std::vector<int32_t> ids;
@@ -431,8 +425,8 @@ grpc::ServerWriteReactor<rl::v1::GenerateResponse>* RouterService::Generate(
 grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
     grpc::CallbackServerContext* context, const rl::v1::RetrieveFromTextRequest* request,
     rl::v1::RetrieveFromTextResponse* response) {
-  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return Finish(context, s);
-  if (request->text().empty()) return Finish(context, absl::InvalidArgumentError("text: must not be empty"));
+  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (request->text().empty()) return FinishUnary(context, absl::InvalidArgumentError("text: must not be empty"));
   CacheRetrieval r = cache_->Retrieve(request->text());
   rl::v1::Trajectory* t = response->mutable_trajectory();
   t->mutable_tokens()->Assign(r.tokens.begin(), r.tokens.end());
@@ -442,16 +436,16 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
   response->set_matched_bytes(static_cast<int64_t>(r.matched_bytes));
   response->set_cached_tokens(static_cast<int32_t>(r.tokens.size()));
   if (request->tokenize_remainder() && r.matched_bytes < request->text().size()) {
-    if (tokenizer_ == nullptr) return Finish(context, absl::FailedPreconditionError("no tokenizer"));
+    if (tokenizer_ == nullptr) return FinishUnary(context, absl::FailedPreconditionError("no tokenizer"));
     auto enc = tokenizer_->Encode(request->text().substr(r.matched_bytes), r.matched_bytes == 0);
-    if (!enc.ok()) return Finish(context, Annotate(enc.status(), "text"));
+    if (!enc.ok()) return FinishUnary(context, Annotate(enc.status(), "text"));
     for (int32_t id : enc->ids) {
       t->add_tokens(id);
       t->add_loss_mask(0);
       t->add_rollout_logp(kUnknownLogprob);
     }
   }
-  return Finish(context, absl::OkStatus());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 namespace {
@@ -463,7 +457,7 @@ void FillList(WorkerPool* pool, rl::v1::WorkerListResponse* out) {
 grpc::ServerUnaryReactor* RouterService::AddWorker(grpc::CallbackServerContext* context,
                                                    const rl::v1::AddWorkerRequest* request,
                                                    rl::v1::WorkerListResponse* response) {
-  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Add checks the worker once (a network round trip): off the callback thread.
   std::thread([this, reactor, address = request->address(), response] {
@@ -477,27 +471,27 @@ grpc::ServerUnaryReactor* RouterService::AddWorker(grpc::CallbackServerContext* 
 grpc::ServerUnaryReactor* RouterService::RemoveWorker(grpc::CallbackServerContext* context,
                                                       const rl::v1::RemoveWorkerRequest* request,
                                                       rl::v1::WorkerListResponse* response) {
-  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   absl::Status s = pool_->Remove(request->address());
   if (s.ok()) FillList(pool_, response);
-  return Finish(context, s);
+  return FinishUnary(context, s);
 }
 
 grpc::ServerUnaryReactor* RouterService::ListWorkers(grpc::CallbackServerContext* context,
                                                      const rl::v1::ListWorkersRequest*,
                                                      rl::v1::WorkerListResponse* response) {
-  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   FillList(pool_, response);
-  return Finish(context, absl::OkStatus());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* RouterService::SetWorkerEnabled(
     grpc::CallbackServerContext* context, const rl::v1::SetWorkerEnabledRequest* request,
     rl::v1::WorkerListResponse* response) {
-  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   absl::Status s = pool_->SetEnabled(request->address(), request->enabled());
   if (s.ok()) FillList(pool_, response);
-  return Finish(context, s);
+  return FinishUnary(context, s);
 }
 
 void RouterService::FillMetrics(rl::v1::GetMetricsResponse* out) const {
@@ -533,9 +527,9 @@ void RouterService::FillMetrics(rl::v1::GetMetricsResponse* out) const {
 grpc::ServerUnaryReactor* RouterService::GetMetrics(grpc::CallbackServerContext* context,
                                                     const rl::v1::GetMetricsRequest*,
                                                     rl::v1::GetMetricsResponse* response) {
-  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   FillMetrics(response);
-  return Finish(context, absl::OkStatus());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 }  // namespace rl::router

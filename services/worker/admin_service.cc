@@ -17,16 +17,10 @@ namespace {
 
 using Ctx = grpc::CallbackServerContext;
 
-grpc::ServerUnaryReactor* FinishNow(Ctx* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 // Checks the key, then runs `fn` on its own thread and finishes the call with its status.
 grpc::ServerUnaryReactor* RunAsync(Ctx* context, const BearerAuth* auth,
                                    std::function<absl::Status()> fn) {
-  if (absl::Status s = auth->Check(*context); !s.ok()) return FinishNow(context, s);
+  if (absl::Status s = auth->Check(*context); !s.ok()) return FinishUnary(context, s);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::thread([reactor, fn = std::move(fn)] { reactor->Finish(ToGrpcStatus(fn())); }).detach();
   return reactor;
@@ -244,16 +238,16 @@ grpc::ServerUnaryReactor* AdminService::DestroyWeightsUpdateGroup(
 
 grpc::ServerUnaryReactor* AdminService::GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest*,
                                                      rl::v1::GetModelInfoResponse* resp) {
-  if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishNow(c, s);
+  if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishUnary(c, s);
   server_->FillModelInfo(resp);
-  return FinishNow(c, absl::OkStatus());
+  return FinishUnary(c, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AdminService::GetServerInfo(Ctx* c, const rl::v1::GetServerInfoRequest*,
                                                       rl::v1::GetServerInfoResponse* resp) {
-  if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishNow(c, s);
+  if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishUnary(c, s);
   server_->FillServerInfo(resp);
-  return FinishNow(c, absl::OkStatus());
+  return FinishUnary(c, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AdminService::ListWeights(Ctx* c, const rl::v1::ListWeightsRequest*,

@@ -28,18 +28,7 @@ int main(int argc, char** argv) {
   flags.Int("chunked-prefill-tokens", &config.chunked_prefill_tokens, "prefill tokens per step");
   flags.Int("weight-version", &config.weight_version, "initial weight version");
   flags.String("log-level", &config.log_level, "trace|debug|info|warn|error|off");
-  auto positional = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  if (!positional.ok() || !positional->empty()) {
-    std::cerr << "rl-worker: "
-              << (positional.ok() ? "unexpected argument '" + positional->front() + "'"
-                                  : std::string(positional.status().message()))
-              << "\n";
-    return 2;
-  }
+  if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
   config.admin_api_key = rl::ResolveApiKey(config.admin_api_key, "RL_ADMIN_API_KEY");
   config.api_key = rl::ResolveApiKey(config.api_key, "RL_API_KEY");
   if (absl::Status s = rl::InitLogging(config.log_level); !s.ok()) {

@@ -15,12 +15,6 @@
 namespace rl::worker {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 // One Generate stream. Lifetime: two references, gRPC's (dropped in OnDone) and the engine's
 // (dropped after the last completion's on_finish); the object deletes itself when both are
 // gone, so engine callbacks never touch a freed reactor. StartWrite / Finish are issued
@@ -228,22 +222,22 @@ grpc::ServerWriteReactor<rl::v1::GenerateResponse>* WorkerService::Generate(
 grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* context,
                                                const rl::v1::AbortRequest* request,
                                                rl::v1::AbortResponse* response) {
-  if (absl::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   absl::StatusOr<int32_t> n = absl::InvalidArgumentError("request_id: set it or abort_all");
   if (request->abort_all()) {
     n = server_->engine().AbortAll("aborted by Abort(abort_all)");
   } else if (!request->request_id().empty()) {
     n = server_->engine().Abort(request->request_id(), "aborted by Abort");
   }
-  if (!n.ok()) return Finish(context, n.status());
+  if (!n.ok()) return FinishUnary(context, n.status());
   response->set_num_aborted(*n);
-  return Finish(context, absl::OkStatus());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* context,
                                                  const rl::v1::GetLoadRequest*,
                                                  rl::v1::GetLoadResponse* response) {
-  if (absl::Status s = auth_->Check(*context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   const engine::ServerInfo info = server_->engine().GetServerInfo();
   response->set_num_running(info.num_running);
   response->set_num_waiting(info.num_waiting);
@@ -253,7 +247,7 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
                              : 0.0);
   response->set_weight_version(info.weight_version);
   response->set_paused(info.paused);
-  return Finish(context, absl::OkStatus());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 }  // namespace rl::worker

@@ -146,18 +146,7 @@ int main(int argc, char** argv) {
   flags.Int("cuda-device", &config.cuda_device, "nccl: the CUDA device of this rank");
   flags.Bool("plan-only", &config.plan_only, "print the bucket plan and exit");
   flags.String("log-level", &config.log_level, "trace|debug|info|warn|error|off");
-  auto positional = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  if (!positional.ok() || !positional->empty()) {
-    std::cerr << "rl-weight-sender: "
-              << (positional.ok() ? "unexpected argument '" + positional->front() + "'"
-                                  : std::string(positional.status().message()))
-              << "\n";
-    return 2;
-  }
+  if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
   if (std::string error = Validate(config); !error.empty()) {
     std::cerr << "rl-weight-sender: " << error << "\n";
     return 2;
