@@ -1,6 +1,7 @@
 // rl.v1.Worker and the pause/continue/flush part of rl.v1.Admin, driven by the generated C++
 // client against an in-process rl-worker on stories260K.
 #include <chrono>
+#include <map>
 #include <thread>
 
 #include "tests/worker/worker_test_util.h"
@@ -75,6 +76,34 @@ TEST_F(WorkerServiceTest, LogprobsAreReportedPerToken) {
     EXPECT_EQ(lp.top(0).token_id(), lp.token_id());  // greedy picks the top token
   }
   EXPECT_EQ(f.prompt_logprobs_size(), 4);
+}
+
+TEST_F(WorkerServiceTest, NCompletionsEachGetAFinalMessage) {
+  rl::v1::GenerateRequest req = Greedy(kPromptIds, 6);
+  req.mutable_sampling_params()->set_temperature(1.0);
+  req.mutable_sampling_params()->set_seed(7);
+  req.mutable_sampling_params()->set_n(3);
+  grpc::ClientContext ctx;
+  auto reader = worker_->Generate(&ctx, req);
+  rl::v1::GenerateResponse msg;
+  std::map<int, std::string> streamed, final_text;
+  while (reader->Read(&msg)) {
+    if (msg.has_chunk()) streamed[msg.index()] += msg.chunk().text();
+    if (msg.has_final()) final_text[msg.index()] = msg.final().text();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(final_text.size(), 3u);
+  for (const auto& [i, text] : final_text) EXPECT_EQ(streamed[i], text) << i;
+}
+
+TEST_F(WorkerServiceTest, StopStringEndsTheCompletion) {
+  rl::v1::GenerateRequest req = Greedy(kPromptIds, 20);
+  req.mutable_sampling_params()->add_stop("little");
+  rl::v1::GenerateFinal f;
+  ASSERT_TRUE(Generate(req, &f).ok());
+  EXPECT_EQ(f.finish_reason(), rl::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(f.matched_stop(), "little");
+  EXPECT_LT(f.completion_tokens(), 20);
 }
 
 TEST_F(WorkerServiceTest, InvalidRequestsNameTheField) {
