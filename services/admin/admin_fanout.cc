@@ -32,6 +32,20 @@ std::vector<T> ForEachParallel(const std::vector<std::shared_ptr<router::Worker>
 
 }  // namespace
 
+template <typename Req, typename Resp>
+std::vector<Reply<Resp>> AdminFanout::Gather(Ctx* caller, const Req& req,
+                                             StubMethod<Req, Resp> method) const {
+  const auto targets = pool_->LiveWorkers();
+  return ForEachParallel<Reply<Resp>>(targets, [&](router::Worker& w) {
+    Reply<Resp> r;
+    r.worker = w.address();
+    grpc::ClientContext ctx;
+    Prepare(caller, &ctx);
+    r.status = (w.admin_stub().*method)(&ctx, req, &r.resp);
+    return r;
+  });
+}
+
 void AdminFanout::Prepare(Ctx* caller, grpc::ClientContext* ctx) const {
   ctx->set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
   if (auto header = AuthorizationHeader(*caller)) ctx->AddMetadata("authorization", *header);
@@ -195,31 +209,20 @@ AdminFanout::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
 grpc::ServerUnaryReactor* AdminFanout::GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest* req,
                                                     rl::v1::GetModelInfoResponse* resp) {
   return Run(c, [this, c, req, resp]() -> absl::Status {
-    auto targets = pool_->LiveWorkers();
-    if (targets.empty()) return absl::UnavailableError("GetModelInfo: no live worker");
-    struct R {
-      grpc::Status s;
-      rl::v1::GetModelInfoResponse info;
-    };
-    auto results = ForEachParallel<R>(targets, [&](router::Worker& w) {
-      R r;
-      grpc::ClientContext ctx;
-      Prepare(c, &ctx);
-      r.s = w.admin_stub().GetModelInfo(&ctx, *req, &r.info);
-      return r;
-    });
+    const auto replies = Gather(c, *req, &rl::v1::Admin::Stub::GetModelInfo);
+    if (replies.empty()) return absl::UnavailableError("GetModelInfo: no live worker");
     bool have = false;
-    for (size_t i = 0; i < targets.size(); ++i) {
-      if (!results[i].s.ok()) continue;
+    for (const auto& r : replies) {
+      if (!r.status.ok()) continue;
       if (!have) {
-        *resp = results[i].info;
+        *resp = r.resp;
         have = true;
       }
       rl::v1::WorkerModelInfo* w = resp->add_workers();
-      w->set_worker(targets[i]->address());
-      *w->mutable_info() = results[i].info;
+      w->set_worker(r.worker);
+      *w->mutable_info() = r.resp;
     }
-    if (!have) return FromGrpcStatus(results[0].s);
+    if (!have) return FromGrpcStatus(replies[0].status);
     return absl::OkStatus();
   });
 }
@@ -228,22 +231,10 @@ grpc::ServerUnaryReactor* AdminFanout::GetServerInfo(Ctx* c,
                                                      const rl::v1::GetServerInfoRequest* req,
                                                      rl::v1::GetServerInfoResponse* resp) {
   return Run(c, [this, c, req, resp]() -> absl::Status {
-    auto targets = pool_->LiveWorkers();
-    struct R {
-      grpc::Status s;
-      rl::v1::GetServerInfoResponse info;
-    };
-    auto results = ForEachParallel<R>(targets, [&](router::Worker& w) {
-      R r;
-      grpc::ClientContext ctx;
-      Prepare(c, &ctx);
-      r.s = w.admin_stub().GetServerInfo(&ctx, *req, &r.info);
-      return r;
-    });
     // Totals over the workers; paused when any worker is.
-    for (size_t i = 0; i < targets.size(); ++i) {
-      if (!results[i].s.ok()) continue;
-      const auto& info = results[i].info;
+    for (const auto& r : Gather(c, *req, &rl::v1::Admin::Stub::GetServerInfo)) {
+      if (!r.status.ok()) continue;
+      const auto& info = r.resp;
       resp->set_paused(resp->paused() || info.paused());
       resp->set_num_running(resp->num_running() + info.num_running());
       resp->set_num_waiting(resp->num_waiting() + info.num_waiting());
@@ -253,7 +244,7 @@ grpc::ServerUnaryReactor* AdminFanout::GetServerInfo(Ctx* c,
       resp->set_update_failed(resp->update_failed() || info.update_failed());
       resp->set_weight_version(std::max(resp->weight_version(), info.weight_version()));
       rl::v1::WorkerServerInfo* w = resp->add_workers();
-      w->set_worker(targets[i]->address());
+      w->set_worker(r.worker);
       *w->mutable_info() = info;
     }
     return absl::OkStatus();
@@ -275,34 +266,23 @@ grpc::ServerUnaryReactor* AdminFanout::WeightsChecker(Ctx* c,
                                                       const rl::v1::WeightsCheckerRequest* req,
                                                       rl::v1::WeightsCheckerResponse* resp) {
   return Run(c, [this, c, req, resp]() -> absl::Status {
-    auto targets = pool_->LiveWorkers();
-    if (targets.empty()) return absl::UnavailableError("WeightsChecker: no live worker");
-    struct R {
-      grpc::Status s;
-      rl::v1::WeightsCheckerResponse r;
-    };
-    auto results = ForEachParallel<R>(targets, [&](router::Worker& w) {
-      R r;
-      grpc::ClientContext ctx;
-      Prepare(c, &ctx);
-      r.s = w.admin_stub().WeightsChecker(&ctx, *req, &r.r);
-      return r;
-    });
+    const auto replies = Gather(c, *req, &rl::v1::Admin::Stub::WeightsChecker);
+    if (replies.empty()) return absl::UnavailableError("WeightsChecker: no live worker");
     bool all_ok = true;
-    for (size_t i = 0; i < targets.size(); ++i) {
+    for (const auto& r : replies) {
       rl::v1::WorkerWeightsChecker* w = resp->add_workers();
-      w->set_worker(targets[i]->address());
-      if (results[i].s.ok()) {
-        *w->mutable_result() = results[i].r;
-        all_ok = all_ok && results[i].r.success();
+      w->set_worker(r.worker);
+      if (r.status.ok()) {
+        *w->mutable_result() = r.resp;
+        all_ok = all_ok && r.resp.success();
       } else {
         w->mutable_result()->set_success(false);
-        w->mutable_result()->set_message(results[i].s.error_message());
+        w->mutable_result()->set_message(r.status.error_message());
         all_ok = false;
       }
     }
     resp->set_success(all_ok);
-    resp->set_message(absl::StrCat(targets.size(), " workers"));
+    resp->set_message(absl::StrCat(replies.size(), " workers"));
     return absl::OkStatus();
   });
 }

@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
@@ -29,6 +30,17 @@ struct FanoutOptions {
   std::chrono::milliseconds lock_timeout{30000};
   std::chrono::milliseconds call_timeout{600000};
 };
+
+// One worker's answer to a read-only broadcast.
+template <typename Resp>
+struct Reply {
+  std::string worker;
+  grpc::Status status;
+  Resp resp;
+};
+
+template <typename Req, typename Resp>
+using StubMethod = grpc::Status (rl::v1::Admin::Stub::*)(grpc::ClientContext*, const Req&, Resp*);
 
 class AdminFanout final : public rl::v1::Admin::CallbackService {
  public:
@@ -83,6 +95,10 @@ class AdminFanout final : public rl::v1::Admin::CallbackService {
   absl::Status Broadcast(const char* what, Ctx* caller, Routing routing, bool bumps_version,
                          const WorkerCall& call, rl::v1::AdminResponse* resp);
   grpc::ServerUnaryReactor* Run(Ctx* c, std::function<absl::Status()> fn);
+  // Calls `method` on every live worker in parallel (read-only calls: no admin lock).
+  template <typename Req, typename Resp>
+  std::vector<Reply<Resp>> Gather(Ctx* caller, const Req& req,
+                                  StubMethod<Req, Resp> method) const;
   void Prepare(Ctx* caller, grpc::ClientContext* ctx) const;
 
   router::WorkerPool* pool_;

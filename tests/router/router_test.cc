@@ -303,6 +303,36 @@ TEST_F(RouterTest, AdminLockTimesOut) {
   EXPECT_FALSE(ListWorkers().workers(0).enabled());
 }
 
+TEST_F(RouterTest, ReadOnlyAdminCallsListEveryWorker) {
+  StartFleet(2);
+  rl::v1::GetModelInfoResponse info;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->GetModelInfo(&ctx, {}, &info).ok());
+  }
+  EXPECT_EQ(info.vocab_size(), 512);
+  EXPECT_EQ(info.workers_size(), 2);
+  rl::v1::GetServerInfoResponse server;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->GetServerInfo(&ctx, {}, &server).ok());
+  }
+  EXPECT_EQ(server.workers_size(), 2);
+  EXPECT_EQ(server.kv_tokens_total(),
+            server.workers(0).info().kv_tokens_total() + server.workers(1).info().kv_tokens_total());
+  rl::v1::WeightsCheckerRequest req;
+  req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
+  rl::v1::WeightsCheckerResponse sums;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->WeightsChecker(&ctx, req, &sums).ok());
+  }
+  ASSERT_EQ(sums.workers_size(), 2);
+  EXPECT_TRUE(sums.success());
+  EXPECT_EQ(sums.workers(0).result().rank_sha256(), sums.workers(1).result().rank_sha256());
+  EXPECT_EQ(sums.workers(0).result().rank_sha256().size(), 64u);
+}
+
 TEST_F(RouterTest, AuthIsCheckedAndForwarded) {
   RouterConfig config;
   config.admin_api_key = "k";
