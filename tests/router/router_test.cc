@@ -303,6 +303,30 @@ TEST_F(RouterTest, AdminLockTimesOut) {
   EXPECT_FALSE(ListWorkers().workers(0).enabled());
 }
 
+TEST_F(RouterTest, DifferentWeightVersionsAreFlagged) {
+  StartFleet(2);
+  // Update one worker behind the router's back.
+  auto direct = rl::v1::Admin::NewStub(
+      grpc::CreateChannel(workers_[0]->address(), grpc::InsecureChannelCredentials()));
+  rl::v1::UpdateWeightsFromDiskRequest update;
+  update.set_model_path(Stories());
+  rl::v1::AdminResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(direct->UpdateWeightsFromDisk(&ctx, update, &resp).ok());
+  }
+  router_->pool().CheckAll();
+  const auto listing = ListWorkers();
+  int flagged = 0;
+  for (const auto& w : listing.workers()) flagged += w.version_mismatch();
+  EXPECT_EQ(flagged, 1);  // the stale one
+  rl::v1::GetMetricsResponse m;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->GetMetrics(&ctx, {}, &m).ok());
+  EXPECT_TRUE(m.weight_version_mismatch());
+  EXPECT_NE(m.prometheus_text().find("rl_router_weight_version_mismatch 1"), std::string::npos);
+}
+
 TEST_F(RouterTest, ReadOnlyAdminCallsListEveryWorker) {
   StartFleet(2);
   rl::v1::GetModelInfoResponse info;

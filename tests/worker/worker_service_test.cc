@@ -4,6 +4,7 @@
 #include <map>
 #include <thread>
 
+#include "httplib.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {
@@ -254,6 +255,29 @@ TEST_F(WorkerServiceTest, GetLoadAndServerInfo) {
   const auto info = ServerInfo();
   EXPECT_GT(info.kv_tokens_total(), 0);
   EXPECT_EQ(info.backend(), "cpu");
+}
+
+class WorkerMetricsTest : public WorkerFixture {
+ protected:
+  void SetUp() override {
+    WorkerConfig config;
+    config.metrics_port = 0;
+    StartWorker(config);
+  }
+};
+
+TEST_F(WorkerMetricsTest, PrometheusEndpointServesTheWorkerTable) {
+  rl::v1::GenerateFinal fin;
+  ASSERT_TRUE(Generate(Greedy(kPromptIds, 8), &fin).ok());
+  httplib::Client client("127.0.0.1", server_->metrics_port());
+  auto res = client.Get("/metrics");
+  ASSERT_TRUE(res);
+  for (const char* name :
+       {"rl_worker_requests_total 1", "rl_worker_generated_tokens_total 8",
+        "rl_worker_weight_version 0", "rl_worker_running_requests 0", "rl_worker_kv_usage_ratio",
+        "rl_worker_time_to_first_token_seconds_bucket", "rl_worker_cache_hit_ratio"}) {
+    EXPECT_NE(res->body.find(name), std::string::npos) << name;
+  }
 }
 
 TEST_F(WorkerServiceTest, ManyConcurrentStreamsAllFinish) {
