@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
+#include "common/status.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::admin {
@@ -149,10 +150,35 @@ RL_FANOUT_UNARY(InitWeightsUpdateGroup, InitWeightsUpdateGroupRequest, Routing::
 RL_FANOUT_UNARY(UpdateWeightsFromDistributed, UpdateWeightsFromDistributedRequest,
                 Routing::kDisableDuring, true)
 RL_FANOUT_UNARY(DestroyWeightsUpdateGroup, DestroyWeightsUpdateGroupRequest, Routing::kKeep, false)
-RL_FANOUT_UNARY(ReleaseMemory, ReleaseMemoryRequest, Routing::kDisableDuring, false)
-RL_FANOUT_UNARY(ResumeMemory, ResumeMemoryRequest, Routing::kKeep, false)
 
 #undef RL_FANOUT_UNARY
+
+grpc::ServerUnaryReactor* AdminFanout::ReleaseMemory(Ctx* c, const rl::v1::ReleaseMemoryRequest* req,
+                                                     rl::v1::AdminResponse* resp) {
+  return Run(c, [this, c, req, resp] { return SleepOrWake(c, /*sleep=*/true, resp, [req](
+      router::Worker& w, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
+    return w.admin_stub().ReleaseMemory(&ctx, *req, r);
+  }); });
+}
+
+grpc::ServerUnaryReactor* AdminFanout::ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest* req,
+                                                    rl::v1::AdminResponse* resp) {
+  return Run(c, [this, c, req, resp] { return SleepOrWake(c, /*sleep=*/false, resp, [req](
+      router::Worker& w, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
+    return w.admin_stub().ResumeMemory(&ctx, *req, r);
+  }); });
+}
+
+absl::Status AdminFanout::SleepOrWake(Ctx* c, bool sleep, rl::v1::AdminResponse* resp,
+                                      const WorkerCall& call) {
+  RETURN_IF_ERROR(Broadcast(sleep ? "ReleaseMemory" : "ResumeMemory", c,
+                            sleep ? Routing::kDisableDuring : Routing::kKeep, false, call, resp));
+  // Route around sleeping workers at once instead of waiting for the next health check.
+  for (const auto& r : resp->results()) {
+    if (r.success()) pool_->SetServing(r.worker(), !sleep);
+  }
+  return absl::OkStatus();
+}
 
 namespace {
 

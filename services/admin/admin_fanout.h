@@ -95,6 +95,8 @@ class AdminFanout final : public rl::v1::Admin::CallbackService {
   absl::Status Broadcast(const char* what, Ctx* caller, Routing routing, bool bumps_version,
                          const WorkerCall& call, rl::v1::AdminResponse* resp);
   grpc::ServerUnaryReactor* Run(Ctx* c, std::function<absl::Status()> fn);
+  // ReleaseMemory / ResumeMemory: a broadcast that also marks the workers (not) serving.
+  absl::Status SleepOrWake(Ctx* c, bool sleep, rl::v1::AdminResponse* resp, const WorkerCall& call);
   // Calls `method` on every live worker in parallel (read-only calls: no admin lock).
   template <typename Req, typename Resp>
   std::vector<Reply<Resp>> Gather(Ctx* caller, const Req& req,

@@ -191,7 +191,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
     const RetryOptions& retry = svc_->retry();
     std::set<std::string> tried;
     std::chrono::milliseconds backoff = retry.backoff;
-    absl::Status last = absl::UnavailableError("no live worker");
+    absl::Status last = absl::UnavailableError("no live, enabled, serving worker");
     for (int attempt = 1; attempt <= retry.max_attempts; ++attempt) {
       {
         absl::MutexLock lock(&mu_);
@@ -205,7 +205,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
       Lease lease = svc_->pool()->Pick(tried);
       if (!lease) lease = svc_->pool()->Pick();  // every worker was tried: any live one
       if (!lease) {
-        last = absl::UnavailableError("no live worker");
+        last = absl::UnavailableError("no live, enabled, serving worker");
         continue;
       }
       tried.insert(lease->address());

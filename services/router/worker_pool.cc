@@ -118,13 +118,20 @@ Lease WorkerPool::Pick(const std::set<std::string>& exclude) {
   const size_t n = workers_.size();
   for (size_t i = 0; i < n; ++i) {
     const std::shared_ptr<Worker>& w = workers_[(next_ + i) % n];
-    if (w->live_ && w->enabled_ && !exclude.contains(w->address())) {
+    if (w->live_ && w->enabled_ && w->serving_ && !exclude.contains(w->address())) {
       next_ = (next_ + i + 1) % n;
       w->served_.fetch_add(1);
       return Lease(w);
     }
   }
   return Lease();
+}
+
+void WorkerPool::SetServing(const std::string& address, bool serving) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& w : workers_) {
+    if (w->address() == address) w->serving_ = serving;
+  }
 }
 
 std::vector<std::shared_ptr<Worker>> WorkerPool::LiveWorkers() const {
@@ -223,6 +230,7 @@ void WorkerPool::CheckOne(const std::shared_ptr<Worker>& w) {
   }
   w->failures_ = 0;
   w->weight_version_ = load.weight_version();
+  w->serving_ = health.status() == grpc::health::v1::HealthCheckResponse::SERVING;
   if (w->live_) return;
   ++w->successes_;
   const int64_t current = CurrentVersionLocked();

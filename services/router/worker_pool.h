@@ -9,7 +9,7 @@
 // restarted worker with stale weights never serves. Data-plane UNAVAILABLE errors count as
 // failures too.
 //
-// Pick() is round-robin over live, enabled workers, skipping excluded ones; the returned Lease
+// Pick() is round-robin over live, enabled workers whose health is SERVING, skipping excluded ones; the returned Lease
 // holds one in-flight unit until destroyed. Thread-safe; Pick is O(#workers).
 #pragma once
 
@@ -59,6 +59,7 @@ class Worker {
   // Guarded by the pool's mutex.
   bool live_ = false;
   bool enabled_ = true;
+  bool serving_ = true;  // gRPC health SERVING (NOT_SERVING: asleep or updating weights)
   bool removed_ = false;
   int failures_ = 0;
   int successes_ = 0;
@@ -94,7 +95,10 @@ class WorkerPool {
   // Current state of every worker, sorted by address.
   std::vector<rl::v1::WorkerStatus> List() const;
 
-  // A live, enabled worker not in `exclude`, round-robin; an empty lease when none.
+  // Marks a worker's health as (not) serving right away (sleep / wake broadcasts); the next
+  // health check refreshes it.
+  void SetServing(const std::string& address, bool serving);
+  // A live, enabled, serving worker not in `exclude`, round-robin; an empty lease when none.
   Lease Pick(const std::set<std::string>& exclude = {});
   // Live workers (enabled or not): the targets of admin broadcasts.
   std::vector<std::shared_ptr<Worker>> LiveWorkers() const;

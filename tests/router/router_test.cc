@@ -327,6 +327,29 @@ TEST_F(RouterTest, DifferentWeightVersionsAreFlagged) {
   EXPECT_NE(m.prometheus_text().find("rl_router_weight_version_mismatch 1"), std::string::npos);
 }
 
+TEST_F(RouterTest, SleepingWorkersAreNotRouted) {
+  StartFleet(2);
+  rl::v1::AdminResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->ReleaseMemory(&ctx, {}, &resp).ok());
+  }
+  EXPECT_TRUE(resp.success()) << resp.message();
+  rl::v1::GenerateFinal f;
+  grpc::Status s = Generate(TextRequest("Once", 2, false), &f);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  router_->pool().CheckAll();  // health says NOT_SERVING: still live, still not routed
+  const auto listing = ListWorkers();
+  for (const auto& w : listing.workers()) EXPECT_EQ(w.state(), rl::v1::WORKER_STATE_LIVE);
+  EXPECT_EQ(Generate(TextRequest("Once", 2, false), &f).error_code(), grpc::StatusCode::UNAVAILABLE);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->ResumeMemory(&ctx, {}, &resp).ok());
+  }
+  EXPECT_TRUE(resp.success());
+  EXPECT_TRUE(Generate(TextRequest("Once", 2, false), &f).ok());
+}
+
 TEST_F(RouterTest, ReadOnlyAdminCallsListEveryWorker) {
   StartFleet(2);
   rl::v1::GetModelInfoResponse info;
