@@ -1,0 +1,156 @@
+// UpdateWeightsFromDistributed end to end on one worker: the trainer side is an in-process
+// WeightSender (rank 0, tcp), the worker joins through InitWeightsUpdateGroup, and each bucket's
+// metadata goes over gRPC while its bytes go over the group.
+#include <future>
+
+#include "gmock/gmock.h"
+#include "services/worker/weight_sync/bucket_plan.h"
+#include "services/worker/weight_sync/weight_sync.h"
+#include "services/worker/weights_checker.h"
+#include "tests/worker/worker_test_util.h"
+
+namespace rl::worker::testing {
+namespace {
+
+using Stub = rl::v1::Admin::Stub;
+
+class DistributedUpdateTest : public WorkerFixture {
+ protected:
+  void SetUp() override {
+    StartWorker();
+    weight_sync::GroupOptions options;
+    options.rank = 0;
+    options.world_size = 2;
+    options.group_name = "train";
+    options.timeout = std::chrono::seconds(20);
+    auto sender = weight_sync::WeightSender::Create(options);
+    ASSERT_TRUE(sender.ok()) << sender.status();
+    sender_ = *std::move(sender);
+    // The worker joins while the trainer waits for it.
+    auto join = std::async(std::launch::async, [this] {
+      rl::v1::InitWeightsUpdateGroupRequest init;
+      init.set_master_address("127.0.0.1");
+      init.set_master_port(sender_->port());
+      init.set_rank_offset(1);
+      init.set_world_size(2);
+      init.set_group_name("train");
+      init.set_backend(rl::v1::GROUP_BACKEND_TCP);
+      rl::v1::AdminResponse resp;
+      return Call(&Stub::InitWeightsUpdateGroup, init, &resp);
+    });
+    ASSERT_TRUE(sender_->WaitForReceivers().ok());
+    grpc::Status s = join.get();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  void TearDown() override {
+    if (sender_) sender_->Close();
+    WorkerFixture::TearDown();
+  }
+
+  // Sends `bucket` while the worker receives it under `specs` (normally the bucket's own).
+  // The trainer's broadcast status goes to `sent`.
+  grpc::Status SendBucket(const weight_sync::Bucket& bucket,
+                          const std::vector<weight_sync::TensorSpec>& specs,
+                          rl::v1::AdminResponse* resp, absl::Status* sent) {
+    auto call = std::async(std::launch::async, [&] {
+      rl::v1::UpdateWeightsFromDistributedRequest req;
+      req.set_group_name("train");
+      for (const auto& s : specs) {
+        req.add_names(s.name);
+        req.add_dtypes(s.dtype);
+        req.add_shapes()->mutable_dims()->Assign(s.shape.begin(), s.shape.end());
+      }
+      return Call(&Stub::UpdateWeightsFromDistributed, req, resp);
+    });
+    *sent = sender_->Broadcast(bucket.specs, bucket.data).status();
+    return call.get();
+  }
+
+  std::unique_ptr<weight_sync::WeightSender> sender_;
+};
+
+TEST_F(DistributedUpdateTest, BucketsUpdateWeightsAndVersion) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "mlp", 1.5f);
+  auto ckpt = model_io::OpenCheckpoint(dir.path());
+  ASSERT_TRUE(ckpt.ok());
+  auto buckets = weight_sync::PlanBuckets(*ckpt, 100 << 10);  // several buckets
+  ASSERT_TRUE(buckets.ok());
+  ASSERT_GT(buckets->size(), 1u);
+  const std::vector<int32_t> before = GreedyIds();
+  int64_t version = 0;
+  for (const auto& b : *buckets) {
+    rl::v1::AdminResponse resp;
+    absl::Status sent;
+    grpc::Status s = SendBucket(b, b.specs, &resp, &sent);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_TRUE(sent.ok()) << sent;
+    EXPECT_EQ(resp.weight_version(), ++version);
+  }
+  EXPECT_NE(GreedyIds(), before);
+  rl::v1::WeightsCheckerRequest req;
+  req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
+  rl::v1::WeightsCheckerResponse sums;
+  ASSERT_TRUE(Call(&Stub::WeightsChecker, req, &sums).ok());
+  for (const auto& [name, t] : ckpt->tensors()) {
+    EXPECT_EQ(sums.tensor_sha256().at(name),
+              TensorDigest({name, model_io::DTypeName(t.dtype), t.shape}, t.data))
+        << name;
+  }
+  EXPECT_THAT(ServerInfo().weight_update_groups(), ::testing::ElementsAre("train"));
+  rl::v1::DestroyWeightsUpdateGroupRequest destroy;
+  destroy.set_group_name("train");
+  rl::v1::AdminResponse resp;
+  ASSERT_TRUE(Call(&Stub::DestroyWeightsUpdateGroup, destroy, &resp).ok());
+  EXPECT_TRUE(ServerInfo().weight_update_groups().empty());
+}
+
+TEST_F(DistributedUpdateTest, MismatchedBucketLeavesTheWorkerPausedAndSaysSo) {
+  auto ckpt = model_io::OpenCheckpoint(Stories());
+  ASSERT_TRUE(ckpt.ok());
+  auto buckets = weight_sync::PlanBuckets(*ckpt, 1 << 30);
+  ASSERT_TRUE(buckets.ok());
+  const weight_sync::Bucket& b = buckets->front();
+  std::vector<weight_sync::TensorSpec> wrong = b.specs;
+  std::swap(wrong[0], wrong[1]);  // same tensors, other order: the header check refuses it
+  rl::v1::AdminResponse resp;
+  absl::Status sent;
+  grpc::Status s = SendBucket(b, wrong, &resp, &sent);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_FALSE(sent.ok());  // the trainer learns that rank 1 rejected the bucket
+  const auto info = ServerInfo();
+  EXPECT_TRUE(info.paused());
+  EXPECT_TRUE(info.update_failed());
+  EXPECT_FALSE(info.last_error().empty());
+  EXPECT_EQ(server_->weight_version(), 0);
+  // The group stays usable: a correct bucket repairs the worker, then continue.
+  ASSERT_TRUE(SendBucket(b, b.specs, &resp, &sent).ok());
+  EXPECT_TRUE(sent.ok()) << sent;
+  EXPECT_FALSE(ServerInfo().update_failed());
+}
+
+TEST(DistributedInitTest, InitWithoutATrainerTimesOutClearly) {
+  WorkerConfig config;
+  config.model_path = Stories();
+  config.kv_cache_gb = 0.01;
+  auto server = WorkerServer::Start(config);
+  ASSERT_TRUE(server.ok());
+  GroupRequest g;
+  g.master_address = "127.0.0.1";
+  g.master_port = 1;
+  g.rank_offset = 1;
+  g.world_size = 2;
+  g.group_name = "nobody";
+  g.backend = "tcp";
+  g.timeout_ms = 300;
+  auto r = (*server)->InitWeightsUpdateGroup(g);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("127.0.0.1"), std::string::npos) << r.status();
+  g.rank_offset = 0;
+  EXPECT_EQ((*server)->InitWeightsUpdateGroup(g).status().code(), absl::StatusCode::kInvalidArgument);
+  (*server)->Shutdown();
+}
+
+}  // namespace
+}  // namespace rl::worker::testing
