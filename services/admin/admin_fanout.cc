@@ -18,14 +18,14 @@ std::string CodeName(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
-// Runs fn(worker) for every worker in parallel and returns the results in order.
+// Runs fn(worker, index) for every worker in parallel and returns the results in order.
 template <typename T>
 std::vector<T> ForEachParallel(const std::vector<std::shared_ptr<router::Worker>>& workers,
-                               const std::function<T(router::Worker&)>& fn) {
+                               const std::function<T(router::Worker&, size_t)>& fn) {
   std::vector<T> out(workers.size());
   std::vector<std::thread> threads;
   for (size_t i = 0; i < workers.size(); ++i) {
-    threads.emplace_back([&, i] { out[i] = fn(*workers[i]); });
+    threads.emplace_back([&, i] { out[i] = fn(*workers[i], i); });
   }
   for (auto& t : threads) t.join();
   return out;
@@ -37,7 +37,7 @@ template <typename Req, typename Resp>
 std::vector<Reply<Resp>> AdminFanout::Gather(Ctx* caller, const Req& req,
                                              StubMethod<Req, Resp> method) const {
   const auto targets = pool_->LiveWorkers();
-  return ForEachParallel<Reply<Resp>>(targets, [&](router::Worker& w) {
+  return ForEachParallel<Reply<Resp>>(targets, [&](router::Worker& w, size_t) {
     Reply<Resp> r;
     r.worker = w.address();
     grpc::ClientContext ctx;
@@ -83,11 +83,11 @@ absl::Status AdminFanout::Broadcast(const char* what, Ctx* caller, Routing routi
     grpc::Status status;
     rl::v1::AdminResponse resp;
   };
-  std::vector<Result> results = ForEachParallel<Result>(targets, [&](router::Worker& w) {
+  std::vector<Result> results = ForEachParallel<Result>(targets, [&](router::Worker& w, size_t i) {
     Result r;
     grpc::ClientContext ctx;
     Prepare(caller, &ctx);
-    r.status = call(w, ctx, &r.resp);
+    r.status = call(w, i, ctx, &r.resp);
     return r;
   });
   bool all_ok = !targets.empty();
@@ -133,7 +133,7 @@ absl::Status AdminFanout::Broadcast(const char* what, Ctx* caller, Routing routi
                                                 rl::v1::AdminResponse* resp) {                 \
     return Run(c, [this, c, req, resp] {                                                       \
       return Broadcast(#Method, c, routing, bumps,                                             \
-                       [req](router::Worker& w, grpc::ClientContext& ctx,                      \
+                       [req](router::Worker& w, size_t, grpc::ClientContext& ctx,              \
                              rl::v1::AdminResponse* r) {                                       \
                          return w.admin_stub().Method(&ctx, *req, r);                          \
                        },                                                                      \
@@ -145,18 +145,31 @@ RL_FANOUT_UNARY(PauseGeneration, PauseGenerationRequest, Routing::kDisableDuring
 RL_FANOUT_UNARY(ContinueGeneration, ContinueGenerationRequest, Routing::kKeep, false)
 RL_FANOUT_UNARY(FlushCache, FlushCacheRequest, Routing::kKeep, false)
 RL_FANOUT_UNARY(UpdateWeightsFromDisk, UpdateWeightsFromDiskRequest, Routing::kDisableDuring, true)
-RL_FANOUT_UNARY(InitWeightsUpdateGroup, InitWeightsUpdateGroupRequest, Routing::kDisableDuring,
-                false)
 RL_FANOUT_UNARY(UpdateWeightsFromDistributed, UpdateWeightsFromDistributedRequest,
                 Routing::kDisableDuring, true)
 RL_FANOUT_UNARY(DestroyWeightsUpdateGroup, DestroyWeightsUpdateGroupRequest, Routing::kKeep, false)
 
 #undef RL_FANOUT_UNARY
 
+// Each worker joins as its own rank: the i-th live worker (by address) gets rank_offset + i.
+grpc::ServerUnaryReactor* AdminFanout::InitWeightsUpdateGroup(
+    Ctx* c, const rl::v1::InitWeightsUpdateGroupRequest* req, rl::v1::AdminResponse* resp) {
+  return Run(c, [this, c, req, resp] {
+    return Broadcast("InitWeightsUpdateGroup", c, Routing::kDisableDuring, false,
+                     [req](router::Worker& w, size_t i, grpc::ClientContext& ctx,
+                           rl::v1::AdminResponse* r) {
+                       rl::v1::InitWeightsUpdateGroupRequest mine = *req;
+                       mine.set_rank_offset(req->rank_offset() + static_cast<int32_t>(i));
+                       return w.admin_stub().InitWeightsUpdateGroup(&ctx, mine, r);
+                     },
+                     resp);
+  });
+}
+
 grpc::ServerUnaryReactor* AdminFanout::ReleaseMemory(Ctx* c, const rl::v1::ReleaseMemoryRequest* req,
                                                      rl::v1::AdminResponse* resp) {
   return Run(c, [this, c, req, resp] { return SleepOrWake(c, /*sleep=*/true, resp, [req](
-      router::Worker& w, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
+      router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
     return w.admin_stub().ReleaseMemory(&ctx, *req, r);
   }); });
 }
@@ -164,7 +177,7 @@ grpc::ServerUnaryReactor* AdminFanout::ReleaseMemory(Ctx* c, const rl::v1::Relea
 grpc::ServerUnaryReactor* AdminFanout::ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest* req,
                                                     rl::v1::AdminResponse* resp) {
   return Run(c, [this, c, req, resp] { return SleepOrWake(c, /*sleep=*/false, resp, [req](
-      router::Worker& w, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
+      router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
     return w.admin_stub().ResumeMemory(&ctx, *req, r);
   }); });
 }
@@ -220,7 +233,8 @@ AdminFanout::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
       [this, c, resp](const std::vector<rl::v1::UpdateWeightsFromTensorRequest>& messages) {
         return Broadcast(
             "UpdateWeightsFromTensor", c, Routing::kDisableDuring, true,
-            [&messages](router::Worker& w, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
+            [&messages](router::Worker& w, size_t, grpc::ClientContext& ctx,
+                        rl::v1::AdminResponse* r) {
               auto writer = w.admin_stub().UpdateWeightsFromTensor(&ctx, r);
               for (const auto& m : messages) {
                 if (!writer->Write(m)) break;

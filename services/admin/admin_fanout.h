@@ -7,7 +7,8 @@
 // targets are disabled for routing during the broadcast; afterwards each worker that succeeded
 // gets its previous enabled state back, and a worker whose update or group init failed stays
 // disabled until an operator re-enables it (rlctl workers enable ADDR). The caller's
-// `authorization` header is forwarded to the workers. A successful weight update advances the
+// `authorization` header is forwarded to the workers. InitWeightsUpdateGroup gives the i-th
+// live worker (sorted by address) rank rank_offset + i, so one call forms the whole group. A successful weight update advances the
 // text cache's current version (which drives its GC).
 // Thread-safe.
 #pragma once
@@ -88,7 +89,8 @@ class AdminFanout final : public rl::v1::Admin::CallbackService {
     kKeep,             // leave enabled flags alone
     kDisableDuring,    // disable during, restore each worker that succeeded
   };
-  using WorkerCall = std::function<grpc::Status(router::Worker&, grpc::ClientContext&,
+  // (worker, its index among the targets sorted by address, context, response).
+  using WorkerCall = std::function<grpc::Status(router::Worker&, size_t, grpc::ClientContext&,
                                                 rl::v1::AdminResponse*)>;
   // Takes the admin lock (bounded wait), broadcasts `call` to every live worker and fills
   // `resp` with one result per worker. `bumps_version`: a success advances the cache version.

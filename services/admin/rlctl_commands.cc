@@ -20,6 +20,8 @@
 #include "rl/v1/router.grpc.pb.h"
 #include "rl/v1/worker.grpc.pb.h"
 #include "services/admin/rlctl_offline.h"
+#include "services/worker/weight_sync/bucket_plan.h"
+#include "common/status.h"
 
 namespace rl::rlctl {
 namespace {
@@ -204,8 +206,89 @@ int Workers(const Options& o, const Client& c, const std::vector<std::string>& a
   });
 }
 
+// One UpdateWeightsFromDistributed call per bucket line (from --bucket-json, or from stdin as
+// the lines arrive: the trainer broadcasts each bucket right after printing its line and waits
+// for the workers, which receive it during this call).
+int UpdateWeightsDistributed(const Options& o, const Client& c) {
+  if (o.group_name.empty()) return Fail(o, Usage("update-weights --distributed --group-name G"));
+  Json all = Json::array();
+  int num_buckets = 0;
+  auto send = [&](const std::string& line) -> absl::Status {
+    const int index = num_buckets++;
+    ASSIGN_OR_RETURN(auto specs, weight_sync::ParseBucketJson(line));
+    rl::v1::UpdateWeightsFromDistributedRequest req;
+    req.set_group_name(o.group_name);
+    for (const auto& s : specs) {
+      req.add_names(s.name);
+      req.add_dtypes(s.dtype);
+      req.add_shapes()->mutable_dims()->Assign(s.shape.begin(), s.shape.end());
+    }
+    if (o.version >= 0) req.set_weight_version(o.version);
+    req.set_abort_all_requests(o.abort_all);
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    rl::v1::AdminResponse resp;
+    RETURN_IF_ERROR(FromGrpcStatus(c.admin()->UpdateWeightsFromDistributed(&ctx, req, &resp)));
+    if (o.json) {
+      all.push_back(Json::parse(ToJson(resp)));
+    } else {
+      std::cout << "bucket " << index << " (" << specs.size() << " tensors): ";
+      PrintAdmin(resp);
+    }
+    return absl::OkStatus();
+  };
+  if (!o.bucket_json.empty()) {
+    if (absl::Status s = send(o.bucket_json); !s.ok()) return Fail(o, s);
+  } else {
+    for (std::string line; std::getline(std::cin, line);) {
+      // rl-weight-sender also prints its ready line and a closing summary: skip them.
+      if (line.find("\"names\"") == std::string::npos) continue;
+      if (absl::Status s = send(line); !s.ok()) {
+        return Fail(o, Annotate(s, absl::StrCat("bucket ", num_buckets - 1)));
+      }
+    }
+  }
+  if (num_buckets == 0) return Fail(o, absl::InvalidArgumentError("no bucket line on stdin"));
+  if (o.json) std::cout << Json{{"buckets", all}}.dump() << "\n";
+  return 0;
+}
+
+int InitGroup(const Options& o, const Client& c) {
+  if (o.master_address.empty() || o.master_port <= 0 || o.world_size < 2 || o.group_name.empty()) {
+    return Fail(o, Usage("init-group --master-address A --master-port P --world-size N --group-name G"));
+  }
+  if (o.group_backend != "tcp" && o.group_backend != "nccl") {
+    return Fail(o, Usage("init-group --backend tcp|nccl"));
+  }
+  rl::v1::InitWeightsUpdateGroupRequest req;
+  req.set_master_address(o.master_address);
+  req.set_master_port(o.master_port);
+  req.set_rank_offset(o.rank_offset);
+  req.set_world_size(o.world_size);
+  req.set_group_name(o.group_name);
+  req.set_backend(o.group_backend == "nccl" ? rl::v1::GROUP_BACKEND_NCCL : rl::v1::GROUP_BACKEND_TCP);
+  req.set_timeout_ms(o.group_timeout_ms);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::AdminResponse resp;
+  return Print<rl::v1::AdminResponse>(o, c.admin()->InitWeightsUpdateGroup(&ctx, req, &resp), resp,
+                                      PrintAdmin);
+}
+
+int DestroyGroup(const Options& o, const Client& c) {
+  if (o.group_name.empty()) return Fail(o, Usage("destroy-group --group-name G"));
+  rl::v1::DestroyWeightsUpdateGroupRequest req;
+  req.set_group_name(o.group_name);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::AdminResponse resp;
+  return Print<rl::v1::AdminResponse>(o, c.admin()->DestroyWeightsUpdateGroup(&ctx, req, &resp),
+                                      resp, PrintAdmin);
+}
+
 int UpdateWeights(const Options& o, const Client& c) {
-  if (o.from_disk.empty()) return Fail(o, Usage("update-weights --from-disk DIR"));
+  if (o.distributed) return UpdateWeightsDistributed(o, c);
+  if (o.from_disk.empty()) return Fail(o, Usage("update-weights --from-disk DIR | --distributed"));
   rl::v1::UpdateWeightsFromDiskRequest req;
   req.set_model_path(o.from_disk);
   if (o.version >= 0) req.set_weight_version(o.version);
@@ -324,6 +407,8 @@ int Run(const Options& o, const std::vector<std::string>& args) {
   }
   if (cmd == "update-weights") return UpdateWeights(o, c);
   if (cmd == "weights-checker") return WeightsChecker(o, c);
+  if (cmd == "init-group") return InitGroup(o, c);
+  if (cmd == "destroy-group") return DestroyGroup(o, c);
   if (cmd == "model-info") {
     rl::v1::GetModelInfoResponse resp;
     return Print<rl::v1::GetModelInfoResponse>(

@@ -32,6 +32,15 @@ struct Options {
   std::string tokenizer;
   bool no_special = false;
   bool skip_special = false;
+  bool distributed = false;
+  std::string group_name;
+  std::string bucket_json;
+  std::string master_address;
+  int master_port = 0;
+  int rank_offset = 1;
+  int world_size = 0;
+  std::string group_backend = "tcp";
+  int group_timeout_ms = 60000;
   std::string arch;
   std::string size;
   std::string dtype;

@@ -18,6 +18,10 @@ constexpr char kCommands[] = R"(Commands:
   retrieve --text T
   pause --mode abort|in_place|retract      continue      flush
   update-weights --from-disk DIR [--version N] [--abort-all] [--keep-pause] [--no-flush]
+  update-weights --distributed --group-name G [--bucket-json LINE]   (else one bucket JSON line
+                 per stdin line, as rl-weight-sender prints them)
+  init-group --master-address A --master-port P --world-size N --group-name G [--rank-offset R]
+             [--backend tcp|nccl] [--group-timeout-ms T]      destroy-group --group-name G
   weights-checker --action snapshot|reset_tensors|compare|checksum
   list-weights      model-info      server-info      metrics      health
   workers list | add ADDR | remove ADDR | enable ADDR | disable ADDR
@@ -50,6 +54,15 @@ int main(int argc, char** argv) {
   flags.Bool("abort-all", &o.abort_all, "update-weights: abort active requests");
   flags.Bool("keep-pause", &o.keep_pause, "update-weights: stay paused afterwards");
   flags.Bool("no-flush", &o.no_flush, "update-weights: keep the prefix cache");
+  flags.Bool("distributed", &o.distributed, "update-weights: metadata for buckets broadcast by the trainer");
+  flags.String("group-name", &o.group_name, "weight update group name");
+  flags.String("bucket-json", &o.bucket_json, "update-weights --distributed: one bucket's JSON line");
+  flags.String("master-address", &o.master_address, "init-group: the trainer's (rank 0) address");
+  flags.Int("master-port", &o.master_port, "init-group: the trainer's port");
+  flags.Int("rank-offset", &o.rank_offset, "init-group: first worker rank (the router adds the worker index)");
+  flags.Int("world-size", &o.world_size, "init-group: trainer + every worker rank");
+  flags.String("backend", &o.group_backend, "init-group: tcp | nccl");
+  flags.Int("group-timeout-ms", &o.group_timeout_ms, "init-group: give up after this long");
   flags.String("action", &o.action, "weights-checker: snapshot | reset_tensors | compare | checksum");
   flags.String("tokenizer", &o.tokenizer, "tokenize / detokenize: folder with tokenizer.json");
   flags.Bool("no-special", &o.no_special, "tokenize: leave out BOS/EOS of the post-processor");

@@ -2,6 +2,8 @@
 generate while updating weights from disk mid-run, check versions; kill a worker mid-run and
 check that no request is lost."""
 
+import json
+import subprocess
 import threading
 import time
 
@@ -88,4 +90,45 @@ def test_worker_killed_mid_run_loses_no_request(start_worker):
             time.sleep(0.05)
         assert dead
     finally:
+        router.stop()
+
+
+def test_distributed_update_through_the_router_with_the_sender_tool(start_worker):
+    """rl-weight-sender (rank 0) + rlctl init-group / update-weights --distributed via the
+    router: both workers join as ranks 1 and 2 and receive every bucket."""
+    workers = [start_worker("--kv-cache-gb", "0.02") for _ in range(2)]
+    router = start_router(workers)
+    sender = subprocess.Popen(
+        [str(BUILD / "bin" / "rl-weight-sender"), "--checkpoint", str(DATA / "stories260K-bf16"),
+         "--listen", "127.0.0.1:0", "--world-size", "3", "--group-name", "g", "--bucket-mb",
+         "0.2", "--timeout-s", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        ready = sender.stdout.readline()
+        assert ready.startswith("listening on "), ready
+        port = ready.split(":")[-1].strip()
+        rlctl = [str(BUILD / "bin" / "rlctl"), "--target", router.address, "--json"]
+        init = subprocess.run(rlctl + ["init-group", "--master-address", "127.0.0.1",
+                                       "--master-port", port, "--world-size", "3",
+                                       "--group-name", "g"],
+                              capture_output=True, text=True, timeout=120)
+        assert init.returncode == 0, init.stdout + init.stderr
+        assert json.loads(init.stdout)["success"]
+        update = subprocess.run(rlctl + ["update-weights", "--distributed", "--group-name", "g"],
+                                stdin=sender.stdout, capture_output=True, text=True, timeout=300)
+        assert update.returncode == 0, update.stdout + update.stderr
+        buckets = json.loads(update.stdout)["buckets"]
+        assert len(buckets) >= 2
+        assert all(b["success"] for b in buckets)
+        assert sender.wait(timeout=60) == 0, sender.stderr.read()
+        c = Client(router.address)
+        assert c.model_info().weight_version == len(buckets)
+        f = c.generate(text="Once upon a time", max_new_tokens=20, temperature=0.0)
+        assert list(f.output_ids) == [432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426,
+                                      338, 401, 396, 267, 337, 410, 408, 419, 292]
+        # Every worker now serves the bf16 checkpoint's bytes (converted to its float32).
+        sums = c.admin.WeightsChecker(pb["admin_pb2"].WeightsCheckerRequest(action=4), timeout=60)
+        digests = {w.result.rank_sha256 for w in sums.workers}
+        assert len(sums.workers) == 2 and len(digests) == 1
+    finally:
+        sender.kill()
         router.stop()
