@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "services/worker/weight_sync/crc32c.h"
-#include "services/worker/weight_sync/gpu_check.h"
+#include "common/gpu/gpu_status.h"
 #include "services/worker/weight_sync/group.h"
 #include "services/worker/weight_sync/session.h"
 #include "spdlog/spdlog.h"
@@ -39,7 +39,7 @@ absl::Status WaitComm(ncclComm_t comm, Clock::time_point deadline, const std::at
     RETURN_IF_ERROR(RL_GPU_STATUS(ncclCommGetAsyncError(comm, &state)));
     if (state == ncclSuccess) return absl::OkStatus();
     if (state != ncclInProgress) {
-      return internal::GpuCallStatus(state, what, __FILE__, __LINE__);
+      return gpu::GpuCallStatus(state, what, __FILE__, __LINE__);
     }
     if (cancel != nullptr && cancel->load()) {
       return absl::CancelledError(absl::StrCat(what, ": cancelled by Close"));
@@ -61,7 +61,7 @@ absl::Status WaitStream(cudaStream_t stream, ncclComm_t comm, Clock::time_point 
     ncclResult_t state = ncclSuccess;
     RETURN_IF_ERROR(RL_GPU_STATUS(ncclCommGetAsyncError(comm, &state)));
     if (state != ncclSuccess && state != ncclInProgress) {
-      return internal::GpuCallStatus(state, what, __FILE__, __LINE__);
+      return gpu::GpuCallStatus(state, what, __FILE__, __LINE__);
     }
     if (cancel != nullptr && cancel->load()) {
       return absl::CancelledError(absl::StrCat(what, ": cancelled by Close"));

@@ -9,7 +9,7 @@
 #include "spdlog/spdlog.h"
 
 #if defined(RL_WEIGHT_SYNC_CUDA)
-#include "services/worker/weight_sync/gpu_check.h"
+#include "common/gpu/gpu_status.h"
 #endif
 #if defined(RL_WEIGHT_SYNC_NCCL)
 #include "services/worker/weight_sync/nccl_transport.h"
@@ -120,13 +120,7 @@ bool NcclBackendBuilt() {
 
 int NumCudaDevices() {
 #if defined(RL_WEIGHT_SYNC_CUDA)
-  int count = 0;
-  absl::Status st = RL_GPU_STATUS(cudaGetDeviceCount(&count));
-  if (!st.ok()) {
-    spdlog::debug("weight-sync: no CUDA devices: {}", std::string(st.message()));
-    return 0;
-  }
-  return count;
+  return gpu::NumCudaDevices();
 #else
   return 0;
 #endif
