@@ -30,7 +30,9 @@ struct WriteKvParams {
   int64_t v_stride = 0;
   int64_t num_slots = 0;
 
-  absl::Status Validate() const;  // also checks every slot is in range
+  // Pointers and sizes only (does not read the buffers: usable on device memory).
+  absl::Status ValidateShapes() const;
+  absl::Status Validate() const;  // also checks every slot is in range (host memory only)
 };
 
 void WriteKv(const WriteKvParams& p);
@@ -53,9 +55,15 @@ struct AttentionParams {
   int64_t num_slots = 0;
   int64_t num_slot_entries = 0;
   int64_t max_context = 0;  // ≥ every context_len
+  int64_t batch_max_context = 0;  // the largest context_len of this batch (0: use max_context);
+                                  // device kernels size their grid by it
   float scale = 1.0f;       // usually 1 / sqrt(head_dim)
 
-  // Checks sizes and every context range and slot (O(Σ context_len)).
+  // Pointers and sizes only (does not read the buffers: usable on device memory; the
+  // workspace is not required since device backends own theirs).
+  absl::Status ValidateShapes() const;
+  // ValidateShapes, a workspace, and every context range and slot (O(Σ context_len); host
+  // memory only).
   absl::Status Validate() const;
 };
 

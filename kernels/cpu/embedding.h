@@ -20,6 +20,9 @@ struct EmbeddingParams {
   int64_t num_rows = 0;
   int64_t dim = 0;
 
+  // Pointers, sizes and dtype only (does not read the buffers: usable on device memory).
+  absl::Status ValidateShapes() const;
+  // ValidateShapes, then every id (reads `ids`: host memory only).
   absl::Status Validate() const;
 };
 

@@ -7,7 +7,9 @@
 // CopyToHost. Weight pointers come from the backend's view of the Weights (for the CPU the
 // mmapped host tensors). Params structs are plain descriptions (kernels/cpu/*.h document every
 // buffer's shape); each op validates them and returns InvalidArgument instead of running on
-// bad input.
+// bad input. Device backends check shapes and pointers only (the data is on the device): the
+// Transformer validates ids, slots and positions on the host before any op runs.
+// Ordering: ops run in call order; CopyToHost returns once the data is on the host.
 // Thread safety: a backend is used by one thread at a time (the runner's).
 #pragma once
 
@@ -51,8 +53,10 @@ class Backend {
 
   // Uninitialised memory (the OS commits host pages on first touch).
   virtual absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) = 0;
-  virtual void CopyToDevice(void* dst, const void* src, int64_t bytes) = 0;
-  virtual void CopyToHost(void* dst, const void* src, int64_t bytes) = 0;
+  // Host → backend; `src` may be reused as soon as the call returns.
+  virtual absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) = 0;
+  // Backend → host, after every op queued before it has finished.
+  virtual absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) = 0;
 
   virtual absl::Status Embedding(const kernels::cpu::EmbeddingParams& p) = 0;
   virtual absl::Status RmsNorm(const kernels::cpu::RmsNormParams& p) = 0;
@@ -63,6 +67,14 @@ class Backend {
   virtual absl::Status SiluMul(const kernels::cpu::SiluMulParams& p) = 0;
   // y[i] += x[i] for i < n (the residual connection).
   virtual absl::Status AddInPlace(const float* x, float* y, int64_t n) = 0;
+  // The residual add fused with the next norm: p.x += delta (rows · dim floats), then
+  // p.y = RmsNorm(p.x). The default runs AddInPlace then RmsNorm (bit-identical to the two
+  // calls); device backends fuse it into one pass.
+  virtual absl::Status AddRmsNorm(const float* delta, const kernels::cpu::RmsNormParams& p) {
+    absl::Status s = AddInPlace(delta, const_cast<float*>(p.x), p.rows * p.dim);
+    if (!s.ok()) return s;
+    return RmsNorm(p);
+  }
   // out[r] = x[rows[r]] for r < num_rows, rows of `dim` floats.
   virtual absl::Status GatherRows(const float* x, const int32_t* rows, int64_t num_rows,
                                   int64_t dim, float* out) = 0;

@@ -30,11 +30,13 @@ class CpuBackend final : public Backend {
     }
     return DeviceBuffer(p, bytes, [](void* q) { std::free(q); });
   }
-  void CopyToDevice(void* dst, const void* src, int64_t bytes) override {
+  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return absl::OkStatus();
   }
-  void CopyToHost(void* dst, const void* src, int64_t bytes) override {
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return absl::OkStatus();
   }
 
   absl::Status Embedding(const kc::EmbeddingParams& p) override {

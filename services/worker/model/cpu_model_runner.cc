@@ -51,15 +51,8 @@ absl::Status CpuModelRunner::UpdateWeight(const TensorInfo& info, absl::Span<con
 
 absl::Status CpuModelRunner::SwapWeights(std::unique_ptr<Weights> weights) {
   if (weights == nullptr) return absl::InvalidArgumentError("SwapWeights: null weights");
-  const model_io::ModelConfig& a = config_;
-  const model_io::ModelConfig& b = weights->config();
-  if (a.vocab_size != b.vocab_size || a.hidden_size != b.hidden_size ||
-      a.intermediate_size != b.intermediate_size || a.num_hidden_layers != b.num_hidden_layers ||
-      a.num_attention_heads != b.num_attention_heads ||
-      a.num_key_value_heads != b.num_key_value_heads || a.head_dim != b.head_dim ||
-      a.tie_word_embeddings != b.tie_word_embeddings || a.attention_bias != b.attention_bias ||
-      a.qk_norm != b.qk_norm) {
-    return absl::InvalidArgumentError("SwapWeights: weights were loaded for another architecture");
+  if (absl::Status s = CheckSameArchitecture(config_, weights->config()); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("SwapWeights: ", s.message()));
   }
   weights_ = std::move(weights);
   return absl::OkStatus();

@@ -44,27 +44,28 @@ absl::Status Transformer::Validate(const ForwardInput& in) const {
     const std::string where = absl::StrCat("seqs[", i, "]");
     if (s.token_ids.empty()) return absl::InvalidArgumentError(where + ".token_ids is empty");
     if (s.start_pos < 0) return absl::InvalidArgumentError(where + ".start_pos is negative");
-    const int64_t end = static_cast<int64_t>(s.start_pos) + static_cast<int64_t>(s.token_ids.size());
+    const int64_t end =
+        static_cast<int64_t>(s.start_pos) + static_cast<int64_t>(s.token_ids.size());
     if (end > max_pos) {
       return absl::InvalidArgumentError(absl::StrCat(
           where, ": positions up to ", end - 1, " exceed the context of ", max_pos, " tokens"));
     }
     if (static_cast<int64_t>(s.kv_slots.size()) != end) {
-      return absl::InvalidArgumentError(absl::StrCat(where, ".kv_slots has ", s.kv_slots.size(),
-                                                     " entries, expected start_pos + tokens = ",
-                                                     end));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, ".kv_slots has ", s.kv_slots.size(),
+                       " entries, expected start_pos + tokens = ", end));
     }
     for (size_t j = 0; j < s.kv_slots.size(); ++j) {
       if (s.kv_slots[j] < 0 || s.kv_slots[j] >= num_kv_slots_) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ".kv_slots[", j, "] = ",
-                                                       s.kv_slots[j], " out of range [0, ",
+        return absl::InvalidArgumentError(absl::StrCat(where, ".kv_slots[", j,
+                                                       "] = ", s.kv_slots[j], " out of range [0, ",
                                                        num_kv_slots_, ")"));
       }
     }
     for (size_t j = 0; j < s.token_ids.size(); ++j) {
       if (s.token_ids[j] < 0 || s.token_ids[j] >= config_.vocab_size) {
-        return absl::InvalidArgumentError(absl::StrCat(where, ".token_ids[", j, "] = ",
-                                                       s.token_ids[j], " out of range [0, ",
+        return absl::InvalidArgumentError(absl::StrCat(where, ".token_ids[", j,
+                                                       "] = ", s.token_ids[j], " out of range [0, ",
                                                        config_.vocab_size, ")"));
       }
     }
@@ -150,18 +151,20 @@ absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, Forw
   RETURN_IF_ERROR(Reserve(&up_, num_tokens * c.intermediate_size * f));
   RETURN_IF_ERROR(Reserve(&final_, std::max<int64_t>(1, num_rows) * hidden * f));
   RETURN_IF_ERROR(Reserve(&logits_, std::max<int64_t>(1, num_rows) * c.vocab_size * f));
-  RETURN_IF_ERROR(
-      Reserve(&workspace_, backend_->num_threads() * c.max_position_embeddings * f));
+  RETURN_IF_ERROR(Reserve(&workspace_, backend_->num_threads() * c.max_position_embeddings * f));
 
-  backend_->CopyToDevice(ids_.data(), h_ids_.data(), num_tokens * i32);
-  backend_->CopyToDevice(write_slots_.data(), h_write_slots_.data(), num_tokens * i32);
-  backend_->CopyToDevice(context_len_.data(), h_context_len_.data(), num_tokens * i32);
-  backend_->CopyToDevice(slot_begin_.data(), h_slot_begin_.data(), num_tokens * i32);
-  backend_->CopyToDevice(slots_.data(), h_slots_.data(),
-                         static_cast<int64_t>(h_slots_.size()) * i32);
-  backend_->CopyToDevice(logit_rows_.data(), h_logit_rows_.data(), num_rows * i32);
-  backend_->CopyToDevice(cos_.data(), h_cos_.data(), num_tokens * half * f);
-  backend_->CopyToDevice(sin_.data(), h_sin_.data(), num_tokens * half * f);
+  RETURN_IF_ERROR(backend_->CopyToDevice(ids_.data(), h_ids_.data(), num_tokens * i32));
+  RETURN_IF_ERROR(
+      backend_->CopyToDevice(write_slots_.data(), h_write_slots_.data(), num_tokens * i32));
+  RETURN_IF_ERROR(
+      backend_->CopyToDevice(context_len_.data(), h_context_len_.data(), num_tokens * i32));
+  RETURN_IF_ERROR(
+      backend_->CopyToDevice(slot_begin_.data(), h_slot_begin_.data(), num_tokens * i32));
+  RETURN_IF_ERROR(backend_->CopyToDevice(slots_.data(), h_slots_.data(),
+                                         static_cast<int64_t>(h_slots_.size()) * i32));
+  RETURN_IF_ERROR(backend_->CopyToDevice(logit_rows_.data(), h_logit_rows_.data(), num_rows * i32));
+  RETURN_IF_ERROR(backend_->CopyToDevice(cos_.data(), h_cos_.data(), num_tokens * half * f));
+  RETURN_IF_ERROR(backend_->CopyToDevice(sin_.data(), h_sin_.data(), num_tokens * half * f));
 
   // ---- Embedding and layers ----
   kc::EmbeddingParams emb;
@@ -197,18 +200,22 @@ absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, Forw
   head.n = c.vocab_size;
   head.k = hidden;
   RETURN_IF_ERROR(backend_->Matmul(head));
-  backend_->CopyToHost(out->logits.data(), logits_.data(), num_rows * c.vocab_size * f);
+  RETURN_IF_ERROR(
+      backend_->CopyToHost(out->logits.data(), logits_.data(), num_rows * c.vocab_size * f));
   return absl::OkStatus();
 }
 
 absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens) {
   const model_io::ModelConfig& c = config_;
+  const int64_t batch_max_context =
+      *std::max_element(h_context_len_.begin(), h_context_len_.begin() + num_tokens);
   const int64_t hidden = c.hidden_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim;
   const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
 
-  auto norm = [&](const float* x, const WeightTensor& wt, int64_t rows, int64_t dim, float* y) {
+  auto norm_params = [&](const float* x, const WeightTensor& wt, int64_t rows, int64_t dim,
+                         float* y) {
     kc::RmsNormParams p;
     p.x = x;
     p.w = wt.data;
@@ -217,7 +224,14 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens) {
     p.rows = rows;
     p.dim = dim;
     p.eps = eps;
-    return backend_->RmsNorm(p);
+    return p;
+  };
+  auto norm = [&](const float* x, const WeightTensor& wt, int64_t rows, int64_t dim, float* y) {
+    return backend_->RmsNorm(norm_params(x, wt, rows, dim, y));
+  };
+  // x += h, then h = RmsNorm(x) with `wt` (one fused pass on device backends).
+  auto add_norm = [&](const WeightTensor& wt) {
+    return backend_->AddRmsNorm(h_.f32(), norm_params(x_.f32(), wt, num_tokens, hidden, h_.f32()));
   };
   auto linear = [&](const float* x, const WeightTensor& wt, const WeightTensor* bias, float* y) {
     kc::MatmulParams p;
@@ -235,17 +249,18 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens) {
     return backend_->Matmul(p);
   };
 
+  // h = input norm of layer 0; every later norm is fused with the residual add before it.
+  RETURN_IF_ERROR(norm(x_.f32(), *w.layer(0).input_norm, num_tokens, hidden, h_.f32()));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layer(l);
-    RETURN_IF_ERROR(norm(x_.f32(), *lw.input_norm, num_tokens, hidden, h_.f32()));
     RETURN_IF_ERROR(linear(h_.f32(), *lw.q_proj, lw.q_bias, q_.f32()));
     RETURN_IF_ERROR(linear(h_.f32(), *lw.k_proj, lw.k_bias, k_.f32()));
     RETURN_IF_ERROR(linear(h_.f32(), *lw.v_proj, lw.v_bias, v_.f32()));
     if (lw.q_norm != nullptr) {
-      RETURN_IF_ERROR(norm(q_.f32(), *lw.q_norm, num_tokens * c.num_attention_heads, c.head_dim,
-                           q_.f32()));
-      RETURN_IF_ERROR(norm(k_.f32(), *lw.k_norm, num_tokens * c.num_key_value_heads, c.head_dim,
-                           k_.f32()));
+      RETURN_IF_ERROR(
+          norm(q_.f32(), *lw.q_norm, num_tokens * c.num_attention_heads, c.head_dim, q_.f32()));
+      RETURN_IF_ERROR(
+          norm(k_.f32(), *lw.k_norm, num_tokens * c.num_key_value_heads, c.head_dim, k_.f32()));
     }
     kc::RopeParams rope;
     rope.q = q_.f32();
@@ -291,13 +306,12 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens) {
     at.num_slots = num_kv_slots_;
     at.num_slot_entries = static_cast<int64_t>(h_slots_.size());
     at.max_context = c.max_position_embeddings;
+    at.batch_max_context = batch_max_context;
     at.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
     RETURN_IF_ERROR(backend_->Attention(at));
 
     RETURN_IF_ERROR(linear(attn_.f32(), *lw.o_proj, nullptr, h_.f32()));
-    RETURN_IF_ERROR(backend_->AddInPlace(h_.f32(), x_.f32(), num_tokens * hidden));
-
-    RETURN_IF_ERROR(norm(x_.f32(), *lw.post_norm, num_tokens, hidden, h_.f32()));
+    RETURN_IF_ERROR(add_norm(*lw.post_norm));
     RETURN_IF_ERROR(linear(h_.f32(), *lw.gate_proj, nullptr, gate_.f32()));
     RETURN_IF_ERROR(linear(h_.f32(), *lw.up_proj, nullptr, up_.f32()));
     kc::SiluMulParams act;
@@ -307,7 +321,11 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens) {
     act.n = num_tokens * c.intermediate_size;
     RETURN_IF_ERROR(backend_->SiluMul(act));
     RETURN_IF_ERROR(linear(gate_.f32(), *lw.down_proj, nullptr, h_.f32()));
-    RETURN_IF_ERROR(backend_->AddInPlace(h_.f32(), x_.f32(), num_tokens * hidden));
+    if (l + 1 < c.num_hidden_layers) {
+      RETURN_IF_ERROR(add_norm(*w.layer(l + 1).input_norm));
+    } else {
+      RETURN_IF_ERROR(backend_->AddInPlace(h_.f32(), x_.f32(), num_tokens * hidden));
+    }
   }
   return absl::OkStatus();
 }

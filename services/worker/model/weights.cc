@@ -74,8 +74,8 @@ absl::Status Weights::Update(const TensorInfo& info, absl::Span<const uint8_t> b
   int64_t numel = 1;
   for (int64_t d : t.shape) numel *= d;
   if (static_cast<int64_t>(bytes.size()) != numel * model_io::DTypeSize(*src)) {
-    return absl::InvalidArgumentError(absl::StrCat("update weight '", info.name, "': ",
-                                                   bytes.size(), " bytes, expected ",
+    return absl::InvalidArgumentError(absl::StrCat("update weight '", info.name,
+                                                   "': ", bytes.size(), " bytes, expected ",
                                                    numel * model_io::DTypeSize(*src)));
   }
   auto buffer = std::make_unique<uint8_t[]>(static_cast<size_t>(t.num_bytes));
@@ -91,8 +91,8 @@ absl::Status Weights::Update(const TensorInfo& info, absl::Span<const uint8_t> b
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
-    model_io::Checkpoint checkpoint, const model_io::ModelConfig& c) {
+absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(model_io::Checkpoint checkpoint,
+                                                               const model_io::ModelConfig& c) {
   auto w = std::unique_ptr<Weights>(new Weights());
   w->config_ = c;
   w->checkpoint_ = std::move(checkpoint);
@@ -103,9 +103,8 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
                   std::vector<int64_t> shape) -> absl::StatusOr<const WeightTensor*> {
     const model_io::TensorView* v = w->checkpoint_.Find(name);
     if (v == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("weights: missing tensor '", name,
-                                                     "' (expected shape ", ShapeString(shape),
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "weights: missing tensor '", name, "' (expected shape ", ShapeString(shape), ")"));
     }
     if (v->shape != shape) {
       return absl::InvalidArgumentError(absl::StrCat("weights: tensor '", name, "' has shape ",
@@ -167,6 +166,113 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
     ASSIGN_OR_RETURN(w->lm_head_, need("lm_head.weight", {c.vocab_size, c.hidden_size}));
   }
   return w;
+}
+
+namespace {
+
+// The F32 copy of a 16-bit LM head, converted on the host.
+absl::Status UploadHeadF32(const WeightTensor& head, Backend* backend, DeviceBuffer* buffer,
+                           WeightTensor* out) {
+  const int64_t numel = head.shape[0] * head.shape[1];
+  std::vector<float> f32(static_cast<size_t>(numel));
+  model_io::ConvertToF32(head.dtype, head.data, numel, f32.data());
+  if (buffer->data() == nullptr) {
+    ASSIGN_OR_RETURN(*buffer, backend->Allocate(numel * static_cast<int64_t>(sizeof(float))));
+  }
+  RETURN_IF_ERROR(backend->CopyToDevice(buffer->data(), f32.data(),
+                                        numel * static_cast<int64_t>(sizeof(float))));
+  *out = head;
+  out->name = head.name + ".f32";
+  out->dtype = DType::kF32;
+  out->num_bytes = numel * static_cast<int64_t>(sizeof(float));
+  out->data = buffer->data();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Backend* backend,
+                                                       bool fp32_lm_head) {
+  if (backend == nullptr) return absl::InvalidArgumentError("MirrorWeights: null backend");
+  auto m = std::unique_ptr<Weights>(new Weights());
+  m->config_ = host.config_;
+  for (const auto& [name, t] : host.tensors_) {
+    ASSIGN_OR_RETURN(DeviceBuffer buffer, backend->Allocate(t.num_bytes));
+    RETURN_IF_ERROR(backend->CopyToDevice(buffer.data(), t.data, t.num_bytes));
+    WeightTensor d = t;
+    d.data = buffer.data();
+    m->device_buffers_.push_back(std::move(buffer));
+    m->tensors_.emplace(name, std::move(d));
+  }
+  const auto relink = [&](const WeightTensor* p) -> const WeightTensor* {
+    return p == nullptr ? nullptr : &m->tensors_.at(p->name);
+  };
+  m->embed_ = relink(host.embed_);
+  m->lm_head_ = relink(host.lm_head_);
+  m->final_norm_ = relink(host.final_norm_);
+  for (const LayerWeights& hl : host.layers_) {
+    LayerWeights l;
+    for (auto [dst, src] : {std::pair{&l.input_norm, hl.input_norm},
+                            {&l.q_proj, hl.q_proj},
+                            {&l.k_proj, hl.k_proj},
+                            {&l.v_proj, hl.v_proj},
+                            {&l.q_bias, hl.q_bias},
+                            {&l.k_bias, hl.k_bias},
+                            {&l.v_bias, hl.v_bias},
+                            {&l.q_norm, hl.q_norm},
+                            {&l.k_norm, hl.k_norm},
+                            {&l.o_proj, hl.o_proj},
+                            {&l.post_norm, hl.post_norm},
+                            {&l.gate_proj, hl.gate_proj},
+                            {&l.up_proj, hl.up_proj},
+                            {&l.down_proj, hl.down_proj}}) {
+      *dst = relink(src);
+    }
+    m->layers_.push_back(l);
+  }
+  if (fp32_lm_head && host.lm_head_->dtype != DType::kF32) {
+    m->head_f32_ = std::make_unique<WeightTensor>();
+    RETURN_IF_ERROR(
+        UploadHeadF32(*host.lm_head_, backend, &m->head_f32_buffer_, m->head_f32_.get()));
+    m->lm_head_ = m->head_f32_.get();
+  }
+  return m;
+}
+
+absl::Status RefreshMirror(const Weights& host, const std::string& name, Backend* backend,
+                           Weights* mirror) {
+  if (backend == nullptr || mirror == nullptr) {
+    return absl::InvalidArgumentError("RefreshMirror: null backend or mirror");
+  }
+  bool head_changed = false;
+  for (const auto& [tensor_name, t] : host.tensors_) {
+    if (!name.empty() && tensor_name != name) continue;
+    auto it = mirror->tensors_.find(tensor_name);
+    if (it == mirror->tensors_.end() || it->second.num_bytes != t.num_bytes ||
+        it->second.dtype != t.dtype) {
+      return absl::InternalError(
+          absl::StrCat("RefreshMirror: tensor '", tensor_name, "' does not match the mirror"));
+    }
+    RETURN_IF_ERROR(backend->CopyToDevice(const_cast<void*>(it->second.data), t.data, t.num_bytes));
+    head_changed |= tensor_name == host.lm_head_->name;
+  }
+  if (head_changed && mirror->head_f32_ != nullptr) {
+    RETURN_IF_ERROR(
+        UploadHeadF32(*host.lm_head_, backend, &mirror->head_f32_buffer_, mirror->head_f32_.get()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameArchitecture(const model_io::ModelConfig& a, const model_io::ModelConfig& b) {
+  if (a.vocab_size != b.vocab_size || a.hidden_size != b.hidden_size ||
+      a.intermediate_size != b.intermediate_size || a.num_hidden_layers != b.num_hidden_layers ||
+      a.num_attention_heads != b.num_attention_heads ||
+      a.num_key_value_heads != b.num_key_value_heads || a.head_dim != b.head_dim ||
+      a.tie_word_embeddings != b.tie_word_embeddings || a.attention_bias != b.attention_bias ||
+      a.qk_norm != b.qk_norm) {
+    return absl::InvalidArgumentError("weights were loaded for another architecture");
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Weights>> LoadWeights(const std::string& model_dir,

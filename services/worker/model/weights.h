@@ -23,6 +23,7 @@
 #include "common/model_io/dtype.h"
 #include "common/model_io/model_config.h"
 #include "common/model_io/safetensors.h"
+#include "services/worker/model/backend.h"
 #include "services/worker/model/model_runner.h"
 
 namespace rl::model {
@@ -80,6 +81,8 @@ class Weights {
                                                              const model_io::ModelConfig&);
   friend absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
       model_io::Checkpoint, const model_io::ModelConfig&);
+  friend absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights&, Backend*, bool);
+  friend absl::Status RefreshMirror(const Weights&, const std::string&, Backend*, Weights*);
   Weights() = default;
 
   model_io::ModelConfig config_;
@@ -90,6 +93,10 @@ class Weights {
   const WeightTensor* lm_head_ = nullptr;
   const WeightTensor* final_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
+  // Mirrors only: the backend memory behind every tensor, and the FP32 copy of the LM head.
+  std::vector<DeviceBuffer> device_buffers_;
+  std::unique_ptr<WeightTensor> head_f32_;
+  DeviceBuffer head_f32_buffer_;
 };
 
 // Opens DIR's safetensors checkpoint (single file or sharded) and checks it against `config`.
@@ -97,5 +104,19 @@ absl::StatusOr<std::unique_ptr<Weights>> LoadWeights(const std::string& model_di
                                                      const model_io::ModelConfig& config);
 absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
     model_io::Checkpoint checkpoint, const model_io::ModelConfig& config);
+
+// A copy of `host` in `backend` memory (tensor data are device pointers; names, dtypes and
+// shapes are the host's), for device backends. With `fp32_lm_head` and a 16-bit LM head, the
+// head is held as an extra F32 copy (not listed) so the logits GEMM runs in float32. The backend
+// must outlive the mirror. Costs one allocation and one copy per tensor.
+absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Backend* backend,
+                                                       bool fp32_lm_head);
+// Copies tensor `name` of `host` (every tensor when empty) into `mirror`, which must have been
+// made from weights of the same architecture; the FP32 head copy follows its source. Used after
+// an update has been validated on the host, so it fails only on a device error.
+absl::Status RefreshMirror(const Weights& host, const std::string& name, Backend* backend,
+                           Weights* mirror);
+// OK when `a` and `b` describe the same architecture (every shape-determining field).
+absl::Status CheckSameArchitecture(const model_io::ModelConfig& a, const model_io::ModelConfig& b);
 
 }  // namespace rl::model
