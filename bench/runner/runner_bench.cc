@@ -1,11 +1,13 @@
 // runner_bench: prefill and decode throughput of a ModelRunner at several batch sizes, peak
-// memory, and the memory-bandwidth bound of batch-1 decode (weight bytes per token divided by
+// memory, and the memory-bandwidth bound of decode (weight + KV bytes read per step divided by
 // the measured copy bandwidth) with the fraction of it achieved.
 //
-//   runner_bench [--backend cpu] [--model DIR]... [--make-qwen3-0.5b=true|false]
-//                [--batches 1,8,32] [--prompt-len N] [--decode-steps N] [--threads N]
+//   runner_bench [--backend cpu|cuda] [--model DIR]... [--make-qwen3-0.5b=true|false]
+//                [--make-llama-8b=true|false] [--batches 1,8,32] [--prompt-len N]
+//                [--decode-steps N] [--threads N] [--batch-invariant]
 // With no --model it runs stories260K from $RL_TEST_DATA and a 0.5B-class random Qwen3 (bf16)
-// made into a temp dir.
+// made into a temp dir; with --backend cuda also an 8B-class random Llama-3 (bf16), batches
+// 1,16,64,256 and 256-token prompts by default, and the nominal bf16 peak for the prefill.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -24,11 +26,12 @@
 #include "common/model_io/model_maker.h"
 #include "kernels/cpu/thread_pool.h"
 #include "services/worker/model/cpu_model_runner.h"
+#include "services/worker/model/cuda_runner.h"
+#include "services/worker/model/transformer.h"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using rl::model::CpuModelRunner;
 using rl::model::ForwardInput;
 using rl::model::ForwardOutput;
 using rl::model::LogitsMode;
@@ -77,11 +80,28 @@ struct Options {
   std::string backend = "cpu";
   std::vector<std::string> models;
   bool make_big = true;
-  std::vector<int> batches = {1, 8, 32};
-  int prompt_len = 32;
+  bool make_8b = true;  // cuda only
+  std::vector<int> batches;
+  int prompt_len = 0;
   int decode_steps = 16;
   int threads = 0;
+  bool batch_invariant = false;
 };
+
+// Bytes of weights one decode step reads: every tensor, but one embedding row when the LM head
+// is a separate tensor.
+double WeightBytesPerToken(const rl::model::ModelRunner& r) {
+  double total = 0;
+  double embed = 0;
+  for (const rl::model::TensorInfo& t : r.ListWeights()) {
+    double n = static_cast<double>(rl::model_io::DTypeSize(*rl::model_io::ParseDType(t.dtype)));
+    for (int64_t d : t.shape) n *= static_cast<double>(d);
+    total += n;
+    if (t.name == "model.embed_tokens.weight") embed = n;
+  }
+  if (!r.config().tie_word_embeddings) total -= embed - embed / r.config().vocab_size;
+  return total;
+}
 
 bool ParseArgs(int argc, char** argv, Options* o) {
   for (int i = 1; i < argc; ++i) {
@@ -101,6 +121,10 @@ bool ParseArgs(int argc, char** argv, Options* o) {
       o->models.push_back(value);
     } else if (a == "--make-qwen3-0.5b") {
       o->make_big = value != "false" && value != "0";
+    } else if (a == "--make-llama-8b") {
+      o->make_8b = value != "false" && value != "0";
+    } else if (a == "--batch-invariant") {
+      o->batch_invariant = value.empty() || (value != "false" && value != "0");
     } else if (a == "--batches") {
       o->batches.clear();
       for (absl::string_view s : absl::StrSplit(value, ',')) {
@@ -122,26 +146,34 @@ bool ParseArgs(int argc, char** argv, Options* o) {
 }
 
 int Bench(const std::string& name, const std::string& dir, const Options& o, double bandwidth) {
+  const bool cuda = o.backend == "cuda";
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
+  const int32_t stride = o.prompt_len + o.decode_steps + 16;
   rl::model::RunnerOptions ro;
   ro.model_dir = dir;
   ro.num_threads = o.threads;
-  ro.num_kv_slots = static_cast<int64_t>(max_batch) * (o.prompt_len + o.decode_steps + 16);
-  auto runner = CpuModelRunner::Create(ro);
+  ro.num_kv_slots = static_cast<int64_t>(max_batch) * stride;
+  ro.batch_invariant = o.batch_invariant;
+  auto runner = cuda ? rl::model::CreateCudaModelRunner(ro) : rl::model::CreateCpuModelRunner(ro);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), runner.status().ToString().c_str());
     return 1;
   }
-  CpuModelRunner& r = **runner;
+  rl::model::ModelRunner& r = **runner;
   const auto& c = r.config();
-  const double weight_bytes = static_cast<double>(r.weights().BytesPerToken());
-  std::printf("\n== %s (%s, %s, %.1f M params, %.1f MiB weights read per token, %d threads)\n",
-              name.c_str(), c.architecture_name.c_str(), c.torch_dtype.c_str(),
-              static_cast<double>(r.weights().TotalBytes()) /
-                  (c.torch_dtype == "float32" ? 4e6 : 2e6),
-              weight_bytes / (1 << 20), o.threads);
-  const int32_t stride = o.prompt_len + o.decode_steps + 16;
-  double decode_b1 = 0;
+  const double weight_bytes = WeightBytesPerToken(r);
+  const double kv_bytes_per_token = static_cast<double>(rl::model::Transformer::KvBytesPerSlot(c));
+  double params = 0;
+  for (const rl::model::TensorInfo& t : r.ListWeights()) {
+    double n = 1;
+    for (int64_t d : t.shape) n *= static_cast<double>(d);
+    params += n;
+  }
+  std::printf("\n== %s (%s, %s, %.1f M params, %.1f MiB weights read per token, %s)\n",
+              name.c_str(), c.architecture_name.c_str(), c.torch_dtype.c_str(), params / 1e6,
+              weight_bytes / (1 << 20),
+              cuda ? (o.batch_invariant ? "cuda, batch-invariant" : "cuda")
+                   : (std::to_string(o.threads) + " threads").c_str());
   for (int batch : o.batches) {
     ForwardInput in;
     ForwardOutput out;
@@ -153,8 +185,11 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
       }
       in.seqs.push_back(std::move(s));
     }
-    // Warm-up (pages weights in), then timed prefill.
-    if (!r.Forward(in, &out).ok()) return 1;
+    // Warm-up (pages weights in, sizes the buffers), then timed prefill.
+    if (absl::Status st = r.Forward(in, &out); !st.ok()) {
+      std::fprintf(stderr, "%s: %s\n", name.c_str(), st.ToString().c_str());
+      return 1;
+    }
     const auto t0 = Clock::now();
     absl::Status st = r.Forward(in, &out);
     const double prefill_s = Seconds(t0, Clock::now());
@@ -176,17 +211,21 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     }
     const double decode_s = Seconds(t1, Clock::now());
     const double prefill_tps = batch * o.prompt_len / prefill_s;
-    const double decode_tps = batch * o.decode_steps / decode_s;
-    if (batch == 1) decode_b1 = decode_tps;
-    std::printf("batch %3d: prefill %9.1f tok/s (%d x %d tokens)   decode %9.1f tok/s (%.2f ms/step)\n",
-                batch, prefill_tps, batch, o.prompt_len, decode_tps,
-                1e3 * decode_s / o.decode_steps);
+    const double step_s = decode_s / o.decode_steps;
+    // Bound: one step reads the weights once and every sequence's KV (mean context).
+    const double mean_ctx = o.prompt_len + (o.decode_steps + 1) / 2.0;
+    const double step_bytes = weight_bytes + batch * mean_ctx * kv_bytes_per_token;
+    const double bound_step_s = step_bytes / bandwidth;
+    std::printf(
+        "batch %3d: prefill %10.1f tok/s (%d x %d tokens, %.1f TFLOP/s)   decode %10.1f "
+        "tok/s (%.3f ms/step; bound %.3f ms = %.0f%%)\n",
+        batch, prefill_tps, batch, o.prompt_len, 2.0 * params * prefill_tps / 1e12, batch / step_s,
+        1e3 * step_s, 1e3 * bound_step_s, 100.0 * bound_step_s / step_s);
   }
-  const double bound = bandwidth / weight_bytes;
-  std::printf("batch-1 decode bound: %.1f tok/s (%.1f MiB/token at %.2f GB/s copy bandwidth); "
-              "achieved %.1f tok/s = %.0f%% of the bound\n",
-              bound, weight_bytes / (1 << 20), bandwidth / 1e9, decode_b1,
-              decode_b1 > 0 ? 100.0 * decode_b1 / bound : 0.0);
+  std::printf(
+      "bound = (weights %.1f MiB + KV %.1f KiB/token x batch x context) / %.1f GB/s "
+      "copy bandwidth\n",
+      weight_bytes / (1 << 20), kv_bytes_per_token / 1024, bandwidth / 1e9);
   std::printf("RSS with this model loaded: %.0f MiB (process peak so far %.0f MiB)\n",
               CurrentRssMiB(), PeakRssMiB());
   return 0;
@@ -197,20 +236,44 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
 int main(int argc, char** argv) {
   Options o;
   if (!ParseArgs(argc, argv, &o)) return 2;
-  if (o.backend != "cpu") {
-    std::fprintf(stderr, "backend '%s' is not built in this binary (available: cpu)\n",
-                 o.backend.c_str());
+  const bool cuda = o.backend == "cuda";
+  if (o.backend != "cpu" && !cuda) {
+    std::fprintf(stderr, "--backend: '%s' is not cpu or cuda\n", o.backend.c_str());
     return 2;
   }
-  const int threads =
-      o.threads > 0 ? o.threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  o.threads = threads;
-  const double bandwidth = CopyBandwidth(threads);
-  std::printf("memcpy bandwidth (%d threads): %.2f GB/s copied\n", threads, bandwidth / 1e9);
+  if (o.batches.empty())
+    o.batches = cuda ? std::vector<int>{1, 16, 64, 256} : std::vector<int>{1, 8, 32};
+  if (o.prompt_len == 0) o.prompt_len = cuda ? 256 : 32;
+  double bandwidth = 0;
+  if (cuda) {
+    if (rl::model::NumCudaDevices() == 0) {
+      std::fprintf(stderr, "--backend cuda: no CUDA device visible (or built without CUDA)\n");
+      return 2;
+    }
+    auto device = rl::model::DescribeCudaDevice(0);
+    auto bw = rl::model::MeasureCudaCopyBandwidth(0, int64_t{1} << 30);
+    if (!bw.ok()) {
+      std::fprintf(stderr, "copy bandwidth: %s\n", bw.status().ToString().c_str());
+      return 1;
+    }
+    bandwidth = *bw;
+    std::printf(
+        "device %s: device copy bandwidth %.0f GB/s (read + write); nominal dense bf16 "
+        "peak 989 TFLOP/s on H100/H200 SXM\n",
+        device.ok() ? device->c_str() : "?", bandwidth / 1e9);
+  } else {
+    const int threads = o.threads > 0
+                            ? o.threads
+                            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    o.threads = threads;
+    bandwidth = CopyBandwidth(threads);
+    std::printf("memcpy bandwidth (%d threads): %.2f GB/s copied\n", threads, bandwidth / 1e9);
+  }
 
   std::vector<std::pair<std::string, std::string>> models;
   for (const auto& m : o.models) models.emplace_back(m, m);
   std::string made_dir;
+  std::string made_8b_dir;
   if (o.models.empty()) {
     if (const char* data = std::getenv("RL_TEST_DATA")) {
       models.emplace_back("stories260K", std::string(data) + "/stories260K");
@@ -233,9 +296,29 @@ int main(int argc, char** argv) {
       std::printf("made qwen3 0.5b (bf16) in %.1f s\n", Seconds(t0, Clock::now()));
       models.emplace_back("qwen3-0.5b-random", made_dir);
     }
+    if (cuda && o.make_8b) {
+      const std::string dir8 = made_dir.empty() ? (std::filesystem::temp_directory_path() /
+                                                   ("runner_bench_" + std::to_string(::getpid())))
+                                                      .string()
+                                                : made_dir + "_8b";
+      rl::model_io::MakeModelOptions mo;
+      mo.arch = "llama";
+      mo.size = "8b";
+      mo.seed = 2;
+      mo.out_dir = dir8;
+      const auto t0 = Clock::now();
+      if (absl::Status st = rl::model_io::MakeModel(mo); !st.ok()) {
+        std::fprintf(stderr, "make model: %s\n", st.ToString().c_str());
+        return 1;
+      }
+      std::printf("made llama 8b (bf16) in %.1f s\n", Seconds(t0, Clock::now()));
+      models.emplace_back("llama-8b-random", dir8);
+      made_8b_dir = dir8;
+    }
   }
   int rc = 0;
   for (const auto& [name, dir] : models) rc |= Bench(name, dir, o, bandwidth);
   if (!made_dir.empty()) std::filesystem::remove_all(made_dir);
+  if (!made_8b_dir.empty()) std::filesystem::remove_all(made_8b_dir);
   return rc;
 }

@@ -22,7 +22,15 @@ int main(int argc, char** argv) {
   flags.String("api-key", &config.api_key, "optional bearer key for Worker calls (or env RL_API_KEY)");
   flags.Int("metrics-port", &config.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
   flags.Int("page-size", &config.page_size, "KV cache page size in tokens");
-  flags.Double("kv-cache-gb", &config.kv_cache_gb, "KV cache memory budget in GiB");
+  flags.Double("kv-cache-gb", &config.kv_cache_gb,
+               "KV cache budget in GiB (0: 0.25 on cpu, --gpu-memory-fraction on cuda)");
+  flags.Int("cuda-device", &config.cuda_device, "CUDA device index (cuda backend)");
+  flags.Double("gpu-memory-fraction", &config.gpu_memory_fraction,
+               "share of the device memory free after the weights that the KV cache takes");
+  flags.Bool("batch-invariant", &config.batch_invariant,
+             "cuda: batch-invariant GEMMs (a row's logits do not depend on the batch)");
+  flags.Bool("enable-fp32-lm-head", &config.fp32_lm_head,
+             "cuda: keep an FP32 copy of a 16-bit LM head (float32 logits GEMM)");
   flags.Int("threads", &config.num_threads, "compute threads (0: all cores)");
   flags.Int("max-running-requests", &config.max_running_requests, "running batch limit");
   flags.Int("chunked-prefill-tokens", &config.chunked_prefill_tokens, "prefill tokens per step");

@@ -25,7 +25,13 @@ absl::Status Validate(const WorkerConfig& c) {
   if (c.page_size < 1 || c.page_size > 1024 || (c.page_size & (c.page_size - 1)) != 0) {
     return bad("page-size", "must be a power of two in [1, 1024]");
   }
-  if (!(c.kv_cache_gb > 0) || c.kv_cache_gb > 4096) return bad("kv-cache-gb", "must be in (0, 4096]");
+  if (!(c.kv_cache_gb >= 0) || c.kv_cache_gb > 4096) {
+    return bad("kv-cache-gb", "must be in [0, 4096] (0: auto)");
+  }
+  if (c.cuda_device < 0 || c.cuda_device > 1023) return bad("cuda-device", "must be in [0, 1023]");
+  if (!(c.gpu_memory_fraction > 0 && c.gpu_memory_fraction < 1)) {
+    return bad("gpu-memory-fraction", "must be in (0, 1)");
+  }
   if (c.num_threads < 0 || c.num_threads > 1024) return bad("threads", "must be in [0, 1024]");
   if (c.max_running_requests < 1) return bad("max-running-requests", "must be >= 1");
   if (c.chunked_prefill_tokens < 16) return bad("chunked-prefill-tokens", "must be >= 16");

@@ -18,7 +18,11 @@ struct WorkerConfig {
   std::string api_key;           // optional separate data-plane key
   int metrics_port = -1;         // -1: no metrics endpoint; 0: any free port
   int page_size = 16;
-  double kv_cache_gb = 0.25;
+  double kv_cache_gb = 0;        // 0: auto (0.25 GiB on cpu; gpu_memory_fraction on cuda)
+  int cuda_device = 0;
+  double gpu_memory_fraction = 0.85;  // cuda: share of free memory after the weights for KV
+  bool batch_invariant = false;       // cuda: batch-invariant GEMMs
+  bool fp32_lm_head = false;          // cuda: FP32 copy of a 16-bit LM head
   int num_threads = 0;           // 0: all cores
   int max_running_requests = 256;
   int chunked_prefill_tokens = 2048;

@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "services/worker/admin_service.h"
 #include "services/worker/model/cpu_model_runner.h"
+#include "services/worker/model/cuda_runner.h"
 #include "services/worker/proto_convert.h"
 #include "services/worker/sleepable_runner.h"
 #include "services/worker/weight_sync/weight_sync.h"
@@ -67,12 +68,29 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     s->config_json_ = text.str();
   }
   s->num_parameters_ = NumParameters(s->model_config_);
+  const int num_devices = model::NumCudaDevices();
   if (config.backend == "cuda") {
-    return absl::UnimplementedError(
-        "--backend cuda: this build has no CUDA backend yet; use --backend cpu or auto");
+    if (!model::CudaBackendBuilt()) {
+      return absl::FailedPreconditionError(
+          "--backend cuda: this build has no CUDA backend (nvcc was not found when it was "
+          "configured); use --backend cpu or auto");
+    }
+    if (num_devices == 0) {
+      return absl::FailedPreconditionError(
+          "--backend cuda: no CUDA device is visible to this process; use --backend cpu or auto");
+    }
   }
-  s->backend_name_ = "cpu";
-  spdlog::info("backend {} (no CUDA backend in this build)", s->backend_name_);
+  const bool use_cuda = config.backend == "cuda" || (config.backend == "auto" && num_devices > 0);
+  s->backend_name_ = use_cuda ? "cuda" : "cpu";
+  if (use_cuda) {
+    absl::StatusOr<std::string> device = model::DescribeCudaDevice(config.cuda_device);
+    spdlog::info("backend cuda{} on device {}: {}", config.backend == "auto" ? " (auto)" : "",
+                 config.cuda_device, device.ok() ? *device : device.status().ToString());
+  } else {
+    spdlog::info("backend cpu{}", config.backend != "auto"    ? ""
+                                  : model::CudaBackendBuilt() ? " (auto: no CUDA device visible)"
+                                                              : " (auto: built without CUDA)");
+  }
 
   if (std::filesystem::exists(config.model_path + "/tokenizer.json")) {
     ASSIGN_OR_RETURN(s->tokenizer_, tokenizer::Tokenizer::FromDir(config.model_path));
@@ -84,15 +102,22 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   model::RunnerOptions runner_options;
   runner_options.model_dir = config.model_path;
   runner_options.page_size = config.page_size;
-  runner_options.kv_cache_bytes = static_cast<int64_t>(config.kv_cache_gb * (1 << 30));
+  // 0 = auto: a fixed 0.25 GiB on the CPU; the CUDA runner sizes it from free device memory.
+  const double kv_gb = config.kv_cache_gb > 0 ? config.kv_cache_gb : (use_cuda ? 0.0 : 0.25);
+  runner_options.kv_cache_bytes = static_cast<int64_t>(kv_gb * (1 << 30));
   runner_options.num_threads = config.num_threads;
-  const std::string spill_dir = (std::filesystem::temp_directory_path() /
-                                 absl::StrCat("rl-worker-spill-", getpid()))
-                                    .string();
-  ASSIGN_OR_RETURN(std::unique_ptr<SleepableRunner> runner,
-                   SleepableRunner::Create(
-                       [runner_options] { return model::CreateCpuModelRunner(runner_options); },
-                       spill_dir));
+  runner_options.cuda_device = config.cuda_device;
+  runner_options.gpu_memory_fraction = config.gpu_memory_fraction;
+  runner_options.batch_invariant = config.batch_invariant;
+  runner_options.fp32_lm_head = config.fp32_lm_head;
+  const auto make_runner = use_cuda ? model::CreateCudaModelRunner : model::CreateCpuModelRunner;
+  const std::string spill_dir =
+      (std::filesystem::temp_directory_path() / absl::StrCat("rl-worker-spill-", getpid()))
+          .string();
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<SleepableRunner> runner,
+      SleepableRunner::Create([runner_options, make_runner] { return make_runner(runner_options); },
+                              spill_dir));
   s->runner_ = runner.get();
   engine::EngineOptions engine_options;
   engine_options.max_running_requests = config.max_running_requests;
@@ -150,12 +175,12 @@ void WorkerServer::RegisterMetrics() {
   cached_tokens_total_ =
       m.GetCounter("rl_worker_cached_tokens_total", "Prompt tokens served from the prefix cache.");
   const auto latency = ExponentialBuckets(0.001, 2, 16);
-  ttft_seconds_ = m.GetHistogram("rl_worker_time_to_first_token_seconds", "Time to first token.",
-                                 latency);
+  ttft_seconds_ =
+      m.GetHistogram("rl_worker_time_to_first_token_seconds", "Time to first token.", latency);
   per_token_seconds_ = m.GetHistogram("rl_worker_time_per_output_token_seconds",
                                       "Mean decode time per output token of a request.", latency);
-  e2e_seconds_ = m.GetHistogram("rl_worker_request_duration_seconds", "Submission to finish.",
-                                latency);
+  e2e_seconds_ =
+      m.GetHistogram("rl_worker_request_duration_seconds", "Submission to finish.", latency);
   update_seconds_ = m.GetHistogram("rl_worker_weight_update_duration_seconds",
                                    "Duration of weight updates.", latency);
   engine::Engine* e = engine_.get();
@@ -169,13 +194,12 @@ void WorkerServer::RegisterMetrics() {
                ? 1.0 - static_cast<double>(i.kv_tokens_available) / i.kv_tokens_total
                : 0.0;
   });
-  m.SetGaugeCallback("rl_worker_cache_hit_ratio", "Prompt tokens served from the prefix cache.",
-                     {}, [e] {
-                       const engine::ServerInfo i = e->GetServerInfo();
-                       return i.prompt_tokens > 0
-                                  ? static_cast<double>(i.cache_hit_tokens) / i.prompt_tokens
-                                  : 0.0;
-                     });
+  m.SetGaugeCallback(
+      "rl_worker_cache_hit_ratio", "Prompt tokens served from the prefix cache.", {}, [e] {
+        const engine::ServerInfo i = e->GetServerInfo();
+        return i.prompt_tokens > 0 ? static_cast<double>(i.cache_hit_tokens) / i.prompt_tokens
+                                   : 0.0;
+      });
   m.SetGaugeCallback("rl_worker_weight_version", "Version of the served weights.", {},
                      [e] { return static_cast<double>(e->weight_version()); });
   m.SetGaugeCallback("rl_worker_paused", "1 while generation is paused.", {},
@@ -198,7 +222,9 @@ void WorkerServer::RecordFinished(const engine::GenerateResult& r) {
   }
 }
 
-std::string WorkerServer::NextRequestId() { return absl::StrCat("w", next_request_id_.fetch_add(1)); }
+std::string WorkerServer::NextRequestId() {
+  return absl::StrCat("w", next_request_id_.fetch_add(1));
+}
 
 absl::Status WorkerServer::Submit(engine::GenerateRequest request,
                                   engine::RequestCallbacks callbacks) {
@@ -233,8 +259,8 @@ absl::StatusOr<AdminOutcome> WorkerServer::Continue() {
   AdminOutcome out;
   {
     absl::MutexLock lock(&mu_);
-    out.message = update_failed_ ? "resumed; note: the last weight update failed: " + last_error_
-                                 : "resumed";
+    out.message =
+        update_failed_ ? "resumed; note: the last weight update failed: " + last_error_ : "resumed";
   }
   out.weight_version = weight_version();
   out.duration_us = MicrosSince(start);
@@ -269,13 +295,14 @@ absl::StatusOr<AdminOutcome> WorkerServer::RunWeightUpdate(
     const bool retracted = ctx.paused() && ctx.pause_mode() >= engine::PauseMode::kRetract;
     if (active && !policy.abort_all_requests && !retracted) {
       const engine::ServerInfo info = ctx.info();
-      return absl::FailedPreconditionError(absl::StrCat(
-          what, ": ", info.num_running, " running and ", info.num_waiting,
-          " waiting requests; pass abort_all_requests or pause with retract first"));
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": ", info.num_running, " running and ", info.num_waiting,
+                       " waiting requests; pass abort_all_requests or pause with retract first"));
     }
     const bool was_paused = ctx.paused();
     if (!retracted) ctx.Pause(engine::PauseMode::kRetract);
-    if (policy.abort_all_requests) out.num_aborted = ctx.AbortAll(absl::StrCat(what, " aborted it"));
+    if (policy.abort_all_requests)
+      out.num_aborted = ctx.AbortAll(absl::StrCat(what, " aborted it"));
     if (absl::Status s = apply(ctx.runner()); !s.ok()) {
       if (!failure_keeps_pause && !was_paused) ctx.Continue();
       return s;
@@ -312,17 +339,19 @@ absl::StatusOr<AdminOutcome> WorkerServer::RunWeightUpdate(
 }
 
 absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromDisk(const std::string& model_path,
-                                                                  const UpdatePolicy& policy) {
+                                                                 const UpdatePolicy& policy) {
   if (model_path.empty()) return absl::InvalidArgumentError("model_path: must not be empty");
   std::error_code ec;
   if (!std::filesystem::is_directory(model_path, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("model_path: '", model_path, "' is not a folder"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_path: '", model_path, "' is not a folder"));
   }
-  return RunWeightUpdate("update_weights_from_disk", policy,
-                         [&](model::ModelRunner& runner) {
-                           return Annotate(runner.LoadWeightsFromDisk(model_path), model_path);
-                         },
-                         /*failure_keeps_pause=*/false);
+  return RunWeightUpdate(
+      "update_weights_from_disk", policy,
+      [&](model::ModelRunner& runner) {
+        return Annotate(runner.LoadWeightsFromDisk(model_path), model_path);
+      },
+      /*failure_keeps_pause=*/false);
 }
 
 namespace {
@@ -345,9 +374,9 @@ absl::Status ValidateTensors(const std::vector<model::TensorInfo>& held,
       return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': sent twice"));
     }
     if (t.shape != it->second->shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", t.name, "': shape [", absl::StrJoin(t.shape, ", "), "] but the model has [",
-          absl::StrJoin(it->second->shape, ", "), "]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "': shape [", absl::StrJoin(t.shape, ", "),
+                       "] but the model has [", absl::StrJoin(it->second->shape, ", "), "]"));
     }
     const std::optional<model_io::DType> dtype = model_io::ParseDType(t.dtype);
     if (!dtype || !model_io::IsFloatWeightDType(*dtype)) {
@@ -367,8 +396,8 @@ absl::Status ValidateTensors(const std::vector<model::TensorInfo>& held,
 
 }  // namespace
 
-absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromTensors(std::vector<NamedTensor> tensors,
-                                                                     const UpdatePolicy& policy) {
+absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromTensors(
+    std::vector<NamedTensor> tensors, const UpdatePolicy& policy) {
   if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
   return RunWeightUpdate(
       "update_weights_from_tensor", policy,
@@ -388,19 +417,23 @@ absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromTensors(std::vector<
 
 absl::StatusOr<AdminOutcome> WorkerServer::InitWeightsUpdateGroup(const GroupRequest& r) {
   if (r.group_name.empty()) return absl::InvalidArgumentError("group_name: must not be empty");
-  if (r.master_address.empty()) return absl::InvalidArgumentError("master_address: must not be empty");
+  if (r.master_address.empty())
+    return absl::InvalidArgumentError("master_address: must not be empty");
   if (r.master_port <= 0 || r.master_port > 65535) {
     return absl::InvalidArgumentError("master_port: must be in [1, 65535]");
   }
-  if (r.world_size < 2) return absl::InvalidArgumentError("world_size: must be >= 2 (trainer + worker)");
+  if (r.world_size < 2)
+    return absl::InvalidArgumentError("world_size: must be >= 2 (trainer + worker)");
   if (r.rank_offset < 1 || r.rank_offset >= r.world_size) {
-    return absl::InvalidArgumentError("rank_offset: must be in [1, world_size) (rank 0 is the trainer)");
+    return absl::InvalidArgumentError(
+        "rank_offset: must be in [1, world_size) (rank 0 is the trainer)");
   }
   if (r.timeout_ms <= 0) return absl::InvalidArgumentError("timeout_ms: must be > 0");
   {
     absl::MutexLock lock(&mu_);
     if (groups_.contains(r.group_name)) {
-      return absl::AlreadyExistsError(absl::StrCat("group_name: '", r.group_name, "' already exists"));
+      return absl::AlreadyExistsError(
+          absl::StrCat("group_name: '", r.group_name, "' already exists"));
     }
   }
   const auto start = std::chrono::steady_clock::now();
@@ -412,6 +445,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::InitWeightsUpdateGroup(const GroupReq
   options.world_size = r.world_size;
   options.group_name = r.group_name;
   options.timeout = std::chrono::milliseconds(r.timeout_ms);
+  options.cuda_device = config_.cuda_device;
   auto receiver = weight_sync::ConnectReceiver(options);
   if (!receiver.ok()) {
     absl::MutexLock lock(&mu_);
@@ -429,7 +463,8 @@ absl::StatusOr<AdminOutcome> WorkerServer::InitWeightsUpdateGroup(const GroupReq
 }
 
 absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromDistributed(
-    const std::string& group_name, std::vector<model::TensorInfo> specs, const UpdatePolicy& policy) {
+    const std::string& group_name, std::vector<model::TensorInfo> specs,
+    const UpdatePolicy& policy) {
   weight_sync::WeightReceiver* receiver = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -446,21 +481,22 @@ absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromDistributed(
       [&](model::ModelRunner& runner) -> absl::Status {
         std::vector<const model::TensorInfo*> infos;
         for (const auto& s : specs) infos.push_back(&s);
-        RETURN_IF_ERROR(ValidateTensors(runner.ListWeights(), infos,
-                                        std::vector<int64_t>(specs.size(), -1)));
+        RETURN_IF_ERROR(
+            ValidateTensors(runner.ListWeights(), infos, std::vector<int64_t>(specs.size(), -1)));
         std::vector<weight_sync::TensorSpec> wire;
         for (const auto& s : specs) wire.push_back({s.name, s.dtype, s.shape});
         std::map<std::string, const model::TensorInfo*> by_name;
         for (const auto& s : specs) by_name[s.name] = &s;
-        return receiver->Receive(wire, [&](const weight_sync::TensorSpec& spec,
-                                           absl::Span<const uint8_t> bytes) {
-          return runner.UpdateWeight(*by_name.at(spec.name), bytes);
-        });
+        return receiver->Receive(
+            wire, [&](const weight_sync::TensorSpec& spec, absl::Span<const uint8_t> bytes) {
+              return runner.UpdateWeight(*by_name.at(spec.name), bytes);
+            });
       },
       /*failure_keeps_pause=*/true);
 }
 
-absl::StatusOr<AdminOutcome> WorkerServer::DestroyWeightsUpdateGroup(const std::string& group_name) {
+absl::StatusOr<AdminOutcome> WorkerServer::DestroyWeightsUpdateGroup(
+    const std::string& group_name) {
   std::unique_ptr<weight_sync::WeightReceiver> receiver;
   {
     absl::MutexLock lock(&mu_);
