@@ -23,6 +23,7 @@ struct WorkerConfig {
   double gpu_memory_fraction = 0.85;  // cuda: share of free memory after the weights for KV
   bool batch_invariant = false;       // cuda: batch-invariant GEMMs
   bool fp32_lm_head = false;          // cuda: FP32 copy of a 16-bit LM head
+  bool disable_cuda_graph = false;    // cuda: decode eagerly instead of replaying graphs
   int num_threads = 0;           // 0: all cores
   int max_running_requests = 256;
   int chunked_prefill_tokens = 2048;

@@ -78,6 +78,23 @@ class Backend {
   // out[r] = x[rows[r]] for r < num_rows, rows of `dim` floats.
   virtual absl::Status GatherRows(const float* x, const int32_t* rows, int64_t num_rows,
                                   int64_t dim, float* out) = 0;
+
+  // ---- Graphs (device backends; the defaults say "not supported") ----
+  // Between BeginGraphCapture and EndGraphCapture the ops are recorded instead of run; nothing
+  // may allocate or copy to the host meanwhile. EndGraphCapture(status of the recorded work)
+  // ends the recording and returns a handle for ReplayGraph, or the error (the recording is
+  // discarded). DropGraphs frees every graph (their buffers moved); a backend also drops them
+  // itself when one of its workspaces has to move.
+  virtual bool supports_graphs() const { return false; }
+  virtual absl::Status BeginGraphCapture() { return absl::UnimplementedError("graph capture"); }
+  virtual absl::StatusOr<int> EndGraphCapture(absl::Status recorded) {
+    return recorded.ok() ? absl::UnimplementedError("graph capture") : recorded;
+  }
+  // NotFound when `graph` was dropped (the caller captures again).
+  virtual absl::Status ReplayGraph(int /*graph*/) {
+    return absl::UnimplementedError("graph replay");
+  }
+  virtual void DropGraphs() {}
 };
 
 // The CPU backend with `num_threads` threads (0: hardware concurrency).

@@ -29,12 +29,13 @@ struct RunnerOptions {
   int64_t kv_cache_bytes = int64_t{256} << 20;
   int num_threads = 0;  // 0: hardware concurrency
   // CUDA runner only (cuda_runner.h): the device, the share of its free memory (after the
-  // weights) the KV cache takes when kv_cache_bytes is 0, the batch-invariant GEMMs, and an
-  // FP32 copy of a 16-bit LM head.
+  // weights) the KV cache takes when kv_cache_bytes is 0, the batch-invariant GEMMs, an FP32
+  // copy of a 16-bit LM head, and CUDA graphs for decode.
   int cuda_device = 0;
   double gpu_memory_fraction = 0.85;
   bool batch_invariant = false;
   bool fp32_lm_head = false;
+  bool cuda_graphs = true;  // capture decode steps in CUDA graphs (transformer.h)
 };
 
 class CpuModelRunner final : public ModelRunner {

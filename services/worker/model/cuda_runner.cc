@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -36,6 +37,7 @@ absl::Status BindDevice(int device) {
 // batches run in token ranges (each token is independent, so the result is the same).
 constexpr int64_t kAttentionWorkspaceFloats = int64_t{16} << 20;  // 64 MiB
 constexpr int64_t kMaxKvSlots = int64_t{1} << 22;
+constexpr int64_t kCublasWorkspaceBytes = int64_t{32} << 20;
 
 cudaDataType_t CudaType(DType dtype) {
   switch (dtype) {
@@ -66,14 +68,20 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(RL_GPU_STATUS(cublasSetStream(b->cublas_, b->stream_)));
     // Full float32 for F32 GEMMs (no TF32), so they agree with the CPU oracle to rounding.
     RETURN_IF_ERROR(RL_GPU_STATUS(cublasSetMathMode(b->cublas_, CUBLAS_DEFAULT_MATH)));
+    // A workspace of our own: cuBLAS then never allocates, which graph capture requires.
+    ASSIGN_OR_RETURN(b->cublas_ws_, b->Allocate(kCublasWorkspaceBytes));
+    RETURN_IF_ERROR(
+        RL_GPU_STATUS(cublasSetWorkspace(b->cublas_, b->cublas_ws_.data(), kCublasWorkspaceBytes)));
     return b;
   }
 
   ~CudaBackend() override {
     // Buffers handed out by Allocate are freed by their own deleters (cudaFree).
+    DropGraphs();
     cast_ws_ = DeviceBuffer();
     attn_ws_ = DeviceBuffer();
     if (cublas_ != nullptr) cublasDestroy(cublas_);
+    cublas_ws_ = DeviceBuffer();
     if (stream_ != nullptr) cudaStreamDestroy(stream_);
   }
 
@@ -157,6 +165,40 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
+  bool supports_graphs() const override { return true; }
+  absl::Status BeginGraphCapture() override {
+    RETURN_IF_ERROR(BindDevice(device_));
+    RETURN_IF_ERROR(
+        RL_GPU_STATUS(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal)));
+    capturing_ = true;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<int> EndGraphCapture(absl::Status recorded) override {
+    capturing_ = false;
+    cudaGraph_t graph = nullptr;
+    absl::Status st = RL_GPU_STATUS(cudaStreamEndCapture(stream_, &graph));
+    if (st.ok()) st = recorded;
+    cudaGraphExec_t exec = nullptr;
+    if (st.ok()) st = RL_GPU_STATUS(cudaGraphInstantiate(&exec, graph, 0));
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (!st.ok()) {
+      spdlog::warn("CUDA graph capture failed; decoding eagerly from now on: {}", st.ToString());
+      return st;
+    }
+    graphs_[next_graph_] = exec;
+    return next_graph_++;
+  }
+  absl::Status ReplayGraph(int graph) override {
+    auto it = graphs_.find(graph);
+    if (it == graphs_.end()) return absl::NotFoundError(absl::StrCat("graph ", graph, " dropped"));
+    RETURN_IF_ERROR(BindDevice(device_));
+    return RL_GPU_STATUS(cudaGraphLaunch(it->second, stream_));
+  }
+  void DropGraphs() override {
+    for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
+    graphs_.clear();
+  }
+
   absl::Status Matmul(const kc::MatmulParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     if (p.m == 0) return absl::OkStatus();
@@ -188,9 +230,14 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(const CudaBackendOptions& options)
       : device_(options.device), batch_invariant_(options.batch_invariant) {}
 
-  // Grows a workspace; the old one is freed only after the queued work that may use it.
+  // Grows a workspace; the old one is freed only after the queued work that may use it, and the
+  // graphs that recorded its address are dropped. Never while capturing.
   absl::Status Reserve(DeviceBuffer* buffer, int64_t bytes) {
     if (buffer->data() != nullptr && buffer->bytes() >= bytes) return absl::OkStatus();
+    if (capturing_) {
+      return absl::FailedPreconditionError("a workspace would grow during graph capture");
+    }
+    DropGraphs();
     const int64_t grown = std::max<int64_t>(bytes, buffer->bytes() * 3 / 2);
     RETURN_IF_ERROR(RL_GPU_STATUS(cudaStreamSynchronize(stream_)));
     *buffer = DeviceBuffer();
@@ -204,6 +251,10 @@ class CudaBackend final : public Backend {
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer cast_ws_;
   DeviceBuffer attn_ws_;
+  DeviceBuffer cublas_ws_;
+  bool capturing_ = false;
+  std::map<int, cudaGraphExec_t> graphs_;
+  int next_graph_ = 0;
 };
 
 class CudaModelRunner final : public ModelRunner {
@@ -248,14 +299,16 @@ class CudaModelRunner final : public ModelRunner {
                                                        o.page_size));
     }
     r->page_size_ = o.page_size;
-    ASSIGN_OR_RETURN(r->transformer_, Transformer::Create(r->config_, r->backend_.get(), slots));
+    ASSIGN_OR_RETURN(r->transformer_,
+                     Transformer::Create(r->config_, r->backend_.get(), slots, o.cuda_graphs));
     absl::StatusOr<std::string> device = DescribeCudaDevice(o.cuda_device);
-    spdlog::info("cuda runner on {}: weights {:.2f} GiB, KV cache {} slots ({:.2f} GiB){}{}",
+    spdlog::info("cuda runner on {}: weights {:.2f} GiB, KV cache {} slots ({:.2f} GiB){}{}{}",
                  device.ok() ? *device : std::string(device.status().message()),
                  static_cast<double>(r->host_->TotalBytes()) / (1 << 30), slots,
                  static_cast<double>(slots * per_slot) / (1 << 30),
                  o.batch_invariant ? ", batch-invariant" : "",
-                 o.fp32_lm_head ? ", fp32 LM head" : "");
+                 o.fp32_lm_head ? ", fp32 LM head" : "",
+                 o.cuda_graphs ? ", CUDA graphs for decode" : ", no CUDA graphs");
     return r;
   }
 

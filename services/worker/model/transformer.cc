@@ -16,11 +16,13 @@ int64_t Transformer::KvBytesPerSlot(const model_io::ModelConfig& c) {
 }
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
-    const model_io::ModelConfig& config, Backend* backend, int64_t num_kv_slots) {
+    const model_io::ModelConfig& config, Backend* backend, int64_t num_kv_slots, bool use_graphs) {
   if (num_kv_slots <= 0) return absl::InvalidArgumentError("num_kv_slots must be positive");
   auto t = std::unique_ptr<Transformer>(new Transformer(config, backend, num_kv_slots));
+  t->use_graphs_ = use_graphs && backend->supports_graphs();
+  // One slot past the end is the scratch slot that graph padding tokens write.
   const int64_t layer_bytes =
-      num_kv_slots * config.num_key_value_heads * config.head_dim * static_cast<int64_t>(4);
+      (num_kv_slots + 1) * config.num_key_value_heads * config.head_dim * static_cast<int64_t>(4);
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     ASSIGN_OR_RETURN(DeviceBuffer k, backend->Allocate(layer_bytes));
     ASSIGN_OR_RETURN(DeviceBuffer v, backend->Allocate(layer_bytes));
@@ -32,6 +34,11 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
 
 absl::Status Transformer::Reserve(DeviceBuffer* buffer, int64_t bytes) {
   if (buffer->data() != nullptr && buffer->bytes() >= bytes) return absl::OkStatus();
+  if (!graphs_.empty()) {
+    // Captured graphs hold the old address.
+    backend_->DropGraphs();
+    graphs_.clear();
+  }
   const int64_t grown = std::max<int64_t>(bytes, buffer->bytes() + buffer->bytes() / 2);
   ASSIGN_OR_RETURN(*buffer, backend_->Allocate(std::max<int64_t>(grown, 64)));
   return absl::OkStatus();
@@ -77,6 +84,17 @@ absl::Status Transformer::Validate(const ForwardInput& in) const {
   return absl::OkStatus();
 }
 
+bool Transformer::GraphEligible(const ForwardInput& in) const {
+  if (!use_graphs_ || in.seqs.empty() ||
+      static_cast<int64_t>(in.seqs.size()) > kGraphBatchSizes.back()) {
+    return false;
+  }
+  for (const SequenceInput& s : in.seqs) {
+    if (s.token_ids.size() != 1 || s.logits != LogitsMode::kLast) return false;
+  }
+  return true;
+}
+
 absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, ForwardOutput* out) {
   RETURN_IF_ERROR(Validate(in));
   const model_io::ModelConfig& c = config_;
@@ -89,6 +107,8 @@ absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, Forw
   h_slot_begin_.clear();
   h_slots_.clear();
   h_logit_rows_.clear();
+  h_cos_.clear();
+  h_sin_.clear();
   out->vocab_size = c.vocab_size;
   out->row_begin.assign(1, 0);
   for (const SequenceInput& s : in.seqs) {
@@ -96,11 +116,16 @@ absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, Forw
     h_slots_.insert(h_slots_.end(), s.kv_slots.begin(), s.kv_slots.end());
     const int32_t first_token = static_cast<int32_t>(h_ids_.size());
     const int32_t n = static_cast<int32_t>(s.token_ids.size());
+    const int64_t seq_len = s.start_pos + static_cast<int64_t>(n);
     for (int32_t i = 0; i < n; ++i) {
       h_ids_.push_back(s.token_ids[static_cast<size_t>(i)]);
       h_write_slots_.push_back(s.kv_slots[static_cast<size_t>(s.start_pos + i)]);
       h_context_len_.push_back(s.start_pos + i + 1);
       h_slot_begin_.push_back(begin);
+      h_cos_.resize(h_cos_.size() + static_cast<size_t>(half));
+      h_sin_.resize(h_sin_.size() + static_cast<size_t>(half));
+      rope_.Fill(s.start_pos + i, seq_len, &h_cos_[h_cos_.size() - half],
+                 &h_sin_[h_sin_.size() - half]);
     }
     if (s.logits == LogitsMode::kLast) {
       h_logit_rows_.push_back(first_token + n - 1);
@@ -109,50 +134,45 @@ absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, Forw
     }
     out->row_begin.push_back(static_cast<int64_t>(h_logit_rows_.size()));
   }
+  const int64_t num_real_rows = static_cast<int64_t>(h_logit_rows_.size());
+  out->logits.assign(static_cast<size_t>(num_real_rows * c.vocab_size), 0.0f);
+  if (h_ids_.empty()) return absl::OkStatus();
+  int64_t batch_max_context = *std::max_element(h_context_len_.begin(), h_context_len_.end());
+
+  // ---- Decode steps replay a CUDA graph captured for (padded batch, attention splits) ----
+  const bool graph = GraphEligible(in);
+  GraphKey key{0, 0};
+  if (graph) {
+    const int64_t real = static_cast<int64_t>(in.seqs.size());
+    const int64_t bucket =
+        *std::lower_bound(kGraphBatchSizes.begin(), kGraphBatchSizes.end(), real);
+    // Padding tokens write the scratch slot and attend to it alone; their rows are dropped.
+    const int32_t scratch_entry = static_cast<int32_t>(h_slots_.size());
+    h_slots_.push_back(static_cast<int32_t>(num_kv_slots_));
+    for (int64_t t = real; t < bucket; ++t) {
+      h_ids_.push_back(0);
+      h_write_slots_.push_back(static_cast<int32_t>(num_kv_slots_));
+      h_context_len_.push_back(1);
+      h_slot_begin_.push_back(scratch_entry);
+      h_cos_.resize(h_cos_.size() + static_cast<size_t>(half));
+      h_sin_.resize(h_sin_.size() + static_cast<size_t>(half));
+      rope_.Fill(0, 1, &h_cos_[h_cos_.size() - half], &h_sin_[h_sin_.size() - half]);
+      h_logit_rows_.push_back(static_cast<int32_t>(t));
+    }
+    // The attention grid covers a power-of-two number of splits (the kernel skips the empty
+    // ones), so one graph serves every context up to that length.
+    int64_t splits = 1;
+    while (splits * kGraphContextQuantum < batch_max_context) splits *= 2;
+    batch_max_context = splits * kGraphContextQuantum;
+    key = {bucket, splits};
+  }
   const int64_t num_tokens = static_cast<int64_t>(h_ids_.size());
   const int64_t num_rows = static_cast<int64_t>(h_logit_rows_.size());
-  out->logits.assign(static_cast<size_t>(num_rows * c.vocab_size), 0.0f);
-  if (num_tokens == 0) return absl::OkStatus();
 
-  h_cos_.resize(static_cast<size_t>(num_tokens * half));
-  h_sin_.resize(static_cast<size_t>(num_tokens * half));
-  {
-    int64_t t = 0;
-    for (const SequenceInput& s : in.seqs) {
-      const int64_t seq_len = s.start_pos + static_cast<int64_t>(s.token_ids.size());
-      for (size_t i = 0; i < s.token_ids.size(); ++i, ++t) {
-        rope_.Fill(s.start_pos + static_cast<int64_t>(i), seq_len, &h_cos_[t * half],
-                   &h_sin_[t * half]);
-      }
-    }
-  }
-
-  // ---- Buffers ----
-  const int64_t hidden = c.hidden_size;
-  const int64_t q_dim = c.num_attention_heads * c.head_dim;
-  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  // ---- Buffers (fixed addresses between graph captures) and the plan upload ----
+  RETURN_IF_ERROR(ReserveAll(num_tokens, num_rows));
   const int64_t f = sizeof(float);
   const int64_t i32 = sizeof(int32_t);
-  RETURN_IF_ERROR(Reserve(&ids_, num_tokens * i32));
-  RETURN_IF_ERROR(Reserve(&write_slots_, num_tokens * i32));
-  RETURN_IF_ERROR(Reserve(&context_len_, num_tokens * i32));
-  RETURN_IF_ERROR(Reserve(&slot_begin_, num_tokens * i32));
-  RETURN_IF_ERROR(Reserve(&slots_, static_cast<int64_t>(h_slots_.size()) * i32));
-  RETURN_IF_ERROR(Reserve(&logit_rows_, std::max<int64_t>(1, num_rows) * i32));
-  RETURN_IF_ERROR(Reserve(&cos_, num_tokens * half * f));
-  RETURN_IF_ERROR(Reserve(&sin_, num_tokens * half * f));
-  RETURN_IF_ERROR(Reserve(&x_, num_tokens * hidden * f));
-  RETURN_IF_ERROR(Reserve(&h_, num_tokens * hidden * f));
-  RETURN_IF_ERROR(Reserve(&q_, num_tokens * q_dim * f));
-  RETURN_IF_ERROR(Reserve(&k_, num_tokens * kv_dim * f));
-  RETURN_IF_ERROR(Reserve(&v_, num_tokens * kv_dim * f));
-  RETURN_IF_ERROR(Reserve(&attn_, num_tokens * q_dim * f));
-  RETURN_IF_ERROR(Reserve(&gate_, num_tokens * c.intermediate_size * f));
-  RETURN_IF_ERROR(Reserve(&up_, num_tokens * c.intermediate_size * f));
-  RETURN_IF_ERROR(Reserve(&final_, std::max<int64_t>(1, num_rows) * hidden * f));
-  RETURN_IF_ERROR(Reserve(&logits_, std::max<int64_t>(1, num_rows) * c.vocab_size * f));
-  RETURN_IF_ERROR(Reserve(&workspace_, backend_->num_threads() * c.max_position_embeddings * f));
-
   RETURN_IF_ERROR(backend_->CopyToDevice(ids_.data(), h_ids_.data(), num_tokens * i32));
   RETURN_IF_ERROR(
       backend_->CopyToDevice(write_slots_.data(), h_write_slots_.data(), num_tokens * i32));
@@ -166,7 +186,77 @@ absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, Forw
   RETURN_IF_ERROR(backend_->CopyToDevice(cos_.data(), h_cos_.data(), num_tokens * half * f));
   RETURN_IF_ERROR(backend_->CopyToDevice(sin_.data(), h_sin_.data(), num_tokens * half * f));
 
-  // ---- Embedding and layers ----
+  if (graph) {
+    RETURN_IF_ERROR(RunGraph(w, key, batch_max_context));
+  } else {
+    RETURN_IF_ERROR(Compute(w, num_tokens, num_rows, batch_max_context));
+  }
+  if (num_real_rows == 0) return absl::OkStatus();
+  return backend_->CopyToHost(out->logits.data(), logits_.data(), num_real_rows * c.vocab_size * f);
+}
+
+absl::Status Transformer::ReserveAll(int64_t num_tokens, int64_t num_rows) {
+  const model_io::ModelConfig& c = config_;
+  const int64_t half = rope_.half_dim();
+  const int64_t hidden = c.hidden_size;
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+  const int64_t f = sizeof(float);
+  const int64_t i32 = sizeof(int32_t);
+  const int64_t rows = std::max<int64_t>(1, num_rows);
+  RETURN_IF_ERROR(Reserve(&ids_, num_tokens * i32));
+  RETURN_IF_ERROR(Reserve(&write_slots_, num_tokens * i32));
+  RETURN_IF_ERROR(Reserve(&context_len_, num_tokens * i32));
+  RETURN_IF_ERROR(Reserve(&slot_begin_, num_tokens * i32));
+  RETURN_IF_ERROR(Reserve(&slots_, static_cast<int64_t>(h_slots_.size()) * i32));
+  RETURN_IF_ERROR(Reserve(&logit_rows_, rows * i32));
+  RETURN_IF_ERROR(Reserve(&cos_, num_tokens * half * f));
+  RETURN_IF_ERROR(Reserve(&sin_, num_tokens * half * f));
+  RETURN_IF_ERROR(Reserve(&x_, num_tokens * hidden * f));
+  RETURN_IF_ERROR(Reserve(&h_, num_tokens * hidden * f));
+  RETURN_IF_ERROR(Reserve(&q_, num_tokens * q_dim * f));
+  RETURN_IF_ERROR(Reserve(&k_, num_tokens * kv_dim * f));
+  RETURN_IF_ERROR(Reserve(&v_, num_tokens * kv_dim * f));
+  RETURN_IF_ERROR(Reserve(&attn_, num_tokens * q_dim * f));
+  RETURN_IF_ERROR(Reserve(&gate_, num_tokens * c.intermediate_size * f));
+  RETURN_IF_ERROR(Reserve(&up_, num_tokens * c.intermediate_size * f));
+  RETURN_IF_ERROR(Reserve(&final_, rows * hidden * f));
+  RETURN_IF_ERROR(Reserve(&logits_, rows * c.vocab_size * f));
+  return Reserve(&workspace_, backend_->num_threads() * c.max_position_embeddings * f);
+}
+
+absl::Status Transformer::RunGraph(const Weights& w, GraphKey key, int64_t batch_max_context) {
+  const int64_t num_tokens = key.first;
+  if (graph_weights_ != &w) {
+    // Graphs hold the weights' device addresses.
+    backend_->DropGraphs();
+    graphs_.clear();
+    graph_weights_ = &w;
+  }
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    absl::Status replayed = backend_->ReplayGraph(it->second);
+    if (!absl::IsNotFound(replayed)) return replayed;
+    graphs_.clear();  // the backend dropped its graphs (a workspace moved): capture again
+  }
+  // First time for this shape: run eagerly (which also sizes every workspace the capture will
+  // use, so nothing is allocated while capturing), then record the same work.
+  RETURN_IF_ERROR(Compute(w, num_tokens, num_tokens, batch_max_context));
+  RETURN_IF_ERROR(backend_->BeginGraphCapture());
+  absl::Status captured = Compute(w, num_tokens, num_tokens, batch_max_context);
+  absl::StatusOr<int> graph = backend_->EndGraphCapture(captured);
+  if (!graph.ok()) {
+    // This step's logits are already computed; run eagerly from now on.
+    use_graphs_ = false;
+    return absl::OkStatus();
+  }
+  graphs_[key] = *graph;
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::Compute(const Weights& w, int64_t num_tokens, int64_t num_rows,
+                                  int64_t batch_max_context) {
+  const model_io::ModelConfig& c = config_;
+  const int64_t hidden = c.hidden_size;
   kc::EmbeddingParams emb;
   emb.table = w.embed().data;
   emb.table_dtype = w.embed().dtype;
@@ -176,7 +266,7 @@ absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, Forw
   emb.num_rows = c.vocab_size;
   emb.dim = hidden;
   RETURN_IF_ERROR(backend_->Embedding(emb));
-  RETURN_IF_ERROR(RunLayers(w, num_tokens));
+  RETURN_IF_ERROR(RunLayers(w, num_tokens, batch_max_context));
   if (num_rows == 0) return absl::OkStatus();
 
   // ---- Final norm and LM head on the rows asked for ----
@@ -199,16 +289,12 @@ absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, Forw
   head.m = num_rows;
   head.n = c.vocab_size;
   head.k = hidden;
-  RETURN_IF_ERROR(backend_->Matmul(head));
-  RETURN_IF_ERROR(
-      backend_->CopyToHost(out->logits.data(), logits_.data(), num_rows * c.vocab_size * f));
-  return absl::OkStatus();
+  return backend_->Matmul(head);
 }
 
-absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens) {
+absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
+                                    int64_t batch_max_context) {
   const model_io::ModelConfig& c = config_;
-  const int64_t batch_max_context =
-      *std::max_element(h_context_len_.begin(), h_context_len_.begin() + num_tokens);
   const int64_t hidden = c.hidden_size;
   const int64_t q_dim = c.num_attention_heads * c.head_dim;
   const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
@@ -285,7 +371,7 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens) {
     kv.kv_dim = kv_dim;
     kv.k_stride = kv_dim;
     kv.v_stride = kv_dim;
-    kv.num_slots = num_kv_slots_;
+    kv.num_slots = num_kv_slots_ + 1;  // with the scratch slot
     RETURN_IF_ERROR(backend_->WriteKv(kv));
 
     kc::AttentionParams at;
@@ -303,7 +389,7 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens) {
     at.num_kv_heads = c.num_key_value_heads;
     at.head_dim = c.head_dim;
     at.q_stride = q_dim;
-    at.num_slots = num_kv_slots_;
+    at.num_slots = num_kv_slots_ + 1;
     at.num_slot_entries = static_cast<int64_t>(h_slots_.size());
     at.max_context = c.max_position_embeddings;
     at.batch_max_context = batch_max_context;

@@ -7,11 +7,22 @@
 // float32) and the activation buffers, which grow to the largest batch seen. All ops run
 // through a Backend; the host only builds the step plan (positions, slot tables, RoPE rows).
 // Forward validates its whole input before touching the cache.
+//
+// CUDA graphs (backends that support them, `use_graphs`): a decode-only step (every sequence one
+// token, last-row logits, at most kGraphBatchSizes.back() sequences) is padded to the next batch
+// bucket — padding tokens write a scratch slot past num_kv_slots and attend to it alone — and
+// its attention grid to a power-of-two number of splits; the compute of each (bucket, splits) is
+// captured once (after one eager run that sizes every buffer) and replayed from then on. Only
+// the plan upload and the logits copy run outside the graph. A buffer that has to grow, or new
+// weights, drop the graphs. Prefill and mixed steps run eagerly.
 // Thread safety: one caller at a time.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -28,8 +39,8 @@ class Transformer {
  public:
   // Allocates the KV cache for `num_kv_slots` token slots.
   static absl::StatusOr<std::unique_ptr<Transformer>> Create(const model_io::ModelConfig& config,
-                                                             Backend* backend,
-                                                             int64_t num_kv_slots);
+                                                             Backend* backend, int64_t num_kv_slots,
+                                                             bool use_graphs = false);
 
   // Checks `in` against the config and the cache (InvalidArgument naming the sequence and the
   // field), then runs it. `out` is overwritten.
@@ -37,6 +48,12 @@ class Transformer {
   absl::Status Validate(const ForwardInput& in) const;
 
   int64_t num_kv_slots() const { return num_kv_slots_; }
+  bool uses_graphs() const { return use_graphs_; }
+  int num_graphs() const { return static_cast<int>(graphs_.size()); }
+
+  static constexpr std::array<int64_t, 15> kGraphBatchSizes = {1,  2,  4,   8,   16,  24,  32, 48,
+                                                               64, 96, 128, 160, 192, 224, 256};
+  static constexpr int64_t kGraphContextQuantum = 256;  // = the CUDA attention split
   // Bytes of KV cache per token slot over all layers.
   static int64_t KvBytesPerSlot(const model_io::ModelConfig& config);
 
@@ -44,13 +61,24 @@ class Transformer {
   Transformer(const model_io::ModelConfig& config, Backend* backend, int64_t num_kv_slots)
       : config_(config), backend_(backend), rope_(config), num_kv_slots_(num_kv_slots) {}
 
+  using GraphKey = std::pair<int64_t, int64_t>;  // (padded batch, attention splits)
+
   absl::Status Reserve(DeviceBuffer* buffer, int64_t bytes);
-  absl::Status RunLayers(const Weights& w, int64_t num_tokens);
+  absl::Status ReserveAll(int64_t num_tokens, int64_t num_rows);
+  bool GraphEligible(const ForwardInput& in) const;
+  // Embedding, layers, final norm and LM head over the uploaded plan.
+  absl::Status Compute(const Weights& w, int64_t num_tokens, int64_t num_rows,
+                       int64_t batch_max_context);
+  absl::Status RunGraph(const Weights& w, GraphKey key, int64_t batch_max_context);
+  absl::Status RunLayers(const Weights& w, int64_t num_tokens, int64_t batch_max_context);
 
   model_io::ModelConfig config_;
   Backend* backend_;
   RopeTable rope_;
   int64_t num_kv_slots_;
+  bool use_graphs_ = false;
+  std::map<GraphKey, int> graphs_;  // backend graph handles
+  const Weights* graph_weights_ = nullptr;
   std::vector<DeviceBuffer> k_cache_;
   std::vector<DeviceBuffer> v_cache_;
 
