@@ -28,29 +28,32 @@ struct SplitArgs {
   float scale;
 };
 
-// Block (token, head, split): scores of the split's positions (one warp per position, lanes
-// over head_dim, fixed butterfly), their max and exp-sum (fixed block reduction), then the
-// unnormalised weighted V sum (thread per dimension, positions in order). Shared memory:
-// q [head_dim], scores [kAttentionSplit], slot ids [kAttentionSplit], scratch [33].
+// Block (token, KV head, split) for all `group` query heads that share the KV head, so each K
+// and V row of the split is read once: scores of the split's positions (one warp per position,
+// lanes over head_dim, fixed butterfly, one sum per query head), each head's max and exp-sum
+// (fixed block reductions), then the unnormalised weighted V sums (thread per (head, dimension),
+// positions in order). Per (token, head) the arithmetic order is the same whatever the batch.
+// Shared memory: q [group, head_dim], scores [group, kAttentionSplit], slot ids
+// [kAttentionSplit], scratch [33].
 __global__ void AttentionSplitKernel(SplitArgs a) {
   extern __shared__ float smem[];
   float* qs = smem;
-  float* scores = qs + a.head_dim;
-  int32_t* sl = reinterpret_cast<int32_t*>(scores + kAttentionSplit);
+  float* scores = qs + a.group * a.head_dim;
+  int32_t* sl = reinterpret_cast<int32_t*>(scores + a.group * kAttentionSplit);
   float* scratch = reinterpret_cast<float*>(sl + kAttentionSplit);
 
   const int64_t local_t = blockIdx.x;
   const int64_t t = a.token_begin + local_t;
-  const int h = blockIdx.y;
+  const int kvh = blockIdx.y;
   const int split = blockIdx.z;
   const int len = a.context_len[t];
   const int start = split * kAttentionSplit;
   if (start >= len) return;  // whole block exits together: no barrier is skipped
   const int n = min(len - start, kAttentionSplit);
-  const int kvh = h / a.group;
+  const int h0 = kvh * a.group;  // first query head of the group
 
-  const float* q = a.q + t * a.q_stride + static_cast<int64_t>(h) * a.head_dim;
-  for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) qs[d] = q[d];
+  const float* q = a.q + t * a.q_stride + static_cast<int64_t>(h0) * a.head_dim;
+  for (int i = threadIdx.x; i < a.group * a.head_dim; i += blockDim.x) qs[i] = q[i];
   const int32_t* seq_slots = a.slots + a.slot_begin[t] + start;
   for (int j = threadIdx.x; j < n; j += blockDim.x) sl[j] = seq_slots[j];
   __syncthreads();
@@ -60,36 +63,45 @@ __global__ void AttentionSplitKernel(SplitArgs a) {
   const int64_t head_off = static_cast<int64_t>(kvh) * a.head_dim;
   for (int j = warp; j < n; j += kWarps) {
     const float* kr = a.k_cache + static_cast<int64_t>(sl[j]) * a.kv_dim + head_off;
-    float dot = 0.0f;
-    for (int d = lane; d < a.head_dim; d += 32) dot += qs[d] * kr[d];
-    dot = WarpSum(dot);
-    if (lane == 0) scores[j] = dot * a.scale;
+    for (int g = 0; g < a.group; ++g) {
+      const float* qg = qs + g * a.head_dim;
+      float dot = 0.0f;
+      for (int d = lane; d < a.head_dim; d += 32) dot += qg[d] * kr[d];
+      dot = WarpSum(dot);
+      if (lane == 0) scores[g * kAttentionSplit + j] = dot * a.scale;
+    }
   }
   __syncthreads();
 
-  float m = -INFINITY;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, scores[j]);
-  m = BlockMax(m, scratch);
-  float l = 0.0f;
-  for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    const float p = expf(scores[j] - m);
-    scores[j] = p;
-    l += p;
+  for (int g = 0; g < a.group; ++g) {
+    float* sg = scores + g * kAttentionSplit;
+    float m = -INFINITY;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, sg[j]);
+    m = BlockMax(m, scratch);
+    float l = 0.0f;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+      const float p = expf(sg[j] - m);
+      sg[j] = p;
+      l += p;
+    }
+    l = BlockSum(l, scratch);  // its barriers also publish the probabilities
+    if (threadIdx.x == 0) {
+      const int64_t part = (local_t * a.num_heads + h0 + g) * a.max_splits + split;
+      a.part_ml[part * 2] = m;
+      a.part_ml[part * 2 + 1] = l;
+    }
   }
-  l = BlockSum(l, scratch);  // its barriers also publish the probabilities
 
-  const int64_t part = (local_t * a.num_heads + h) * a.max_splits + split;
-  float* out = a.part_out + part * a.head_dim;
-  for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
+  for (int i = threadIdx.x; i < a.group * a.head_dim; i += blockDim.x) {
+    const int g = i / a.head_dim;
+    const int d = i - g * a.head_dim;
+    const float* sg = scores + g * kAttentionSplit;
     float acc = 0.0f;
     for (int j = 0; j < n; ++j) {
-      acc += scores[j] * a.v_cache[static_cast<int64_t>(sl[j]) * a.kv_dim + head_off + d];
+      acc += sg[j] * a.v_cache[static_cast<int64_t>(sl[j]) * a.kv_dim + head_off + d];
     }
-    out[d] = acc;
-  }
-  if (threadIdx.x == 0) {
-    a.part_ml[part * 2] = m;
-    a.part_ml[part * 2 + 1] = l;
+    const int64_t part = (local_t * a.num_heads + h0 + g) * a.max_splits + split;
+    a.part_out[part * a.head_dim + d] = acc;
   }
 }
 
@@ -136,7 +148,7 @@ cudaError_t LaunchAttention(const cpu::AttentionParams& p, int64_t token_begin, 
                             int64_t batch_max_context, float* workspace, cudaStream_t stream) {
   const int64_t num_tokens = token_end - token_begin;
   if (num_tokens <= 0) return cudaSuccess;
-  if (p.num_heads > 65535) return cudaErrorInvalidValue;
+  if (p.num_kv_heads > 65535) return cudaErrorInvalidValue;
   const int64_t max_splits = MaxSplits(batch_max_context);
   if (max_splits > 65535) return cudaErrorInvalidValue;
   SplitArgs a;
@@ -156,9 +168,12 @@ cudaError_t LaunchAttention(const cpu::AttentionParams& p, int64_t token_begin, 
   a.head_dim = static_cast<int>(p.head_dim);
   a.max_splits = static_cast<int>(max_splits);
   a.scale = p.scale;
-  const size_t smem = (static_cast<size_t>(p.head_dim) + 2 * kAttentionSplit + 33) * sizeof(float);
-  if (smem > 48 * 1024) return cudaErrorInvalidValue;  // head_dim beyond what one block holds
-  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(p.num_heads),
+  const size_t group = static_cast<size_t>(a.group);
+  const size_t smem =
+      (group * static_cast<size_t>(p.head_dim) + group * kAttentionSplit + kAttentionSplit + 33) *
+      sizeof(float);
+  if (smem > 48 * 1024) return cudaErrorInvalidValue;  // group x head_dim beyond one block
+  const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(p.num_kv_heads),
                   static_cast<unsigned>(max_splits));
   AttentionSplitKernel<<<grid, kThreads, smem, stream>>>(a);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;

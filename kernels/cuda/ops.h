@@ -36,8 +36,9 @@ cudaError_t LaunchRope(const cpu::RopeParams& p, cudaStream_t stream);
 cudaError_t LaunchWriteKv(const cpu::WriteKvParams& p, cudaStream_t stream);
 
 // attention.cu: paged attention for a mixed batch (prefill chunks with a cached prefix, decode
-// tokens) as flash-decoding: each (token, head) is cut into splits of kAttentionSplit positions
-// computed in parallel (scores, max, exp-sum and the weighted V sum per split), then merged in
+// tokens) as flash-decoding: each (token, KV head) is cut into splits of kAttentionSplit positions
+// computed in parallel for every query head of the group (scores, max, exp-sum and the weighted
+// V sum per split, K/V read once per group), then merged in
 // split order. `batch_max_context` is the largest context_len of the batch (sizes the grid).
 // Workspace: AttentionWorkspaceFloats(...) floats for the tokens [token_begin, token_end).
 inline constexpr int kAttentionSplit = 256;
