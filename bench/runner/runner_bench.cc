@@ -162,7 +162,9 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
   rl::model::ModelRunner& r = **runner;
   const auto& c = r.config();
   const double weight_bytes = WeightBytesPerToken(r);
-  const double kv_bytes_per_token = static_cast<double>(rl::model::Transformer::KvBytesPerSlot(c));
+  // The CUDA runner keeps a bf16 KV cache by default, the CPU float32.
+  const double kv_bytes_per_token = static_cast<double>(rl::model::Transformer::KvBytesPerSlot(
+      c, cuda ? rl::model_io::DType::kBF16 : rl::model_io::DType::kF32));
   double params = 0;
   for (const rl::model::TensorInfo& t : r.ListWeights()) {
     double n = 1;

@@ -22,6 +22,9 @@ absl::Status WriteKvParams::ValidateShapes() const {
 
 absl::Status WriteKvParams::Validate() const {
   if (absl::Status s = ValidateShapes(); !s.ok()) return s;
+  if (kv_dtype != model_io::DType::kF32) {
+    return absl::InvalidArgumentError("write_kv: the CPU KV cache is float32");
+  }
   for (int64_t t = 0; t < num_tokens; ++t) {
     if (slots[t] < 0 || slots[t] >= num_slots) {
       return absl::InvalidArgumentError(
@@ -34,8 +37,10 @@ absl::Status WriteKvParams::Validate() const {
 void WriteKv(const WriteKvParams& p) {
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int64_t s = p.slots[t];
-    std::memcpy(p.k_cache + s * p.kv_dim, p.k + t * p.k_stride, p.kv_dim * sizeof(float));
-    std::memcpy(p.v_cache + s * p.kv_dim, p.v + t * p.v_stride, p.kv_dim * sizeof(float));
+    std::memcpy(static_cast<float*>(p.k_cache) + s * p.kv_dim, p.k + t * p.k_stride,
+                p.kv_dim * sizeof(float));
+    std::memcpy(static_cast<float*>(p.v_cache) + s * p.kv_dim, p.v + t * p.v_stride,
+                p.kv_dim * sizeof(float));
   }
 }
 
@@ -58,12 +63,15 @@ absl::Status AttentionParams::Validate() const {
   if (workspace == nullptr || num_workspaces <= 0) {
     return absl::InvalidArgumentError("attention: no workspace");
   }
+  if (kv_dtype != model_io::DType::kF32) {
+    return absl::InvalidArgumentError("attention: the CPU KV cache is float32");
+  }
   for (int64_t t = 0; t < num_tokens; ++t) {
     const int64_t len = context_len[t];
     const int64_t begin = slot_begin[t];
     if (len <= 0 || len > max_context || begin < 0 || begin + len > num_slot_entries) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "attention: token ", t, " context ", len, " at slot entry ", begin, " out of range"));
+      return absl::InvalidArgumentError(absl::StrCat("attention: token ", t, " context ", len,
+                                                     " at slot entry ", begin, " out of range"));
     }
     for (int64_t j = 0; j < len; ++j) {
       const int32_t s = slots[begin + j];
@@ -90,7 +98,8 @@ void Attention(const AttentionParams& p, ThreadPool* pool) {
       const int64_t len = p.context_len[t];
       float max_score = -INFINITY;
       for (int64_t j = 0; j < len; ++j) {
-        const float* k = p.k_cache + static_cast<int64_t>(slots[j]) * kv_dim + kvh * p.head_dim;
+        const float* k = static_cast<const float*>(p.k_cache) +
+                         static_cast<int64_t>(slots[j]) * kv_dim + kvh * p.head_dim;
         scores[j] = Dot(q, k, p.head_dim) * p.scale;
         max_score = std::max(max_score, scores[j]);
       }
@@ -102,7 +111,8 @@ void Attention(const AttentionParams& p, ThreadPool* pool) {
       float* out = p.out + (t * p.num_heads + h) * p.head_dim;
       std::fill(out, out + p.head_dim, 0.0f);
       for (int64_t j = 0; j < len; ++j) {
-        const float* v = p.v_cache + static_cast<int64_t>(slots[j]) * kv_dim + kvh * p.head_dim;
+        const float* v = static_cast<const float*>(p.v_cache) +
+                         static_cast<int64_t>(slots[j]) * kv_dim + kvh * p.head_dim;
         Axpy(scores[j], v, out, p.head_dim);
       }
       Scale(1.0f / sum, out, p.head_dim);

@@ -14,21 +14,23 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "common/model_io/dtype.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace rl::kernels::cpu {
 
 struct WriteKvParams {
-  const float* k = nullptr;  // [num_tokens, kv_dim], row stride k_stride
-  const float* v = nullptr;  // [num_tokens, kv_dim], row stride v_stride
+  const float* k = nullptr;        // [num_tokens, kv_dim], row stride k_stride
+  const float* v = nullptr;        // [num_tokens, kv_dim], row stride v_stride
   const int32_t* slots = nullptr;  // [num_tokens] destination slot of each token
-  float* k_cache = nullptr;        // [num_slots, kv_dim]
-  float* v_cache = nullptr;        // [num_slots, kv_dim]
+  void* k_cache = nullptr;         // [num_slots, kv_dim] in kv_dtype
+  void* v_cache = nullptr;         // [num_slots, kv_dim] in kv_dtype
   int64_t num_tokens = 0;
   int64_t kv_dim = 0;  // num_kv_heads · head_dim
   int64_t k_stride = 0;
   int64_t v_stride = 0;
   int64_t num_slots = 0;
+  model_io::DType kv_dtype = model_io::DType::kF32;  // F32 on the CPU; device backends: F32/BF16
 
   // Pointers and sizes only (does not read the buffers: usable on device memory).
   absl::Status ValidateShapes() const;
@@ -38,15 +40,16 @@ struct WriteKvParams {
 void WriteKv(const WriteKvParams& p);
 
 struct AttentionParams {
-  const float* q = nullptr;  // [num_tokens, num_heads, head_dim], row stride q_stride
-  const float* k_cache = nullptr;  // [num_slots, num_kv_heads, head_dim]
-  const float* v_cache = nullptr;  // [num_slots, num_kv_heads, head_dim]
-  float* out = nullptr;            // [num_tokens, num_heads, head_dim] (contiguous)
-  const int32_t* context_len = nullptr;     // [num_tokens] positions attended (position + 1)
-  const int32_t* slot_begin = nullptr;      // [num_tokens] offset of its sequence in `slots`
-  const int32_t* slots = nullptr;           // [num_slot_entries] concatenated per sequence
-  float* workspace = nullptr;               // [num_workspaces, max_context] caller-owned
-  int64_t num_workspaces = 0;               // ≥ the pool's thread count
+  const float* q = nullptr;       // [num_tokens, num_heads, head_dim], row stride q_stride
+  const void* k_cache = nullptr;  // [num_slots, num_kv_heads, head_dim] in kv_dtype
+  const void* v_cache = nullptr;  // [num_slots, num_kv_heads, head_dim] in kv_dtype
+  model_io::DType kv_dtype = model_io::DType::kF32;
+  float* out = nullptr;                  // [num_tokens, num_heads, head_dim] (contiguous)
+  const int32_t* context_len = nullptr;  // [num_tokens] positions attended (position + 1)
+  const int32_t* slot_begin = nullptr;   // [num_tokens] offset of its sequence in `slots`
+  const int32_t* slots = nullptr;        // [num_slot_entries] concatenated per sequence
+  float* workspace = nullptr;            // [num_workspaces, max_context] caller-owned
+  int64_t num_workspaces = 0;            // ≥ the pool's thread count
   int64_t num_tokens = 0;
   int64_t num_heads = 0;
   int64_t num_kv_heads = 0;
@@ -54,10 +57,10 @@ struct AttentionParams {
   int64_t q_stride = 0;
   int64_t num_slots = 0;
   int64_t num_slot_entries = 0;
-  int64_t max_context = 0;  // ≥ every context_len
+  int64_t max_context = 0;        // ≥ every context_len
   int64_t batch_max_context = 0;  // the largest context_len of this batch (0: use max_context);
                                   // device kernels size their grid by it
-  float scale = 1.0f;       // usually 1 / sqrt(head_dim)
+  float scale = 1.0f;             // usually 1 / sqrt(head_dim)
 
   // Pointers and sizes only (does not read the buffers: usable on device memory; the
   // workspace is not required since device backends own theirs).

@@ -9,10 +9,11 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kWarps = kThreads / 32;
 
+template <typename T>
 struct SplitArgs {
   const float* q;
-  const float* k_cache;
-  const float* v_cache;
+  const T* k_cache;
+  const T* v_cache;
   const int32_t* context_len;
   const int32_t* slot_begin;
   const int32_t* slots;
@@ -35,7 +36,8 @@ struct SplitArgs {
 // positions in order). Per (token, head) the arithmetic order is the same whatever the batch.
 // Shared memory: q [group, head_dim], scores [group, kAttentionSplit], slot ids
 // [kAttentionSplit], scratch [33].
-__global__ void AttentionSplitKernel(SplitArgs a) {
+template <typename T>
+__global__ void AttentionSplitKernel(SplitArgs<T> a) {
   extern __shared__ float smem[];
   float* qs = smem;
   float* scores = qs + a.group * a.head_dim;
@@ -62,11 +64,11 @@ __global__ void AttentionSplitKernel(SplitArgs a) {
   const int warp = threadIdx.x >> 5;
   const int64_t head_off = static_cast<int64_t>(kvh) * a.head_dim;
   for (int j = warp; j < n; j += kWarps) {
-    const float* kr = a.k_cache + static_cast<int64_t>(sl[j]) * a.kv_dim + head_off;
+    const T* kr = a.k_cache + static_cast<int64_t>(sl[j]) * a.kv_dim + head_off;
     for (int g = 0; g < a.group; ++g) {
       const float* qg = qs + g * a.head_dim;
       float dot = 0.0f;
-      for (int d = lane; d < a.head_dim; d += 32) dot += qg[d] * kr[d];
+      for (int d = lane; d < a.head_dim; d += 32) dot += qg[d] * ToF32(kr[d]);
       dot = WarpSum(dot);
       if (lane == 0) scores[g * kAttentionSplit + j] = dot * a.scale;
     }
@@ -98,7 +100,7 @@ __global__ void AttentionSplitKernel(SplitArgs a) {
     const float* sg = scores + g * kAttentionSplit;
     float acc = 0.0f;
     for (int j = 0; j < n; ++j) {
-      acc += sg[j] * a.v_cache[static_cast<int64_t>(sl[j]) * a.kv_dim + head_off + d];
+      acc += sg[j] * ToF32(a.v_cache[static_cast<int64_t>(sl[j]) * a.kv_dim + head_off + d]);
     }
     const int64_t part = (local_t * a.num_heads + h0 + g) * a.max_splits + split;
     a.part_out[part * a.head_dim + d] = acc;
@@ -144,17 +146,16 @@ int64_t AttentionWorkspaceFloats(int64_t num_tokens, int64_t num_heads, int64_t 
   return num_tokens * num_heads * MaxSplits(batch_max_context) * (head_dim + 2);
 }
 
-cudaError_t LaunchAttention(const cpu::AttentionParams& p, int64_t token_begin, int64_t token_end,
-                            int64_t batch_max_context, float* workspace, cudaStream_t stream) {
-  const int64_t num_tokens = token_end - token_begin;
-  if (num_tokens <= 0) return cudaSuccess;
-  if (p.num_kv_heads > 65535) return cudaErrorInvalidValue;
-  const int64_t max_splits = MaxSplits(batch_max_context);
-  if (max_splits > 65535) return cudaErrorInvalidValue;
-  SplitArgs a;
+namespace {
+
+template <typename T>
+cudaError_t LaunchAttentionTyped(const cpu::AttentionParams& p, int64_t token_begin,
+                                 int64_t num_tokens, int64_t max_splits, float* workspace,
+                                 cudaStream_t stream) {
+  SplitArgs<T> a;
   a.q = p.q;
-  a.k_cache = p.k_cache;
-  a.v_cache = p.v_cache;
+  a.k_cache = static_cast<const T*>(p.k_cache);
+  a.v_cache = static_cast<const T*>(p.v_cache);
   a.context_len = p.context_len;
   a.slot_begin = p.slot_begin;
   a.slots = p.slots;
@@ -175,13 +176,28 @@ cudaError_t LaunchAttention(const cpu::AttentionParams& p, int64_t token_begin, 
   if (smem > 48 * 1024) return cudaErrorInvalidValue;  // group x head_dim beyond one block
   const dim3 grid(static_cast<unsigned>(num_tokens), static_cast<unsigned>(p.num_kv_heads),
                   static_cast<unsigned>(max_splits));
-  AttentionSplitKernel<<<grid, kThreads, smem, stream>>>(a);
+  AttentionSplitKernel<T><<<grid, kThreads, smem, stream>>>(a);
   if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
   const dim3 grid2(static_cast<unsigned>(num_tokens), static_cast<unsigned>(p.num_heads));
   AttentionCombineKernel<<<grid2, kThreads, 0, stream>>>(a.part_out, a.part_ml, p.context_len,
                                                          p.out, token_begin, a.num_heads,
                                                          a.head_dim, a.max_splits);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t LaunchAttention(const cpu::AttentionParams& p, int64_t token_begin, int64_t token_end,
+                            int64_t batch_max_context, float* workspace, cudaStream_t stream) {
+  const int64_t num_tokens = token_end - token_begin;
+  if (num_tokens <= 0) return cudaSuccess;
+  if (p.num_kv_heads > 65535) return cudaErrorInvalidValue;
+  const int64_t max_splits = MaxSplits(batch_max_context);
+  if (max_splits > 65535) return cudaErrorInvalidValue;
+  RL_DISPATCH_FLOAT_DTYPE(
+      p.kv_dtype, T,
+      return LaunchAttentionTyped<T>(p, token_begin, num_tokens, max_splits, workspace, stream));
+  return cudaSuccess;
 }
 
 }  // namespace rl::kernels::cuda

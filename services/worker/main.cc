@@ -31,6 +31,8 @@ int main(int argc, char** argv) {
              "cuda: batch-invariant GEMMs (a row's logits do not depend on the batch)");
   flags.Bool("enable-fp32-lm-head", &config.fp32_lm_head,
              "cuda: keep an FP32 copy of a 16-bit LM head (float32 logits GEMM)");
+  flags.String("kv-cache-dtype", &config.kv_cache_dtype,
+               "auto (cpu: float32, cuda: bfloat16) | float32 | bfloat16 (cuda only)");
   flags.Bool("disable-cuda-graph", &config.disable_cuda_graph,
              "cuda: run decode steps eagerly instead of replaying captured CUDA graphs");
   flags.Int("threads", &config.num_threads, "compute threads (0: all cores)");

@@ -29,6 +29,11 @@ absl::Status Validate(const WorkerConfig& c) {
     return bad("kv-cache-gb", "must be in [0, 4096] (0: auto)");
   }
   if (c.cuda_device < 0 || c.cuda_device > 1023) return bad("cuda-device", "must be in [0, 1023]");
+  if (c.kv_cache_dtype != "auto" && c.kv_cache_dtype != "float32" &&
+      c.kv_cache_dtype != "bfloat16") {
+    return bad("kv-cache-dtype",
+               absl::StrCat("'", c.kv_cache_dtype, "' is not auto, float32 or bfloat16"));
+  }
   if (!(c.gpu_memory_fraction > 0 && c.gpu_memory_fraction < 1)) {
     return bad("gpu-memory-fraction", "must be in (0, 1)");
   }

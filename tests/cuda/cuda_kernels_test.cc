@@ -269,7 +269,22 @@ TEST_F(CudaKernelsTest, InvariantMatmulRowDoesNotDependOnBatch) {
 // A mixed batch: sequence A decodes one token at position 699 (three splits), sequence B
 // prefills a 40-token chunk after a 260-token cached prefix (positions cross a split border),
 // sequence C decodes at position 0. Slots are shuffled. GQA 8 query heads over 2 KV heads.
-TEST_F(CudaKernelsTest, PagedAttentionMixedBatch) {
+class CudaAttentionTest : public CudaKernelsTest, public ::testing::WithParamInterface<DType> {
+ protected:
+  void SetUp() override { CudaKernelsTest::SetUp(); }
+};
+
+// Values already representable in `dtype`, so a cache stored in it holds them exactly and the
+// CPU (float32) is a reference up to summation order.
+std::vector<float> Representable(std::vector<float> v, DType dtype) {
+  const std::vector<uint8_t> raw = Store(v, dtype);
+  model_io::ConvertToF32(dtype, raw.data(), static_cast<int64_t>(v.size()), v.data());
+  return v;
+}
+
+// With `dtype` = BF16 the device cache is bf16 (written from float32, read widened).
+TEST_P(CudaAttentionTest, PagedAttentionMixedBatch) {
+  const DType kv_dtype = GetParam();
   const int64_t heads = 8, kv_heads = 2, hd = 64, kv_dim = kv_heads * hd, num_slots = 1200;
   std::mt19937 rng(15);
   std::vector<int32_t> perm(num_slots);
@@ -290,11 +305,11 @@ TEST_F(CudaKernelsTest, PagedAttentionMixedBatch) {
     }
   }
   const int64_t tokens = static_cast<int64_t>(context_len.size());
-  const std::vector<float> k_cache = Random(num_slots * kv_dim, 16);
-  const std::vector<float> v_cache = Random(num_slots * kv_dim, 17);
+  const std::vector<float> k_cache = Representable(Random(num_slots * kv_dim, 16), kv_dtype);
+  const std::vector<float> v_cache = Representable(Random(num_slots * kv_dim, 17), kv_dtype);
   const std::vector<float> q = Random(tokens * heads * hd, 18);
-  const std::vector<float> k_new = Random(tokens * kv_dim, 19);
-  const std::vector<float> v_new = Random(tokens * kv_dim, 20);
+  const std::vector<float> k_new = Representable(Random(tokens * kv_dim, 19), kv_dtype);
+  const std::vector<float> v_new = Representable(Random(tokens * kv_dim, 20), kv_dtype);
 
   std::vector<float> ck = k_cache, cv = v_cache, cout(tokens * heads * hd);
   std::vector<float> ws(2 * 1024);
@@ -336,14 +351,22 @@ TEST_F(CudaKernelsTest, PagedAttentionMixedBatch) {
   gwk.k = Up(g, k_new);
   gwk.v = Up(g, v_new);
   gwk.slots = Up(g, write_slots);
-  gwk.k_cache = Up(g, k_cache);
-  gwk.v_cache = Up(g, v_cache);
+  gwk.k_cache = Up(g, Store(k_cache, kv_dtype));
+  gwk.v_cache = Up(g, Store(v_cache, kv_dtype));
+  gwk.kv_dtype = kv_dtype;
   ASSERT_TRUE(g->WriteKv(gwk).ok());
-  EXPECT_EQ(MaxAbsDiff(ck, Down(g, gwk.k_cache, ck.size())), 0.0f);
+  {
+    std::vector<uint8_t> raw(ck.size() * model_io::DTypeSize(kv_dtype));
+    ASSERT_TRUE(g->CopyToHost(raw.data(), gwk.k_cache, static_cast<int64_t>(raw.size())).ok());
+    std::vector<float> written(ck.size());
+    model_io::ConvertToF32(kv_dtype, raw.data(), static_cast<int64_t>(ck.size()), written.data());
+    EXPECT_EQ(MaxAbsDiff(ck, written), 0.0f);
+  }
   kc::AttentionParams gat = at;
   gat.q = Up(g, q);
   gat.k_cache = gwk.k_cache;
   gat.v_cache = gwk.v_cache;
+  gat.kv_dtype = kv_dtype;
   gat.out = Zeros(g, cout.size());
   gat.context_len = Up(g, context_len);
   gat.slot_begin = Up(g, slot_begin);
@@ -363,6 +386,9 @@ TEST_F(CudaKernelsTest, PagedAttentionMixedBatch) {
   const std::vector<float> alone = Down(g, one.out, heads * hd);
   EXPECT_EQ(std::memcmp(alone.data(), gout.data(), heads * hd * sizeof(float)), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(KvDtypes, CudaAttentionTest, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const auto& info) { return model_io::DTypeName(info.param); });
 
 TEST_F(CudaKernelsTest, BadShapesAreInvalidArgument) {
   kc::MatmulParams p;  // null pointers

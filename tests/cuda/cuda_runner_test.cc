@@ -38,8 +38,11 @@ float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// float32 KV unless the test says otherwise, so the CUDA runner is compared with the CPU oracle
+// on equal terms.
 std::unique_ptr<ModelRunner> MustCreate(bool cuda, RunnerOptions o) {
   if (o.num_kv_slots == 0) o.num_kv_slots = 1024;
+  if (!cuda || o.kv_cache_dtype == "auto") o.kv_cache_dtype = "float32";
   auto r = cuda ? CreateCudaModelRunner(o) : CreateCpuModelRunner(o);
   EXPECT_TRUE(r.ok()) << r.status();
   return r.ok() ? std::move(*r) : nullptr;
@@ -95,6 +98,7 @@ TEST_P(CudaStoriesGoldenTest, GreedyTokensMatchGolden) {
   const nlohmann::json golden = ReadJson(TestDataDir() + "/stories260K/golden_greedy.json");
   RunnerOptions o;
   o.model_dir = TestDataDir() + "/" + c.model;
+  o.kv_cache_dtype = "float32";
   o.fp32_lm_head = c.fp32_lm_head;
   o.batch_invariant = c.batch_invariant;
   auto gpu = MustCreate(true, o);
@@ -246,6 +250,30 @@ TEST_F(CudaRunnerTest, GraphReplayEqualsEager) {
   }
 }
 
+// The default bf16 KV cache: logits close to the float32 cache's, greedy stories260K tokens as
+// the golden, half the bytes per slot.
+TEST_F(CudaRunnerTest, Bf16KvCache) {
+  if (TestDataDir().empty()) GTEST_SKIP() << "RL_TEST_DATA not set";
+  const nlohmann::json golden = ReadJson(TestDataDir() + "/stories260K/golden_greedy.json");
+  RunnerOptions o;
+  o.model_dir = TestDataDir() + "/stories260K";
+  o.num_kv_slots = 1024;
+  RunnerOptions f32 = o;
+  o.kv_cache_dtype = "bfloat16";
+  auto bf16_runner = CreateCudaModelRunner(o);
+  ASSERT_TRUE(bf16_runner.ok()) << bf16_runner.status();
+  auto f32_runner = MustCreate(true, f32);
+  ASSERT_TRUE(f32_runner);
+  const auto prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+  const auto expected = golden["generated_ids"].get<std::vector<int32_t>>();
+  auto b = Greedy(bf16_runner->get(), prompt, static_cast<int>(expected.size()));
+  auto f = Greedy(f32_runner.get(), prompt, static_cast<int>(expected.size()));
+  EXPECT_EQ(b.tokens, expected);
+  EXPECT_LE(MaxAbsDiff(b.first_logits, f.first_logits), 5e-2f);
+  o.kv_cache_dtype = "float16x";
+  EXPECT_EQ(CreateCudaModelRunner(o).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(CudaRunnerTest, WeightUpdatesFollowTheCpu) {
   RunnerOptions a;
   a.model_dir = Make("qwen2", 23, "float32");
@@ -284,6 +312,7 @@ TEST_F(CudaRunnerTest, WeightUpdatesFollowTheCpu) {
 TEST_F(CudaRunnerTest, DestroyFreesDeviceMemoryAndRecreateServesTheSame) {
   RunnerOptions o;
   o.model_dir = Make("llama", 25, "bfloat16");
+  o.kv_cache_dtype = "bfloat16";
   o.num_kv_slots = 0;
   o.kv_cache_bytes = int64_t{1} << 30;
   auto free_now = [] { return CudaFreeMemory(0).value_or(0); };

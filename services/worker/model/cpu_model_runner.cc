@@ -11,6 +11,10 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("page_size must be positive, got ", options.page_size));
   }
+  if (options.kv_cache_dtype != "auto" && options.kv_cache_dtype != "float32") {
+    return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype '", options.kv_cache_dtype,
+                                                   "': the CPU KV cache is float32"));
+  }
   auto r = std::unique_ptr<CpuModelRunner>(new CpuModelRunner());
   ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(options.model_dir));
   r->page_size_ = options.page_size;

@@ -36,6 +36,9 @@ struct RunnerOptions {
   bool batch_invariant = false;
   bool fp32_lm_head = false;
   bool cuda_graphs = true;  // capture decode steps in CUDA graphs (transformer.h)
+  // KV cache element type: "auto" (float32 on the CPU, bfloat16 on CUDA), "float32", or
+  // "bfloat16" (CUDA only).
+  std::string kv_cache_dtype = "auto";
 };
 
 class CpuModelRunner final : public ModelRunner {

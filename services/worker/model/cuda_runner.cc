@@ -268,6 +268,13 @@ class CudaModelRunner final : public ModelRunner {
       return absl::InvalidArgumentError(
           absl::StrCat("gpu_memory_fraction must be in (0, 1), got ", o.gpu_memory_fraction));
     }
+    model_io::DType kv_dtype = DType::kBF16;
+    if (o.kv_cache_dtype == "float32") {
+      kv_dtype = DType::kF32;
+    } else if (o.kv_cache_dtype != "auto" && o.kv_cache_dtype != "bfloat16") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("kv_cache_dtype '", o.kv_cache_dtype, "' is not auto, float32 or bfloat16"));
+    }
     std::unique_ptr<CudaModelRunner> r(new CudaModelRunner());
     r->options_ = o;
     ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(o.model_dir));
@@ -279,7 +286,7 @@ class CudaModelRunner final : public ModelRunner {
     r->backend_ = std::move(backend);
     ASSIGN_OR_RETURN(r->device_, MirrorWeights(*r->host_, r->backend_.get(), o.fp32_lm_head));
 
-    const int64_t per_slot = Transformer::KvBytesPerSlot(r->config_);
+    const int64_t per_slot = Transformer::KvBytesPerSlot(r->config_, kv_dtype);
     int64_t slots = o.num_kv_slots;
     if (slots <= 0 && o.kv_cache_bytes > 0) slots = o.kv_cache_bytes / per_slot;
     if (slots <= 0) {
@@ -299,16 +306,16 @@ class CudaModelRunner final : public ModelRunner {
                                                        o.page_size));
     }
     r->page_size_ = o.page_size;
-    ASSIGN_OR_RETURN(r->transformer_,
-                     Transformer::Create(r->config_, r->backend_.get(), slots, o.cuda_graphs));
+    ASSIGN_OR_RETURN(r->transformer_, Transformer::Create(r->config_, r->backend_.get(), slots,
+                                                          o.cuda_graphs, kv_dtype));
     absl::StatusOr<std::string> device = DescribeCudaDevice(o.cuda_device);
-    spdlog::info("cuda runner on {}: weights {:.2f} GiB, KV cache {} slots ({:.2f} GiB){}{}{}",
-                 device.ok() ? *device : std::string(device.status().message()),
-                 static_cast<double>(r->host_->TotalBytes()) / (1 << 30), slots,
-                 static_cast<double>(slots * per_slot) / (1 << 30),
-                 o.batch_invariant ? ", batch-invariant" : "",
-                 o.fp32_lm_head ? ", fp32 LM head" : "",
-                 o.cuda_graphs ? ", CUDA graphs for decode" : ", no CUDA graphs");
+    spdlog::info(
+        "cuda runner on {}: weights {:.2f} GiB, KV cache {} slots of {} ({:.2f} GiB){}{}{}",
+        device.ok() ? *device : std::string(device.status().message()),
+        static_cast<double>(r->host_->TotalBytes()) / (1 << 30), slots,
+        model_io::DTypeName(kv_dtype), static_cast<double>(slots * per_slot) / (1 << 30),
+        o.batch_invariant ? ", batch-invariant" : "", o.fp32_lm_head ? ", fp32 LM head" : "",
+        o.cuda_graphs ? ", CUDA graphs for decode" : ", no CUDA graphs");
     return r;
   }
 

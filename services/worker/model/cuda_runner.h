@@ -9,7 +9,8 @@
 //
 // CudaModelRunner keeps the checkpoint memory-mapped on the host (ListWeights, VisitWeights,
 // checksums) and a device mirror in the stored dtype, optionally with an FP32 LM head. The KV
-// cache (float32) takes `kv_cache_bytes`, or, when that is 0, `gpu_memory_fraction` of the
+// cache (bf16 by default, float32 on request; attention accumulates in float32) takes
+// `kv_cache_bytes`, or, when that is 0, `gpu_memory_fraction` of the
 // device memory left free after the weights. Destroying the runner frees all of its device
 // memory (ReleaseMemory drops the runner; ResumeMemory re-reads the weights and re-allocates).
 // Weight updates are validated on the host first, then copied into the mirror in place.

@@ -10,19 +10,24 @@ namespace rl::model {
 
 namespace kc = kernels::cpu;
 
-int64_t Transformer::KvBytesPerSlot(const model_io::ModelConfig& c) {
+int64_t Transformer::KvBytesPerSlot(const model_io::ModelConfig& c, model_io::DType kv_dtype) {
   return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim *
-         static_cast<int64_t>(sizeof(float));
+         model_io::DTypeSize(kv_dtype);
 }
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
-    const model_io::ModelConfig& config, Backend* backend, int64_t num_kv_slots, bool use_graphs) {
+    const model_io::ModelConfig& config, Backend* backend, int64_t num_kv_slots, bool use_graphs,
+    model_io::DType kv_dtype) {
   if (num_kv_slots <= 0) return absl::InvalidArgumentError("num_kv_slots must be positive");
+  if (!model_io::IsFloatWeightDType(kv_dtype)) {
+    return absl::InvalidArgumentError("the KV cache dtype must be F32, BF16 or F16");
+  }
   auto t = std::unique_ptr<Transformer>(new Transformer(config, backend, num_kv_slots));
   t->use_graphs_ = use_graphs && backend->supports_graphs();
+  t->kv_dtype_ = kv_dtype;
   // One slot past the end is the scratch slot that graph padding tokens write.
-  const int64_t layer_bytes =
-      (num_kv_slots + 1) * config.num_key_value_heads * config.head_dim * static_cast<int64_t>(4);
+  const int64_t layer_bytes = (num_kv_slots + 1) * config.num_key_value_heads * config.head_dim *
+                              model_io::DTypeSize(kv_dtype);
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     ASSIGN_OR_RETURN(DeviceBuffer k, backend->Allocate(layer_bytes));
     ASSIGN_OR_RETURN(DeviceBuffer v, backend->Allocate(layer_bytes));
@@ -365,8 +370,9 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
     kv.k = k_.f32();
     kv.v = v_.f32();
     kv.slots = write_slots_.i32();
-    kv.k_cache = k_cache_[static_cast<size_t>(l)].f32();
-    kv.v_cache = v_cache_[static_cast<size_t>(l)].f32();
+    kv.k_cache = k_cache_[static_cast<size_t>(l)].data();
+    kv.v_cache = v_cache_[static_cast<size_t>(l)].data();
+    kv.kv_dtype = kv_dtype_;
     kv.num_tokens = num_tokens;
     kv.kv_dim = kv_dim;
     kv.k_stride = kv_dim;
@@ -378,6 +384,7 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
     at.q = q_.f32();
     at.k_cache = kv.k_cache;
     at.v_cache = kv.v_cache;
+    at.kv_dtype = kv_dtype_;
     at.out = attn_.f32();
     at.context_len = context_len_.i32();
     at.slot_begin = slot_begin_.i32();

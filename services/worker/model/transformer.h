@@ -3,10 +3,10 @@
 // paged grouped-query attention → o projection → residual → RMSNorm → SwiGLU MLP → residual;
 // then the final norm and the LM head (tied or not) on the rows whose logits are asked for.
 //
-// It owns the paged KV cache (per layer K and V of [num_kv_slots, num_kv_heads, head_dim]
-// float32) and the activation buffers, which grow to the largest batch seen. All ops run
-// through a Backend; the host only builds the step plan (positions, slot tables, RoPE rows).
-// Forward validates its whole input before touching the cache.
+// It owns the paged KV cache (per layer K and V of [num_kv_slots, num_kv_heads, head_dim] in
+// the KV dtype: float32 on the CPU, bf16 by default on CUDA) and the activation buffers, which grow
+// to the largest batch seen. All ops run through a Backend; the host only builds the step plan
+// (positions, slot tables, RoPE rows). Forward validates its whole input before touching the cache.
 //
 // CUDA graphs (backends that support them, `use_graphs`): a decode-only step (every sequence one
 // token, last-row logits, at most kGraphBatchSizes.back() sequences) is padded to the next batch
@@ -38,9 +38,9 @@ namespace rl::model {
 class Transformer {
  public:
   // Allocates the KV cache for `num_kv_slots` token slots.
-  static absl::StatusOr<std::unique_ptr<Transformer>> Create(const model_io::ModelConfig& config,
-                                                             Backend* backend, int64_t num_kv_slots,
-                                                             bool use_graphs = false);
+  static absl::StatusOr<std::unique_ptr<Transformer>> Create(
+      const model_io::ModelConfig& config, Backend* backend, int64_t num_kv_slots,
+      bool use_graphs = false, model_io::DType kv_dtype = model_io::DType::kF32);
 
   // Checks `in` against the config and the cache (InvalidArgument naming the sequence and the
   // field), then runs it. `out` is overwritten.
@@ -55,7 +55,9 @@ class Transformer {
                                                                64, 96, 128, 160, 192, 224, 256};
   static constexpr int64_t kGraphContextQuantum = 256;  // = the CUDA attention split
   // Bytes of KV cache per token slot over all layers.
-  static int64_t KvBytesPerSlot(const model_io::ModelConfig& config);
+  static int64_t KvBytesPerSlot(const model_io::ModelConfig& config,
+                                model_io::DType kv_dtype = model_io::DType::kF32);
+  model_io::DType kv_dtype() const { return kv_dtype_; }
 
  private:
   Transformer(const model_io::ModelConfig& config, Backend* backend, int64_t num_kv_slots)
@@ -77,6 +79,7 @@ class Transformer {
   RopeTable rope_;
   int64_t num_kv_slots_;
   bool use_graphs_ = false;
+  model_io::DType kv_dtype_ = model_io::DType::kF32;
   std::map<GraphKey, int> graphs_;  // backend graph handles
   const Weights* graph_weights_ = nullptr;
   std::vector<DeviceBuffer> k_cache_;
