@@ -397,7 +397,9 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
     at.head_dim = c.head_dim;
     at.q_stride = q_dim;
     at.num_slots = num_kv_slots_ + 1;
-    at.num_slot_entries = static_cast<int64_t>(h_slots_.size());
+    // The slot table's capacity, not this step's entries: a captured graph replays these
+    // params while the table's contents (bounded by context_len) change from step to step.
+    at.num_slot_entries = slots_.bytes() / static_cast<int64_t>(sizeof(int32_t));
     at.max_context = c.max_position_embeddings;
     at.batch_max_context = batch_max_context;
     at.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
