@@ -82,9 +82,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<model::Mo
   if (c.vocab_size <= 0) return absl::InvalidArgumentError("runner: vocab_size must be > 0");
   if (runner->page_size() <= 0) return absl::InvalidArgumentError("runner: page_size must be > 0");
   if (runner->num_kv_slots() < runner->page_size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("runner: ", runner->num_kv_slots(), " KV slots hold no whole page of ",
-                     runner->page_size()));
+    return absl::InvalidArgumentError(absl::StrCat("runner: ", runner->num_kv_slots(),
+                                                   " KV slots hold no whole page of ",
+                                                   runner->page_size()));
   }
   if (options.max_running_requests <= 0) {
     return absl::InvalidArgumentError("max_running_requests: must be > 0");
@@ -182,14 +182,23 @@ absl::Status Engine::Submit(GenerateRequest request, RequestCallbacks callbacks)
   auto group = std::make_shared<RequestGroup>();
   group->submit_us = NowUs();
   group->callbacks.on_output = std::move(callbacks.on_output);
+  // The user's callback outlives the group: it runs after the step, from PublishSnapshot.
+  auto user = std::make_shared<std::function<void(GenerateResult)>>(std::move(callbacks.on_finish));
   group->callbacks.on_finish = [this, id = request.id, remaining = request.sampling.n,
-                                user = std::move(callbacks.on_finish)](
-                                   GenerateResult result) mutable {
-    if (--remaining == 0) {
-      absl::MutexLock lock(&mu_);
-      live_ids_.erase(id);
+                                user](GenerateResult result) mutable {
+    const bool last = --remaining == 0;
+    auto deliver = [this, id, last, user, result = std::move(result)]() mutable {
+      if (last) {
+        absl::MutexLock lock(&mu_);
+        live_ids_.erase(id);
+      }
+      (*user)(std::move(result));
+    };
+    if (std::this_thread::get_id() == thread_id_.load()) {
+      deferred_finishes_.push_back(std::move(deliver));
+    } else {
+      deliver();
     }
-    user(std::move(result));
   };
   const std::string id = request.id;
   group->request = std::move(request);
@@ -383,8 +392,15 @@ ServerInfo Engine::BuildInfo() const {
 
 void Engine::PublishSnapshot() {
   ServerInfo info = BuildInfo();
-  absl::MutexLock lock(&mu_);
-  snapshot_ = std::move(info);
+  {
+    absl::MutexLock lock(&mu_);
+    snapshot_ = std::move(info);
+  }
+  while (!deferred_finishes_.empty()) {
+    std::vector<std::function<void()>> ready;
+    ready.swap(deferred_finishes_);
+    for (auto& deliver : ready) deliver();
+  }
 }
 
 }  // namespace rl::engine

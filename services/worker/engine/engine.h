@@ -168,6 +168,8 @@ class Engine {
   void Loop();
   void Step();
   bool CanStep() const;
+  // Publishes the post-step ServerInfo, then delivers the finish callbacks of that step, so a
+  // client that has its final message never reads an older snapshot (GetServerInfo, gauges).
   void PublishSnapshot();
   ServerInfo BuildInfo() const;
   void ApplyPause(PauseMode mode);
@@ -196,6 +198,7 @@ class Engine {
   PauseMode pause_mode_ = PauseMode::kNone;
   int64_t num_steps_ = 0;
   std::string invariant_error_;
+  std::vector<std::function<void()>> deferred_finishes_;  // delivered by PublishSnapshot
 
   std::thread thread_;
   std::atomic<std::thread::id> thread_id_;
