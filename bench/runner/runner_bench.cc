@@ -274,53 +274,41 @@ int main(int argc, char** argv) {
 
   std::vector<std::pair<std::string, std::string>> models;
   for (const auto& m : o.models) models.emplace_back(m, m);
-  std::string made_dir;
-  std::string made_8b_dir;
+  std::vector<std::string> made;  // temp dirs to remove at the end
+  // Makes a random checkpoint into a temp dir and queues it; false on error.
+  auto make = [&](const std::string& arch, const std::string& size, uint64_t seed) {
+    const std::string dir =
+        (std::filesystem::temp_directory_path() /
+         ("runner_bench_" + arch + "_" + size + "_" + std::to_string(::getpid())))
+            .string();
+    rl::model_io::MakeModelOptions mo;
+    mo.arch = arch;
+    mo.size = size;
+    mo.seed = seed;
+    mo.out_dir = dir;
+    const auto t0 = Clock::now();
+    made.push_back(dir);
+    if (absl::Status st = rl::model_io::MakeModel(mo); !st.ok()) {
+      std::fprintf(stderr, "make model: %s\n", st.ToString().c_str());
+      return false;
+    }
+    std::printf("made %s %s (bf16) in %.1f s\n", arch.c_str(), size.c_str(),
+                Seconds(t0, Clock::now()));
+    models.emplace_back(arch + "-" + size + "-random", dir);
+    return true;
+  };
+  bool ok = true;
   if (o.models.empty()) {
     if (const char* data = std::getenv("RL_TEST_DATA")) {
       models.emplace_back("stories260K", std::string(data) + "/stories260K");
     }
-    if (o.make_big) {
-      made_dir = (std::filesystem::temp_directory_path() /
-                  ("runner_bench_qwen3_0.5b_" + std::to_string(::getpid())))
-                     .string();
-      rl::model_io::MakeModelOptions mo;
-      mo.arch = "qwen3";
-      mo.size = "0.5b";
-      mo.seed = 1;
-      mo.out_dir = made_dir;
-      const auto t0 = Clock::now();
-      absl::Status st = rl::model_io::MakeModel(mo);
-      if (!st.ok()) {
-        std::fprintf(stderr, "make model: %s\n", st.ToString().c_str());
-        return 1;
-      }
-      std::printf("made qwen3 0.5b (bf16) in %.1f s\n", Seconds(t0, Clock::now()));
-      models.emplace_back("qwen3-0.5b-random", made_dir);
-    }
-    if (cuda && o.make_8b) {
-      const std::string dir8 = made_dir.empty() ? (std::filesystem::temp_directory_path() /
-                                                   ("runner_bench_" + std::to_string(::getpid())))
-                                                      .string()
-                                                : made_dir + "_8b";
-      rl::model_io::MakeModelOptions mo;
-      mo.arch = "llama";
-      mo.size = "8b";
-      mo.seed = 2;
-      mo.out_dir = dir8;
-      const auto t0 = Clock::now();
-      if (absl::Status st = rl::model_io::MakeModel(mo); !st.ok()) {
-        std::fprintf(stderr, "make model: %s\n", st.ToString().c_str());
-        return 1;
-      }
-      std::printf("made llama 8b (bf16) in %.1f s\n", Seconds(t0, Clock::now()));
-      models.emplace_back("llama-8b-random", dir8);
-      made_8b_dir = dir8;
-    }
+    if (o.make_big) ok = ok && make("qwen3", "0.5b", 1);
+    if (cuda && o.make_8b) ok = ok && make("llama", "8b", 2);
   }
-  int rc = 0;
-  for (const auto& [name, dir] : models) rc |= Bench(name, dir, o, bandwidth);
-  if (!made_dir.empty()) std::filesystem::remove_all(made_dir);
-  if (!made_8b_dir.empty()) std::filesystem::remove_all(made_8b_dir);
+  int rc = ok ? 0 : 1;
+  if (ok) {
+    for (const auto& [name, dir] : models) rc |= Bench(name, dir, o, bandwidth);
+  }
+  for (const std::string& dir : made) std::filesystem::remove_all(dir);
   return rc;
 }

@@ -22,14 +22,8 @@ namespace rl::model {
 namespace {
 
 using testing::Greedy;
+using testing::ReadJson;
 using testing::TestDataDir;
-
-nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return nlohmann::json::parse(ss.str());
-}
 
 float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());

@@ -13,14 +13,8 @@ namespace rl::model {
 namespace {
 
 using testing::Greedy;
+using testing::ReadJson;
 using testing::TestDataDir;
-
-nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return nlohmann::json::parse(ss.str());
-}
 
 struct Case {
   std::string model;
@@ -55,16 +49,17 @@ TEST_P(StoriesGoldenTest, LogitsAndGreedyTokens) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Models, StoriesGoldenTest,
-    ::testing::Values(Case{"stories260K", "golden_greedy.json", true},
-                      Case{"stories260K", "golden_greedy_bos_only.json", true},
-                      Case{"stories260K-bf16", "golden_greedy.json", false},
-                      Case{"stories260K-bf16", "golden_greedy_bos_only.json", false}),
-    [](const auto& info) {
-      return std::string(info.param.model == "stories260K" ? "F32" : "BF16") +
-             (info.param.golden == "golden_greedy.json" ? "_Prompt" : "_BosOnly");
-    });
+INSTANTIATE_TEST_SUITE_P(Models, StoriesGoldenTest,
+                         ::testing::Values(Case{"stories260K", "golden_greedy.json", true},
+                                           Case{"stories260K", "golden_greedy_bos_only.json", true},
+                                           Case{"stories260K-bf16", "golden_greedy.json", false},
+                                           Case{"stories260K-bf16", "golden_greedy_bos_only.json",
+                                                false}),
+                         [](const auto& info) {
+                           return std::string(info.param.model == "stories260K" ? "F32" : "BF16") +
+                                  (info.param.golden == "golden_greedy.json" ? "_Prompt"
+                                                                             : "_BosOnly");
+                         });
 
 }  // namespace
 }  // namespace rl::model

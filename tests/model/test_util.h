@@ -5,11 +5,14 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "services/worker/model/model_runner.h"
 
 namespace rl::model::testing {
@@ -26,6 +29,14 @@ inline std::string FreshTempDir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
+}
+
+// The JSON document at `path` (a golden fixture); parse errors throw, failing the test.
+inline nlohmann::json ReadJson(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return nlohmann::json::parse(ss.str());
 }
 
 inline int32_t Argmax(const float* row, int64_t n) {
@@ -48,7 +59,8 @@ inline GreedyResult Greedy(ModelRunner* runner, const std::vector<int32_t>& prom
   SequenceInput seq;
   seq.token_ids = prompt;
   seq.start_pos = 0;
-  for (size_t i = 0; i < prompt.size(); ++i) seq.kv_slots.push_back(slot_base + static_cast<int32_t>(i));
+  for (size_t i = 0; i < prompt.size(); ++i)
+    seq.kv_slots.push_back(slot_base + static_cast<int32_t>(i));
   ForwardInput in;
   ForwardOutput out;
   for (int s = 0; s < steps; ++s) {
