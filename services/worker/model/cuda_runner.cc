@@ -23,6 +23,11 @@ namespace kc = kernels::cpu;
 namespace kg = kernels::cuda;
 using model_io::DType;
 
+// For calls that cannot report (destructors, deleters): the failure is logged, not lost.
+void LogIfError(const absl::Status& s) {
+  if (!s.ok()) spdlog::error("{}", s.ToString());
+}
+
 // Binds `device` to the calling thread once (cudaSetDevice is per thread, and the engine thread
 // is not the one that created the runner).
 absl::Status BindDevice(int device) {
@@ -80,9 +85,9 @@ class CudaBackend final : public Backend {
     DropGraphs();
     cast_ws_ = DeviceBuffer();
     attn_ws_ = DeviceBuffer();
-    if (cublas_ != nullptr) cublasDestroy(cublas_);
+    if (cublas_ != nullptr) LogIfError(RL_GPU_STATUS(cublasDestroy(cublas_)));
     cublas_ws_ = DeviceBuffer();
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (stream_ != nullptr) LogIfError(RL_GPU_STATUS(cudaStreamDestroy(stream_)));
   }
 
   std::string name() const override { return "cuda"; }
@@ -94,7 +99,7 @@ class CudaBackend final : public Backend {
     void* p = nullptr;
     RETURN_IF_ERROR(
         RL_GPU_STATUS(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)))));
-    return DeviceBuffer(p, bytes, [](void* q) { cudaFree(q); });
+    return DeviceBuffer(p, bytes, [](void* q) { LogIfError(RL_GPU_STATUS(cudaFree(q))); });
   }
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
     if (bytes <= 0) return absl::OkStatus();
@@ -180,7 +185,7 @@ class CudaBackend final : public Backend {
     if (st.ok()) st = recorded;
     cudaGraphExec_t exec = nullptr;
     if (st.ok()) st = RL_GPU_STATUS(cudaGraphInstantiate(&exec, graph, 0));
-    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (graph != nullptr) LogIfError(RL_GPU_STATUS(cudaGraphDestroy(graph)));
     if (!st.ok()) {
       spdlog::warn("CUDA graph capture failed; decoding eagerly from now on: {}", st.ToString());
       return st;
@@ -195,7 +200,7 @@ class CudaBackend final : public Backend {
     return RL_GPU_STATUS(cudaGraphLaunch(it->second, stream_));
   }
   void DropGraphs() override {
-    for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
+    for (auto& [id, exec] : graphs_) LogIfError(RL_GPU_STATUS(cudaGraphExecDestroy(exec)));
     graphs_.clear();
   }
 
@@ -416,10 +421,10 @@ absl::StatusOr<double> MeasureCudaCopyBandwidth(int device, int64_t bytes) {
     // A copy reads and writes every byte.
     if (st.ok() && i > 0 && ms > 0) best = std::max(best, 2.0 * bytes / (ms * 1e-3));
   }
-  if (start != nullptr) cudaEventDestroy(start);
-  if (stop != nullptr) cudaEventDestroy(stop);
-  cudaFree(a);
-  if (b != nullptr) cudaFree(b);
+  if (start != nullptr) LogIfError(RL_GPU_STATUS(cudaEventDestroy(start)));
+  if (stop != nullptr) LogIfError(RL_GPU_STATUS(cudaEventDestroy(stop)));
+  LogIfError(RL_GPU_STATUS(cudaFree(a)));
+  if (b != nullptr) LogIfError(RL_GPU_STATUS(cudaFree(b)));
   if (!st.ok()) return st;
   return best;
 }
