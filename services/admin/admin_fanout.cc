@@ -67,16 +67,18 @@ absl::Status AdminFanout::Broadcast(const char* what, Ctx* caller, Routing routi
     auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admin_mu_) { return !admin_busy_; };
     if (!admin_mu_.AwaitWithTimeout(absl::Condition(&free),
                                     absl::FromChrono(options_.lock_timeout))) {
-      return absl::UnavailableError(absl::StrCat(
-          what, ": another admin operation holds the admin lock (waited ",
-          options_.lock_timeout.count(), " ms); try again later"));
+      return absl::UnavailableError(
+          absl::StrCat(what, ": another admin operation holds the admin lock (waited ",
+                       options_.lock_timeout.count(), " ms); try again later"));
     }
     admin_busy_ = true;
   }
   const std::vector<std::shared_ptr<router::Worker>> targets = pool_->LiveWorkers();
   std::vector<bool> was_enabled;
   for (const auto& w : targets) was_enabled.push_back(pool_->IsEnabled(w->address()));
-  if (routing == Routing::kDisableDuring) {
+  const bool disable = routing != Routing::kKeep;
+  if (disable) {
+    pool_->BeginHold();
     for (const auto& w : targets) (void)pool_->SetEnabled(w->address(), false);
   }
   struct Result {
@@ -105,14 +107,21 @@ absl::Status AdminFanout::Broadcast(const char* what, Ctx* caller, Routing routi
     if (r.status.ok()) {
       pool_->ReportVersion(&w, r.resp.weight_version());
       version = std::max(version, r.resp.weight_version());
-      if (routing == Routing::kDisableDuring) (void)pool_->SetEnabled(w.address(), was_enabled[i]);
+      if (disable) {
+        // It answered: whatever a health check saw mid-call (NOT_SERVING while an update held
+        // the engine) is over; a worker put to sleep is not serving. Set before re-enabling, so
+        // no request is routed on a stale flag.
+        pool_->SetServing(w.address(), routing != Routing::kSleep);
+        (void)pool_->SetEnabled(w.address(), was_enabled[i]);
+      }
     } else {
       all_ok = false;
       if (r.status.error_code() == grpc::StatusCode::UNAVAILABLE) pool_->ReportFailure(&w);
       spdlog::warn("{} failed on {}: {}{}", what, w.address(), r.status.error_message(),
-                   routing == Routing::kDisableDuring ? " (left disabled)" : "");
+                   disable ? " (left disabled)" : "");
     }
   }
+  if (disable) pool_->EndHold();
   if (bumps_version && version >= 0) cache_->SetCurrentVersion(version);
   {
     absl::MutexLock lock(&admin_mu_);
@@ -128,17 +137,17 @@ absl::Status AdminFanout::Broadcast(const char* what, Ctx* caller, Routing routi
   return absl::OkStatus();
 }
 
-#define RL_FANOUT_UNARY(Method, Request, routing, bumps)                                       \
-  grpc::ServerUnaryReactor* AdminFanout::Method(Ctx* c, const rl::v1::Request* req,            \
-                                                rl::v1::AdminResponse* resp) {                 \
-    return Run(c, [this, c, req, resp] {                                                       \
-      return Broadcast(#Method, c, routing, bumps,                                             \
-                       [req](router::Worker& w, size_t, grpc::ClientContext& ctx,              \
-                             rl::v1::AdminResponse* r) {                                       \
-                         return w.admin_stub().Method(&ctx, *req, r);                          \
-                       },                                                                      \
-                       resp);                                                                  \
-    });                                                                                        \
+#define RL_FANOUT_UNARY(Method, Request, routing, bumps)                                         \
+  grpc::ServerUnaryReactor* AdminFanout::Method(Ctx* c, const rl::v1::Request* req,              \
+                                                rl::v1::AdminResponse* resp) {                   \
+    return Run(c, [this, c, req, resp] {                                                         \
+      return Broadcast(                                                                          \
+          #Method, c, routing, bumps,                                                            \
+          [req](router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) { \
+            return w.admin_stub().Method(&ctx, *req, r);                                         \
+          },                                                                                     \
+          resp);                                                                                 \
+    });                                                                                          \
   }
 
 RL_FANOUT_UNARY(PauseGeneration, PauseGenerationRequest, Routing::kDisableDuring, false)
@@ -155,40 +164,50 @@ RL_FANOUT_UNARY(DestroyWeightsUpdateGroup, DestroyWeightsUpdateGroupRequest, Rou
 grpc::ServerUnaryReactor* AdminFanout::InitWeightsUpdateGroup(
     Ctx* c, const rl::v1::InitWeightsUpdateGroupRequest* req, rl::v1::AdminResponse* resp) {
   return Run(c, [this, c, req, resp] {
-    return Broadcast("InitWeightsUpdateGroup", c, Routing::kDisableDuring, false,
-                     [req](router::Worker& w, size_t i, grpc::ClientContext& ctx,
-                           rl::v1::AdminResponse* r) {
-                       rl::v1::InitWeightsUpdateGroupRequest mine = *req;
-                       mine.set_rank_offset(req->rank_offset() + static_cast<int32_t>(i));
-                       return w.admin_stub().InitWeightsUpdateGroup(&ctx, mine, r);
-                     },
-                     resp);
+    return Broadcast(
+        "InitWeightsUpdateGroup", c, Routing::kDisableDuring, false,
+        [req](router::Worker& w, size_t i, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
+          rl::v1::InitWeightsUpdateGroupRequest mine = *req;
+          mine.set_rank_offset(req->rank_offset() + static_cast<int32_t>(i));
+          return w.admin_stub().InitWeightsUpdateGroup(&ctx, mine, r);
+        },
+        resp);
   });
 }
 
-grpc::ServerUnaryReactor* AdminFanout::ReleaseMemory(Ctx* c, const rl::v1::ReleaseMemoryRequest* req,
+grpc::ServerUnaryReactor* AdminFanout::ReleaseMemory(Ctx* c,
+                                                     const rl::v1::ReleaseMemoryRequest* req,
                                                      rl::v1::AdminResponse* resp) {
-  return Run(c, [this, c, req, resp] { return SleepOrWake(c, /*sleep=*/true, resp, [req](
-      router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
-    return w.admin_stub().ReleaseMemory(&ctx, *req, r);
-  }); });
+  return Run(c, [this, c, req, resp] {
+    return SleepOrWake(
+        c, /*sleep=*/true, resp,
+        [req](router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
+          return w.admin_stub().ReleaseMemory(&ctx, *req, r);
+        });
+  });
 }
 
 grpc::ServerUnaryReactor* AdminFanout::ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest* req,
                                                     rl::v1::AdminResponse* resp) {
-  return Run(c, [this, c, req, resp] { return SleepOrWake(c, /*sleep=*/false, resp, [req](
-      router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
-    return w.admin_stub().ResumeMemory(&ctx, *req, r);
-  }); });
+  return Run(c, [this, c, req, resp] {
+    return SleepOrWake(
+        c, /*sleep=*/false, resp,
+        [req](router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
+          return w.admin_stub().ResumeMemory(&ctx, *req, r);
+        });
+  });
 }
 
 absl::Status AdminFanout::SleepOrWake(Ctx* c, bool sleep, rl::v1::AdminResponse* resp,
                                       const WorkerCall& call) {
   RETURN_IF_ERROR(Broadcast(sleep ? "ReleaseMemory" : "ResumeMemory", c,
-                            sleep ? Routing::kDisableDuring : Routing::kKeep, false, call, resp));
-  // Route around sleeping workers at once instead of waiting for the next health check.
-  for (const auto& r : resp->results()) {
-    if (r.success()) pool_->SetServing(r.worker(), !sleep);
+                            sleep ? Routing::kSleep : Routing::kKeep, false, call, resp));
+  // Route to woken workers at once instead of waiting for the next health check (sleeping ones
+  // were marked by the broadcast).
+  if (!sleep) {
+    for (const auto& r : resp->results()) {
+      if (r.success()) pool_->SetServing(r.worker(), true);
+    }
   }
   return absl::OkStatus();
 }
@@ -199,7 +218,8 @@ namespace {
 class TensorFanoutReactor final
     : public grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest> {
  public:
-  using Apply = std::function<absl::Status(const std::vector<rl::v1::UpdateWeightsFromTensorRequest>&)>;
+  using Apply =
+      std::function<absl::Status(const std::vector<rl::v1::UpdateWeightsFromTensorRequest>&)>;
   explicit TensorFanoutReactor(Apply apply) : apply_(std::move(apply)) { StartRead(&msg_); }
 
   void OnReadDone(bool ok) override {

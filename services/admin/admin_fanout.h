@@ -8,8 +8,8 @@
 // gets its previous enabled state back, and a worker whose update or group init failed stays
 // disabled until an operator re-enables it (rlctl workers enable ADDR). The caller's
 // `authorization` header is forwarded to the workers. InitWeightsUpdateGroup gives the i-th
-// live worker (sorted by address) rank rank_offset + i, so one call forms the whole group. A successful weight update advances the
-// text cache's current version (which drives its GC).
+// live worker (sorted by address) rank rank_offset + i, so one call forms the whole group. A
+// successful weight update advances the text cache's current version (which drives its GC).
 // Thread-safe.
 #pragma once
 
@@ -86,8 +86,11 @@ class AdminFanout final : public rl::v1::Admin::CallbackService {
  private:
   // How a broadcast treats routing around it.
   enum class Routing {
-    kKeep,             // leave enabled flags alone
-    kDisableDuring,    // disable during, restore each worker that succeeded
+    kKeep,           // leave enabled flags alone
+    kDisableDuring,  // disable during (holding the pool), restore each worker that succeeded
+                     // and mark it serving
+    kSleep,          // as kDisableDuring, but a worker that succeeded is marked not serving
+                     // (asleep) before it is re-enabled
   };
   // (worker, its index among the targets sorted by address, context, response).
   using WorkerCall = std::function<grpc::Status(router::Worker&, size_t, grpc::ClientContext&,
@@ -101,8 +104,7 @@ class AdminFanout final : public rl::v1::Admin::CallbackService {
   absl::Status SleepOrWake(Ctx* c, bool sleep, rl::v1::AdminResponse* resp, const WorkerCall& call);
   // Calls `method` on every live worker in parallel (read-only calls: no admin lock).
   template <typename Req, typename Resp>
-  std::vector<Reply<Resp>> Gather(Ctx* caller, const Req& req,
-                                  StubMethod<Req, Resp> method) const;
+  std::vector<Reply<Resp>> Gather(Ctx* caller, const Req& req, StubMethod<Req, Resp> method) const;
   void Prepare(Ctx* caller, grpc::ClientContext* ctx) const;
 
   router::WorkerPool* pool_;

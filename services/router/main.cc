@@ -17,17 +17,24 @@ int main(int argc, char** argv) {
   flags.Int("port", &c.port, "gRPC port (0 picks a free one)");
   flags.String("tokenizer", &c.tokenizer_path, "folder with tokenizer.json (the model folder)");
   flags.StringList("worker", &c.workers, "rl-worker address HOST:PORT (repeatable)");
-  flags.String("admin-api-key", &c.admin_api_key, "bearer key for admin calls (or env RL_ADMIN_API_KEY)");
-  flags.String("api-key", &c.api_key, "optional bearer key for Generate/Retrieve (or env RL_API_KEY)");
+  flags.String("admin-api-key", &c.admin_api_key,
+               "bearer key for admin calls (or env RL_ADMIN_API_KEY)");
+  flags.String("api-key", &c.api_key,
+               "optional bearer key for Generate/Retrieve (or env RL_API_KEY)");
   flags.Int("metrics-port", &c.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
   flags.Int("max-cache-size", &c.max_cache_size, "text cache size in tokens before GC");
   flags.Int("gc-threshold-k", &c.gc_threshold_k, "GC removes versions <= current - k");
   flags.Int("max-attempts", &c.max_attempts, "attempts per generation (retries + 1)");
   flags.Int("retry-backoff-ms", &c.retry_backoff_ms, "first retry backoff, doubled per retry");
-  flags.Int("admin-lock-timeout-ms", &c.admin_lock_timeout_ms, "wait for the admin lock before UNAVAILABLE");
+  flags.Int("hold-wait-ms", &c.hold_wait_ms,
+            "how long a generation waits for workers that an admin broadcast took out of routing");
+  flags.Int("admin-lock-timeout-ms", &c.admin_lock_timeout_ms,
+            "wait for the admin lock before UNAVAILABLE");
   flags.Int("health-interval-ms", &c.health_interval_ms, "worker health check interval");
-  flags.Int("health-failures", &c.health_failure_threshold, "failed checks before a worker is dead");
-  flags.Int("health-successes", &c.health_success_threshold, "passed checks before a dead worker is live");
+  flags.Int("health-failures", &c.health_failure_threshold,
+            "failed checks before a worker is dead");
+  flags.Int("health-successes", &c.health_success_threshold,
+            "passed checks before a dead worker is live");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error|off");
   if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
   c.admin_api_key = rl::ResolveApiKey(c.admin_api_key, "RL_ADMIN_API_KEY");

@@ -12,11 +12,13 @@ absl::Status Validate(const RouterConfig& c) {
   };
   if (c.tokenizer_path.empty()) return bad("tokenizer", "required (a folder with tokenizer.json)");
   if (c.port < 0 || c.port > 65535) return bad("port", "must be in [0, 65535]");
-  if (c.metrics_port < -1 || c.metrics_port > 65535) return bad("metrics-port", "must be -1 or in [0, 65535]");
+  if (c.metrics_port < -1 || c.metrics_port > 65535)
+    return bad("metrics-port", "must be -1 or in [0, 65535]");
   if (c.max_cache_size <= 0) return bad("max-cache-size", "must be > 0 (tokens)");
   if (c.gc_threshold_k < 0) return bad("gc-threshold-k", "must be >= 0");
   if (c.max_attempts < 1 || c.max_attempts > 100) return bad("max-attempts", "must be in [1, 100]");
   if (c.retry_backoff_ms < 0) return bad("retry-backoff-ms", "must be >= 0");
+  if (c.hold_wait_ms < 0) return bad("hold-wait-ms", "must be >= 0");
   if (c.admin_lock_timeout_ms < 1) return bad("admin-lock-timeout-ms", "must be >= 1");
   if (c.health_interval_ms < 10) return bad("health-interval-ms", "must be >= 10");
   if (c.health_failure_threshold < 1) return bad("health-failures", "must be >= 1");
@@ -44,9 +46,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   RetryOptions retry;
   retry.max_attempts = config.max_attempts;
   retry.backoff = std::chrono::milliseconds(config.retry_backoff_ms);
-  s->router_service_ = std::make_unique<RouterService>(
-      s->pool_.get(), s->cache_.get(), s->tokenizer_.get(), s->data_auth_.get(),
-      s->admin_auth_.get(), &s->metrics_, retry);
+  retry.hold_wait = std::chrono::milliseconds(config.hold_wait_ms);
+  s->router_service_ = std::make_unique<RouterService>(s->pool_.get(), s->cache_.get(),
+                                                       s->tokenizer_.get(), s->data_auth_.get(),
+                                                       s->admin_auth_.get(), &s->metrics_, retry);
   admin::FanoutOptions fanout;
   fanout.lock_timeout = std::chrono::milliseconds(config.admin_lock_timeout_ms);
   s->admin_service_ = std::make_unique<admin::AdminFanout>(s->pool_.get(), s->cache_.get(),
@@ -54,8 +57,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
-  ASSIGN_OR_RETURN(s->grpc_, GrpcServer::Start(options, {s->router_service_.get(),
-                                                         s->admin_service_.get()}));
+  ASSIGN_OR_RETURN(s->grpc_,
+                   GrpcServer::Start(options, {s->router_service_.get(), s->admin_service_.get()}));
   if (config.metrics_port >= 0) {
     ASSIGN_OR_RETURN(s->metrics_http_,
                      MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));

@@ -31,6 +31,7 @@ struct RouterConfig {
   int64_t gc_threshold_k = 2;
   int max_attempts = 3;
   int retry_backoff_ms = 50;
+  int hold_wait_ms = 300000;
   int admin_lock_timeout_ms = 30000;
   int health_interval_ms = 1000;
   int health_failure_threshold = 2;

@@ -21,10 +21,10 @@ constexpr float kUnknownLogprob = std::numeric_limits<float>::quiet_NaN();
 // The prompt as the model will see it: cached prefix tokens plus the tokenized remainder.
 struct Prompt {
   std::vector<int32_t> ids;
-  std::vector<uint32_t> ends;   // byte end of each token in the text (text prompts)
+  std::vector<uint32_t> ends;  // byte end of each token in the text (text prompts)
   std::vector<uint8_t> mask;
   std::vector<float> logprobs;
-  int32_t cached_tokens = 0;    // from the router's text cache
+  int32_t cached_tokens = 0;  // from the router's text cache
   bool from_text = false;
 };
 
@@ -192,6 +192,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
     std::set<std::string> tried;
     std::chrono::milliseconds backoff = retry.backoff;
     absl::Status last = absl::UnavailableError("no live, enabled, serving worker");
+    const auto hold_deadline = std::chrono::steady_clock::now() + retry.hold_wait;
     for (int attempt = 1; attempt <= retry.max_attempts; ++attempt) {
       {
         absl::MutexLock lock(&mu_);
@@ -202,8 +203,16 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
         std::this_thread::sleep_for(backoff);
         backoff = std::min(backoff * 2, retry.max_backoff);
       }
-      Lease lease = svc_->pool()->Pick(tried);
-      if (!lease) lease = svc_->pool()->Pick();  // every worker was tried: any live one
+      Lease lease = PickWorker(tried);
+      // An admin broadcast has the workers out of routing: wait for it (not an attempt).
+      while (!lease && svc_->pool()->held() && std::chrono::steady_clock::now() < hold_deadline) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (cancelled_) return absl::CancelledError("client cancelled");
+        }
+        std::this_thread::sleep_for(retry.hold_poll);
+        lease = PickWorker(tried);
+      }
       if (!lease) {
         last = absl::UnavailableError("no live, enabled, serving worker");
         continue;
@@ -215,6 +224,13 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
       spdlog::info("retrying request on another worker after: {}", std::string(last.message()));
     }
     return last;
+  }
+
+  // A worker not tried yet, else any routable one (every worker was tried); empty when none.
+  Lease PickWorker(const std::set<std::string>& tried) {
+    Lease lease = svc_->pool()->Pick(tried);
+    if (!lease) lease = svc_->pool()->Pick();
+    return lease;
   }
 
   // One worker call. Sets `retriable` when nothing reached the client and the failure may go
@@ -297,8 +313,8 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
 
   struct Completion {
     std::optional<tokenizer::StreamDecoder> decoder;
-    std::string text;                // completion text decoded in the prompt's context
-    std::vector<uint32_t> ends;      // per output token, byte end within `text`
+    std::string text;            // completion text decoded in the prompt's context
+    std::vector<uint32_t> ends;  // per output token, byte end within `text`
     size_t streamed_bytes = 0;
   };
 
@@ -330,7 +346,8 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
       std::vector<uint32_t> ends = prompt_.ends;
       const uint32_t base = static_cast<uint32_t>(request_.text().size());
       for (uint32_t e : c.ends) ends.push_back(base + e);
-      absl::Status s = svc_->cache()->Insert(full, tokens, ends, mask, logprobs, f->weight_version());
+      absl::Status s =
+          svc_->cache()->Insert(full, tokens, ends, mask, logprobs, f->weight_version());
       if (!s.ok()) spdlog::warn("text cache insert failed: {}", std::string(s.message()));
     }
     if (request_.return_trajectory()) {
@@ -380,7 +397,8 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
       retry_(retry) {
   requests_total = metrics->GetCounter("rl_router_requests_total", "Generate requests accepted.");
   retries_total = metrics->GetCounter("rl_router_retries_total", "Generate attempts retried.");
-  failures_total = metrics->GetCounter("rl_router_failures_total", "Generate requests that failed.");
+  failures_total =
+      metrics->GetCounter("rl_router_failures_total", "Generate requests that failed.");
   in_flight = metrics->GetGauge("rl_router_in_flight_requests", "Generate requests in flight.");
   struct CacheGauge {
     const char* name;
@@ -408,7 +426,8 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
        [](const TextCacheStats& s) { return double(s.current_version); }},
   };
   for (const CacheGauge& g : kCacheGauges) {
-    metrics->SetGaugeCallback(g.name, g.help, {}, [cache, get = g.get] { return get(cache->GetStats()); });
+    metrics->SetGaugeCallback(g.name, g.help, {},
+                              [cache, get = g.get] { return get(cache->GetStats()); });
   }
   metrics->SetGaugeCallback("rl_router_live_workers", "Live workers.", {},
                             [pool] { return double(pool->LiveWorkers().size()); });
@@ -426,7 +445,8 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
     grpc::CallbackServerContext* context, const rl::v1::RetrieveFromTextRequest* request,
     rl::v1::RetrieveFromTextResponse* response) {
   if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
-  if (request->text().empty()) return FinishUnary(context, absl::InvalidArgumentError("text: must not be empty"));
+  if (request->text().empty())
+    return FinishUnary(context, absl::InvalidArgumentError("text: must not be empty"));
   CacheRetrieval r = cache_->Retrieve(request->text());
   rl::v1::Trajectory* t = response->mutable_trajectory();
   t->mutable_tokens()->Assign(r.tokens.begin(), r.tokens.end());
@@ -436,7 +456,8 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
   response->set_matched_bytes(static_cast<int64_t>(r.matched_bytes));
   response->set_cached_tokens(static_cast<int32_t>(r.tokens.size()));
   if (request->tokenize_remainder() && r.matched_bytes < request->text().size()) {
-    if (tokenizer_ == nullptr) return FinishUnary(context, absl::FailedPreconditionError("no tokenizer"));
+    if (tokenizer_ == nullptr)
+      return FinishUnary(context, absl::FailedPreconditionError("no tokenizer"));
     auto enc = tokenizer_->Encode(request->text().substr(r.matched_bytes), r.matched_bytes == 0);
     if (!enc.ok()) return FinishUnary(context, Annotate(enc.status(), "text"));
     for (int32_t id : enc->ids) {

@@ -7,7 +7,9 @@
 // Retries: a generation that fails UNAVAILABLE, or that a worker aborts, before anything was
 // sent to the client is retried with exponential backoff on another live worker (any worker
 // once all were tried), at most `max_attempts` times; after the first streamed message a
-// failure is reported, never silently replayed.
+// failure is reported, never silently replayed. Finding no routable worker while an admin
+// broadcast holds the pool (pause, weight update, group init) is not an attempt: the request
+// waits for the broadcast to end, up to `hold_wait`, so a weight sync loses no request.
 // Thread-safe. Generate runs its worker call on a thread of its own per request.
 #pragma once
 
@@ -28,6 +30,8 @@ struct RetryOptions {
   int max_attempts = 3;
   std::chrono::milliseconds backoff{50};
   std::chrono::milliseconds max_backoff{2000};
+  std::chrono::milliseconds hold_wait{300000};
+  std::chrono::milliseconds hold_poll{20};
 };
 
 class RouterService final : public rl::v1::Router::CallbackService {

@@ -9,8 +9,8 @@
 // restarted worker with stale weights never serves. Data-plane UNAVAILABLE errors count as
 // failures too.
 //
-// Pick() is round-robin over live, enabled workers whose health is SERVING, skipping excluded ones; the returned Lease
-// holds one in-flight unit until destroyed. Thread-safe; Pick is O(#workers).
+// Pick() is round-robin over live, enabled workers whose health is SERVING, skipping excluded ones;
+// the returned Lease holds one in-flight unit until destroyed. Thread-safe; Pick is O(#workers).
 #pragma once
 
 #include <atomic>
@@ -100,6 +100,13 @@ class WorkerPool {
   void SetServing(const std::string& address, bool serving);
   // A live, enabled, serving worker not in `exclude`, round-robin; an empty lease when none.
   Lease Pick(const std::set<std::string>& exclude = {});
+
+  // Holds: an admin broadcast that takes workers out of routing for its duration holds the pool
+  // (BeginHold / EndHold, nested). While held, a request that finds no routable worker waits for
+  // the broadcast to end instead of failing (router_service.h).
+  void BeginHold() { holds_.fetch_add(1); }
+  void EndHold() { holds_.fetch_sub(1); }
+  bool held() const { return holds_.load() > 0; }
   // Live workers (enabled or not): the targets of admin broadcasts.
   std::vector<std::shared_ptr<Worker>> LiveWorkers() const;
   std::shared_ptr<Worker> Find(const std::string& address) const;
@@ -122,6 +129,7 @@ class WorkerPool {
 
   const PoolOptions options_;
   mutable absl::Mutex mu_;
+  std::atomic<int> holds_{0};
   std::vector<std::shared_ptr<Worker>> workers_ ABSL_GUARDED_BY(mu_);
   size_t next_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

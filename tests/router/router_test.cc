@@ -1,6 +1,7 @@
 // rl-router over in-process rl-workers on loopback (stories260K): balancing, the text cache
 // with exact tokens / masks / logprobs, GC by weight version, retries around a dead worker,
 // the admin fan-out (broadcast, lock timeout, disable/restore) and auth.
+#include <atomic>
 #include <cmath>
 #include <thread>
 
@@ -139,7 +140,8 @@ TEST_F(RouterTest, MultiTurnHitsTheCacheAndRetrieveIsExact) {
   for (int i = 0; i < t1.tokens_size(); ++i) {
     EXPECT_EQ(r.trajectory().tokens(i), t1.tokens(i));
     EXPECT_EQ(r.trajectory().loss_mask(i), t1.loss_mask(i));
-    if (!std::isnan(t1.rollout_logp(i))) EXPECT_EQ(r.trajectory().rollout_logp(i), t1.rollout_logp(i));
+    if (!std::isnan(t1.rollout_logp(i)))
+      EXPECT_EQ(r.trajectory().rollout_logp(i), t1.rollout_logp(i));
   }
   // Turn 2 extends turn 1: the cached tokens are reused exactly, generated ones keep mask 1.
   const std::string text2 = text1 + " The end. One day,";
@@ -248,6 +250,29 @@ TEST_F(RouterTest, AdminBroadcastUnderLoadAndRestoresRouting) {
   }
 }
 
+// While an admin broadcast holds the pool with every worker out of routing, a generation
+// waits for the broadcast instead of failing, and goes through once routing is restored.
+TEST_F(RouterTest, GenerateWaitsForAHoldingBroadcast) {
+  StartFleet(2);
+  WorkerPool& pool = router_->pool();
+  pool.BeginHold();
+  for (const auto& w : workers_) ASSERT_TRUE(pool.SetEnabled(w->address(), false).ok());
+  std::atomic<bool> done{false};
+  grpc::Status status;
+  rl::v1::GenerateFinal f;
+  std::thread t([&] {
+    status = Generate(TextRequest("Once upon a time", 4, false), &f);
+    done = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // > the whole retry budget
+  EXPECT_FALSE(done.load());
+  for (const auto& w : workers_) ASSERT_TRUE(pool.SetEnabled(w->address(), true).ok());
+  pool.EndHold();
+  t.join();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(f.completion_tokens(), 4);
+}
+
 TEST_F(RouterTest, FailedUpdateLeavesTheWorkerDisabled) {
   StartFleet(2);
   rl::v1::UpdateWeightsFromDiskRequest update;
@@ -260,7 +285,8 @@ TEST_F(RouterTest, FailedUpdateLeavesTheWorkerDisabled) {
   const auto disabled = ListWorkers();
   for (const auto& w : disabled.workers()) EXPECT_FALSE(w.enabled());
   rl::v1::GenerateFinal f;
-  EXPECT_EQ(Generate(TextRequest("Once", 2, false), &f).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Generate(TextRequest("Once", 2, false), &f).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
   rl::v1::SetWorkerEnabledRequest enable;
   enable.set_address(workers_[0]->address());
   enable.set_enabled(true);
@@ -341,7 +367,8 @@ TEST_F(RouterTest, SleepingWorkersAreNotRouted) {
   router_->pool().CheckAll();  // health says NOT_SERVING: still live, still not routed
   const auto listing = ListWorkers();
   for (const auto& w : listing.workers()) EXPECT_EQ(w.state(), rl::v1::WORKER_STATE_LIVE);
-  EXPECT_EQ(Generate(TextRequest("Once", 2, false), &f).error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Generate(TextRequest("Once", 2, false), &f).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
   {
     grpc::ClientContext ctx;
     ASSERT_TRUE(admin_->ResumeMemory(&ctx, {}, &resp).ok());
@@ -365,8 +392,8 @@ TEST_F(RouterTest, ReadOnlyAdminCallsListEveryWorker) {
     ASSERT_TRUE(admin_->GetServerInfo(&ctx, {}, &server).ok());
   }
   EXPECT_EQ(server.workers_size(), 2);
-  EXPECT_EQ(server.kv_tokens_total(),
-            server.workers(0).info().kv_tokens_total() + server.workers(1).info().kv_tokens_total());
+  EXPECT_EQ(server.kv_tokens_total(), server.workers(0).info().kv_tokens_total() +
+                                          server.workers(1).info().kv_tokens_total());
   rl::v1::WeightsCheckerRequest req;
   req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
   rl::v1::WeightsCheckerResponse sums;
