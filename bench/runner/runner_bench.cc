@@ -88,19 +88,27 @@ struct Options {
   bool batch_invariant = false;
 };
 
-// Bytes of weights one decode step reads: every tensor, but one embedding row when the LM head
-// is a separate tensor.
-double WeightBytesPerToken(const rl::model::ModelRunner& r) {
+struct WeightStats {
+  double params = 0;
+  double bytes_per_token = 0;  // every tensor, one embedding row when the head is untied
+};
+
+WeightStats CountWeights(const rl::model::ModelRunner& r) {
+  WeightStats st;
   double total = 0;
   double embed = 0;
   for (const rl::model::TensorInfo& t : r.ListWeights()) {
-    double n = static_cast<double>(rl::model_io::DTypeSize(*rl::model_io::ParseDType(t.dtype)));
+    double n = 1;
     for (int64_t d : t.shape) n *= static_cast<double>(d);
-    total += n;
-    if (t.name == "model.embed_tokens.weight") embed = n;
+    st.params += n;
+    const double bytes =
+        n * static_cast<double>(rl::model_io::DTypeSize(*rl::model_io::ParseDType(t.dtype)));
+    total += bytes;
+    if (t.name == "model.embed_tokens.weight") embed = bytes;
   }
   if (!r.config().tie_word_embeddings) total -= embed - embed / r.config().vocab_size;
-  return total;
+  st.bytes_per_token = total;
+  return st;
 }
 
 bool ParseArgs(int argc, char** argv, Options* o) {
@@ -161,16 +169,12 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
   }
   rl::model::ModelRunner& r = **runner;
   const auto& c = r.config();
-  const double weight_bytes = WeightBytesPerToken(r);
+  const WeightStats weights = CountWeights(r);
+  const double weight_bytes = weights.bytes_per_token;
+  const double params = weights.params;
   // The CUDA runner keeps a bf16 KV cache by default, the CPU float32.
   const double kv_bytes_per_token = static_cast<double>(rl::model::Transformer::KvBytesPerSlot(
       c, cuda ? rl::model_io::DType::kBF16 : rl::model_io::DType::kF32));
-  double params = 0;
-  for (const rl::model::TensorInfo& t : r.ListWeights()) {
-    double n = 1;
-    for (int64_t d : t.shape) n *= static_cast<double>(d);
-    params += n;
-  }
   std::printf("\n== %s (%s, %s, %.1f M params, %.1f MiB weights read per token, %s)\n",
               name.c_str(), c.architecture_name.c_str(), c.torch_dtype.c_str(), params / 1e6,
               weight_bytes / (1 << 20),

@@ -337,8 +337,6 @@ TEST_F(CudaRunnerTest, BadOptionsAreErrors) {
 
 TEST(CudaAbsentTest, NoDeviceIsAClearError) {
   if (NumCudaDevices() > 0) GTEST_SKIP() << "a CUDA device is present";
-  RunnerOptions o;
-  o.model_dir = "/nonexistent";
   absl::Status s = CreateCudaBackend({}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
 }

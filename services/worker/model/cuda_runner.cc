@@ -281,7 +281,6 @@ class CudaModelRunner final : public ModelRunner {
           absl::StrCat("kv_cache_dtype '", o.kv_cache_dtype, "' is not auto, float32 or bfloat16"));
     }
     std::unique_ptr<CudaModelRunner> r(new CudaModelRunner());
-    r->options_ = o;
     ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(o.model_dir));
     ASSIGN_OR_RETURN(r->host_, LoadWeights(o.model_dir, r->config_));
     CudaBackendOptions bo;
@@ -356,7 +355,6 @@ class CudaModelRunner final : public ModelRunner {
  private:
   CudaModelRunner() = default;
 
-  RunnerOptions options_;
   model_io::ModelConfig config_;
   int32_t page_size_ = 16;
   // Destroyed in reverse order: the transformer's and the mirror's device memory go before the
