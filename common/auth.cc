@@ -5,6 +5,9 @@
 #include <cstdlib>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "common/model_io/file_read.h"
 #include "common/sha256.h"
 
 namespace rl {
@@ -46,6 +49,56 @@ std::string ResolveApiKey(std::string flag_value, const char* env_name) {
   if (!flag_value.empty()) return flag_value;
   const char* env = std::getenv(env_name);
   return env != nullptr ? std::string(env) : std::string();
+}
+
+absl::StatusOr<std::string> ResolveApiKey(const ApiKeySource& src) {
+  if (!src.file_path.empty()) {
+    if (!src.flag_value.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", src.flag_name, " and --",
+                                                     src.flag_name, "-file: give only one"));
+    }
+    // Opened without blocking and checked with fstat before a byte is read (no FIFO, no
+    // directory, at most 4 KiB).
+    absl::StatusOr<std::string> text = model_io::ReadSmallFile(src.file_path, 4096);
+    if (!text.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", src.flag_name, "-file: ", text.status().message()));
+    }
+    std::string key = *std::move(text);
+    while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ' ||
+                            key.back() == '\t')) {
+      key.pop_back();
+    }
+    if (key.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", src.flag_name, "-file: '", src.file_path, "' is empty"));
+    }
+    return key;
+  }
+  if (!src.flag_value.empty()) {
+    spdlog::warn(
+        "--{} was given on the command line, where any local user can read it "
+        "(/proc/PID/cmdline); prefer --{}-file or the {} environment variable",
+        src.flag_name, src.flag_name, src.env_name);
+    return src.flag_value;
+  }
+  const char* env = std::getenv(src.env_name.c_str());
+  return env != nullptr ? std::string(env) : std::string();
+}
+
+void ScrubFlagValues(int argc, char** argv, const std::vector<std::string>& flag_names) {
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--") break;
+    for (const std::string& name : flag_names) {
+      const std::string flag = "--" + name;
+      if (arg == flag && i + 1 < argc) {
+        for (char* p = argv[i + 1]; *p != '\0'; ++p) *p = '*';
+      } else if (arg.size() > flag.size() + 1 && arg.substr(0, flag.size() + 1) == flag + "=") {
+        for (char* p = argv[i] + flag.size() + 1; *p != '\0'; ++p) *p = '*';
+      }
+    }
+  }
 }
 
 std::optional<std::string> AuthorizationHeader(const grpc::ServerContextBase& context) {

@@ -9,6 +9,9 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
 
 #include "absl/status/status.h"
 #include "grpcpp/server_context.h"
@@ -32,6 +35,24 @@ class BearerAuth {
 // The key from the flag value, falling back to the environment variable `env_name` when the flag
 // is empty.
 std::string ResolveApiKey(std::string flag_value, const char* env_name);
+
+// Where a key may come from, in order of preference: a file (`--<flag>-file`, the way a
+// Kubernetes Secret is mounted; trailing whitespace and newlines are trimmed), the environment
+// variable, or the flag itself (visible to every local user in /proc/PID/cmdline and `ps`: a
+// warning is logged; main scrubs it from argv with ScrubFlagValues). Giving both the file and
+// the flag is an error, as is a file that is not a regular file, is empty, or is larger than
+// 4 KiB. An empty result means "no key".
+struct ApiKeySource {
+  std::string flag_name;   // "admin-api-key"
+  std::string flag_value;  // --admin-api-key
+  std::string file_path;   // --admin-api-key-file
+  std::string env_name;    // RL_ADMIN_API_KEY
+};
+absl::StatusOr<std::string> ResolveApiKey(const ApiKeySource& source);
+
+// Overwrites the values of the named flags in argv (`--name V` and `--name=V`) with '*' so that
+// secrets passed on the command line stop showing in /proc/PID/cmdline. Call after parsing.
+void ScrubFlagValues(int argc, char** argv, const std::vector<std::string>& flag_names);
 
 // The `authorization` metadata value of a call, if any (for forwarding to workers).
 std::optional<std::string> AuthorizationHeader(const grpc::ServerContextBase& context);

@@ -70,6 +70,7 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(int argc, const char* co
 
 absl::StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
+  set_names_.clear();
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--") {
@@ -108,8 +109,13 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::s
       }
     }
     if (absl::Status s = Set(*it, value); !s.ok()) return s;
+    set_names_.push_back(name);
   }
   return positional;
+}
+
+bool FlagSet::IsSet(const std::string& name) const {
+  return std::find(set_names_.begin(), set_names_.end(), name) != set_names_.end();
 }
 
 std::optional<int> FlagSet::ParseMain(int argc, const char* const* argv) {

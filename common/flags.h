@@ -32,6 +32,8 @@ class FlagSet {
   absl::StatusOr<std::vector<std::string>> Parse(int argc, const char* const* argv);
   absl::StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args);
   bool help_requested() const { return help_requested_; }
+  // Whether the last Parse set flag `name` (tells `--text ""` from no --text).
+  bool IsSet(const std::string& name) const;
   // For binaries without positional arguments: parses argv, prints the usage on --help (exit
   // code 0) or "<program>: <error>" on a bad flag or a stray argument (exit code 2). Returns
   // nullopt when the program should go on.
@@ -55,6 +57,7 @@ class FlagSet {
   std::string program_;
   std::vector<Flag> flags_;
   bool help_requested_ = false;
+  std::vector<std::string> set_names_;
 };
 
 }  // namespace rl

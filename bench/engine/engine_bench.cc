@@ -18,12 +18,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/flags.h"
 #include "common/model_io/model_maker.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/model/cpu_model_runner.h"
@@ -48,40 +51,32 @@ struct Flags {
   int chunk = 2048;
 };
 
-bool ParseFlags(int argc, char** argv, Flags* f) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](int* out) {
-      if (i + 1 >= argc) return false;
-      *out = std::atoi(argv[++i]);
-      return true;
-    };
-    bool ok = true;
-    if (a == "--model" && i + 1 < argc) {
-      f->model = argv[++i];
-    } else if (a == "--requests") {
-      ok = value(&f->requests);
-    } else if (a == "--prompt") {
-      ok = value(&f->prompt);
-    } else if (a == "--output") {
-      ok = value(&f->output);
-    } else if (a == "--prefix") {
-      ok = value(&f->prefix);
-    } else if (a == "--threads") {
-      ok = value(&f->threads);
-    } else if (a == "--page-size") {
-      ok = value(&f->page_size);
-    } else if (a == "--chunk") {
-      ok = value(&f->chunk);
-    } else {
-      ok = false;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "engine_bench: bad flag %s\n", a.c_str());
-      return false;
+// Parses argv with the project's flag parser: --help prints the usage, unknown flags and bad
+// values are rejected (exit 2). nullopt: go on.
+std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
+  FlagSet flags("engine_bench");
+  flags.String("model", &f->model, "model folder (default: a made tiny llama)");
+  flags.Int("requests", &f->requests, "concurrent requests");
+  flags.Int("prompt", &f->prompt, "prompt tokens per request");
+  flags.Int("output", &f->output, "output tokens per request");
+  flags.Int("prefix", &f->prefix, "shared prefix tokens (radix cache run)");
+  flags.Int("threads", &f->threads, "CPU threads (0: all)");
+  flags.Int("page-size", &f->page_size, "KV page size in tokens");
+  flags.Int("chunk", &f->chunk, "chunked prefill tokens");
+  if (std::optional<int> exit = flags.ParseMain(argc, argv)) return exit;
+  for (const auto& [name, v] : {std::pair<const char*, int>{"requests", f->requests},
+                                {"prompt", f->prompt}, {"output", f->output},
+                                {"page-size", f->page_size}, {"chunk", f->chunk}}) {
+    if (v <= 0) {
+      std::fprintf(stderr, "engine_bench: --%s: must be > 0, got %d\n", name, v);
+      return 2;
     }
   }
-  return true;
+  if (f->prefix < 0 || f->threads < 0) {
+    std::fprintf(stderr, "engine_bench: --prefix and --threads must be >= 0\n");
+    return 2;
+  }
+  return std::nullopt;
 }
 
 // Counts finished completions and streamed tokens.
@@ -278,7 +273,7 @@ int RunControlLatency(const Flags& f) {
 
 int Main(int argc, char** argv) {
   Flags f;
-  if (!ParseFlags(argc, argv, &f)) return 2;
+  if (std::optional<int> exit = ParseFlags(argc, argv, &f)) return *exit;
   std::string tmp;
   if (f.model.empty()) {
     tmp = (std::filesystem::temp_directory_path() / absl::StrCat("engine_bench_", getpid()))

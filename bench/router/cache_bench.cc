@@ -15,6 +15,7 @@
 #include "bench/router/heap_counter.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
+#include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
 
 namespace rl::bench {
@@ -104,6 +105,70 @@ absl::StatusOr<std::vector<Trajectory>> LoadWorkload(const std::string& path, in
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 }  // namespace
+
+// Replays the workload as the router resolves text prompts with a real tokenizer: the seam
+// check on every request. Assistant replies are encoded as continuations and stream-decoded in
+// the prompt's context, as the router caches a worker's output.
+static absl::Status RunSeamReplay(const CacheBenchConfig& config,
+                                  const std::vector<Trajectory>& workload,
+                                  std::ostream& out) {
+  ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
+                   tokenizer::Tokenizer::FromDir(config.seam_tokenizer_dir));
+  router::TextCacheOptions options;
+  options.max_cache_size = config.max_cache_size;
+  options.gc_threshold_k = config.gc_threshold_k;
+  ASSIGN_OR_RETURN(std::unique_ptr<router::TextCache> cache, router::TextCache::Create(options));
+  router::SeamCounters counters;
+  Clock::duration resolve_time{};
+  int64_t reused = 0, prompt_tokens = 0;
+  const size_t n = std::min<size_t>(workload.size(), static_cast<size_t>(config.seam_limit));
+  for (size_t index = 0; index < n; ++index) {
+    const Trajectory& traj = workload[index];
+    std::string text = traj.system;
+    for (const Turn& turn : traj.turns) {
+      text += turn.user;
+      const Clock::time_point t0 = Clock::now();
+      ASSIGN_OR_RETURN(router::ResolvedPrompt p,
+                       router::ResolveTextPrompt(text, *cache, *tok, &counters));
+      resolve_time += Clock::now() - t0;
+      reused += p.cached_tokens;
+      prompt_tokens += static_cast<int64_t>(p.ids.size());
+      ASSIGN_OR_RETURN(tokenizer::Encoding reply, tok->EncodeContinuation(turn.assistant));
+      if (reply.ids.empty()) break;
+      ASSIGN_OR_RETURN(router::DecodedCompletion c,
+                       router::DecodeCompletion(*tok, p.ids, reply.ids));
+      std::vector<int32_t> ids = p.ids;
+      ids.insert(ids.end(), reply.ids.begin(), reply.ids.end());
+      std::vector<uint32_t> ends = p.ends;
+      for (uint32_t e : c.ends) ends.push_back(static_cast<uint32_t>(text.size()) + e);
+      std::vector<uint8_t> mask = p.mask;
+      mask.insert(mask.end(), reply.ids.size(), 1);
+      text += c.text;
+      RETURN_IF_ERROR(cache->Insert(text, ids, ends, mask, {}, 1));
+    }
+  }
+  const double requests = static_cast<double>(std::max<int64_t>(counters.requests.load(), 1));
+  out << "== seam check (ResolveTextPrompt, tokenizer " << config.seam_tokenizer_dir << ") ==\n"
+      << absl::StrFormat("requests              %12d  (%d trajectories)\n",
+                         counters.requests.load(), n)
+      << absl::StrFormat("resolve ops/s         %12.0f  (match + window encode + decode check)\n",
+                         requests / Seconds(resolve_time))
+      << absl::StrFormat("prompt tokens reused  %12.4f  (%d of %d)\n",
+                         static_cast<double>(reused) /
+                             static_cast<double>(std::max<int64_t>(prompt_tokens, 1)),
+                         reused, prompt_tokens)
+      << absl::StrFormat("seam continuations    %12.4f%% (%d)\n",
+                         100.0 * static_cast<double>(counters.seam_continuations.load()) / requests,
+                         counters.seam_continuations.load())
+      << absl::StrFormat("whole-text windows    %12.4f%% (%d; no window start near the seam)\n",
+                         100.0 * static_cast<double>(counters.whole_text_windows.load()) / requests,
+                         counters.whole_text_windows.load())
+      << absl::StrFormat("whole-text fallbacks  %12.4f%% (%d; decode(tokens) != text)\n",
+                         100.0 * static_cast<double>(counters.whole_text_fallbacks.load()) /
+                             requests,
+                         counters.whole_text_fallbacks.load());
+  return absl::OkStatus();
+}
 
 absl::Status CacheBenchConfig::Validate() const {
   if (workload_path.empty()) return absl::InvalidArgumentError("--workload is required");
@@ -208,6 +273,7 @@ absl::Status RunCacheBench(const CacheBenchConfig& config, std::ostream& out) {
       << absl::StrFormat("gc runs %d, gc removed tokens %d, conflicts replaced %d\n", stats.gc_runs,
                          stats.gc_removed_tokens, stats.conflicts_replaced)
       << absl::StrFormat("replay wall time      %12.3f s (tokenization included)\n", wall);
+  if (!config.seam_tokenizer_dir.empty()) RETURN_IF_ERROR(RunSeamReplay(config, workload, out));
   return absl::OkStatus();
 }
 

@@ -7,7 +7,10 @@
 // a fake logprob); the whole text is inserted at the trajectory's weight version. Tokenization
 // is a word splitter (a word and its trailing whitespace is one token, id = FNV-1a % 151936),
 // the same as bench/router/seed_trie_bench.py, so the figures measure the cache alone. Only
-// Match and Insert calls are timed. Heap bytes come from heap_counter (the binary must link it).
+// Match and Insert calls are timed. With a seam tokenizer, a second replay resolves every prompt
+// through ResolveTextPrompt (cached generated tokens reused, the rest encoded as the full text,
+// decode(tokens) == text checked) with the real tokenizer, and reports the resolve rate and the
+// shares of seam continuations and whole-text fallbacks. Heap bytes come from heap_counter (the binary must link it).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +27,10 @@ struct CacheBenchConfig {
   int64_t gc_threshold_k = 5;
   int64_t trajectories_per_version = 1000;  // weight version = 1 + index / this
   int64_t limit = 0;                        // replay at most this many trajectories (0: all)
+  // Non-empty: also replay through ResolveTextPrompt (the seam check) with this real
+  // tokenizer folder and report the share of requests served by whole-text encoding.
+  std::string seam_tokenizer_dir;
+  int64_t seam_limit = 2000;  // trajectories of that replay
 
   absl::Status Validate() const;
 };

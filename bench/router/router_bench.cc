@@ -2,6 +2,7 @@
 // workload through TextCache; the router-vs-direct latency part belongs next to it, in its own
 // file, selected by its own flags.
 #include <iostream>
+#include <optional>
 #include <string>
 
 #include "bench/router/cache_bench.h"
@@ -18,6 +19,9 @@ int main(int argc, char** argv) {
   flags.Int("trajectories-per-version", &cache_config.trajectories_per_version,
             "weight version = 1 + trajectory index / this");
   flags.Int("limit", &cache_config.limit, "replay at most this many trajectories (0: all)");
+  flags.String("seam-tokenizer", &cache_config.seam_tokenizer_dir,
+               "also replay through the seam check with this tokenizer folder");
+  flags.Int("seam-limit", &cache_config.seam_limit, "trajectories of the seam-check replay");
   rl::bench::LatencyBenchConfig latency;
   bool run_latency = false;
   flags.Bool("latency", &run_latency, "run the router-vs-direct latency and throughput benchmark");
@@ -26,18 +30,7 @@ int main(int argc, char** argv) {
   flags.Int("concurrency", &latency.concurrency, "latency: streams for the throughput run");
   flags.Int("throughput-requests", &latency.throughput_requests, "latency: requests in the throughput run");
   flags.Int("workers", &latency.num_workers, "latency: fast workers behind the router");
-  auto positional = flags.Parse(argc, argv);
-  if (flags.help_requested()) {
-    std::cout << flags.Usage();
-    return 0;
-  }
-  if (!positional.ok() || !positional->empty()) {
-    std::cerr << "router_bench: "
-              << (positional.ok() ? "unexpected argument '" + positional->front() + "'"
-                                  : std::string(positional.status().message()))
-              << "\n";
-    return 2;
-  }
+  if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
   if (!cache_config.workload_path.empty()) {
     if (absl::Status s = rl::bench::RunCacheBench(cache_config, std::cout); !s.ok()) {
       std::cerr << "router_bench: " << s.message() << "\n";

@@ -17,12 +17,14 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
+#include "common/flags.h"
 #include "common/model_io/model_maker.h"
 #include "kernels/cpu/thread_pool.h"
 #include "services/worker/model/cpu_model_runner.h"
@@ -111,46 +113,38 @@ WeightStats CountWeights(const rl::model::ModelRunner& r) {
   return st;
 }
 
-bool ParseArgs(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    std::string value;
-    const size_t eq = a.find('=');
-    if (eq != std::string::npos) {
-      value = a.substr(eq + 1);
-      a = a.substr(0, eq);
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-    }
-    int n = 0;
-    if (a == "--backend") {
-      o->backend = value;
-    } else if (a == "--model") {
-      o->models.push_back(value);
-    } else if (a == "--make-qwen3-0.5b") {
-      o->make_big = value != "false" && value != "0";
-    } else if (a == "--make-llama-8b") {
-      o->make_8b = value != "false" && value != "0";
-    } else if (a == "--batch-invariant") {
-      o->batch_invariant = value.empty() || (value != "false" && value != "0");
-    } else if (a == "--batches") {
-      o->batches.clear();
-      for (absl::string_view s : absl::StrSplit(value, ',')) {
-        if (!absl::SimpleAtoi(s, &n) || n <= 0) return false;
-        o->batches.push_back(n);
+// Parses argv with the project's flag parser: --help prints the usage, unknown flags and bad
+// values are rejected (exit 2). nullopt: go on.
+std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
+  rl::FlagSet flags("runner_bench");
+  std::string batches;
+  flags.String("backend", &o->backend, "cpu | cuda");
+  flags.StringList("model", &o->models, "model folder (repeatable; default: stories260K + made ones)");
+  flags.Bool("make-qwen3-0.5b", &o->make_big, "also bench a made 0.5B-class Qwen3");
+  flags.Bool("make-llama-8b", &o->make_8b, "cuda: also bench a made 8B-class Llama-3");
+  flags.String("batches", &batches, "comma-separated batch sizes");
+  flags.Int("prompt-len", &o->prompt_len, "prompt tokens (0: backend default)");
+  flags.Int("decode-steps", &o->decode_steps, "timed decode steps");
+  flags.Int("threads", &o->threads, "CPU threads (0: all)");
+  flags.Bool("batch-invariant", &o->batch_invariant, "batch-invariant GEMMs");
+  if (std::optional<int> exit = flags.ParseMain(argc, argv)) return exit;
+  if (!batches.empty()) {
+    for (absl::string_view part : absl::StrSplit(batches, ',')) {
+      int n = 0;
+      if (!absl::SimpleAtoi(part, &n) || n <= 0) {
+        std::fprintf(stderr, "runner_bench: --batches: '%s' is not a positive integer\n",
+                     std::string(part).c_str());
+        return 2;
       }
-    } else if (a == "--prompt-len" && absl::SimpleAtoi(value, &n) && n > 0) {
-      o->prompt_len = n;
-    } else if (a == "--decode-steps" && absl::SimpleAtoi(value, &n) && n > 0) {
-      o->decode_steps = n;
-    } else if (a == "--threads" && absl::SimpleAtoi(value, &n) && n >= 0) {
-      o->threads = n;
-    } else {
-      std::fprintf(stderr, "bad flag %s\n", a.c_str());
-      return false;
+      o->batches.push_back(n);
     }
   }
-  return true;
+  if (o->prompt_len < 0 || o->decode_steps <= 0 || o->threads < 0) {
+    std::fprintf(stderr,
+                 "runner_bench: --prompt-len and --threads must be >= 0, --decode-steps > 0\n");
+    return 2;
+  }
+  return std::nullopt;
 }
 
 int Bench(const std::string& name, const std::string& dir, const Options& o, double bandwidth) {
@@ -241,7 +235,7 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
 
 int main(int argc, char** argv) {
   Options o;
-  if (!ParseArgs(argc, argv, &o)) return 2;
+  if (std::optional<int> exit = ParseArgs(argc, argv, &o)) return *exit;
   const bool cuda = o.backend == "cuda";
   if (o.backend != "cpu" && !cuda) {
     std::fprintf(stderr, "--backend: '%s' is not cpu or cuda\n", o.backend.c_str());

@@ -15,11 +15,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/flags.h"
 #include "common/tokenizer/tokenizer.h"
 
 namespace {
@@ -93,25 +95,17 @@ int main(int argc, char** argv) {
   std::string files = "en_tiny_shakespeare.txt,zh_sanguo_yanyi.txt,mixed_blns.txt";
   int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   int repeat = 3;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    const std::string value = argv[i + 1];
-    if (flag == "--tokenizers") {
-      tokenizers_dir = value;
-    } else if (flag == "--corpus") {
-      corpus_dir = value;
-    } else if (flag == "--names") {
-      names = value;
-    } else if (flag == "--files") {
-      files = value;
-    } else if (flag == "--threads") {
-      threads = std::max(1, std::atoi(value.c_str()));
-    } else if (flag == "--repeat") {
-      repeat = std::max(1, std::atoi(value.c_str()));
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
-    }
+  rl::FlagSet flags("tokenizer_bench");
+  flags.String("tokenizers", &tokenizers_dir, "folder of tokenizer folders");
+  flags.String("corpus", &corpus_dir, "corpus folder (default: TOKENIZERS/../../corpus)");
+  flags.String("names", &names, "comma-separated tokenizer names");
+  flags.String("files", &files, "comma-separated corpus files");
+  flags.Int("threads", &threads, "threads of the batch workload");
+  flags.Int("repeat", &repeat, "timed runs per figure (the best is printed)");
+  if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
+  if (threads < 1 || repeat < 1) {
+    std::fprintf(stderr, "tokenizer_bench: --threads and --repeat must be >= 1\n");
+    return 2;
   }
   if (corpus_dir.empty()) corpus_dir = tokenizers_dir + "/../../corpus";
 

@@ -2,13 +2,14 @@
 //
 // Makes a random 0.5B-class Qwen3 checkpoint (bf16, ~1 GB) with the maker (or uses --model),
 // reads it once so it sits in the page cache, then times the worker's update path on the CPU
-// runner: LoadWeightsFromDisk (open + validate + map + atomic swap), and the same followed by a
-// pass that reads every weight byte (so pages mapped lazily are really loaded). Prints GB/s for
+// runner: LoadWeightsFromDisk (open + validate + read into owned memory + atomic swap), and the same followed by a
+// pass that reads every weight byte (so any lazily loaded page is really loaded). Prints GB/s for
 // both; the second is the honest "loaded" figure.
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_format.h"
@@ -45,10 +46,10 @@ int main(int argc, char** argv) {
   rl::FlagSet flags("update_bench");
   flags.String("model", &model_dir, "checkpoint folder (default: make a 0.5b qwen3 in /tmp)");
   flags.Int("rounds", &rounds, "timed updates");
-  auto pos = flags.Parse(argc, argv);
-  if (!pos.ok() || flags.help_requested()) {
-    std::cerr << (pos.ok() ? "" : std::string(pos.status().message()) + "\n") << flags.Usage();
-    return pos.ok() ? 0 : 2;
+  if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
+  if (rounds < 1) {
+    std::cerr << "update_bench: --rounds: must be >= 1\n";
+    return 2;
   }
   std::string made;
   if (model_dir.empty()) {

@@ -1,5 +1,7 @@
 #include "common/model_io/model_config.h"
 
+#include "common/model_io/file_read.h"
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -140,17 +142,18 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const Json& j, int64_t max_pos) {
   return rs;
 }
 
+// Bounded read of a regular file (a FIFO or a folder is an error, never a hang), JSON depth
+// checked before the parser sees it.
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  ASSIGN_OR_RETURN(std::string text, ReadSmallFile(path));
+  RETURN_IF_ERROR(CheckJsonDepth(text, kMaxJsonDepth, path));
+  return text;
 }
 
 }  // namespace
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
+  RETURN_IF_ERROR(CheckJsonDepth(json_text, kMaxJsonDepth, "config.json"));
   Json j = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("config.json: not valid JSON");
   if (!j.is_object()) return absl::InvalidArgumentError("config.json: not a JSON object");

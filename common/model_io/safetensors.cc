@@ -1,7 +1,6 @@
 #include "common/model_io/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,36 +46,6 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
-  }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int err = errno;
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(err)));
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  const uint8_t* data = nullptr;
-  if (size > 0) {
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      int err = errno;
-      ::close(fd);
-      return absl::InternalError(absl::StrCat("cannot mmap ", path, ": ", std::strerror(err)));
-    }
-    data = static_cast<const uint8_t*>(p);
-  }
-  ::close(fd);
-  return std::shared_ptr<MappedFile>(new MappedFile(path, data, size));
-}
-
-MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
-}
-
 int64_t TensorView::NumElements() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -98,7 +67,13 @@ absl::StatusOr<std::vector<TensorView>> ParseSafetensors(absl::Span<const uint8_
                                         " bytes): truncated or corrupt"));
   }
   if (header_len < 2) return Invalid(source, "header length too small for a JSON object");
+  if (header_len > kMaxSafetensorsHeaderBytes) {
+    return Invalid(source, absl::StrCat("header length ", header_len, " is over the limit of ",
+                                        kMaxSafetensorsHeaderBytes, " bytes"));
+  }
   const char* header_begin = reinterpret_cast<const char*>(bytes.data() + 8);
+  RETURN_IF_ERROR(CheckJsonDepth(absl::string_view(header_begin, header_len), kMaxJsonDepth,
+                                 absl::StrCat("safetensors ", source, " header")));
   Json header = Json::parse(header_begin, header_begin + header_len, nullptr,
                             /*allow_exceptions=*/false);
   if (header.is_discarded()) return Invalid(source, "header is not valid JSON");
@@ -214,7 +189,7 @@ std::vector<std::string> Checkpoint::files() const {
 }
 
 absl::Status Checkpoint::AddFile(const std::string& path, const std::vector<std::string>* only) {
-  ASSIGN_OR_RETURN(std::shared_ptr<MappedFile> file, MappedFile::Open(path));
+  ASSIGN_OR_RETURN(std::shared_ptr<OwnedFile> file, OwnedFile::Read(path, kMaxShardBytes));
   ASSIGN_OR_RETURN(std::vector<TensorView> views, ParseSafetensors(file->bytes(), path));
   std::set<std::string> wanted;
   if (only != nullptr) wanted.insert(only->begin(), only->end());
@@ -253,8 +228,8 @@ absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir) {
   Checkpoint ckpt;
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   if (fs::exists(index_path, ec)) {
-    std::ifstream in(index_path);
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ASSIGN_OR_RETURN(const std::string text, ReadSmallFile(index_path.string()));
+    RETURN_IF_ERROR(CheckJsonDepth(text, kMaxJsonDepth, index_path.string()));
     Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object()) {
       return absl::InvalidArgumentError(

@@ -1,5 +1,5 @@
-// Safetensors checkpoints: a memory-mapped reader with strict header validation, sharded
-// checkpoints through `model.safetensors.index.json`, and a writer.
+// Safetensors checkpoints: a reader with strict header validation, sharded checkpoints through
+// `model.safetensors.index.json`, and a writer.
 //
 // File layout: u64 little-endian header length N, N bytes of JSON header
 // {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}}, then the data
@@ -9,10 +9,14 @@
 // contiguously without overlap. Malformed files are InvalidArgument / DataLoss errors naming
 // the file and the tensor, never a crash.
 //
-// Cost: opening maps the files (no copy); tensor bytes are paged in by the OS on first touch.
-// A Checkpoint keeps its mappings alive for as long as it (or a copy) lives; spans into it
-// stay valid until then. Checkpoint is immutable after opening and safe to share across
-// threads.
+// Only regular files are opened (O_NONBLOCK + fstat first: a FIFO or a directory is an error,
+// never a hang), the header is at most kMaxSafetensorsHeaderBytes and nests at most
+// kMaxJsonDepth levels.
+//
+// Cost: opening reads every file once into memory the process owns (model_io/file_read.h), so
+// a checkpoint rewritten or truncated on disk after opening changes nothing and never faults.
+// A Checkpoint keeps its buffers alive for as long as it (or a copy) lives; spans into it stay
+// valid until then. Checkpoint is immutable after opening and safe to share across threads.
 #pragma once
 
 #include <cstdint>
@@ -26,27 +30,12 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/model_io/dtype.h"
+#include "common/model_io/file_read.h"
 
 namespace rl::model_io {
 
-// A read-only memory mapping of a whole file.
-class MappedFile {
- public:
-  static absl::StatusOr<std::shared_ptr<MappedFile>> Open(const std::string& path);
-  ~MappedFile();
-  MappedFile(const MappedFile&) = delete;
-  MappedFile& operator=(const MappedFile&) = delete;
-
-  absl::Span<const uint8_t> bytes() const { return {data_, size_}; }
-  const std::string& path() const { return path_; }
-
- private:
-  MappedFile(std::string path, const uint8_t* data, size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
-  std::string path_;
-  const uint8_t* data_;
-  size_t size_;
-};
+// The reference implementation's limit on the JSON header.
+inline constexpr uint64_t kMaxSafetensorsHeaderBytes = 100 << 20;
 
 struct TensorView {
   std::string name;
@@ -78,7 +67,7 @@ class Checkpoint {
   friend absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir);
   absl::Status AddFile(const std::string& path, const std::vector<std::string>* only);
 
-  std::vector<std::shared_ptr<MappedFile>> files_;
+  std::vector<std::shared_ptr<OwnedFile>> files_;
   std::map<std::string, TensorView> tensors_;
 };
 

@@ -68,14 +68,14 @@ absl::Status Normalizer::Add(const Json& json, const std::string& where) {
   return absl::OkStatus();
 }
 
-absl::Status Normalizer::Normalize(NormalizedString* s) const {
+absl::Status Normalizer::Normalize(NormalizedString* s, bool skip_prepend) const {
   for (const Step& step : steps_) {
     switch (step.kind) {
       case Step::Kind::kUnicode:
         RETURN_IF_ERROR(s->Normalize(step.form));
         break;
       case Step::Kind::kPrepend:
-        s->Prepend(step.text);
+        if (!skip_prepend) s->Prepend(step.text);
         break;
       case Step::Kind::kReplace: {
         std::vector<std::pair<size_t, size_t>> matches;

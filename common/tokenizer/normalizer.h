@@ -25,7 +25,9 @@ class Normalizer {
   // by the caller.
   static absl::StatusOr<std::unique_ptr<Normalizer>> FromJson(const nlohmann::json& json);
 
-  absl::Status Normalize(NormalizedString* s) const;
+  // With `skip_prepend` the Prepend steps are left out (the piece continues a longer text, so
+  // Hugging Face would not have prepended anything at its start).
+  absl::Status Normalize(NormalizedString* s, bool skip_prepend = false) const;
 
  private:
   struct Step {

@@ -178,7 +178,7 @@ absl::Status PreTokenizer::Add(const Json& json, const std::string& where) {
   return absl::OkStatus();
 }
 
-absl::Status PreTokenizer::Apply(const Step& step, const NormalizedString& s,
+absl::Status PreTokenizer::Apply(const Step& step, const NormalizedString& s, bool continuation,
                                  std::vector<NormalizedString>* out) const {
   std::vector<std::pair<size_t, size_t>> matches;
   switch (step.kind) {
@@ -191,7 +191,7 @@ absl::Status PreTokenizer::Apply(const Step& step, const NormalizedString& s,
       SplitByMatches(s, matches, step.behavior, step.invert, out);
       return absl::OkStatus();
     case Step::Kind::kByteLevel: {
-      if (step.add_prefix_space && !s.text().starts_with(' ')) {
+      if (step.add_prefix_space && !continuation && !s.text().starts_with(' ')) {
         NormalizedString copy = s;
         copy.Prepend(" ");
         if (!step.regex) {
@@ -213,8 +213,9 @@ absl::Status PreTokenizer::Apply(const Step& step, const NormalizedString& s,
     case Step::Kind::kMetaspace: {
       NormalizedString copy = s;
       copy.ReplaceRanges(FindLiteral(copy.text(), " "), step.replacement);
-      const bool prepend = step.prepend == Step::Prepend::kAlways ||
-                           (step.prepend == Step::Prepend::kFirst && copy.original_start() == 0);
+      const bool prepend =
+          !continuation && (step.prepend == Step::Prepend::kAlways ||
+                            (step.prepend == Step::Prepend::kFirst && copy.original_start() == 0));
       if (prepend && !copy.text().starts_with(step.replacement)) copy.Prepend(step.replacement);
       if (!step.split) {
         out->push_back(std::move(copy));
@@ -228,19 +229,22 @@ absl::Status PreTokenizer::Apply(const Step& step, const NormalizedString& s,
   return absl::OkStatus();
 }
 
-absl::Status PreTokenizer::PreTokenize(NormalizedString piece,
-                                       std::vector<NormalizedString>* out) const {
+absl::Status PreTokenizer::PreTokenize(NormalizedString piece, std::vector<NormalizedString>* out,
+                                       bool continuation) const {
   if (steps_.empty()) {
     out->push_back(std::move(piece));
     return absl::OkStatus();
   }
-  if (steps_.size() == 1) return Apply(steps_[0], piece, out);
+  if (steps_.size() == 1) return Apply(steps_[0], piece, continuation, out);
   std::vector<NormalizedString> current;
   current.push_back(std::move(piece));
   std::vector<NormalizedString> next;
   for (size_t i = 0; i < steps_.size(); ++i) {
     std::vector<NormalizedString>* target = i + 1 == steps_.size() ? out : &next;
-    for (const NormalizedString& s : current) RETURN_IF_ERROR(Apply(steps_[i], s, target));
+    // Only the first piece of the first step starts at the continuation point.
+    for (size_t j = 0; j < current.size(); ++j) {
+      RETURN_IF_ERROR(Apply(steps_[i], current[j], continuation && j == 0, target));
+    }
     if (target == &next) {
       current.swap(next);
       next.clear();

@@ -35,9 +35,19 @@ class PreTokenizer {
 
   // True when the chain ends with ByteLevel (the model then works on raw bytes).
   bool byte_level() const { return byte_level_; }
+  // True when some step splits with a regex.
+  bool has_regex() const {
+    for (const Step& s : steps_) {
+      if (s.regex) return true;
+    }
+    return false;
+  }
 
   // Splits `piece` into pre-tokens, appended to `out`.
-  absl::Status PreTokenize(NormalizedString piece, std::vector<NormalizedString>* out) const;
+  // With `continuation` the piece continues a longer text right after a pre-token boundary:
+  // no ByteLevel prefix space and no Metaspace replacement is prepended at its start.
+  absl::Status PreTokenize(NormalizedString piece, std::vector<NormalizedString>* out,
+                           bool continuation = false) const;
 
  private:
   struct Step {
@@ -52,7 +62,7 @@ class PreTokenizer {
     bool split = true;  // Metaspace
   };
   absl::Status Add(const nlohmann::json& json, const std::string& where);
-  absl::Status Apply(const Step& step, const NormalizedString& s,
+  absl::Status Apply(const Step& step, const NormalizedString& s, bool continuation,
                      std::vector<NormalizedString>* out) const;
 
   std::vector<Step> steps_;

@@ -2,14 +2,18 @@
 // deltas that never split a UTF-8 character.
 //
 // Invariant: the concatenation of every delta returned by Step plus the one returned by
-// Flush equals tokenizer.Decode(all ids, skip_special_tokens). Each Step decodes a short
-// window (the ids of the previous delta as context plus the new ones) and emits the text
-// past the context's own decoding; it holds text back while the decoding ends in U+FFFD,
-// i.e. while the last bytes may still be the start of a character completed by the next
-// token. Context keeps decoder position effects (a stripped leading space, Metaspace's
-// first token, byte-fallback groups) identical to decoding the whole sequence.
+// Flush equals tokenizer.Decode(all ids, skip_special_tokens); after Prime(prompt) it equals
+// DecodeContinuation(tokenizer, prompt, all ids): the completion's text in the prompt's
+// context, never any of the prompt's own text. Each Step decodes a short window (the ids of
+// the previous delta as context plus the new ones) and emits the text past the context's own
+// decoding; it holds text back while the decoding ends in U+FFFD, i.e. while the last bytes
+// may still be the start of a character completed by the next token, and while the window
+// ends in a byte-fallback run that may still grow. Context keeps decoder position effects (a
+// stripped leading space, Metaspace's first token, byte-fallback groups) identical to
+// decoding the whole sequence.
 // Thread safety: one StreamDecoder per stream, not shared between threads; the Tokenizer
-// must outlive it. Cost: O(window) per Step, the window being a few tokens.
+// must outlive it. Cost: O(window) per Step, the window being a few tokens; Prime costs
+// O(the prompt's last few tokens), or the prompt's trailing byte-fallback run when longer.
 #pragma once
 
 #include <cstdint>
@@ -27,25 +31,45 @@ class StreamDecoder {
   StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens)
       : tokenizer_(tokenizer), skip_special_tokens_(skip_special_tokens) {}
 
+  // Sets the prompt as context (nothing of it is ever emitted); call before the first Step.
+  // A prompt that ends inside a character (input ids only) has that incomplete tail
+  // dropped from the context: a completion that completes the character emits all of it.
+  // InvalidArgument for an unknown id, FailedPrecondition after a Step.
+  absl::Status Prime(absl::Span<const int32_t> prompt_ids);
+
   // Appends ids and returns the text that became final (possibly empty). InvalidArgument for
   // an unknown id, in which case the decoder is left as it was.
   absl::StatusOr<std::string> Step(absl::Span<const int32_t> ids);
   absl::StatusOr<std::string> Step(int32_t id) { return Step(absl::MakeConstSpan(&id, 1)); }
 
   // Returns the text still held back (an incomplete character decodes as U+FFFD, exactly as
-  // Decode would) and resets the decoder for a new stream.
+  // Decode would) and resets the decoder for a new stream (the primed context too).
   absl::StatusOr<std::string> Flush();
 
-  // Number of ids consumed since construction or the last Flush.
+  // Number of ids consumed since construction or the last Flush (primed ids not counted).
   size_t num_ids() const { return num_ids_; }
 
  private:
   const Tokenizer& tokenizer_;
   const bool skip_special_tokens_;
   std::vector<int32_t> window_;  // context ids followed by ids not emitted yet
-  size_t context_len_ = 0;       // leading ids of window_ already emitted
+  size_t context_len_ = 0;       // leading ids of window_ already emitted (or primed)
   std::string context_text_;     // Decode(window_[0, context_len_))
   size_t num_ids_ = 0;
 };
+
+// Index where a decoding context for text following `ids` may start: a few ids before the
+// end, never inside a run of byte-fallback ids. Decode(ids[start..] + more) minus
+// Decode(ids[start..]) equals Decode(ids + more) minus Decode(ids) for the supported decoders.
+size_t DecodeContextStart(const Tokenizer& tokenizer, absl::Span<const int32_t> ids);
+
+// The text of `completion` in the context of `prompt`: Decode(prompt + completion) past
+// Decode(prompt) (when the prompt ends inside a character, past its decoding without the
+// trailing U+FFFD). What a StreamDecoder primed with `prompt` emits in total. O(completion +
+// a few prompt ids). InvalidArgument for unknown ids.
+absl::StatusOr<std::string> DecodeContinuation(const Tokenizer& tokenizer,
+                                               absl::Span<const int32_t> prompt,
+                                               absl::Span<const int32_t> completion,
+                                               bool skip_special_tokens);
 
 }  // namespace rl::tokenizer

@@ -213,11 +213,29 @@ std::optional<std::string> Tokenizer::IdToToken(int32_t id) const {
   return *t;
 }
 
+absl::Span<const int32_t> Tokenizer::template_prefix_ids() const {
+  if (!post_processor_) return {};
+  return post_processor_->prefix_ids();
+}
+
+bool Tokenizer::has_regex_pre_tokenizer() const {
+  return pre_tokenizer_ != nullptr && pre_tokenizer_->byte_level() && pre_tokenizer_->has_regex();
+}
+
 bool Tokenizer::IsSpecial(int32_t id) const {
   return id >= 0 && id < vocab_size_ && special_ids_[id];
 }
 
 absl::StatusOr<Encoding> Tokenizer::Encode(std::string_view text, bool add_special_tokens) const {
+  return EncodeImpl(text, add_special_tokens, /*continuation=*/false);
+}
+
+absl::StatusOr<Encoding> Tokenizer::EncodeContinuation(std::string_view text) const {
+  return EncodeImpl(text, /*add_special_tokens=*/false, /*continuation=*/true);
+}
+
+absl::StatusOr<Encoding> Tokenizer::EncodeImpl(std::string_view text, bool add_special_tokens,
+                                               bool continuation) const {
   if (text.size() >= UINT32_MAX) {
     return absl::InvalidArgumentError("text is too long to encode (4 GiB or more)");
   }
@@ -237,11 +255,12 @@ absl::StatusOr<Encoding> Tokenizer::Encode(std::string_view text, bool add_speci
         enc.offsets.push_back({static_cast<uint32_t>(s.begin), static_cast<uint32_t>(s.end)});
       } else {
         RETURN_IF_ERROR(EncodeSegment(text.substr(s.begin, s.end - s.begin),
-                                      static_cast<uint32_t>(s.begin), &enc));
+                                      static_cast<uint32_t>(s.begin),
+                                      continuation && s.begin == 0, &enc));
       }
     }
   } else if (!text.empty()) {
-    RETURN_IF_ERROR(EncodeSegment(text, 0, &enc));
+    RETURN_IF_ERROR(EncodeSegment(text, 0, continuation, &enc));
   }
   if (post_processor_) {
     post_processor_->Process(&enc, add_special_tokens, [this](int32_t id) -> std::string_view {
@@ -252,11 +271,12 @@ absl::StatusOr<Encoding> Tokenizer::Encode(std::string_view text, bool add_speci
   return enc;
 }
 
-absl::Status Tokenizer::EncodeSegment(std::string_view text, uint32_t shift, Encoding* out) const {
+absl::Status Tokenizer::EncodeSegment(std::string_view text, uint32_t shift, bool continuation,
+                                      Encoding* out) const {
   NormalizedString piece(text, shift);
-  if (normalizer_) RETURN_IF_ERROR(normalizer_->Normalize(&piece));
+  if (normalizer_) RETURN_IF_ERROR(normalizer_->Normalize(&piece, continuation));
   if (piece.empty()) return absl::OkStatus();
-  if (!added_->has_normalized()) return EncodeWords(piece, out);
+  if (!added_->has_normalized()) return EncodeWords(piece, continuation, out);
   std::vector<AddedSplit> splits;
   added_->SplitNormalized(piece.text(), &splits);
   for (const AddedSplit& s : splits) {
@@ -265,13 +285,15 @@ absl::Status Tokenizer::EncodeSegment(std::string_view text, uint32_t shift, Enc
       out->ids.push_back(s.id);
       out->offsets.push_back({b, e});
     } else {
-      RETURN_IF_ERROR(EncodeWords(piece.Slice(s.begin, s.end), out));
+      RETURN_IF_ERROR(
+          EncodeWords(piece.Slice(s.begin, s.end), continuation && s.begin == 0, out));
     }
   }
   return absl::OkStatus();
 }
 
-absl::Status Tokenizer::EncodeWords(const NormalizedString& piece, Encoding* out) const {
+absl::Status Tokenizer::EncodeWords(const NormalizedString& piece, bool continuation,
+                                    Encoding* out) const {
   thread_local std::vector<ModelToken> tokens;
   auto encode_word = [&](const NormalizedString& word) {
     tokens.clear();
@@ -287,7 +309,7 @@ absl::Status Tokenizer::EncodeWords(const NormalizedString& piece, Encoding* out
     return absl::OkStatus();
   }
   std::vector<NormalizedString> words;
-  RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(piece, &words));
+  RETURN_IF_ERROR(pre_tokenizer_->PreTokenize(piece, &words, continuation));
   for (const NormalizedString& w : words) encode_word(w);
   return absl::OkStatus();
 }

@@ -56,6 +56,13 @@ class Tokenizer {
   // post-processor's template tokens (e.g. BOS) are added, with offsets [0, 0).
   absl::StatusOr<Encoding> Encode(std::string_view text, bool add_special_tokens = true) const;
 
+  // Encodes `text` as the rest of a longer text cut at a pre-token boundary: no
+  // post-processor tokens (BOS), and at its start no normalizer Prepend, no Metaspace
+  // replacement and no ByteLevel prefix space (pieces after added tokens get them as in
+  // Encode). When the cut is a pre-token boundary of the longer text's encoding, the ids equal
+  // that encoding's ids past the cut. Offsets are relative to `text`.
+  absl::StatusOr<Encoding> EncodeContinuation(std::string_view text) const;
+
   // Encodes every text, on up to `num_threads` threads (0: hardware concurrency). Fails with
   // the first error (naming the index of the text) if any text fails.
   absl::StatusOr<std::vector<Encoding>> EncodeBatch(const std::vector<std::string>& texts,
@@ -75,6 +82,18 @@ class Tokenizer {
   int32_t vocab_size() const { return vocab_size_; }
   // Whether `id` is a special added token (skipped by Decode with skip_special_tokens).
   bool IsSpecial(int32_t id) const;
+  // Whether `id` is a "<0xXX>" token that the decoder's ByteFallback groups with its
+  // neighbours (stream decoding must not emit text while such a run may still grow).
+  bool IsFallbackByte(int32_t id) const {
+    return id >= 0 && static_cast<size_t>(id) < fallback_byte_ids_.size() && fallback_byte_ids_[id];
+  }
+
+  // Ids the post-processor puts before the text with add_special_tokens (e.g. BOS); empty
+  // when it adds none.
+  absl::Span<const int32_t> template_prefix_ids() const;
+  // Whether the pre-tokenizer splits with a byte-level regex (GPT-2, Llama-3, Qwen2 style):
+  // then a line start followed by a non-space character is a pre-token boundary.
+  bool has_regex_pre_tokenizer() const;
 
   // BOS: named by tokenizer_config.json, else the first token the template prepends.
   std::optional<int32_t> bos_id() const { return bos_id_; }
@@ -85,13 +104,11 @@ class Tokenizer {
   friend class StreamDecoder;
   Tokenizer();
   absl::Status Load(std::string_view json_text);
-  absl::Status EncodeSegment(std::string_view text, uint32_t shift, Encoding* out) const;
-  absl::Status EncodeWords(const NormalizedString& piece, Encoding* out) const;
-  // Whether `id` is a "<0xXX>" token that the decoder's ByteFallback groups with its
-  // neighbours (StreamDecoder must not emit text while such a run may still grow).
-  bool IsFallbackByte(int32_t id) const {
-    return id >= 0 && static_cast<size_t>(id) < fallback_byte_ids_.size() && fallback_byte_ids_[id];
-  }
+  absl::StatusOr<Encoding> EncodeImpl(std::string_view text, bool add_special_tokens,
+                                      bool continuation) const;
+  absl::Status EncodeSegment(std::string_view text, uint32_t shift, bool continuation,
+                             Encoding* out) const;
+  absl::Status EncodeWords(const NormalizedString& piece, bool continuation, Encoding* out) const;
   // The tokenizer.json form of `id`, or nullptr when the id is unknown.
   const std::string* TokenText(int32_t id) const;
 

@@ -13,6 +13,7 @@ namespace rl::admin {
 namespace {
 
 using Ctx = grpc::CallbackServerContext;
+using router::FleetWeights;
 
 std::string CodeName(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
@@ -20,36 +21,87 @@ std::string CodeName(grpc::StatusCode code) {
 
 // Runs fn(worker, index) for every worker in parallel and returns the results in order.
 template <typename T>
-std::vector<T> ForEachParallel(const std::vector<std::shared_ptr<router::Worker>>& workers,
-                               const std::function<T(router::Worker&, size_t)>& fn) {
+std::vector<T> ForEachParallel(
+    const std::vector<std::shared_ptr<router::Worker>>& workers,
+    const std::function<T(const std::shared_ptr<router::Worker>&, size_t)>& fn) {
   std::vector<T> out(workers.size());
   std::vector<std::thread> threads;
+  threads.reserve(workers.size());
   for (size_t i = 0; i < workers.size(); ++i) {
-    threads.emplace_back([&, i] { out[i] = fn(*workers[i], i); });
+    threads.emplace_back([&, i] { out[i] = fn(workers[i], i); });
   }
   for (auto& t : threads) t.join();
   return out;
 }
 
+// The worker refused the call before changing anything.
+bool Refused(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::FAILED_PRECONDITION:
+    case grpc::StatusCode::UNAUTHENTICATED:
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::NOT_FOUND:
+    case grpc::StatusCode::ALREADY_EXISTS:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return true;
+    default:
+      return false;
+  }
+}
+
 }  // namespace
+
+AdminFanout::AdminFanout(router::WorkerPool* pool, router::TextCache* cache, const BearerAuth* auth,
+                         FanoutOptions options)
+    : pool_(pool), cache_(cache), auth_(auth), options_(std::move(options)) {
+  catch_up_thread_ = std::thread([this] { CatchUpLoop(); });
+  pool_->SetCatchUpHandler([this](std::shared_ptr<router::Worker> w) { EnqueueCatchUp(w); });
+}
+
+AdminFanout::~AdminFanout() {
+  pool_->SetCatchUpHandler(nullptr);
+  {
+    absl::MutexLock lock(&own_call_mu_);
+    stopping_ = true;
+    if (own_call_ != nullptr) own_call_->TryCancel();
+  }
+  {
+    absl::MutexLock lock(&catch_up_mu_);
+    stop_ = true;
+  }
+  catch_up_thread_.join();
+  absl::MutexLock lock(&catch_up_mu_);
+  for (const auto& w : catch_up_queue_) pool_->FinishSync(w.get());
+}
+
+std::chrono::milliseconds AdminFanout::Timeout(Deadline d) const {
+  return d == Deadline::kControl ? options_.control_timeout : options_.load_timeout;
+}
 
 template <typename Req, typename Resp>
 std::vector<Reply<Resp>> AdminFanout::Gather(Ctx* caller, const Req& req,
                                              StubMethod<Req, Resp> method) const {
   const auto targets = pool_->LiveWorkers();
-  return ForEachParallel<Reply<Resp>>(targets, [&](router::Worker& w, size_t) {
-    Reply<Resp> r;
-    r.worker = w.address();
-    grpc::ClientContext ctx;
-    Prepare(caller, &ctx);
-    r.status = (w.admin_stub().*method)(&ctx, req, &r.resp);
-    return r;
-  });
+  return ForEachParallel<Reply<Resp>>(targets,
+                                      [&](const std::shared_ptr<router::Worker>& w, size_t) {
+                                        Reply<Resp> r;
+                                        r.worker = w->address();
+                                        grpc::ClientContext ctx;
+                                        Prepare(caller, &ctx, options_.control_timeout);
+                                        router::CallGuard guard(w.get(), &ctx);
+                                        r.status = (w->admin_stub().*method)(&ctx, req, &r.resp);
+                                        return r;
+                                      });
 }
 
-void AdminFanout::Prepare(Ctx* caller, grpc::ClientContext* ctx) const {
-  ctx->set_deadline(std::chrono::system_clock::now() + options_.call_timeout);
-  if (auto header = AuthorizationHeader(*caller)) ctx->AddMetadata("authorization", *header);
+void AdminFanout::Prepare(Ctx* caller, grpc::ClientContext* ctx,
+                          std::chrono::milliseconds timeout) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + timeout);
+  if (caller != nullptr) {
+    if (auto header = AuthorizationHeader(*caller)) ctx->AddMetadata("authorization", *header);
+  } else if (!options_.worker_admin_key.empty()) {
+    ctx->AddMetadata("authorization", "Bearer " + options_.worker_admin_key);
+  }
 }
 
 grpc::ServerUnaryReactor* AdminFanout::Run(Ctx* c, std::function<absl::Status()> fn) {
@@ -59,90 +111,335 @@ grpc::ServerUnaryReactor* AdminFanout::Run(Ctx* c, std::function<absl::Status()>
   return reactor;
 }
 
-absl::Status AdminFanout::Broadcast(const char* what, Ctx* caller, Routing routing,
-                                    bool bumps_version, const WorkerCall& call,
-                                    rl::v1::AdminResponse* resp) {
-  {
-    absl::MutexLock lock(&admin_mu_);
-    auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admin_mu_) { return !admin_busy_; };
-    if (!admin_mu_.AwaitWithTimeout(absl::Condition(&free),
-                                    absl::FromChrono(options_.lock_timeout))) {
-      return absl::UnavailableError(
-          absl::StrCat(what, ": another admin operation holds the admin lock (waited ",
-                       options_.lock_timeout.count(), " ms); try again later"));
-    }
-    admin_busy_ = true;
+absl::Status AdminFanout::LockAdmin(const char* what) {
+  absl::MutexLock lock(&admin_mu_);
+  auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(admin_mu_) { return !admin_busy_; };
+  if (!admin_mu_.AwaitWithTimeout(absl::Condition(&free),
+                                  absl::FromChrono(options_.lock_timeout))) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": another admin operation holds the admin lock (waited ",
+                     options_.lock_timeout.count(), " ms); try again later"));
   }
-  const std::vector<std::shared_ptr<router::Worker>> targets = pool_->LiveWorkers();
-  std::vector<bool> was_enabled;
-  for (const auto& w : targets) was_enabled.push_back(pool_->IsEnabled(w->address()));
-  const bool disable = routing != Routing::kKeep;
-  if (disable) {
-    pool_->BeginHold();
-    for (const auto& w : targets) (void)pool_->SetEnabled(w->address(), false);
-  }
-  struct Result {
-    grpc::Status status;
-    rl::v1::AdminResponse resp;
-  };
-  std::vector<Result> results = ForEachParallel<Result>(targets, [&](router::Worker& w, size_t i) {
-    Result r;
-    grpc::ClientContext ctx;
-    Prepare(caller, &ctx);
-    r.status = call(w, i, ctx, &r.resp);
+  admin_busy_ = true;
+  return absl::OkStatus();
+}
+
+void AdminFanout::UnlockAdmin() {
+  absl::MutexLock lock(&admin_mu_);
+  admin_busy_ = false;
+}
+
+bool AdminFanout::BeginOwnCall(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&own_call_mu_);
+  if (stopping_) return false;
+  own_call_ = ctx;
+  return true;
+}
+
+void AdminFanout::EndOwnCall() {
+  absl::MutexLock lock(&own_call_mu_);
+  own_call_ = nullptr;
+}
+
+AdminFanout::Result AdminFanout::CallOne(const Plan& plan, Ctx* caller,
+                                         const std::shared_ptr<router::Worker>& w, size_t index,
+                                         const WorkerCall& call) {
+  Result r;
+  const std::chrono::milliseconds timeout = Timeout(plan.deadline);
+  const auto deadline = std::chrono::system_clock::now() + timeout;
+  grpc::ClientContext ctx;
+  Prepare(caller, &ctx, timeout);
+  if (caller == nullptr && !BeginOwnCall(&ctx)) {
+    r.status = grpc::Status(grpc::StatusCode::CANCELLED, "the router is shutting down");
     return r;
-  });
+  }
+  router::CallGuard guard(w.get(), &ctx);
+  r.status = call(*w, index, ctx, &r.resp);
+  if (caller == nullptr) EndOwnCall();
+  if (r.status.ok()) return r;
+  if (guard.cancelled_by_pool()) {
+    r.status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrCat("the worker was marked dead during the call (",
+                                         guard.reason(), "); call cancelled"));
+    r.left_out = true;
+  } else if (r.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+             std::chrono::system_clock::now() >= deadline) {
+    // The router's deadline, not an error the worker returned.
+    const std::string why =
+        absl::StrCat(plan.what, " missed its per-worker deadline of ", timeout.count(), " ms");
+    pool_->MarkDead(w.get(), why);
+    r.status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                            absl::StrCat(why, "; marked dead and left out"));
+    r.left_out = true;
+  } else if (r.status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    pool_->ReportFailure(w.get());
+  }
+  return r;
+}
+
+void AdminFanout::Settle(const Plan& plan, const std::shared_ptr<router::Worker>& w, Result* r) {
+  const grpc::StatusCode code = r->status.error_code();
+  if (r->status.ok()) {
+    pool_->ReportVersion(w.get(), r->resp.weight_version());
+    // A resync replaced whatever partial weights the worker had.
+    if (!plan.only.empty() && plan.bumps_version) pool_->ClearPartial(w.get());
+  } else {
+    bool partial = false;
+    switch (plan.partial) {
+      case Partial::kNever:
+        break;
+      case Partial::kTensor:  // validated before any change: a refusal or a bad stream is safe
+        partial = !Refused(code) && code != grpc::StatusCode::INVALID_ARGUMENT;
+        break;
+      case Partial::kDistributed:  // a failure after the pause leaves the engine paused
+        partial = !Refused(code);
+        break;
+      case Partial::kGroup:
+        partial = !Refused(code) && code != grpc::StatusCode::INVALID_ARGUMENT;
+        break;
+    }
+    if (partial) {
+      pool_->DisablePartial(w.get(),
+                            absl::StrCat(plan.what, " failed: ", r->status.error_message()));
+      r->left_out = true;
+    }
+    spdlog::warn("{} failed on {}: {}{}", plan.what, w->address(), r->status.error_message(),
+                 r->left_out ? " (left out of routing)" : "");
+  }
+  const bool reachable =
+      r->status.ok() || !r->left_out ||
+      (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED);
+  // Refresh serving state and version before the worker is routed again (a health check may
+  // have seen NOT_SERVING mid-call; a worker put to sleep is not serving).
+  if ((plan.hold || (plan.probe && r->status.ok())) && reachable) pool_->Probe(w);
+  if (plan.hold) pool_->SetHeld(w.get(), false);
+}
+
+absl::Status AdminFanout::Broadcast(const Plan& plan, Ctx* caller, const WorkerCall& call,
+                                    rl::v1::AdminResponse* resp) {
+  std::vector<std::shared_ptr<router::Worker>> targets;
+  if (plan.only.empty()) {
+    targets = pool_->LiveWorkers();
+  } else {
+    for (const std::string& address : plan.only) {
+      std::shared_ptr<router::Worker> w = pool_->Find(address);
+      if (w == nullptr) {
+        return absl::NotFoundError(absl::StrCat("workers: no worker '", address, "'"));
+      }
+      targets.push_back(std::move(w));
+    }
+  }
+  RETURN_IF_ERROR(LockAdmin(plan.what));
+  if (plan.hold) {
+    pool_->BeginHold();
+    for (const auto& w : targets) pool_->SetHeld(w.get(), true);
+  }
+  std::vector<Result> results =
+      ForEachParallel<Result>(targets, [&](const std::shared_ptr<router::Worker>& w, size_t i) {
+        Result r = CallOne(plan, caller, w, i, call);
+        Settle(plan, w, &r);  // at once: this worker routes again while others still work
+        return r;
+      });
+  if (plan.hold) pool_->EndHold();
   bool all_ok = !targets.empty();
+  bool any_ok = false;
   int64_t version = -1;
   for (size_t i = 0; i < targets.size(); ++i) {
-    router::Worker& w = *targets[i];
     const Result& r = results[i];
     rl::v1::WorkerResult* out = resp->add_results();
-    out->set_worker(w.address());
+    out->set_worker(targets[i]->address());
     out->set_success(r.status.ok());
     out->set_code(CodeName(r.status.error_code()));
     out->set_message(r.status.ok() ? r.resp.message() : r.status.error_message());
     out->set_weight_version(r.resp.weight_version());
+    out->set_left_out(r.left_out);
     resp->set_num_aborted(resp->num_aborted() + r.resp.num_aborted());
+    all_ok = all_ok && r.status.ok();
     if (r.status.ok()) {
-      pool_->ReportVersion(&w, r.resp.weight_version());
+      any_ok = true;
       version = std::max(version, r.resp.weight_version());
-      if (disable) {
-        // It answered: whatever a health check saw mid-call (NOT_SERVING while an update held
-        // the engine) is over; a worker put to sleep is not serving. Set before re-enabling, so
-        // no request is routed on a stale flag.
-        pool_->SetServing(w.address(), routing != Routing::kSleep);
-        (void)pool_->SetEnabled(w.address(), was_enabled[i]);
-      }
-    } else {
-      all_ok = false;
-      if (r.status.error_code() == grpc::StatusCode::UNAVAILABLE) pool_->ReportFailure(&w);
-      spdlog::warn("{} failed on {}: {}{}", what, w.address(), r.status.error_message(),
-                   disable ? " (left disabled)" : "");
     }
   }
-  if (disable) pool_->EndHold();
-  if (bumps_version && version >= 0) cache_->SetCurrentVersion(version);
+  if (plan.bumps_version && version >= 0) {
+    if (plan.only.empty()) {
+      FleetWeights fleet;
+      fleet.version = version;
+      fleet.source = plan.source;
+      fleet.path = plan.path;
+      pool_->SetFleetWeights(fleet);
+      cache_->SetCurrentVersion(version);
+    } else {
+      // A resync to the fleet's version from a folder makes that folder the fleet's replayable
+      // source when the fleet's own source could not be replayed.
+      FleetWeights fleet = pool_->fleet_weights();
+      if (!fleet.replayable() && fleet.version == version &&
+          plan.source == FleetWeights::Source::kDisk) {
+        fleet.source = plan.source;
+        fleet.path = plan.path;
+        pool_->SetFleetWeights(fleet);
+      }
+    }
+  }
   {
     absl::MutexLock lock(&admin_mu_);
-    admin_busy_ = false;
+    if (any_ok && plan.sets_paused.has_value()) fleet_paused_ = *plan.sets_paused;
   }
+  UnlockAdmin();
   resp->set_success(all_ok);
   resp->set_weight_version(version);
-  resp->set_message(targets.empty()
-                        ? "no live worker"
-                        : absl::StrCat(what, ": ", all_ok ? "ok on all " : "failed on some of ",
-                                       targets.size(), " workers"));
-  if (targets.empty()) return absl::UnavailableError(absl::StrCat(what, ": no live worker"));
+  resp->set_message(targets.empty() ? "no live worker"
+                                    : absl::StrCat(plan.what, ": ",
+                                                   all_ok ? "ok on all " : "failed on some of ",
+                                                   targets.size(), " workers"));
+  if (targets.empty()) return absl::UnavailableError(absl::StrCat(plan.what, ": no live worker"));
   return absl::OkStatus();
 }
 
-#define RL_FANOUT_UNARY(Method, Request, routing, bumps)                                         \
+// ---- catch-up ----
+
+void AdminFanout::EnqueueCatchUp(std::shared_ptr<router::Worker> w) {
+  absl::MutexLock lock(&catch_up_mu_);
+  catch_up_queue_.push_back(std::move(w));
+}
+
+void AdminFanout::CatchUpLoop() {
+  while (true) {
+    std::shared_ptr<router::Worker> w;
+    {
+      absl::MutexLock lock(&catch_up_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(catch_up_mu_) {
+        return stop_ || !catch_up_queue_.empty();
+      };
+      catch_up_mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      w = std::move(catch_up_queue_.front());
+      catch_up_queue_.pop_front();
+    }
+    const auto now = std::chrono::steady_clock::now();
+    auto it = catch_up_backoff_.find(w->address());
+    if (it == catch_up_backoff_.end() || now >= it->second.first) {
+      absl::Status s = CatchUp(w);
+      if (s.ok()) {
+        catch_up_backoff_.erase(w->address());
+      } else {
+        spdlog::warn("catch-up of {} failed: {}", w->address(), std::string(s.message()));
+        std::chrono::milliseconds delay =
+            it == catch_up_backoff_.end()
+                ? std::chrono::milliseconds(500)
+                : std::min(it->second.second * 2, std::chrono::milliseconds(30000));
+        catch_up_backoff_[w->address()] = {std::chrono::steady_clock::now() + delay, delay};
+      }
+    }
+    // Health checks hand the worker over again while it is still behind.
+    pool_->FinishSync(w.get());
+  }
+}
+
+absl::Status AdminFanout::CatchUp(const std::shared_ptr<router::Worker>& w) {
+  RETURN_IF_ERROR(LockAdmin("catch-up"));
+  pool_->BeginHold();  // requests that find no routable worker wait for it instead of failing
+  absl::Status status = [&]() -> absl::Status {
+    const FleetWeights fleet = pool_->fleet_weights();
+    bool fleet_paused;
+    {
+      absl::MutexLock lock(&admin_mu_);
+      fleet_paused = fleet_paused_;
+    }
+    if (!fleet.replayable() || !pool_->Behind(w.get())) return ReconcilePause(w, fleet_paused);
+    spdlog::info("catching up {} to weight_version {} from {}", w->address(), fleet.version,
+                 fleet.path);
+    Plan plan;
+    plan.what = "catch-up PauseGeneration";
+    auto check = [&](const Result& r) -> absl::Status {
+      if (r.status.ok()) return absl::OkStatus();
+      return absl::Status(static_cast<absl::StatusCode>(r.status.error_code()),
+                          absl::StrCat(plan.what, ": ", r.status.error_message()));
+    };
+    Result r = CallOne(
+        plan, nullptr, w, 0,
+        [](router::Worker& worker, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* out) {
+          rl::v1::PauseGenerationRequest req;
+          req.set_mode(rl::v1::PAUSE_MODE_RETRACT);
+          return worker.admin_stub().PauseGeneration(&ctx, req, out);
+        });
+    RETURN_IF_ERROR(check(r));
+    plan.what = "catch-up UpdateWeightsFromDisk";
+    plan.deadline = Deadline::kLoad;
+    r = CallOne(plan, nullptr, w, 0,
+                [&fleet](router::Worker& worker, size_t, grpc::ClientContext& ctx,
+                         rl::v1::AdminResponse* out) {
+                  rl::v1::UpdateWeightsFromDiskRequest req;
+                  req.set_model_path(fleet.path);
+                  req.set_weight_version(fleet.version);
+                  req.set_keep_pause(true);
+                  return worker.admin_stub().UpdateWeightsFromDisk(&ctx, req, out);
+                });
+    RETURN_IF_ERROR(check(r));
+    if (!fleet_paused) {
+      plan.what = "catch-up ContinueGeneration";
+      plan.deadline = Deadline::kControl;
+      r = CallOne(
+          plan, nullptr, w, 0,
+          [](router::Worker& worker, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* out) {
+            return worker.admin_stub().ContinueGeneration(&ctx, rl::v1::ContinueGenerationRequest(),
+                                                          out);
+          });
+      RETURN_IF_ERROR(check(r));
+    }
+    pool_->Probe(w);  // version and serving state fresh before it is routed
+    spdlog::info("caught up {} to weight_version {}", w->address(), fleet.version);
+    return absl::OkStatus();
+  }();
+  pool_->EndHold();
+  UnlockAdmin();
+  return status;
+}
+
+absl::Status AdminFanout::ReconcilePause(const std::shared_ptr<router::Worker>& w,
+                                         bool fleet_paused) {
+  if (!pool_->IsEnabled(w->address())) return absl::OkStatus();  // operator's or partial
+  rl::v1::GetServerInfoResponse info;
+  {
+    grpc::ClientContext ctx;
+    Prepare(nullptr, &ctx, options_.control_timeout);
+    if (!BeginOwnCall(&ctx)) return absl::CancelledError("the router is shutting down");
+    router::CallGuard guard(w.get(), &ctx);
+    grpc::Status s = w->admin_stub().GetServerInfo(&ctx, rl::v1::GetServerInfoRequest(), &info);
+    EndOwnCall();
+    if (!s.ok()) return FromGrpcStatus(s);
+  }
+  if (info.asleep() || info.paused() == fleet_paused) return absl::OkStatus();
+  // A call it missed while it was out (marked dead) left it paused or running against the
+  // fleet: e.g. a pause that reached it late, or a continue it never got.
+  Plan plan;
+  plan.what = fleet_paused ? "rejoin PauseGeneration" : "rejoin ContinueGeneration";
+  Result r = CallOne(plan, nullptr, w, 0,
+                     [fleet_paused](router::Worker& worker, size_t, grpc::ClientContext& ctx,
+                                    rl::v1::AdminResponse* out) {
+                       if (!fleet_paused) {
+                         return worker.admin_stub().ContinueGeneration(
+                             &ctx, rl::v1::ContinueGenerationRequest(), out);
+                       }
+                       rl::v1::PauseGenerationRequest req;
+                       req.set_mode(rl::v1::PAUSE_MODE_RETRACT);
+                       return worker.admin_stub().PauseGeneration(&ctx, req, out);
+                     });
+  if (!r.status.ok()) return FromGrpcStatus(r.status);
+  spdlog::info("{} rejoined {}; matched the fleet's pause state", w->address(),
+               fleet_paused ? "running" : "paused");
+  return absl::OkStatus();
+}
+
+// ---- the Admin calls ----
+
+#define RL_FANOUT_UNARY(Method, Request, ...)                                                    \
   grpc::ServerUnaryReactor* AdminFanout::Method(Ctx* c, const rl::v1::Request* req,              \
                                                 rl::v1::AdminResponse* resp) {                   \
     return Run(c, [this, c, req, resp] {                                                         \
+      Plan plan{__VA_ARGS__};                                                                    \
+      plan.what = #Method;                                                                       \
       return Broadcast(                                                                          \
-          #Method, c, routing, bumps,                                                            \
+          plan, c,                                                                               \
           [req](router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) { \
             return w.admin_stub().Method(&ctx, *req, r);                                         \
           },                                                                                     \
@@ -150,22 +447,60 @@ absl::Status AdminFanout::Broadcast(const char* what, Ctx* caller, Routing routi
     });                                                                                          \
   }
 
-RL_FANOUT_UNARY(PauseGeneration, PauseGenerationRequest, Routing::kDisableDuring, false)
-RL_FANOUT_UNARY(ContinueGeneration, ContinueGenerationRequest, Routing::kKeep, false)
-RL_FANOUT_UNARY(FlushCache, FlushCacheRequest, Routing::kKeep, false)
-RL_FANOUT_UNARY(UpdateWeightsFromDisk, UpdateWeightsFromDiskRequest, Routing::kDisableDuring, true)
+RL_FANOUT_UNARY(PauseGeneration, PauseGenerationRequest, .hold = true, .sets_paused = true)
+RL_FANOUT_UNARY(ContinueGeneration, ContinueGenerationRequest, .sets_paused = false)
+RL_FANOUT_UNARY(FlushCache, FlushCacheRequest)
 RL_FANOUT_UNARY(UpdateWeightsFromDistributed, UpdateWeightsFromDistributedRequest,
-                Routing::kDisableDuring, true)
-RL_FANOUT_UNARY(DestroyWeightsUpdateGroup, DestroyWeightsUpdateGroupRequest, Routing::kKeep, false)
+                .deadline = Deadline::kLoad, .hold = true, .partial = Partial::kDistributed,
+                .bumps_version = true, .source = FleetWeights::Source::kDistributed,
+                .sets_paused = false)
+RL_FANOUT_UNARY(DestroyWeightsUpdateGroup, DestroyWeightsUpdateGroupRequest)
+RL_FANOUT_UNARY(ReleaseMemory, ReleaseMemoryRequest, .deadline = Deadline::kLoad, .hold = true)
+RL_FANOUT_UNARY(ResumeMemory, ResumeMemoryRequest, .deadline = Deadline::kLoad, .probe = true)
 
 #undef RL_FANOUT_UNARY
+
+grpc::ServerUnaryReactor* AdminFanout::UpdateWeightsFromDisk(
+    Ctx* c, const rl::v1::UpdateWeightsFromDiskRequest* req, rl::v1::AdminResponse* resp) {
+  return Run(c, [this, c, req, resp]() -> absl::Status {
+    Plan plan;
+    plan.what = "UpdateWeightsFromDisk";
+    plan.deadline = Deadline::kLoad;
+    plan.hold = true;
+    plan.bumps_version = true;
+    plan.source = FleetWeights::Source::kDisk;
+    plan.path = req->model_path();
+    plan.sets_paused = req->keep_pause();
+    plan.only.assign(req->workers().begin(), req->workers().end());
+    rl::v1::UpdateWeightsFromDiskRequest mine = *req;
+    mine.clear_workers();
+    if (!plan.only.empty()) {
+      plan.what = "UpdateWeightsFromDisk (resync)";
+      plan.sets_paused.reset();
+      // A resync brings the worker to the fleet's version unless told otherwise.
+      const FleetWeights fleet = pool_->fleet_weights();
+      if (!mine.has_weight_version() && fleet.version >= 0) mine.set_weight_version(fleet.version);
+    }
+    return Broadcast(
+        plan, c,
+        [&mine](router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
+          return w.admin_stub().UpdateWeightsFromDisk(&ctx, mine, r);
+        },
+        resp);
+  });
+}
 
 // Each worker joins as its own rank: the i-th live worker (by address) gets rank_offset + i.
 grpc::ServerUnaryReactor* AdminFanout::InitWeightsUpdateGroup(
     Ctx* c, const rl::v1::InitWeightsUpdateGroupRequest* req, rl::v1::AdminResponse* resp) {
   return Run(c, [this, c, req, resp] {
+    Plan plan;
+    plan.what = "InitWeightsUpdateGroup";
+    plan.deadline = Deadline::kLoad;
+    plan.hold = true;
+    plan.partial = Partial::kGroup;
     return Broadcast(
-        "InitWeightsUpdateGroup", c, Routing::kDisableDuring, false,
+        plan, c,
         [req](router::Worker& w, size_t i, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
           rl::v1::InitWeightsUpdateGroupRequest mine = *req;
           mine.set_rank_offset(req->rank_offset() + static_cast<int32_t>(i));
@@ -173,43 +508,6 @@ grpc::ServerUnaryReactor* AdminFanout::InitWeightsUpdateGroup(
         },
         resp);
   });
-}
-
-grpc::ServerUnaryReactor* AdminFanout::ReleaseMemory(Ctx* c,
-                                                     const rl::v1::ReleaseMemoryRequest* req,
-                                                     rl::v1::AdminResponse* resp) {
-  return Run(c, [this, c, req, resp] {
-    return SleepOrWake(
-        c, /*sleep=*/true, resp,
-        [req](router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
-          return w.admin_stub().ReleaseMemory(&ctx, *req, r);
-        });
-  });
-}
-
-grpc::ServerUnaryReactor* AdminFanout::ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest* req,
-                                                    rl::v1::AdminResponse* resp) {
-  return Run(c, [this, c, req, resp] {
-    return SleepOrWake(
-        c, /*sleep=*/false, resp,
-        [req](router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
-          return w.admin_stub().ResumeMemory(&ctx, *req, r);
-        });
-  });
-}
-
-absl::Status AdminFanout::SleepOrWake(Ctx* c, bool sleep, rl::v1::AdminResponse* resp,
-                                      const WorkerCall& call) {
-  RETURN_IF_ERROR(Broadcast(sleep ? "ReleaseMemory" : "ResumeMemory", c,
-                            sleep ? Routing::kSleep : Routing::kKeep, false, call, resp));
-  // Route to woken workers at once instead of waiting for the next health check (sleeping ones
-  // were marked by the broadcast).
-  if (!sleep) {
-    for (const auto& r : resp->results()) {
-      if (r.success()) pool_->SetServing(r.worker(), true);
-    }
-  }
-  return absl::OkStatus();
 }
 
 namespace {
@@ -251,8 +549,16 @@ AdminFanout::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
   if (absl::Status s = auth_->Check(*c); !s.ok()) return new RejectReactor(s);
   return new TensorFanoutReactor(
       [this, c, resp](const std::vector<rl::v1::UpdateWeightsFromTensorRequest>& messages) {
+        Plan plan;
+        plan.what = "UpdateWeightsFromTensor";
+        plan.deadline = Deadline::kLoad;
+        plan.hold = true;
+        plan.partial = Partial::kTensor;
+        plan.bumps_version = true;
+        plan.source = FleetWeights::Source::kTensor;
+        plan.sets_paused = !messages.empty() && messages.front().keep_pause();
         return Broadcast(
-            "UpdateWeightsFromTensor", c, Routing::kDisableDuring, true,
+            plan, c,
             [&messages](router::Worker& w, size_t, grpc::ClientContext& ctx,
                         rl::v1::AdminResponse* r) {
               auto writer = w.admin_stub().UpdateWeightsFromTensor(&ctx, r);
@@ -317,7 +623,8 @@ grpc::ServerUnaryReactor* AdminFanout::ListWeights(Ctx* c, const rl::v1::ListWei
     auto targets = pool_->LiveWorkers();
     if (targets.empty()) return absl::UnavailableError("ListWeights: no live worker");
     grpc::ClientContext ctx;
-    Prepare(c, &ctx);
+    Prepare(c, &ctx, options_.control_timeout);
+    router::CallGuard guard(targets.front().get(), &ctx);
     return FromGrpcStatus(targets.front()->admin_stub().ListWeights(&ctx, *req, resp));
   });
 }

@@ -1,22 +1,46 @@
 // rl.v1.Admin on the router: every call is broadcast to the live workers (in parallel, each
-// with a deadline) and answered with one result per worker.
+// with a per-worker deadline) and answered with one result per worker.
 //
 // One admin lock serializes the calls that change fleet state (pause, continue, flush, weight
-// updates, group init/update/destroy, sleep/wake); a caller that waits longer than the lock
-// timeout gets UNAVAILABLE instead of queueing forever. For pause and weight-update calls the
-// targets are disabled for routing during the broadcast; afterwards each worker that succeeded
-// gets its previous enabled state back, and a worker whose update or group init failed stays
-// disabled until an operator re-enables it (rlctl workers enable ADDR). The caller's
-// `authorization` header is forwarded to the workers. InitWeightsUpdateGroup gives the i-th
-// live worker (sorted by address) rank rank_offset + i, so one call forms the whole group. A
-// successful weight update advances the text cache's current version (which drives its GC).
-// Thread-safe.
+// updates, group init/update/destroy, sleep/wake) and the catch-up of rejoining workers; a
+// caller that waits longer than the lock timeout gets UNAVAILABLE instead of queueing forever.
+//
+// Per-worker deadlines: control calls (pause, continue, flush, destroy group, read-only calls)
+// get `control_timeout`, loads (weight updates, group init, sleep, wake) `load_timeout`. A worker
+// that misses its deadline is reported (DEADLINE_EXCEEDED, left_out), marked dead (its streams
+// are cancelled) and so left out of later broadcasts until health checks readmit it; a worker
+// the health checks mark dead during a call has that call cancelled. So one stuck worker holds
+// the lock for at most min(deadline, health detection time).
+//
+// Per-worker outcomes: for pause, updates, group init and sleep each target is held out of
+// routing during its own call and put back as soon as that call ends (after a fresh health
+// probe), whatever the outcome, except when its weights may now be partial (a failed distributed
+// or tensor apply, a failed group init): that worker is disabled with the reason (ListWorkers),
+// until a resync or `rlctl workers enable`. A refused call or a failed disk load leaves the old
+// weights serving, so the worker serves again at once.
+//
+// Catch-up: a successful weight update records the fleet's version and source in the pool. A
+// worker that (re)joins behind it is brought up to date before it is routed: from a disk source
+// the router replays it (pause retract → load DIR at the fleet's version → continue unless the
+// fleet is paused); a tensor/distributed source cannot be replayed and the worker is listed
+// STALE until UpdateWeightsFromDisk with `workers` (rlctl workers resync) brings it back. A
+// worker that comes back live also gets the fleet's pause state (continue or pause retract), so
+// a pause that reached it late or a continue it missed never leaves it holding requests.
+//
+// The caller's `authorization` header is forwarded to the workers (catch-up uses
+// `worker_admin_key`). InitWeightsUpdateGroup gives the i-th live worker (sorted by address)
+// rank rank_offset + i, so one call forms the whole group. A successful weight update advances
+// the text cache's current version (which drives its GC). Thread-safe.
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -29,7 +53,12 @@ namespace rl::admin {
 
 struct FanoutOptions {
   std::chrono::milliseconds lock_timeout{30000};
-  std::chrono::milliseconds call_timeout{600000};
+  // Per-worker deadline of pause / continue / flush / destroy-group and read-only calls.
+  std::chrono::milliseconds control_timeout{10000};
+  // Per-worker deadline of weight updates, group init, sleep and wake.
+  std::chrono::milliseconds load_timeout{600000};
+  // Bearer key for calls the router makes on its own (catch-up); empty: none.
+  std::string worker_admin_key;
 };
 
 // One worker's answer to a read-only broadcast.
@@ -46,9 +75,8 @@ using StubMethod = grpc::Status (rl::v1::Admin::Stub::*)(grpc::ClientContext*, c
 class AdminFanout final : public rl::v1::Admin::CallbackService {
  public:
   AdminFanout(router::WorkerPool* pool, router::TextCache* cache, const BearerAuth* auth,
-              FanoutOptions options)
-      : pool_(pool), cache_(cache), auth_(auth), options_(options) {}
-
+              FanoutOptions options);
+  ~AdminFanout() override;  // stops the catch-up thread
   using Ctx = grpc::CallbackServerContext;
   grpc::ServerUnaryReactor* PauseGeneration(Ctx* c, const rl::v1::PauseGenerationRequest* req,
                                             rl::v1::AdminResponse* resp) override;
@@ -84,28 +112,62 @@ class AdminFanout final : public rl::v1::Admin::CallbackService {
                                          rl::v1::AdminResponse* resp) override;
 
  private:
-  // How a broadcast treats routing around it.
-  enum class Routing {
-    kKeep,           // leave enabled flags alone
-    kDisableDuring,  // disable during (holding the pool), restore each worker that succeeded
-                     // and mark it serving
-    kSleep,          // as kDisableDuring, but a worker that succeeded is marked not serving
-                     // (asleep) before it is re-enabled
+  enum class Deadline { kControl, kLoad };
+  // Which failures may leave a worker's weights partial (it then stays out of routing).
+  enum class Partial { kNever, kTensor, kDistributed, kGroup };
+  struct Plan {
+    const char* what = "";
+    Deadline deadline = Deadline::kControl;
+    bool hold = false;   // hold each target out of routing during its call, probe it after
+    bool probe = false;  // probe each target after a successful call (wake)
+    Partial partial = Partial::kNever;
+    // A weight update: success records the fleet weights (source, path) and the cache version.
+    bool bumps_version = false;
+    router::FleetWeights::Source source = router::FleetWeights::Source::kNone;
+    std::string path;
+    // After a success on some worker the fleet is paused (true) / running (false); unset: as is.
+    std::optional<bool> sets_paused;
+    // Non-empty: only these workers (resync), live or not.
+    std::vector<std::string> only;
   };
   // (worker, its index among the targets sorted by address, context, response).
   using WorkerCall = std::function<grpc::Status(router::Worker&, size_t, grpc::ClientContext&,
                                                 rl::v1::AdminResponse*)>;
-  // Takes the admin lock (bounded wait), broadcasts `call` to every live worker and fills
-  // `resp` with one result per worker. `bumps_version`: a success advances the cache version.
-  absl::Status Broadcast(const char* what, Ctx* caller, Routing routing, bool bumps_version,
-                         const WorkerCall& call, rl::v1::AdminResponse* resp);
+  struct Result {
+    grpc::Status status;
+    rl::v1::AdminResponse resp;
+    bool left_out = false;
+  };
+  // Takes the admin lock (bounded wait), calls `call` on every target in parallel, settles each
+  // worker's routing as soon as its call ends and fills `resp` with one result per worker.
+  absl::Status Broadcast(const Plan& plan, Ctx* caller, const WorkerCall& call,
+                         rl::v1::AdminResponse* resp);
+  // One call with its deadline, registered on the worker (cancelled if it is marked dead).
+  Result CallOne(const Plan& plan, Ctx* caller, const std::shared_ptr<router::Worker>& w,
+                 size_t index, const WorkerCall& call);
+  // Applies one worker's outcome to the pool (versions, death, partial weights, routing).
+  void Settle(const Plan& plan, const std::shared_ptr<router::Worker>& w, Result* r);
+  absl::Status LockAdmin(const char* what);
+  void UnlockAdmin();
   grpc::ServerUnaryReactor* Run(Ctx* c, std::function<absl::Status()> fn);
-  // ReleaseMemory / ResumeMemory: a broadcast that also marks the workers (not) serving.
-  absl::Status SleepOrWake(Ctx* c, bool sleep, rl::v1::AdminResponse* resp, const WorkerCall& call);
   // Calls `method` on every live worker in parallel (read-only calls: no admin lock).
   template <typename Req, typename Resp>
   std::vector<Reply<Resp>> Gather(Ctx* caller, const Req& req, StubMethod<Req, Resp> method) const;
-  void Prepare(Ctx* caller, grpc::ClientContext* ctx) const;
+  // Deadline and authorization for a call to a worker (`caller` may be null: the router's own).
+  void Prepare(Ctx* caller, grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
+  std::chrono::milliseconds Timeout(Deadline d) const;
+
+  // Catch-up of workers behind a replayable fleet version (one at a time, under the admin lock).
+  void EnqueueCatchUp(std::shared_ptr<router::Worker> w);
+  void CatchUpLoop();
+  absl::Status CatchUp(const std::shared_ptr<router::Worker>& w);
+  // The router's own calls (caller == null: catch-up) are registered so that destruction
+  // cancels the one in flight instead of waiting for its deadline. Begin returns false once
+  // the fan-out is stopping.
+  bool BeginOwnCall(grpc::ClientContext* ctx);
+  void EndOwnCall();
+  // Pauses / continues a rejoined worker whose pause state differs from the fleet's.
+  absl::Status ReconcilePause(const std::shared_ptr<router::Worker>& w, bool fleet_paused);
 
   router::WorkerPool* pool_;
   router::TextCache* cache_;
@@ -113,6 +175,19 @@ class AdminFanout final : public rl::v1::Admin::CallbackService {
   const FanoutOptions options_;
   absl::Mutex admin_mu_;
   bool admin_busy_ ABSL_GUARDED_BY(admin_mu_) = false;
+  bool fleet_paused_ ABSL_GUARDED_BY(admin_mu_) = false;
+
+  absl::Mutex catch_up_mu_;
+  std::deque<std::shared_ptr<router::Worker>> catch_up_queue_ ABSL_GUARDED_BY(catch_up_mu_);
+  bool stop_ ABSL_GUARDED_BY(catch_up_mu_) = false;
+  absl::Mutex own_call_mu_;
+  grpc::ClientContext* own_call_ ABSL_GUARDED_BY(own_call_mu_) = nullptr;
+  bool stopping_ ABSL_GUARDED_BY(own_call_mu_) = false;
+  // Earliest next catch-up attempt per address after failures (exponential backoff).
+  std::map<std::string, std::pair<std::chrono::steady_clock::time_point,
+                                  std::chrono::milliseconds>>
+      catch_up_backoff_;  // catch-up thread only
+  std::thread catch_up_thread_;
 };
 
 }  // namespace rl::admin

@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "common/grpc_status.h"
 #include "common/model_io/model_maker.h"
+#include "common/status.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -21,7 +22,6 @@
 #include "rl/v1/worker.grpc.pb.h"
 #include "services/admin/rlctl_offline.h"
 #include "services/worker/weight_sync/bucket_plan.h"
-#include "common/status.h"
 
 namespace rl::rlctl {
 namespace {
@@ -102,8 +102,16 @@ void PrintAdmin(const rl::v1::AdminResponse& r) {
             << " (weight_version " << r.weight_version() << ")\n";
   for (const auto& w : r.results()) {
     std::cout << "  " << w.worker() << "  " << w.code() << "  v" << w.weight_version() << "  "
-              << w.message() << "\n";
+              << w.message() << (w.left_out() ? "  [left out of routing]" : "") << "\n";
   }
+}
+
+// An admin call whose answer says success: false (a broadcast that failed on some worker)
+// failed: the answer is printed as usual and the exit status is 1.
+int PrintAdminResponse(const Options& o, const grpc::Status& status,
+                       const rl::v1::AdminResponse& r) {
+  const int rc = Print<rl::v1::AdminResponse>(o, status, r, PrintAdmin);
+  return rc == 0 && !r.success() ? 1 : rc;
 }
 
 absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
@@ -111,7 +119,8 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
     int32_t id = 0;
     if (!absl::SimpleAtoi(part, &id)) {
-      return absl::InvalidArgumentError(absl::StrCat("--ids: '", std::string(part), "' is not an integer"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--ids: '", std::string(part), "' is not an integer"));
     }
     ids.push_back(id);
   }
@@ -122,7 +131,8 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
 // then the same request goes to rl.v1.Worker.
 int Generate(const Options& o, const Client& c, bool via_router = true) {
   rl::v1::GenerateRequest req;
-  if (!o.text.empty() == !o.ids.empty()) return Fail(o, Usage("generate needs exactly one of --text or --ids"));
+  if (!o.text.empty() == !o.ids.empty())
+    return Fail(o, Usage("generate needs exactly one of --text or --ids"));
   if (!o.text.empty()) {
     req.set_text(o.text);
   } else {
@@ -137,7 +147,13 @@ int Generate(const Options& o, const Client& c, bool via_router = true) {
   sp->set_top_k(o.top_k);
   if (o.seed >= 0) sp->set_seed(static_cast<uint64_t>(o.seed));
   for (const auto& s : o.stop) sp->add_stop(s);
-  req.set_return_logprob(o.logprobs);
+  sp->set_ignore_eos(o.ignore_eos);
+  // Logprob options imply --logprobs.
+  req.set_return_logprob(o.logprobs || o.top_logprobs_num > 0 || o.logprob_start_len >= 0 ||
+                         o.logprobs_at_temperature_one);
+  req.set_top_logprobs_num(o.top_logprobs_num);
+  if (o.logprob_start_len >= 0) req.set_logprob_start_len(o.logprob_start_len);
+  req.set_logprobs_at_temperature_one(o.logprobs_at_temperature_one);
   req.set_return_trajectory(via_router && o.logprobs);
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
@@ -179,6 +195,19 @@ int Workers(const Options& o, const Client& c, const std::vector<std::string>& a
   grpc::Status status;
   const bool needs_addr = sub != "list";
   if (needs_addr && args.size() < 3) return Fail(o, Usage("workers " + sub + " ADDR"));
+  if (sub == "resync") {
+    // Brings one worker (stale, or disabled with partial weights) to the fleet's version from a
+    // folder: Admin.UpdateWeightsFromDisk with `workers` (admin_fanout.h).
+    if (o.from_disk.empty()) return Fail(o, Usage("workers resync ADDR --from-disk DIR"));
+    rl::v1::UpdateWeightsFromDiskRequest req;
+    req.set_model_path(o.from_disk);
+    if (o.version >= 0) req.set_weight_version(o.version);
+    req.set_abort_all_requests(o.abort_all);
+    req.add_workers(args[2]);
+    rl::v1::AdminResponse admin_resp;
+    return Print<rl::v1::AdminResponse>(o, c.admin()->UpdateWeightsFromDisk(&ctx, req, &admin_resp),
+                                        admin_resp, PrintAdmin);
+  }
   if (sub == "list") {
     status = stub->ListWorkers(&ctx, rl::v1::ListWorkersRequest(), &resp);
   } else if (sub == "add") {
@@ -195,13 +224,19 @@ int Workers(const Options& o, const Client& c, const std::vector<std::string>& a
     req.set_enabled(sub == "enable");
     status = stub->SetWorkerEnabled(&ctx, req, &resp);
   } else {
-    return Fail(o, Usage("workers list|add ADDR|remove ADDR|enable ADDR|disable ADDR"));
+    return Fail(o, Usage("workers list|add ADDR|remove ADDR|enable ADDR|disable ADDR|resync ADDR "
+                         "--from-disk DIR"));
   }
   return Print<rl::v1::WorkerListResponse>(o, status, resp, [](const auto& r) {
     for (const auto& w : r.workers()) {
       std::cout << w.address() << "  " << rl::v1::WorkerState_Name(w.state())
                 << (w.enabled() ? "" : "  disabled") << "  in_flight " << w.in_flight() << "  v"
-                << w.weight_version() << (w.version_mismatch() ? "  VERSION MISMATCH" : "") << "\n";
+                << w.weight_version() << (w.version_mismatch() ? "  VERSION MISMATCH" : "")
+                << (w.reason().empty() ? "" : "  (" + w.reason() + ")") << "\n";
+    }
+    if (!r.fleet_weight_source().empty()) {
+      std::cout << "fleet weights: v" << r.fleet_weight_version() << " from "
+                << r.fleet_weight_source() << "\n";
     }
   });
 }
@@ -255,7 +290,8 @@ int UpdateWeightsDistributed(const Options& o, const Client& c) {
 
 int InitGroup(const Options& o, const Client& c) {
   if (o.master_address.empty() || o.master_port <= 0 || o.world_size < 2 || o.group_name.empty()) {
-    return Fail(o, Usage("init-group --master-address A --master-port P --world-size N --group-name G"));
+    return Fail(
+        o, Usage("init-group --master-address A --master-port P --world-size N --group-name G"));
   }
   if (o.group_backend != "tcp" && o.group_backend != "nccl") {
     return Fail(o, Usage("init-group --backend tcp|nccl"));
@@ -266,13 +302,13 @@ int InitGroup(const Options& o, const Client& c) {
   req.set_rank_offset(o.rank_offset);
   req.set_world_size(o.world_size);
   req.set_group_name(o.group_name);
-  req.set_backend(o.group_backend == "nccl" ? rl::v1::GROUP_BACKEND_NCCL : rl::v1::GROUP_BACKEND_TCP);
+  req.set_backend(o.group_backend == "nccl" ? rl::v1::GROUP_BACKEND_NCCL
+                                            : rl::v1::GROUP_BACKEND_TCP);
   req.set_timeout_ms(o.group_timeout_ms);
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   rl::v1::AdminResponse resp;
-  return Print<rl::v1::AdminResponse>(o, c.admin()->InitWeightsUpdateGroup(&ctx, req, &resp), resp,
-                                      PrintAdmin);
+  return PrintAdminResponse(o, c.admin()->InitWeightsUpdateGroup(&ctx, req, &resp), resp);
 }
 
 int DestroyGroup(const Options& o, const Client& c) {
@@ -282,8 +318,7 @@ int DestroyGroup(const Options& o, const Client& c) {
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   rl::v1::AdminResponse resp;
-  return Print<rl::v1::AdminResponse>(o, c.admin()->DestroyWeightsUpdateGroup(&ctx, req, &resp),
-                                      resp, PrintAdmin);
+  return PrintAdminResponse(o, c.admin()->DestroyWeightsUpdateGroup(&ctx, req, &resp), resp);
 }
 
 int UpdateWeights(const Options& o, const Client& c) {
@@ -299,7 +334,7 @@ int UpdateWeights(const Options& o, const Client& c) {
   c.Prepare(&ctx);
   rl::v1::AdminResponse resp;
   const grpc::Status status = c.admin()->UpdateWeightsFromDisk(&ctx, req, &resp);
-  return Print<rl::v1::AdminResponse>(o, status, resp, PrintAdmin);
+  return PrintAdminResponse(o, status, resp);
 }
 
 int Pause(const Options& o, const Client& c) {
@@ -314,8 +349,7 @@ int Pause(const Options& o, const Client& c) {
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   rl::v1::AdminResponse resp;
-  return Print<rl::v1::AdminResponse>(o, c.admin()->PauseGeneration(&ctx, req, &resp), resp,
-                                      PrintAdmin);
+  return PrintAdminResponse(o, c.admin()->PauseGeneration(&ctx, req, &resp), resp);
 }
 
 int WeightsChecker(const Options& o, const Client& c) {
@@ -341,7 +375,8 @@ int Health(const Options& o, const Client& c) {
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   grpc::health::v1::HealthCheckResponse resp;
-  const grpc::Status status = c.health()->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
+  const grpc::Status status =
+      c.health()->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
   return Print<grpc::health::v1::HealthCheckResponse>(o, status, resp, [](const auto& r) {
     std::cout << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(r.status()) << "\n";
   });
@@ -351,9 +386,43 @@ int Metrics(const Options& o, const Client& c) {
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   rl::v1::GetMetricsResponse resp;
-  return Print<rl::v1::GetMetricsResponse>(
-      o, c.router()->GetMetrics(&ctx, rl::v1::GetMetricsRequest(), &resp), resp,
-      [](const auto& r) { std::cout << r.prometheus_text(); });
+  const grpc::Status status = c.router()->GetMetrics(&ctx, rl::v1::GetMetricsRequest(), &resp);
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    // A worker: it has no Router service; its metrics are on its HTTP metrics port.
+    return Fail(o, absl::FailedPreconditionError(absl::StrCat(
+                       "metrics is for rl-router targets; ", o.target,
+                       " has no rl.v1.Router service (an rl-worker?). A worker's metrics are "
+                       "Prometheus text at http://HOST:METRICS_PORT/metrics (rl-worker "
+                       "--metrics-port); `rlctl server-info` shows its engine state")));
+  }
+  return Print<rl::v1::GetMetricsResponse>(o, status, resp,
+                                           [](const auto& r) { std::cout << r.prometheus_text(); });
+}
+
+// Router.Abort; a worker answers UNIMPLEMENTED for it, and then Worker.Abort gets the call.
+int Abort(const Options& o, const Client& c) {
+  if (o.all == !o.request_id.empty()) {
+    return Fail(o, Usage("abort --request-id ID | --all"));
+  }
+  rl::v1::AbortRequest req;
+  req.set_request_id(o.request_id);
+  req.set_abort_all(o.all);
+  rl::v1::AbortResponse resp;
+  grpc::Status status;
+  {
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    status = c.router()->Abort(&ctx, req, &resp);
+  }
+  if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+    grpc::ClientContext ctx;
+    c.Prepare(&ctx);
+    status = c.worker()->Abort(&ctx, req, &resp);
+  }
+  return Print<rl::v1::AbortResponse>(o, status, resp, [](const auto& r) {
+    std::cout << "aborted " << r.num_aborted() << " request" << (r.num_aborted() == 1 ? "" : "s")
+              << "\n";
+  });
 }
 
 int MakeModel(const Options& o) {
@@ -389,21 +458,20 @@ int Run(const Options& o, const std::vector<std::string>& args) {
   if (cmd == "generate") return Generate(o, c);
   if (cmd == "pause") return Pause(o, c);
   if (cmd == "continue") {
-    return Print<rl::v1::AdminResponse>(
+    return PrintAdminResponse(
         o, c.admin()->ContinueGeneration(&ctx, rl::v1::ContinueGenerationRequest(), &admin_resp),
-        admin_resp, PrintAdmin);
+        admin_resp);
   }
   if (cmd == "flush") {
-    return Print<rl::v1::AdminResponse>(
-        o, c.admin()->FlushCache(&ctx, rl::v1::FlushCacheRequest(), &admin_resp), admin_resp,
-        PrintAdmin);
+    return PrintAdminResponse(
+        o, c.admin()->FlushCache(&ctx, rl::v1::FlushCacheRequest(), &admin_resp), admin_resp);
   }
   if (cmd == "release-memory" || cmd == "resume-memory") {
     const grpc::Status st =
         cmd == "release-memory"
             ? c.admin()->ReleaseMemory(&ctx, rl::v1::ReleaseMemoryRequest(), &admin_resp)
             : c.admin()->ResumeMemory(&ctx, rl::v1::ResumeMemoryRequest(), &admin_resp);
-    return Print<rl::v1::AdminResponse>(o, st, admin_resp, PrintAdmin);
+    return PrintAdminResponse(o, st, admin_resp);
   }
   if (cmd == "update-weights") return UpdateWeights(o, c);
   if (cmd == "weights-checker") return WeightsChecker(o, c);
@@ -434,8 +502,19 @@ int Run(const Options& o, const std::vector<std::string>& args) {
   }
   if (cmd == "workers") return Workers(o, c, args);
   if (cmd == "metrics") return Metrics(o, c);
+  if (cmd == "abort") return Abort(o, c);
   if (cmd == "health") return Health(o, c);
   return Fail(o, Usage("unknown command '" + cmd + "' (see rlctl --help)"));
+}
+
+int UsageError(bool json, const std::string& message) {
+  if (json) {
+    std::cout << Json{{"error", {{"code", "INVALID_ARGUMENT"}, {"message", message}}}}.dump()
+              << "\n";
+  } else {
+    std::cerr << "rlctl: " << message << "\n";
+  }
+  return 2;
 }
 
 }  // namespace rl::rlctl

@@ -14,6 +14,10 @@ struct Options {
   bool json = false;
   double timeout_s = 60;
   std::string text;
+  bool text_set = false;  // --text given, even empty
+  std::string file;       // tokenize: the whole file as one text
+  std::string request_id;
+  bool all = false;       // abort: every request
   std::string ids;
   int max_new_tokens = -1;
   double temperature = -1;
@@ -21,6 +25,10 @@ struct Options {
   int top_k = 0;
   int64_t seed = -1;
   bool logprobs = false;
+  int top_logprobs_num = 0;
+  int logprob_start_len = -1;
+  bool logprobs_at_temperature_one = false;
+  bool ignore_eos = false;
   std::vector<std::string> stop;
   std::string mode;
   std::string from_disk;
@@ -49,5 +57,9 @@ struct Options {
 
 // Runs the command named by args[0] (further args are its operands); returns the exit status.
 int Run(const Options& options, const std::vector<std::string>& args);
+
+// Reports a command-line error before any command ran (unknown flag, no command): one JSON
+// object on stdout with `json`, else a line on stderr. Returns 2.
+int UsageError(bool json, const std::string& message);
 
 }  // namespace rl::rlctl

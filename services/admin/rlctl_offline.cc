@@ -1,5 +1,7 @@
 #include "services/admin/rlctl_offline.h"
 
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -36,25 +38,61 @@ absl::StatusOr<std::vector<int32_t>> ParseIdArray(const std::string& line, int l
   return ids;
 }
 
+// The whole file, bounded: tokenize holds it and its encoding in memory.
+constexpr std::uintmax_t kMaxFileBytes = 64u << 20;
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::error_code ec;
+  const std::uintmax_t size = std::filesystem::file_size(path, ec);
+  if (ec) return absl::NotFoundError(absl::StrCat("--file: ", path, ": ", ec.message()));
+  if (size > kMaxFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--file: ", path, " is ", size,
+                                                   " bytes, more than the limit of ",
+                                                   kMaxFileBytes));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("--file: cannot open ", path));
+  std::string text(static_cast<size_t>(size), '\0');
+  in.read(text.data(), static_cast<std::streamsize>(size));
+  if (static_cast<std::uintmax_t>(in.gcount()) != size) {
+    return absl::DataLossError(absl::StrCat("--file: short read of ", path));
+  }
+  return text;
+}
+
 }  // namespace
 
 absl::Status Tokenize(const Options& o) {
+  if (o.text_set && !o.file.empty()) {
+    return absl::InvalidArgumentError("usage: tokenize takes --text or --file, not both");
+  }
   ASSIGN_OR_RETURN(auto tok, Load(o));
   const bool add_special = !o.no_special;
-  if (!o.text.empty()) {
-    ASSIGN_OR_RETURN(tokenizer::Encoding enc, tok->Encode(o.text, add_special));
+  if (o.text_set || !o.file.empty()) {
+    std::string text = o.text;
+    if (!o.file.empty()) {
+      ASSIGN_OR_RETURN(text, ReadTextFile(o.file));
+    }
+    ASSIGN_OR_RETURN(tokenizer::Encoding enc, tok->Encode(text, add_special));
     Json ids = enc.ids;
     std::cout << (o.json ? Json{{"ids", ids}}.dump() : ids.dump()) << "\n";
     return absl::OkStatus();
   }
+  // One text per stdin line; with --json one object {"ids": [[...], ...]} at the end.
+  Json all = Json::array();
   std::string line;
   int line_no = 0;
   while (std::getline(std::cin, line)) {
     ++line_no;
     auto enc = tok->Encode(line, add_special);
     if (!enc.ok()) return Annotate(enc.status(), absl::StrCat("line ", line_no));
-    std::cout << Json(enc->ids).dump() << "\n";
+    if (o.json) {
+      all.push_back(enc->ids);
+    } else {
+      std::cout << Json(enc->ids).dump() << "\n";
+    }
   }
+  if (o.json) std::cout << Json{{"ids", all}}.dump() << "\n";
   return absl::OkStatus();
 }
 
@@ -66,6 +104,8 @@ absl::Status Detokenize(const Options& o) {
     std::cout << (o.json ? Json{{"text", text}}.dump() : text) << "\n";
     return absl::OkStatus();
   }
+  // One JSON array per stdin line; with --json one object {"texts": [...]} at the end.
+  Json all = Json::array();
   std::string line;
   int line_no = 0;
   while (std::getline(std::cin, line)) {
@@ -73,8 +113,13 @@ absl::Status Detokenize(const Options& o) {
     ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseIdArray(line, line_no));
     auto text = tok->Decode(ids, o.skip_special);
     if (!text.ok()) return Annotate(text.status(), absl::StrCat("line ", line_no));
-    std::cout << (o.json ? Json(*text).dump() : *text) << "\n";
+    if (o.json) {
+      all.push_back(*text);
+    } else {
+      std::cout << *text << "\n";
+    }
   }
+  if (o.json) std::cout << Json{{"texts", all}}.dump() << "\n";
   return absl::OkStatus();
 }
 

@@ -2,10 +2,12 @@
 // Flags are read here only, turned into a RouterConfig and validated.
 #include <cstdio>
 #include <iostream>
+#include <tuple>
 
 #include "common/auth.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/request_limits.h"
 #include "common/server_runner.h"
 #include "services/router/router_server.h"
 
@@ -21,6 +23,10 @@ int main(int argc, char** argv) {
                "bearer key for admin calls (or env RL_ADMIN_API_KEY)");
   flags.String("api-key", &c.api_key,
                "optional bearer key for Generate/Retrieve (or env RL_API_KEY)");
+  flags.String("admin-api-key-file", &c.admin_api_key_file,
+               "file holding the admin key (preferred: not visible in the process list)");
+  flags.String("api-key-file", &c.api_key_file, "file holding the Generate/Retrieve key");
+  rl::RegisterRequestLimitFlags(flags, &c.limits);
   flags.Int("metrics-port", &c.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
   flags.Int("max-cache-size", &c.max_cache_size, "text cache size in tokens before GC");
   flags.Int("gc-threshold-k", &c.gc_threshold_k, "GC removes versions <= current - k");
@@ -30,18 +36,32 @@ int main(int argc, char** argv) {
             "how long a generation waits for workers that an admin broadcast took out of routing");
   flags.Int("admin-lock-timeout-ms", &c.admin_lock_timeout_ms,
             "wait for the admin lock before UNAVAILABLE");
+  flags.Int("admin-call-timeout-ms", &c.admin_call_timeout_ms,
+            "per-worker deadline of pause/continue/flush/destroy-group and read-only admin calls");
+  flags.Int("admin-load-timeout-ms", &c.admin_load_timeout_ms,
+            "per-worker deadline of weight updates, group init, sleep and wake");
   flags.Int("health-interval-ms", &c.health_interval_ms, "worker health check interval");
+  flags.Int("health-timeout-ms", &c.health_timeout_ms, "deadline of one worker health check");
   flags.Int("health-failures", &c.health_failure_threshold,
             "failed checks before a worker is dead");
   flags.Int("health-successes", &c.health_success_threshold,
             "passed checks before a dead worker is live");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error|off");
   if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
-  c.admin_api_key = rl::ResolveApiKey(c.admin_api_key, "RL_ADMIN_API_KEY");
-  c.api_key = rl::ResolveApiKey(c.api_key, "RL_API_KEY");
+  rl::ScrubFlagValues(argc, argv, {"admin-api-key", "api-key"});
   if (absl::Status s = rl::InitLogging(c.log_level); !s.ok()) {
     std::cerr << "rl-router: " << s.message() << "\n";
     return 2;
+  }
+  for (auto [key, file, name, env] :
+       {std::tuple{&c.admin_api_key, &c.admin_api_key_file, "admin-api-key", "RL_ADMIN_API_KEY"},
+        std::tuple{&c.api_key, &c.api_key_file, "api-key", "RL_API_KEY"}}) {
+    absl::StatusOr<std::string> resolved = rl::ResolveApiKey({name, *key, *file, env});
+    if (!resolved.ok()) {
+      std::cerr << "rl-router: " << resolved.status().message() << "\n";
+      return 2;
+    }
+    *key = *std::move(resolved);
   }
   auto server = rl::router::RouterServer::Start(c);
   if (!server.ok()) {

@@ -20,9 +20,16 @@ absl::Status Validate(const RouterConfig& c) {
   if (c.retry_backoff_ms < 0) return bad("retry-backoff-ms", "must be >= 0");
   if (c.hold_wait_ms < 0) return bad("hold-wait-ms", "must be >= 0");
   if (c.admin_lock_timeout_ms < 1) return bad("admin-lock-timeout-ms", "must be >= 1");
+  if (c.admin_call_timeout_ms < 1) return bad("admin-call-timeout-ms", "must be >= 1");
+  if (c.admin_load_timeout_ms < 1) return bad("admin-load-timeout-ms", "must be >= 1");
   if (c.health_interval_ms < 10) return bad("health-interval-ms", "must be >= 10");
+  if (c.health_timeout_ms < 1) return bad("health-timeout-ms", "must be >= 1");
   if (c.health_failure_threshold < 1) return bad("health-failures", "must be >= 1");
   if (c.health_success_threshold < 1) return bad("health-successes", "must be >= 1");
+  RETURN_IF_ERROR(ValidateRequestLimits(c.limits));
+  for (const std::string& w : c.workers) {
+    if (absl::Status s = CheckAddress(w, c.limits); !s.ok()) return Annotate(s, "--worker");
+  }
   return absl::OkStatus();
 }
 
@@ -37,10 +44,11 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   ASSIGN_OR_RETURN(s->cache_, TextCache::Create(cache_options));
   PoolOptions pool_options;
   pool_options.health_interval = std::chrono::milliseconds(config.health_interval_ms);
+  pool_options.health_timeout = std::chrono::milliseconds(config.health_timeout_ms);
   pool_options.failure_threshold = config.health_failure_threshold;
   pool_options.success_threshold = config.health_success_threshold;
   s->pool_ = std::make_unique<WorkerPool>(pool_options);
-  for (const std::string& w : config.workers) RETURN_IF_ERROR(s->pool_->Add(w));
+  RETURN_IF_ERROR(s->pool_->AddAll(config.workers));
   s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
   s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
   RetryOptions retry;
@@ -50,8 +58,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   s->router_service_ = std::make_unique<RouterService>(s->pool_.get(), s->cache_.get(),
                                                        s->tokenizer_.get(), s->data_auth_.get(),
                                                        s->admin_auth_.get(), &s->metrics_, retry);
+  s->router_service_->set_limits(config.limits);
   admin::FanoutOptions fanout;
   fanout.lock_timeout = std::chrono::milliseconds(config.admin_lock_timeout_ms);
+  fanout.control_timeout = std::chrono::milliseconds(config.admin_call_timeout_ms);
+  fanout.load_timeout = std::chrono::milliseconds(config.admin_load_timeout_ms);
+  fanout.worker_admin_key = config.admin_api_key;
   s->admin_service_ = std::make_unique<admin::AdminFanout>(s->pool_.get(), s->cache_.get(),
                                                            s->admin_auth_.get(), fanout);
   ServerOptions options;

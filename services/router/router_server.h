@@ -10,6 +10,7 @@
 #include "common/auth.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
+#include "common/request_limits.h"
 #include "common/server_runner.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/admin/admin_fanout.h"
@@ -26,6 +27,9 @@ struct RouterConfig {
   std::vector<std::string> workers;
   std::string admin_api_key;
   std::string api_key;
+  std::string admin_api_key_file;  // read the admin key from this file (a mounted Secret)
+  std::string api_key_file;        // read the data-plane key from this file
+  RequestLimits limits;            // --max-* bounds on what a client may send
   int metrics_port = -1;
   int64_t max_cache_size = 1 << 24;
   int64_t gc_threshold_k = 2;
@@ -33,7 +37,10 @@ struct RouterConfig {
   int retry_backoff_ms = 50;
   int hold_wait_ms = 300000;
   int admin_lock_timeout_ms = 30000;
+  int admin_call_timeout_ms = 10000;
+  int admin_load_timeout_ms = 600000;
   int health_interval_ms = 1000;
+  int health_timeout_ms = 2000;
   int health_failure_threshold = 2;
   int health_success_threshold = 1;
   std::string log_level = "info";

@@ -1,11 +1,13 @@
 #include "services/router/router_service.h"
 
+#include <algorithm>
 #include <cmath>
 #include <deque>
 #include <limits>
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
@@ -18,18 +20,14 @@ namespace {
 
 constexpr float kUnknownLogprob = std::numeric_limits<float>::quiet_NaN();
 
-// The prompt as the model will see it: cached prefix tokens plus the tokenized remainder.
-struct Prompt {
-  std::vector<int32_t> ids;
-  std::vector<uint32_t> ends;  // byte end of each token in the text (text prompts)
-  std::vector<uint8_t> mask;
-  std::vector<float> logprobs;
-  int32_t cached_tokens = 0;  // from the router's text cache
+// The prompt as the model will see it: cached tokens reused exactly plus the new ones.
+// input_ids prompts fill `ids` only.
+struct Prompt : ResolvedPrompt {
   bool from_text = false;
 };
 
 absl::StatusOr<Prompt> ResolvePrompt(const rl::v1::GenerateRequest& req, TextCache* cache,
-                                     const tokenizer::Tokenizer* tok) {
+                                     const tokenizer::Tokenizer* tok, SeamCounters* counters) {
   Prompt p;
   if (req.prompt_case() == rl::v1::GenerateRequest::kInputIds) {
     p.ids.assign(req.input_ids().ids().begin(), req.input_ids().ids().end());
@@ -39,31 +37,29 @@ absl::StatusOr<Prompt> ResolvePrompt(const rl::v1::GenerateRequest& req, TextCac
   if (req.prompt_case() != rl::v1::GenerateRequest::kText) {
     return absl::InvalidArgumentError("prompt: set text or input_ids");
   }
-  if (req.text().empty()) return absl::InvalidArgumentError("text: must not be empty");
+  ASSIGN_OR_RETURN(ResolvedPrompt r, ResolveTextPrompt(req.text(), *cache, *tok, counters));
+  static_cast<ResolvedPrompt&>(p) = std::move(r);
   p.from_text = true;
-  const std::string& text = req.text();
-  CacheMatch m = cache->Match(text);
-  p.ids = std::move(m.tokens);
-  p.ends = std::move(m.token_end_offsets);
-  p.mask = std::move(m.loss_mask);
-  p.logprobs = std::move(m.logprobs);
-  p.cached_tokens = static_cast<int32_t>(p.ids.size());
-  if (m.matched_bytes < text.size()) {
-    const std::string rest = text.substr(m.matched_bytes);
-    auto enc = tok->Encode(rest, /*add_special_tokens=*/m.matched_bytes == 0);
-    if (!enc.ok()) return Annotate(enc.status(), "text");
-    for (size_t i = 0; i < enc->ids.size(); ++i) {
-      p.ids.push_back(enc->ids[i]);
-      uint32_t end = static_cast<uint32_t>(m.matched_bytes) + enc->offsets[i].end;
-      if (enc->offsets[i].end == 0 && enc->offsets[i].begin == 0) end = m.matched_bytes;  // BOS
-      if (!p.ends.empty()) end = std::max(end, p.ends.back());
-      p.ends.push_back(end);
-      p.mask.push_back(0);
-      p.logprobs.push_back(kUnknownLogprob);
-    }
-  }
   if (p.ids.empty()) return absl::InvalidArgumentError("text: encodes to no token");
   return p;
+}
+
+// Per-output-token weight versions from the final's run-length segments; every token gets
+// the final's weight_version when the segments do not cover the output exactly.
+std::vector<int64_t> OutputVersions(const rl::v1::GenerateFinal& f) {
+  std::vector<int64_t> out;
+  for (const rl::v1::VersionSegment& seg : f.weight_version_segments()) {
+    if (seg.num_tokens() < 0 || out.size() + static_cast<size_t>(seg.num_tokens()) >
+                                  static_cast<size_t>(f.output_ids_size())) {
+      out.clear();
+      break;
+    }
+    out.insert(out.end(), static_cast<size_t>(seg.num_tokens()), seg.weight_version());
+  }
+  if (out.size() != static_cast<size_t>(f.output_ids_size())) {
+    out.assign(static_cast<size_t>(f.output_ids_size()), f.weight_version());
+  }
+  return out;
 }
 
 // One Router.Generate stream: a thread runs the worker call (with retries) and feeds a write
@@ -77,10 +73,18 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
     if (s.ok()) {
       if (svc_->tokenizer() == nullptr) {
         s = absl::FailedPreconditionError("the router has no tokenizer");
-      } else {
-        auto prompt = ResolvePrompt(request_, svc_->cache(), svc_->tokenizer());
+      } else if (s = CheckGenerateRequest(request_, svc_->limits()); s.ok()) {
+        absl::StatusOr<Prompt> prompt =
+            absl::StartsWith(request_.request_id(), kRouterRequestIdPrefix)
+                ? absl::InvalidArgumentError(absl::StrCat(
+                      "request_id: the prefix '", kRouterRequestIdPrefix,
+                      "' is reserved for ids the router assigns (leave request_id empty "
+                      "to get one)"))
+                : ResolvePrompt(request_, svc_->cache(), svc_->tokenizer(),
+                                svc_->seam_counters());
         if (prompt.ok()) {
           prompt_ = *std::move(prompt);
+          s = CheckPromptTokens(static_cast<int64_t>(prompt_.ids.size()), svc_->limits());
         } else {
           s = prompt.status();
         }
@@ -96,6 +100,8 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
       return;
     }
     authorization_ = AuthorizationHeader(*context);
+    request_id_ = request_.request_id().empty() ? RequestTable::NewId() : request_.request_id();
+    request_handle_ = svc_->requests()->Add(request_id_);
     svc_->requests_total->Inc();
     svc_->in_flight->Add(1);
     std::thread([this] { Run(); }).detach();
@@ -170,6 +176,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
   // Worker thread body: attempts with backoff, then marks the stream done.
   void Run() {
     absl::Status status = RunAttempts();
+    request_handle_ = RequestTable::Handle();
     svc_->in_flight->Add(-1);
     if (!status.ok()) svc_->failures_total->Inc();
     {
@@ -198,6 +205,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
         absl::MutexLock lock(&mu_);
         if (cancelled_) return absl::CancelledError("client cancelled");
       }
+      if (request_handle_.aborted()) return absl::AbortedError("aborted by Router.Abort");
       if (attempt > 1) {
         svc_->retries_total->Inc();
         std::this_thread::sleep_for(backoff);
@@ -210,6 +218,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
           absl::MutexLock lock(&mu_);
           if (cancelled_) return absl::CancelledError("client cancelled");
         }
+        if (request_handle_.aborted()) return absl::AbortedError("aborted by Router.Abort");
         std::this_thread::sleep_for(retry.hold_poll);
         lease = PickWorker(tried);
       }
@@ -219,7 +228,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
       }
       tried.insert(lease->address());
       bool retriable = false;
-      last = Attempt(lease, attempt, &retriable);
+      last = Attempt(lease, attempt, attempt == retry.max_attempts, &retriable);
       if (last.ok() || !retriable) return last;
       spdlog::info("retrying request on another worker after: {}", std::string(last.message()));
     }
@@ -234,14 +243,17 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
   }
 
   // One worker call. Sets `retriable` when nothing reached the client and the failure may go
-  // away on another worker (UNAVAILABLE, or the worker aborted the request).
-  absl::Status Attempt(Lease& lease, int attempt, bool* retriable) {
+  // away on another worker (UNAVAILABLE, or the worker aborted the request). On the last
+  // attempt a worker abort is passed on as the final message (partial output kept).
+  absl::Status Attempt(Lease& lease, int attempt, bool last_attempt, bool* retriable) {
     rl::v1::GenerateRequest req = request_;
     req.clear_text();
     req.mutable_input_ids()->mutable_ids()->Assign(prompt_.ids.begin(), prompt_.ids.end());
     req.set_return_logprob(true);  // the cache keeps rollout logprobs
     req.set_stream(true);
     req.clear_return_trajectory();
+    req.set_request_id(request_id_);
+    request_handle_.SetWorker(lease->address());
     grpc::ClientContext ctx;
     if (authorization_) ctx.AddMetadata("authorization", *authorization_);
     {
@@ -252,11 +264,14 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
     const int n = req.sampling_params().has_n() ? req.sampling_params().n() : 1;
     std::vector<Completion> completions(static_cast<size_t>(std::max(n, 1)));
     for (Completion& c : completions) c.decoder.emplace(*svc_->tokenizer(), false);
-    for (Completion& c : completions) (void)c.decoder->Step(prompt_.ids);  // context only
+    for (Completion& c : completions) (void)c.decoder->Prime(prompt_.ids);  // context only
     const bool stream = !request_.has_stream() || request_.stream();
+    // Cancelled by the pool when it marks the worker dead (worker_pool.h).
+    CallGuard guard(lease.get(), &ctx);
     auto reader = lease->worker_stub().Generate(&ctx, req);
     rl::v1::GenerateResponse msg;
     bool aborted_before_output = false;
+    size_t num_finals = 0;
     while (reader->Read(&msg)) {
       if (msg.index() < 0 || msg.index() >= static_cast<int>(completions.size())) continue;
       Completion& c = completions[static_cast<size_t>(msg.index())];
@@ -281,12 +296,16 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
         absl::MutexLock lock(&mu_);
         sent = sent_any_;
       }
-      if (f->finish_reason() == rl::v1::FINISH_REASON_ABORT && !sent) {
+      // An abort the worker chose is retried (unless this was the last attempt, whose final
+      // is returned as is); one asked for through Router.Abort is final.
+      if (f->finish_reason() == rl::v1::FINISH_REASON_ABORT && !sent && !last_attempt &&
+          !request_handle_.aborted()) {
         aborted_before_output = true;
         ctx.TryCancel();
         break;
       }
       CompleteFinal(lease, attempt, c, f);
+      ++num_finals;
       if (stream && c.streamed_bytes < c.text.size()) {
         rl::v1::GenerateResponse tail;
         tail.set_request_id(msg.request_id());
@@ -298,6 +317,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
       Push(std::move(msg));
     }
     grpc::Status s = reader->Finish();
+    request_handle_.SetWorker("");
     {
       absl::MutexLock lock(&mu_);
       worker_ctx_ = nullptr;
@@ -305,6 +325,15 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
       *retriable = !sent_any_;
     }
     if (aborted_before_output) return absl::AbortedError("the worker aborted the request");
+    // Every completion got its final message: the request is done, whatever happened to the
+    // call after that (e.g. the pool cancelled it because the worker was just marked dead).
+    if (num_finals == completions.size()) return absl::OkStatus();
+    if (!s.ok() && guard.cancelled_by_pool()) {
+      // The pool knows already: not reported as a failure again.
+      return absl::UnavailableError(absl::StrCat(
+          "worker ", lease->address(), " was marked dead mid-generation (", guard.reason(), ")",
+          *retriable ? "" : "; output was already streamed, so it is not retried"));
+    }
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) svc_->pool()->ReportFailure(lease.get());
     if (s.ok()) return absl::OkStatus();
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE) *retriable = false;
@@ -340,6 +369,11 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
       logprobs.push_back(i < f->output_logprobs_size() ? f->output_logprobs(i).logprob()
                                                        : kUnknownLogprob);
     }
+    // Cached tokens keep their versions; new prompt tokens get the version at dispatch.
+    std::vector<int64_t> versions = prompt_.versions;
+    versions.resize(prompt_.ids.size(), f->dispatch_weight_version());
+    const std::vector<int64_t> out_versions = OutputVersions(*f);
+    versions.insert(versions.end(), out_versions.begin(), out_versions.end());
     if (prompt_.from_text && f->finish_reason() != rl::v1::FINISH_REASON_ABORT && num_out > 0 &&
         static_cast<int>(c.ends.size()) == num_out) {
       const std::string full = request_.text() + c.text;
@@ -347,7 +381,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
       const uint32_t base = static_cast<uint32_t>(request_.text().size());
       for (uint32_t e : c.ends) ends.push_back(base + e);
       absl::Status s =
-          svc_->cache()->Insert(full, tokens, ends, mask, logprobs, f->weight_version());
+          svc_->cache()->Insert(full, tokens, ends, mask, logprobs, f->weight_version(), versions);
       if (!s.ok()) spdlog::warn("text cache insert failed: {}", std::string(s.message()));
     }
     if (request_.return_trajectory()) {
@@ -356,6 +390,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
       for (uint8_t m : mask) t->add_loss_mask(m);
       t->mutable_rollout_logp()->Assign(logprobs.begin(), logprobs.end());
       t->set_weight_version(f->weight_version());
+      t->mutable_token_weight_versions()->Assign(versions.begin(), versions.end());
     }
     if (!request_.return_logprob()) {
       f->clear_output_logprobs();
@@ -367,6 +402,8 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
   const rl::v1::GenerateRequest request_;
   Prompt prompt_;
   std::optional<std::string> authorization_;
+  std::string request_id_;  // the client's, or one the router made up
+  RequestTable::Handle request_handle_;
 
   absl::Mutex mu_;
   std::deque<rl::v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
@@ -424,11 +461,26 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
        [](const TextCacheStats& s) { return double(s.gc_removed_tokens); }},
       {"rl_router_cache_weight_version", "Newest weight version in the cache.",
        [](const TextCacheStats& s) { return double(s.current_version); }},
+      {"rl_router_cache_max_cache_size", "GC runs when the cache holds more tokens than this.",
+       [](const TextCacheStats& s) { return double(s.max_cache_size); }},
+      {"rl_router_cache_gc_threshold_k", "GC removes versions <= current - this.",
+       [](const TextCacheStats& s) { return double(s.gc_threshold_k); }},
   };
   for (const CacheGauge& g : kCacheGauges) {
     metrics->SetGaugeCallback(g.name, g.help, {},
                               [cache, get = g.get] { return get(cache->GetStats()); });
   }
+  SeamCounters* seam = &seam_counters_;
+  metrics->SetGaugeCallback(
+      "rl_router_seam_continuations_total",
+      "Text prompts whose rest after the last cached generated token was encoded as a "
+      "continuation (the full-text encoding has no token boundary there).",
+      {}, [seam] { return double(seam->seam_continuations.load()); });
+  metrics->SetGaugeCallback(
+      "rl_router_whole_text_fallbacks_total",
+      "Text prompts whose tokens could not decode to the text exactly: served with the "
+      "whole-text encoding, nothing reused.",
+      {}, [seam] { return double(seam->whole_text_fallbacks.load()); });
   metrics->SetGaugeCallback("rl_router_live_workers", "Live workers.", {},
                             [pool] { return double(pool->LiveWorkers().size()); });
   metrics->SetGaugeCallback("rl_router_weight_version_mismatch",
@@ -447,43 +499,57 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
   if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   if (request->text().empty())
     return FinishUnary(context, absl::InvalidArgumentError("text: must not be empty"));
-  CacheRetrieval r = cache_->Retrieve(request->text());
+  if (static_cast<int64_t>(request->text().size()) > limits_.max_prompt_bytes) {
+    return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
+                                    "text: ", request->text().size(),
+                                    " bytes is more than --max-prompt-bytes (",
+                                    limits_.max_prompt_bytes, ")")));
+  }
   rl::v1::Trajectory* t = response->mutable_trajectory();
+  if (request->tokenize_remainder()) {
+    // The tokens a Generate of this text would send: one cache lookup, one hit or miss.
+    if (tokenizer_ == nullptr)
+      return FinishUnary(context, absl::FailedPreconditionError("no tokenizer"));
+    absl::StatusOr<ResolvedPrompt> r =
+        ResolveTextPrompt(request->text(), *cache_, *tokenizer_, &seam_counters_);
+    if (!r.ok()) return FinishUnary(context, r.status());
+    const int64_t current = cache_->GetStats().current_version;
+    std::vector<int64_t> versions = r->versions;
+    versions.resize(r->ids.size(), current);
+    t->mutable_tokens()->Assign(r->ids.begin(), r->ids.end());
+    for (uint8_t m : r->mask) t->add_loss_mask(m);
+    t->mutable_rollout_logp()->Assign(r->logprobs.begin(), r->logprobs.end());
+    t->mutable_token_weight_versions()->Assign(versions.begin(), versions.end());
+    int64_t newest = 0;
+    for (int64_t v : versions) newest = std::max(newest, v);
+    t->set_weight_version(newest);
+    response->set_matched_bytes(r->cached_tokens > 0 ? r->ends[r->cached_tokens - 1] : 0);
+    response->set_cached_tokens(r->cached_tokens);
+    return FinishUnary(context, absl::OkStatus());
+  }
+  CacheRetrieval r = cache_->Retrieve(request->text());
   t->mutable_tokens()->Assign(r.tokens.begin(), r.tokens.end());
   for (uint8_t m : r.loss_mask) t->add_loss_mask(m);
   t->mutable_rollout_logp()->Assign(r.rollout_logp.begin(), r.rollout_logp.end());
-  t->set_weight_version(cache_->Match(request->text()).weight_version);
+  t->mutable_token_weight_versions()->Assign(r.token_versions.begin(), r.token_versions.end());
+  t->set_weight_version(r.weight_version);
   response->set_matched_bytes(static_cast<int64_t>(r.matched_bytes));
   response->set_cached_tokens(static_cast<int32_t>(r.tokens.size()));
-  if (request->tokenize_remainder() && r.matched_bytes < request->text().size()) {
-    if (tokenizer_ == nullptr)
-      return FinishUnary(context, absl::FailedPreconditionError("no tokenizer"));
-    auto enc = tokenizer_->Encode(request->text().substr(r.matched_bytes), r.matched_bytes == 0);
-    if (!enc.ok()) return FinishUnary(context, Annotate(enc.status(), "text"));
-    for (int32_t id : enc->ids) {
-      t->add_tokens(id);
-      t->add_loss_mask(0);
-      t->add_rollout_logp(kUnknownLogprob);
-    }
-  }
   return FinishUnary(context, absl::OkStatus());
 }
-
-namespace {
-void FillList(WorkerPool* pool, rl::v1::WorkerListResponse* out) {
-  for (auto& s : pool->List()) *out->add_workers() = std::move(s);
-}
-}  // namespace
 
 grpc::ServerUnaryReactor* RouterService::AddWorker(grpc::CallbackServerContext* context,
                                                    const rl::v1::AddWorkerRequest* request,
                                                    rl::v1::WorkerListResponse* response) {
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
+    return FinishUnary(context, s);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Add checks the worker once (a network round trip): off the callback thread.
   std::thread([this, reactor, address = request->address(), response] {
     absl::Status s = pool_->Add(address);
-    if (s.ok()) FillList(pool_, response);
+    if (s.ok()) pool_->FillList(response);
     reactor->Finish(ToGrpcStatus(s));
   }).detach();
   return reactor;
@@ -493,8 +559,11 @@ grpc::ServerUnaryReactor* RouterService::RemoveWorker(grpc::CallbackServerContex
                                                       const rl::v1::RemoveWorkerRequest* request,
                                                       rl::v1::WorkerListResponse* response) {
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
+    return FinishUnary(context, s);
+  }
   absl::Status s = pool_->Remove(request->address());
-  if (s.ok()) FillList(pool_, response);
+  if (s.ok()) pool_->FillList(response);
   return FinishUnary(context, s);
 }
 
@@ -502,7 +571,7 @@ grpc::ServerUnaryReactor* RouterService::ListWorkers(grpc::CallbackServerContext
                                                      const rl::v1::ListWorkersRequest*,
                                                      rl::v1::WorkerListResponse* response) {
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
-  FillList(pool_, response);
+  pool_->FillList(response);
   return FinishUnary(context, absl::OkStatus());
 }
 
@@ -510,8 +579,11 @@ grpc::ServerUnaryReactor* RouterService::SetWorkerEnabled(
     grpc::CallbackServerContext* context, const rl::v1::SetWorkerEnabledRequest* request,
     rl::v1::WorkerListResponse* response) {
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
+    return FinishUnary(context, s);
+  }
   absl::Status s = pool_->SetEnabled(request->address(), request->enabled());
-  if (s.ok()) FillList(pool_, response);
+  if (s.ok()) pool_->FillList(response);
   return FinishUnary(context, s);
 }
 
@@ -542,6 +614,10 @@ void RouterService::FillMetrics(rl::v1::GetMetricsResponse* out) const {
   c->set_gc_runs(s.gc_runs);
   c->set_gc_removed_tokens(s.gc_removed_tokens);
   c->set_current_weight_version(s.current_version);
+  c->set_max_cache_size(s.max_cache_size);
+  c->set_gc_threshold_k(s.gc_threshold_k);
+  c->set_seam_continuations(seam_counters_.seam_continuations.load());
+  c->set_whole_text_fallbacks(seam_counters_.whole_text_fallbacks.load());
   out->set_prometheus_text(metrics_->RenderPrometheus());
 }
 

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
+#include "common/request_limits.h"
 #include "common/model_io/dtype.h"
 #include "common/status.h"
 #include "services/worker/proto_convert.h"
@@ -84,39 +85,36 @@ class TensorUpdateReactor final : public grpc::ServerReadReactor<rl::v1::UpdateW
       policy_.keep_pause = msg_.keep_pause();
     }
     const rl::v1::TensorChunk& c = msg_.chunk();
-    if (c.name().empty()) return absl::InvalidArgumentError("chunk.name: must not be empty");
-    const std::optional<model_io::DType> dtype = model_io::ParseDType(c.dtype());
-    if (!dtype || !model_io::IsFloatWeightDType(*dtype)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("chunk.dtype: '", c.dtype(), "' for '", c.name(), "' (F32, BF16 or F16)"));
-    }
-    std::vector<int64_t> shape(c.shape().begin(), c.shape().end());
-    int64_t numel = 1;
-    for (int64_t d : shape) {
-      if (d < 0) return absl::InvalidArgumentError(absl::StrCat("chunk.shape: negative dim in '", c.name(), "'"));
-      numel *= d;
-    }
-    const int64_t total = numel * model_io::DTypeSize(*dtype);
-    if (total > (int64_t{64} << 30)) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk.shape: '", c.name(), "' is too large"));
-    }
+    // The header is checked against the served weights (name, shape, bounded dtype size)
+    // before anything is allocated for it; the stream's total stays under --max-update-bytes.
+    int64_t total = 0;
+    RETURN_IF_ERROR(CheckChunkForModel(c, server_->weight_shapes(), server_->limits(), &total));
     auto [it, inserted] = pending_.try_emplace(c.name());
     Pending& p = it->second;
     if (inserted) {
-      p.tensor.info = {c.name(), c.dtype(), shape};
+      if (total > server_->limits().max_update_bytes - allocated_) {
+        pending_.erase(it);
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunk: the stream's tensors need more than --max-update-bytes (",
+                         server_->limits().max_update_bytes, ")"));
+      }
+      allocated_ += total;
+      p.tensor.info = {c.name(), c.dtype(), std::vector<int64_t>(c.shape().begin(), c.shape().end())};
       p.tensor.bytes.resize(static_cast<size_t>(total));
-    } else if (p.tensor.info.dtype != c.dtype() || p.tensor.info.shape != shape) {
+    } else if (p.tensor.info.dtype != c.dtype()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("chunk: '", c.name(), "' changed dtype or shape between chunks"));
+          absl::StrCat("chunk: ", QuoteForError(c.name()), " changed dtype between chunks"));
     }
     const uint64_t begin = c.offset(), end = begin + c.data().size();
     if (end > static_cast<uint64_t>(total) || end < begin) {
       return absl::InvalidArgumentError(absl::StrCat("chunk.offset: bytes [", begin, ", ", end,
-                                                     ") outside '", c.name(), "' (", total, " bytes)"));
+                                                     ") outside ", QuoteForError(c.name()), " (",
+                                                     total, " bytes)"));
     }
     for (const auto& [b, e] : p.ranges) {
       if (begin < e && b < end) {
-        return absl::InvalidArgumentError(absl::StrCat("chunk.offset: overlapping chunks of '", c.name(), "'"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunk.offset: overlapping chunks of ", QuoteForError(c.name())));
       }
     }
     p.ranges.emplace_back(begin, end);
@@ -144,6 +142,7 @@ class TensorUpdateReactor final : public grpc::ServerReadReactor<rl::v1::UpdateW
   bool first_ = true;
   UpdatePolicy policy_;
   std::map<std::string, Pending> pending_;
+  int64_t allocated_ = 0;  // bytes of the tensors in pending_, at most --max-update-bytes
 };
 
 }  // namespace

@@ -2,10 +2,12 @@
 // Flags are read here only, turned into a WorkerConfig and validated.
 #include <cstdio>
 #include <iostream>
+#include <tuple>
 
 #include "common/auth.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/request_limits.h"
 #include "common/server_runner.h"
 #include "services/worker/worker_server.h"
 
@@ -20,6 +22,10 @@ int main(int argc, char** argv) {
   flags.String("admin-api-key", &config.admin_api_key,
                "bearer key for Admin calls (or env RL_ADMIN_API_KEY)");
   flags.String("api-key", &config.api_key, "optional bearer key for Worker calls (or env RL_API_KEY)");
+  flags.String("admin-api-key-file", &config.admin_api_key_file,
+               "file holding the admin key (preferred: not visible in the process list)");
+  flags.String("api-key-file", &config.api_key_file, "file holding the Worker-call key");
+  rl::RegisterRequestLimitFlags(flags, &config.limits);
   flags.Int("metrics-port", &config.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
   flags.Int("page-size", &config.page_size, "KV cache page size in tokens");
   flags.Double("kv-cache-gb", &config.kv_cache_gb,
@@ -41,11 +47,21 @@ int main(int argc, char** argv) {
   flags.Int("weight-version", &config.weight_version, "initial weight version");
   flags.String("log-level", &config.log_level, "trace|debug|info|warn|error|off");
   if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
-  config.admin_api_key = rl::ResolveApiKey(config.admin_api_key, "RL_ADMIN_API_KEY");
-  config.api_key = rl::ResolveApiKey(config.api_key, "RL_API_KEY");
+  rl::ScrubFlagValues(argc, argv, {"admin-api-key", "api-key"});
   if (absl::Status s = rl::InitLogging(config.log_level); !s.ok()) {
     std::cerr << "rl-worker: " << s.message() << "\n";
     return 2;
+  }
+  for (auto [key, file, name, env] :
+       {std::tuple{&config.admin_api_key, &config.admin_api_key_file, "admin-api-key",
+                   "RL_ADMIN_API_KEY"},
+        std::tuple{&config.api_key, &config.api_key_file, "api-key", "RL_API_KEY"}}) {
+    absl::StatusOr<std::string> resolved = rl::ResolveApiKey({name, *key, *file, env});
+    if (!resolved.ok()) {
+      std::cerr << "rl-worker: " << resolved.status().message() << "\n";
+      return 2;
+    }
+    *key = *std::move(resolved);
   }
   auto server = rl::worker::WorkerServer::Start(config);
   if (!server.ok()) {

@@ -75,6 +75,12 @@ void ToProto(const engine::GenerateResult& in, rl::v1::GenerateFinal* out) {
   out->set_completion_tokens(in.completion_tokens);
   out->set_cached_tokens(in.cached_tokens);
   out->set_weight_version(in.weight_version);
+  out->set_dispatch_weight_version(in.dispatch_weight_version);
+  for (const engine::VersionSegment& seg : in.weight_version_segments) {
+    rl::v1::VersionSegment* v = out->add_weight_version_segments();
+    v->set_weight_version(seg.weight_version);
+    v->set_num_tokens(seg.num_tokens);
+  }
   out->mutable_timings()->set_queue_us(in.timings.queue_us);
   out->mutable_timings()->set_ttft_us(in.timings.ttft_us);
   out->mutable_timings()->set_total_us(in.timings.total_us);

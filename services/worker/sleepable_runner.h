@@ -4,14 +4,24 @@
 // Release destroys the inner runner; weights that were changed in memory since they were last
 // loaded from disk (UpdateWeight, WeightsChecker reset) are first written to a spill file so
 // Resume restores exactly what was served. Resume re-creates the runner from the factory and
-// reloads the last weights (the last from-disk path, then the spill). While released, Forward
-// and weight calls fail with FAILED_PRECONDITION; config() and sizes stay available.
+// reloads the last weights (the last from-disk path, then the spill).
+//
+// Weight updates while released are staged and become the served weights on Resume:
+// LoadWeightsFromDisk checks the folder (config.json of the same architecture, a readable
+// checkpoint with the held shapes) and stages the path (it replaces everything staged or
+// spilled before; the folder must stay in place until Resume); UpdateWeight checks the tensor
+// against the held names, shapes and sizes and stages a copy in host memory (applied on top of
+// the base weights on Resume). While released, Forward and VisitWeights fail with
+// FAILED_PRECONDITION; config(), sizes and ListWeights() stay available.
 // Not thread-safe: used on the engine thread only.
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "services/worker/model/model_runner.h"
@@ -33,10 +43,12 @@ class SleepableRunner final : public model::ModelRunner {
   int32_t page_size() const override { return page_size_; }
   absl::Status Forward(const model::ForwardInput& in, model::ForwardOutput* out) override;
   std::vector<model::TensorInfo> ListWeights() const override;
-  absl::Status VisitWeights(const std::function<void(const model::TensorInfo&,
-                                                     absl::Span<const uint8_t>)>& fn) const override;
+  absl::Status VisitWeights(
+      const std::function<void(const model::TensorInfo&, absl::Span<const uint8_t>)>& fn)
+      const override;
   absl::Status LoadWeightsFromDisk(const std::string& model_dir) override;
-  absl::Status UpdateWeight(const model::TensorInfo& info, absl::Span<const uint8_t> bytes) override;
+  absl::Status UpdateWeight(const model::TensorInfo& info,
+                            absl::Span<const uint8_t> bytes) override;
 
   bool released() const { return inner_ == nullptr; }
   absl::Status Release();
@@ -58,6 +70,9 @@ class SleepableRunner final : public model::ModelRunner {
   bool spilled_ = false;
   std::string spill_path_;
   int num_spills_ = 0;
+  std::vector<model::TensorInfo> infos_;  // the held weights (for checks while released)
+  std::string staged_path_;               // a from-disk update staged while released
+  std::map<std::string, std::pair<model::TensorInfo, std::vector<uint8_t>>> staged_;
 };
 
 }  // namespace rl::worker

@@ -41,6 +41,7 @@ absl::Status Validate(const WorkerConfig& c) {
   if (c.max_running_requests < 1) return bad("max-running-requests", "must be >= 1");
   if (c.chunked_prefill_tokens < 16) return bad("chunked-prefill-tokens", "must be >= 16");
   if (c.weight_version < 0) return bad("weight-version", "must be >= 0");
+  if (absl::Status s = ValidateRequestLimits(c.limits); !s.ok()) return s;
   return absl::OkStatus();
 }
 

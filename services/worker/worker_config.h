@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "common/request_limits.h"
 
 namespace rl::worker {
 
@@ -16,6 +17,9 @@ struct WorkerConfig {
   std::string backend = "auto";  // auto | cpu | cuda
   std::string admin_api_key;     // empty: admin calls need no key
   std::string api_key;           // optional separate data-plane key
+  std::string admin_api_key_file;  // read the admin key from this file (a mounted Secret)
+  std::string api_key_file;        // read the data-plane key from this file
+  RequestLimits limits;            // --max-* bounds on what a client may send
   int metrics_port = -1;         // -1: no metrics endpoint; 0: any free port
   int page_size = 16;
   double kv_cache_gb = 0;        // 0: auto (0.25 GiB on cpu; gpu_memory_fraction on cuda)

@@ -15,6 +15,7 @@
 #include "services/worker/model/cpu_model_runner.h"
 #include "services/worker/model/cuda_runner.h"
 #include "services/worker/proto_convert.h"
+#include "services/worker/sglang/sglang_service.h"
 #include "services/worker/sleepable_runner.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "services/worker/worker_service.h"
@@ -133,16 +134,24 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                s->model_config_.num_hidden_layers, s->model_config_.hidden_size,
                s->model_config_.vocab_size, s->engine_->GetServerInfo().kv_tokens_total);
 
+  ASSIGN_OR_RETURN(const std::vector<model::TensorInfo> weights, s->ListWeights());
+  for (const model::TensorInfo& t : weights) s->weight_shapes_[t.name] = t.shape;
   s->RegisterMetrics();
   s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
   s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
   s->worker_service_ = std::make_unique<WorkerService>(s.get(), s->data_auth_.get());
   s->admin_service_ = std::make_unique<AdminService>(s.get(), s->admin_auth_.get());
+  s->sglang_service_ =
+      std::make_unique<SglangService>(s.get(), s->data_auth_.get(), s->admin_auth_.get());
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
+  // A tensor chunk plus its header; generate requests are far smaller.
+  options.max_message_bytes = static_cast<int>(
+      std::max<int64_t>(config.limits.max_tensor_chunk_bytes + (1 << 20), 64 << 20));
   ASSIGN_OR_RETURN(s->grpc_,
-                   GrpcServer::Start(options, {s->worker_service_.get(), s->admin_service_.get()}));
+                   GrpcServer::Start(options, {s->worker_service_.get(), s->admin_service_.get(),
+                                                s->sglang_service_.get()}));
   if (config.metrics_port >= 0) {
     ASSIGN_OR_RETURN(s->metrics_http_,
                      MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));
@@ -157,6 +166,7 @@ void WorkerServer::Shutdown() {
   shut_down_ = true;
   // Abort generations first so streams end with a final message instead of hanging the drain.
   if (engine_) (void)engine_->AbortAll("worker shutting down");
+  if (sglang_service_) sglang_service_->Shutdown();
   if (grpc_) grpc_->Shutdown();
   if (metrics_http_) metrics_http_->Stop();
   {
@@ -224,9 +234,7 @@ void WorkerServer::RecordFinished(const engine::GenerateResult& r) {
   }
 }
 
-std::string WorkerServer::NextRequestId() {
-  return absl::StrCat("w", next_request_id_.fetch_add(1));
-}
+std::string WorkerServer::NextRequestId() { return NewServerRequestId(); }
 
 absl::Status WorkerServer::Submit(engine::GenerateRequest request,
                                   engine::RequestCallbacks callbacks) {
@@ -282,9 +290,6 @@ absl::StatusOr<AdminOutcome> WorkerServer::FlushCache() {
 absl::StatusOr<AdminOutcome> WorkerServer::RunWeightUpdate(
     const char* what, const UpdatePolicy& policy,
     const std::function<absl::Status(model::ModelRunner&)>& apply, bool failure_keeps_pause) {
-  if (asleep()) {
-    return absl::FailedPreconditionError(absl::StrCat(what, ": the worker is asleep"));
-  }
   if (policy.weight_version.has_value() && *policy.weight_version < 0) {
     return absl::InvalidArgumentError("weight_version: must be >= 0");
   }
@@ -306,13 +311,15 @@ absl::StatusOr<AdminOutcome> WorkerServer::RunWeightUpdate(
     if (policy.abort_all_requests)
       out.num_aborted = ctx.AbortAll(absl::StrCat(what, " aborted it"));
     if (absl::Status s = apply(ctx.runner()); !s.ok()) {
-      if (!failure_keeps_pause && !was_paused) ctx.Continue();
+      if (!failure_keeps_pause && !was_paused && !asleep()) ctx.Continue();
       return s;
     }
     RETURN_IF_ERROR(ctx.FlushCache());
     const int64_t version = policy.weight_version.value_or(ctx.weight_version() + 1);
     ctx.set_weight_version(version);
-    if (!policy.keep_pause) ctx.Continue();
+    // Asleep: the runner staged the weights (sleepable_runner.h); they serve on wake, which
+    // resumes the engine.
+    if (!policy.keep_pause && !asleep()) ctx.Continue();
     out.weight_version = version;
     return absl::OkStatus();
   });
@@ -342,12 +349,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::RunWeightUpdate(
 
 absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromDisk(const std::string& model_path,
                                                                  const UpdatePolicy& policy) {
-  if (model_path.empty()) return absl::InvalidArgumentError("model_path: must not be empty");
-  std::error_code ec;
-  if (!std::filesystem::is_directory(model_path, ec)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model_path: '", model_path, "' is not a folder"));
-  }
+  RETURN_IF_ERROR(CheckDiskUpdate(model_path, model_config_, config_.limits));
   return RunWeightUpdate(
       "update_weights_from_disk", policy,
       [&](model::ModelRunner& runner) {

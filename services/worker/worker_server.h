@@ -9,6 +9,8 @@
 // the old weights is never reused) → bump weight_version → resume unless keep_pause. A failed
 // disk/tensor update leaves the old weights serving (everything is validated before anything
 // changes); a failed distributed update leaves the engine paused and marks update_failed.
+// Updates are accepted while asleep: the runner stages them (host memory, or the folder for a
+// disk update) and they become the served weights on wake; the version is bumped at the update.
 // Health is NOT_SERVING while asleep or while an update holds the engine.
 // Thread-safe: gRPC handlers call in concurrently; engine state is touched only on its thread.
 #pragma once
@@ -30,6 +32,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "rl/v1/admin.pb.h"
 #include "services/worker/engine/engine.h"
+#include "services/worker/weight_update_check.h"
 #include "services/worker/weights_checker.h"
 #include "services/worker/worker_config.h"
 
@@ -40,6 +43,7 @@ class WeightReceiver;
 namespace rl::worker {
 
 class AdminService;
+class SglangService;
 class WorkerService;
 class SleepableRunner;
 
@@ -93,8 +97,16 @@ class WorkerServer {
   const tokenizer::Tokenizer* tokenizer() const { return tokenizer_.get(); }
   // FAILED_PRECONDITION while asleep; otherwise Engine::Submit.
   absl::Status Submit(engine::GenerateRequest request, engine::RequestCallbacks callbacks);
-  // A fresh request id ("w<n>").
+  // A fresh server-assigned request id ("srv-" + 128 random bits: unguessable, and in a
+  // namespace client ids cannot use).
   std::string NextRequestId();
+  // The --max-* request limits, and the model's context length (bounds max_new_tokens).
+  const RequestLimits& limits() const { return config_.limits; }
+  int64_t context_len() const { return model_config_.max_position_embeddings; }
+  // Name → shape of every served weight (fixed for the life of the process).
+  const WeightShapes& weight_shapes() const { return weight_shapes_; }
+  // The admin key check (Worker.Abort with abort_all needs it).
+  const BearerAuth& admin_auth() const { return *admin_auth_; }
   MetricsRegistry& metrics() { return metrics_; }
   void RecordFinished(const engine::GenerateResult& result);
 
@@ -122,6 +134,9 @@ class WorkerServer {
   void FillServerInfo(rl::v1::GetServerInfoResponse* out) const;
   int64_t weight_version() const { return engine_->weight_version(); }
   bool asleep() const { return asleep_.load(); }
+  // What grpc.health.v1 reports: not asleep and no weight update holding the engine.
+  bool serving() const { return !asleep() && updates_in_progress_.load() == 0; }
+  const WorkerConfig& config() const { return config_; }
 
  private:
   WorkerServer() = default;
@@ -136,6 +151,7 @@ class WorkerServer {
   WorkerConfig config_;
   model_io::ModelConfig model_config_;
   std::string config_json_;
+  WeightShapes weight_shapes_;
   std::string backend_name_;
   int64_t num_parameters_ = 0;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
@@ -144,7 +160,6 @@ class WorkerServer {
   WeightsChecker checker_;  // engine thread only
   std::atomic<bool> asleep_{false};
   std::atomic<int> updates_in_progress_{0};
-  std::atomic<uint64_t> next_request_id_{0};
 
   mutable absl::Mutex mu_;
   bool update_failed_ ABSL_GUARDED_BY(mu_) = false;
@@ -166,6 +181,7 @@ class WorkerServer {
   std::unique_ptr<BearerAuth> data_auth_;
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<SglangService> sglang_service_;  // sglang.grpc.scheduler (SMG)
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   bool shut_down_ = false;

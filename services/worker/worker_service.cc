@@ -7,67 +7,33 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "common/request_limits.h"
 #include "common/status.h"
 #include "common/tokenizer/stream_decoder.h"
+#include "services/worker/engine_stream_reactor.h"
 #include "services/worker/proto_convert.h"
 #include "services/worker/worker_server.h"
 
 namespace rl::worker {
 namespace {
 
-// One Generate stream. Lifetime: two references, gRPC's (dropped in OnDone) and the engine's
-// (dropped after the last completion's on_finish); the object deletes itself when both are
-// gone, so engine callbacks never touch a freed reactor. StartWrite / Finish are issued
-// outside the mutex, with at most one write in flight.
-class GenerateReactor final : public grpc::ServerWriteReactor<rl::v1::GenerateResponse> {
+// One rl.v1.Worker Generate stream: translates the request and the engine's chunks; lifetime
+// and the write queue are EngineStreamReactor's.
+class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateResponse> {
  public:
   GenerateReactor(WorkerServer* server, const BearerAuth* auth, grpc::CallbackServerContext* context,
                   const rl::v1::GenerateRequest& request)
-      : server_(server) {
+      : EngineStreamReactor(server) {
     absl::Status s = Start(auth, context, request);
-    if (!s.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        engine_ref_ = false;
-        finished_ = true;
-      }
-      Finish(ToGrpcStatus(s));
-    }
-  }
-
-  void OnWriteDone(bool ok) override {
-    {
-      absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) broken_ = true;
-    }
-    if (!ok) server_->engine().AbortAsync(id_, "client stream closed");
-    Pump();
-  }
-
-  void OnCancel() override {
-    server_->engine().AbortAsync(id_, "client cancelled");
-    {
-      absl::MutexLock lock(&mu_);
-      broken_ = true;
-    }
-    Pump();
-  }
-
-  void OnDone() override {
-    bool last;
-    {
-      absl::MutexLock lock(&mu_);
-      grpc_ref_ = false;
-      last = !engine_ref_;
-    }
-    if (last) delete this;
+    if (!s.ok()) FailStart(s);
   }
 
  private:
   absl::Status Start(const BearerAuth* auth, grpc::CallbackServerContext* context,
                      const rl::v1::GenerateRequest& request) {
     RETURN_IF_ERROR(auth->Check(*context));
+    // Every client-sized field is bounded before tokenization or any per-sample allocation.
+    RETURN_IF_ERROR(CheckGenerateRequest(request, server_->limits(), server_->context_len()));
     std::vector<int32_t> ids;
     const tokenizer::Tokenizer* tok = server_->tokenizer();
     switch (request.prompt_case()) {
@@ -87,13 +53,23 @@ class GenerateReactor final : public grpc::ServerWriteReactor<rl::v1::GenerateRe
       default:
         return absl::InvalidArgumentError("prompt: set text or input_ids");
     }
+    RETURN_IF_ERROR(CheckPromptTokens(static_cast<int64_t>(ids.size()), server_->limits()));
     id_ = request.request_id().empty() ? server_->NextRequestId() : request.request_id();
     stream_ = !request.has_stream() || request.stream();
     ASSIGN_OR_RETURN(engine::GenerateRequest req, ToEngineRequest(request, id_, std::move(ids)));
     const int n = req.sampling.n;
-    remaining_ = n;
+    ExpectCompletions(n);
     if (tok != nullptr) {
-      for (int i = 0; i < n; ++i) decoders_.emplace_back(*tok, /*skip_special_tokens=*/false);
+      // Completion text is decoded in the prompt's context and never repeats the prompt; that
+      // context is only the prompt's last few ids (DecodeContextStart), not a copy of it all.
+      const size_t context_start = tokenizer::DecodeContextStart(*tok, req.input_ids);
+      prompt_ids_.assign(req.input_ids.begin() + context_start, req.input_ids.end());
+      for (int i = 0; i < n; ++i) {
+        decoders_.emplace_back(*tok, /*skip_special_tokens=*/false);
+        // An id outside the tokenizer (a padded embedding table) leaves the decoder unprimed;
+        // the engine validates ids against the model.
+        (void)decoders_.back().Prime(prompt_ids_);
+      }
     }
     engine::RequestCallbacks callbacks;
     callbacks.on_output = [this](const engine::OutputChunk& chunk) { OnOutput(chunk); };
@@ -114,11 +90,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<rl::v1::GenerateRe
       auto delta = decoders_[chunk.index].Step(chunk.token_ids);
       if (delta.ok()) c->set_text(*std::move(delta));
     }
-    {
-      absl::MutexLock lock(&mu_);
-      queue_.push_back(std::move(msg));
-    }
-    Pump();
+    Enqueue(std::move(msg));
   }
 
   // Engine thread.
@@ -139,77 +111,20 @@ class GenerateReactor final : public grpc::ServerWriteReactor<rl::v1::GenerateRe
         tail.mutable_chunk()->set_text(*rest);
         have_tail = true;
       }
-      auto text = server_->tokenizer()->Decode(result.output_ids, /*skip_special_tokens=*/false);
+      auto text = tokenizer::DecodeContinuation(*server_->tokenizer(), prompt_ids_,
+                                                result.output_ids, /*skip_special_tokens=*/false);
       if (text.ok()) f->set_text(*std::move(text));
     }
-    bool last;
-    {
-      absl::MutexLock lock(&mu_);
-      if (have_tail) queue_.push_back(std::move(tail));
-      queue_.push_back(std::move(fin));
-      last = --remaining_ == 0;
-    }
-    Pump();
-    if (last) {
-      bool del;
-      {
-        absl::MutexLock lock(&mu_);
-        engine_ref_ = false;
-        del = !grpc_ref_;
-      }
-      if (del) delete this;
-    }
+    std::vector<rl::v1::GenerateResponse> msgs;
+    if (have_tail) msgs.push_back(std::move(tail));
+    msgs.push_back(std::move(fin));
+    CompleteOne(std::move(msgs));
   }
 
-  // Starts the next write, or finishes the stream when everything is written (or the client
-  // is gone). Safe from any thread while a reference is held.
-  void Pump() {
-    enum { kNothing, kWrite, kFinishOk, kFinishCancelled } action = kNothing;
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_ || writing_) return;
-      if (broken_) {
-        action = kFinishCancelled;
-        finished_ = true;
-      } else if (!queue_.empty()) {
-        current_ = std::move(queue_.front());
-        queue_.pop_front();
-        writing_ = true;
-        action = kWrite;
-      } else if (remaining_ == 0) {
-        action = kFinishOk;
-        finished_ = true;
-      }
-    }
-    switch (action) {
-      case kWrite:
-        StartWrite(&current_);
-        break;
-      case kFinishOk:
-        Finish(grpc::Status::OK);
-        break;
-      case kFinishCancelled:
-        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled"));
-        break;
-      case kNothing:
-        break;
-    }
-  }
-
-  WorkerServer* server_;
-  std::string id_;
   bool stream_ = true;
   std::vector<tokenizer::StreamDecoder> decoders_;  // engine thread only
+  std::vector<int32_t> prompt_ids_;                 // the prompt's tail: the decoders' context
 
-  absl::Mutex mu_;
-  std::deque<rl::v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
-  rl::v1::GenerateResponse current_;  // the message being written
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool broken_ ABSL_GUARDED_BY(mu_) = false;
-  int remaining_ ABSL_GUARDED_BY(mu_) = 0;
-  bool grpc_ref_ ABSL_GUARDED_BY(mu_) = true;
-  bool engine_ref_ ABSL_GUARDED_BY(mu_) = true;
 };
 
 }  // namespace
@@ -222,12 +137,23 @@ grpc::ServerWriteReactor<rl::v1::GenerateResponse>* WorkerService::Generate(
 grpc::ServerUnaryReactor* WorkerService::Abort(grpc::CallbackServerContext* context,
                                                const rl::v1::AbortRequest* request,
                                                rl::v1::AbortResponse* response) {
-  if (absl::Status s = auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   absl::StatusOr<int32_t> n = absl::InvalidArgumentError("request_id: set it or abort_all");
   if (request->abort_all()) {
+    // Aborting every client's work is an admin action: the data-plane key is not enough.
+    if (absl::Status s = server_->admin_auth().Check(*context); !s.ok()) {
+      return FinishUnary(context, Annotate(s, "abort_all needs the admin key"));
+    }
     n = server_->engine().AbortAll("aborted by Abort(abort_all)");
-  } else if (!request->request_id().empty()) {
-    n = server_->engine().Abort(request->request_id(), "aborted by Abort");
+  } else {
+    if (absl::Status s = auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+    if (static_cast<int64_t>(request->request_id().size()) >
+        server_->limits().max_request_id_bytes) {
+      n = absl::InvalidArgumentError(absl::StrCat("request_id: ", request->request_id().size(),
+                                                  " bytes is more than --max-request-id-bytes (",
+                                                  server_->limits().max_request_id_bytes, ")"));
+    } else if (!request->request_id().empty()) {
+      n = server_->engine().Abort(request->request_id(), "aborted by Abort");
+    }
   }
   if (!n.ok()) return FinishUnary(context, n.status());
   response->set_num_aborted(*n);

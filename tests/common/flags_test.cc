@@ -59,5 +59,16 @@ TEST(Flags, HelpAndUsage) {
   EXPECT_NE(f.Usage().find("--kv-cache-gb  kv (default: 1.5)"), std::string::npos);
 }
 
+TEST(Flags, IsSetTellsAnEmptyValueFromNoFlag) {
+  Config c;
+  FlagSet f = MakeFlags(&c);
+  ASSERT_TRUE(f.Parse({"--model", ""}).ok());
+  EXPECT_TRUE(f.IsSet("model"));
+  EXPECT_FALSE(f.IsSet("verbose"));
+  ASSERT_TRUE(f.Parse({"--verbose"}).ok());  // a new Parse forgets the last one's flags
+  EXPECT_FALSE(f.IsSet("model"));
+  EXPECT_TRUE(f.IsSet("verbose"));
+}
+
 }  // namespace
 }  // namespace rl

@@ -2,6 +2,7 @@
 
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 
 namespace rl {
@@ -23,6 +24,19 @@ TEST(GrpcServer, RejectsBadPort) {
   options.port = 70000;
   auto server = GrpcServer::Start(options, {});
   EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Reflection answers from the generated descriptor pool: health.proto must be in it, or grpcurl
+// lists grpc.health.v1.Health but cannot resolve it.
+TEST(GrpcServer, HealthDescriptorIsInTheGeneratedPool) {
+  auto server = GrpcServer::Start(ServerOptions{}, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const auto* pool = google::protobuf::DescriptorPool::generated_pool();
+  const google::protobuf::ServiceDescriptor* health =
+      pool->FindServiceByName("grpc.health.v1.Health");
+  ASSERT_NE(health, nullptr);
+  EXPECT_NE(health->FindMethodByName("Check"), nullptr);
+  EXPECT_NE(health->FindMethodByName("Watch"), nullptr);
 }
 
 }  // namespace

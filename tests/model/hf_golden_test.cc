@@ -4,8 +4,6 @@
 // make_hf_fixtures.py). Prompt logits must match within 1e-4 and greedy tokens exactly.
 #include <cmath>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "common/model_io/model_maker.h"
 #include "common/model_io/safetensors.h"
@@ -21,20 +19,11 @@ class HfGoldenTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfGoldenTest, MatchesTransformers) {
   const std::string path = std::string(RL_HF_FIXTURE_DIR) + "/hf_" + GetParam() + ".json";
-  std::ifstream in(path);
-  ASSERT_TRUE(in) << path;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  const nlohmann::json fx = nlohmann::json::parse(ss.str());
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  const nlohmann::json fx = testing::ReadJson(path);
 
   const std::string dir = testing::FreshTempDir("hf_" + GetParam());
-  model_io::MakeModelOptions mo;
-  mo.arch = fx["maker"]["arch"];
-  mo.size = fx["maker"]["size"];
-  mo.seed = fx["maker"]["seed"];
-  mo.dtype = fx["maker"]["dtype"];
-  mo.out_dir = dir;
-  ASSERT_TRUE(model_io::MakeModel(mo).ok());
+  ASSERT_TRUE(model_io::MakeModel(testing::MakerOptions(fx["maker"], dir)).ok());
 
   // The maker reproduced the checkpoint the reference ran on.
   auto ckpt = model_io::OpenCheckpoint(dir);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_io/model_maker.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/model/model_runner.h"
@@ -37,6 +38,19 @@ inline nlohmann::json ReadJson(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return nlohmann::json::parse(ss.str());
+}
+
+// Options re-creating the checkpoint a Hugging Face fixture was computed from: its "maker"
+// object (arch, size, seed, dtype), written to `out_dir`.
+inline model_io::MakeModelOptions MakerOptions(const nlohmann::json& maker,
+                                               const std::string& out_dir) {
+  model_io::MakeModelOptions mo;
+  mo.arch = maker["arch"];
+  mo.size = maker["size"];
+  mo.seed = maker["seed"];
+  mo.dtype = maker["dtype"];
+  mo.out_dir = out_dir;
+  return mo;
 }
 
 inline int32_t Argmax(const float* row, int64_t n) {

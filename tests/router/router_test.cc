@@ -3,10 +3,12 @@
 // the admin fan-out (broadcast, lock timeout, disable/restore) and auth.
 #include <atomic>
 #include <cmath>
+#include <set>
 #include <thread>
 
 #include "rl/v1/router.grpc.pb.h"
 #include "services/router/router_server.h"
+#include "tests/router/router_test_util.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router {
@@ -19,19 +21,12 @@ class RouterTest : public ::testing::Test {
  protected:
   void StartFleet(int num_workers, RouterConfig config = {}, worker::WorkerConfig wc = {}) {
     for (int i = 0; i < num_workers; ++i) {
-      wc.model_path = Stories();
-      wc.port = 0;
-      wc.kv_cache_gb = 0.01;
-      wc.num_threads = 1;
-      auto w = worker::WorkerServer::Start(wc);
+      auto w = testing::StartTestWorker(wc);
       ASSERT_TRUE(w.ok()) << w.status();
       config.workers.push_back((*w)->address());
       workers_.push_back(*std::move(w));
     }
-    config.tokenizer_path = Stories();
-    config.health_interval_ms = 100;
-    config.retry_backoff_ms = 10;
-    auto r = RouterServer::Start(config);
+    auto r = testing::StartTestRouter(config);
     ASSERT_TRUE(r.ok()) << r.status();
     router_ = *std::move(r);
     auto channel = grpc::CreateChannel(router_->address(), grpc::InsecureChannelCredentials());
@@ -273,7 +268,8 @@ TEST_F(RouterTest, GenerateWaitsForAHoldingBroadcast) {
   EXPECT_EQ(f.completion_tokens(), 4);
 }
 
-TEST_F(RouterTest, FailedUpdateLeavesTheWorkerDisabled) {
+// A failed disk load leaves the old weights serving: every worker routes again at once.
+TEST_F(RouterTest, FailedDiskUpdateRestoresRoutingAtOnce) {
   StartFleet(2);
   rl::v1::UpdateWeightsFromDiskRequest update;
   update.set_model_path("/nonexistent");
@@ -281,19 +277,24 @@ TEST_F(RouterTest, FailedUpdateLeavesTheWorkerDisabled) {
   grpc::ClientContext ctx;
   ASSERT_TRUE(admin_->UpdateWeightsFromDisk(&ctx, update, &resp).ok());
   EXPECT_FALSE(resp.success());
-  for (const auto& r : resp.results()) EXPECT_EQ(r.code(), "INVALID_ARGUMENT");
-  const auto disabled = ListWorkers();
-  for (const auto& w : disabled.workers()) EXPECT_FALSE(w.enabled());
-  rl::v1::GenerateFinal f;
-  EXPECT_EQ(Generate(TextRequest("Once", 2, false), &f).error_code(),
-            grpc::StatusCode::UNAVAILABLE);
-  rl::v1::SetWorkerEnabledRequest enable;
-  enable.set_address(workers_[0]->address());
-  enable.set_enabled(true);
-  rl::v1::WorkerListResponse list;
-  grpc::ClientContext ctx2;
-  ASSERT_TRUE(stub_->SetWorkerEnabled(&ctx2, enable, &list).ok());
-  EXPECT_TRUE(Generate(TextRequest("Once", 2, false), &f).ok());
+  for (const auto& r : resp.results()) {
+    EXPECT_EQ(r.code(), "INVALID_ARGUMENT");
+    EXPECT_FALSE(r.left_out());
+  }
+  const auto listing = ListWorkers();
+  EXPECT_EQ(listing.fleet_weight_version(), -1);  // nothing was installed
+  for (const auto& w : listing.workers()) {
+    EXPECT_TRUE(w.enabled());
+    EXPECT_EQ(w.state(), rl::v1::WORKER_STATE_LIVE);
+    EXPECT_EQ(w.reason(), "");
+  }
+  std::set<std::string> served;
+  for (int i = 0; i < 4; ++i) {
+    rl::v1::GenerateFinal f;
+    ASSERT_TRUE(Generate(TextRequest("Once", 2, false), &f).ok());
+    served.insert(f.worker());
+  }
+  EXPECT_EQ(served.size(), 2u);
 }
 
 TEST_F(RouterTest, AdminLockTimesOut) {
@@ -325,8 +326,11 @@ TEST_F(RouterTest, AdminLockTimesOut) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(s.error_message().find("admin lock"), std::string::npos);
   slow.join();
-  // The worker whose group init failed stays disabled.
-  EXPECT_FALSE(ListWorkers().workers(0).enabled());
+  // The worker whose group init failed stays disabled, with the reason.
+  const auto listing = ListWorkers();
+  EXPECT_FALSE(listing.workers(0).enabled());
+  EXPECT_NE(listing.workers(0).reason().find("weights may be partial"), std::string::npos)
+      << listing.workers(0).reason();
 }
 
 TEST_F(RouterTest, DifferentWeightVersionsAreFlagged) {

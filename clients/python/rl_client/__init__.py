@@ -79,10 +79,12 @@ class Client:
 
     # Data plane -----------------------------------------------------------------------------
     def generate_stream(self, text=None, input_ids=None, via_router=True, **params):
-        """Yields GenerateResponse messages (chunks, then the final one)."""
+        """Yields GenerateResponse messages (chunks, then the final one). `request_id` (optional)
+        names the request for abort()."""
         g = pb["generate_pb2"]
         req = g.GenerateRequest(return_logprob=params.pop("return_logprob", False),
-                                return_trajectory=params.pop("return_trajectory", False))
+                                return_trajectory=params.pop("return_trajectory", False),
+                                request_id=params.pop("request_id", ""))
         if text is not None:
             req.text = text
         else:
@@ -102,6 +104,13 @@ class Client:
             if msg.HasField("final"):
                 final = msg.final
         return final
+
+    def abort(self, request_id=None, abort_all=False, via_router=True):
+        """Aborts one request by id (the router forwards it to the worker holding it) or every
+        request (abort_all; the admin key when one is set). Returns the number aborted."""
+        req = pb["worker_pb2"].AbortRequest(request_id=request_id or "", abort_all=abort_all)
+        stub = self.router if via_router else self.worker
+        return self._call(stub.Abort, req).num_aborted
 
     # Control plane --------------------------------------------------------------------------
     def model_info(self):

@@ -28,10 +28,44 @@ allowPrivilegeEscalation: false
 capabilities: {drop: ["ALL"]}
 {{- end -}}
 
-{{- define "rlfleet.adminKeyEnv" -}}
+{{/* Keys come from Secrets mounted as files (not argv, not env). */}}
+{{- define "rlfleet.keyArgs" -}}
 {{- if .Values.adminKeySecret }}
-- name: RL_ADMIN_API_KEY
-  valueFrom:
-    secretKeyRef: {name: {{ .Values.adminKeySecret }}, key: admin-api-key}
+- --admin-api-key-file=/etc/rlfleet/keys/admin-api-key
+{{- end }}
+{{- if .Values.apiKeySecret }}
+- --api-key-file=/etc/rlfleet/keys/api-key
+{{- end }}
+{{- end -}}
+
+{{- define "rlfleet.keyVolumeMounts" -}}
+{{- if or .Values.adminKeySecret .Values.apiKeySecret }}
+- {name: keys, mountPath: /etc/rlfleet/keys, readOnly: true}
+{{- end }}
+{{- end -}}
+
+{{- define "rlfleet.keyVolumes" -}}
+{{- if or .Values.adminKeySecret .Values.apiKeySecret }}
+- name: keys
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- if .Values.adminKeySecret }}
+      - secret:
+          name: {{ .Values.adminKeySecret }}
+          items: [{key: admin-api-key, path: admin-api-key}]
+      {{- end }}
+      {{- if .Values.apiKeySecret }}
+      - secret:
+          name: {{ .Values.apiKeySecret }}
+          items: [{key: api-key, path: api-key}]
+      {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* --max-* request limits from .Values.limits (maxPromptBytes -> --max-prompt-bytes). */}}
+{{- define "rlfleet.limitArgs" -}}
+{{- range $k, $v := .Values.limits }}
+- --{{ kebabcase $k }}={{ int64 $v }}
 {{- end }}
 {{- end -}}

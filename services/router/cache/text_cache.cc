@@ -27,6 +27,33 @@ struct TextCache::Node {
   Node* leaf_prev = nullptr;
   Node* leaf_next = nullptr;
   bool in_leaf_index = false;
+  // Per-token weight versions, run-length: every token has `token_version` when `runs` is
+  // empty; else runs[i] covers tokens [runs[i].first, runs[i + 1].first).
+  int64_t token_version = 0;
+  std::vector<std::pair<uint32_t, int64_t>> runs;
+
+  // Sets the versions of the tokens from `v` (num_tokens values).
+  void SetVersions(const int64_t* v) {
+    runs.clear();
+    token_version = num_tokens > 0 ? v[0] : 0;
+    for (uint32_t i = 1; i < num_tokens; ++i) {
+      if (v[i] == v[i - 1]) continue;
+      if (runs.empty()) runs.emplace_back(0, v[0]);
+      runs.emplace_back(i, v[i]);
+    }
+  }
+  // Appends the versions of tokens [begin, end).
+  void AppendVersions(uint32_t begin, uint32_t end, std::vector<int64_t>* out) const {
+    if (runs.empty()) {
+      out->insert(out->end(), end - begin, token_version);
+      return;
+    }
+    size_t r = 0;
+    for (uint32_t i = begin; i < end; ++i) {
+      while (r + 1 < runs.size() && runs[r + 1].first <= i) ++r;
+      out->push_back(runs[r].second);
+    }
+  }
 
   void Allocate(uint32_t tokens, uint32_t bytes) {
     num_tokens = tokens;
@@ -197,6 +224,10 @@ TextCache::Node* TextCache::Split(Node* node, uint32_t num_tokens) {
   std::memcpy(upper->text_data(), text.data(), cut);
   upper->version = node->version;
   upper->parent = parent;
+  std::vector<int64_t> versions;
+  versions.reserve(n);
+  node->AppendVersions(0, n, &versions);
+  upper->SetVersions(versions.data());
 
   Node lower;
   lower.Allocate(n - num_tokens, node->num_bytes - cut);
@@ -211,6 +242,7 @@ TextCache::Node* TextCache::Split(Node* node, uint32_t num_tokens) {
   node->words = std::move(lower.words);
   node->num_tokens = lower.num_tokens;
   node->num_bytes = lower.num_bytes;
+  node->SetVersions(versions.data() + num_tokens);
 
   // `upper` keeps node's first group, hence node's place among the parent's children.
   Node* upper_raw = upper.get();
@@ -240,7 +272,8 @@ TextCache::Node* TextCache::AddChild(Node* parent, std::string_view text, size_t
                                      absl::Span<const int32_t> tokens,
                                      absl::Span<const uint32_t> ends,
                                      absl::Span<const uint8_t> loss_mask,
-                                     absl::Span<const float> logprobs, int64_t version) {
+                                     absl::Span<const float> logprobs,
+                                     absl::Span<const int64_t> token_versions, int64_t version) {
   const size_t n = tokens.size() - first;
   auto node = std::make_unique<Node>();
   node->Allocate(static_cast<uint32_t>(n), static_cast<uint32_t>(text.size() - pos));
@@ -256,6 +289,11 @@ TextCache::Node* TextCache::AddChild(Node* parent, std::string_view text, size_t
   std::memcpy(node->text_data(), text.data() + pos, node->num_bytes);
   node->version = version;
   node->parent = parent;
+  if (token_versions.empty()) {
+    node->token_version = version;
+  } else {
+    node->SetVersions(token_versions.data() + first);
+  }
 
   Node* raw = node.get();
   auto it = std::lower_bound(parent->children.begin(), parent->children.end(), raw->FirstGroup(),
@@ -272,7 +310,8 @@ TextCache::Node* TextCache::AddChild(Node* parent, std::string_view text, size_t
 absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> tokens,
                                absl::Span<const uint32_t> token_end_offsets,
                                absl::Span<const uint8_t> loss_mask,
-                               absl::Span<const float> logprobs, int64_t weight_version) {
+                               absl::Span<const float> logprobs, int64_t weight_version,
+                               absl::Span<const int64_t> token_versions) {
   const absl::Span<const uint32_t> ends = token_end_offsets;
   if (text.empty() || tokens.empty()) {
     return absl::InvalidArgumentError("cannot insert an empty trajectory");
@@ -282,10 +321,12 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
         absl::StrCat("text of ", text.size(), " bytes is over 4 GiB"));
   }
   const size_t n = tokens.size();
-  if (ends.size() != n || loss_mask.size() != n || (!logprobs.empty() && logprobs.size() != n)) {
+  if (ends.size() != n || loss_mask.size() != n || (!logprobs.empty() && logprobs.size() != n) ||
+      (!token_versions.empty() && token_versions.size() != n)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "lengths differ: ", n, " tokens, ", ends.size(), " span ends, ", loss_mask.size(),
-        " loss masks, ", logprobs.size(), " logprobs (0 = unknown)"));
+        " loss masks, ", logprobs.size(), " logprobs (0 = unknown), ", token_versions.size(),
+        " token versions (0 = all weight_version)"));
   }
   for (size_t i = 0; i < n; ++i) {
     if (i > 0 && ends[i] < ends[i - 1]) {
@@ -368,7 +409,8 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
       ++removed;
     }
     conflicts_replaced_ += static_cast<int64_t>(removed);
-    AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs, weight_version);
+    AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs, token_versions,
+             weight_version);
     break;
   }
   MaybeCollectGarbage();
@@ -414,6 +456,7 @@ void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
     out->loss_mask.insert(out->loss_mask.end(), child->mask(), child->mask() + take);
     out->logprobs.resize(old + take);
     std::memcpy(out->logprobs.data() + old, child->logprob_bits(), take * sizeof(float));
+    child->AppendVersions(0, static_cast<uint32_t>(take), &out->token_versions);
     out->token_end_offsets.resize(old + take);
     for (size_t i = 0; i < take; ++i) {
       out->token_end_offsets[old + i] = static_cast<uint32_t>(pos + e[i]);
@@ -436,6 +479,7 @@ void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
     out->tokens.resize(keep);
     out->loss_mask.resize(keep);
     out->logprobs.resize(keep);
+    out->token_versions.resize(keep);
   }
   out->matched_bytes = pos;
   while (!edges.empty() && edges.back().first >= out->tokens.size()) edges.pop_back();
@@ -463,6 +507,8 @@ CacheRetrieval TextCache::Retrieve(std::string_view text) const {
   out.tokens = std::move(match.tokens);
   out.loss_mask = std::move(match.loss_mask);
   out.rollout_logp = std::move(match.logprobs);
+  out.token_versions = std::move(match.token_versions);
+  out.weight_version = match.weight_version;
   return out;
 }
 

@@ -40,7 +40,8 @@
 // Cost. Match: O(matched bytes + depth * log fan-out) plus the copy of the result. Insert: the
 // same for the shared part, O(new tokens + bytes) for the new edge, O(edge) per split, and
 // O(removed) for conflicts and GC. Memory: 13 B per token (id 4, logprob 4, span end 4, mask 1)
-// and the text bytes in one allocation per edge, plus an ~80 B node per edge.
+// and the text bytes in one allocation per edge, plus a ~110 B node per edge; per-token weight
+// versions are run-length encoded per edge (16 B per extra run, none for a uniform edge).
 //
 // Thread safety: every method may be called concurrently. Insert and SetCurrentVersion hold the
 // writer lock; Match, Retrieve, GetStats and ValidateForTesting a shared reader lock.
@@ -79,6 +80,7 @@ struct CacheMatch {
   std::vector<uint32_t> token_end_offsets;  // absolute byte offsets into the query
   std::vector<uint8_t> loss_mask;           // 0 prompt, 1 generated
   std::vector<float> logprobs;              // NaN where unknown
+  std::vector<int64_t> token_versions;      // per token, as inserted
   int64_t weight_version = 0;               // version of the deepest matched node (0 on a miss)
 };
 
@@ -88,6 +90,8 @@ struct CacheRetrieval {
   std::vector<int32_t> tokens;
   std::vector<uint8_t> loss_mask;
   std::vector<float> rollout_logp;
+  std::vector<int64_t> token_versions;
+  int64_t weight_version = 0;  // newest version on the matched path (0 on a miss)
 };
 
 struct TextCacheStats {
@@ -113,8 +117,10 @@ class TextCache {
   TextCache(const TextCache&) = delete;
   TextCache& operator=(const TextCache&) = delete;
 
-  // Inserts one trajectory: `text` and its tokens, with per-token span ends, loss masks and
-  // logprobs (empty `logprobs`: all unknown). Raises every node on the path to
+  // Inserts one trajectory: `text` and its tokens, with per-token span ends, loss masks,
+  // logprobs (empty `logprobs`: all unknown) and weight versions (empty: all
+  // `weight_version`). Versions are not compared when edges are shared: a shared token keeps
+  // the version it was first cached with. Raises every node on the path to
   // `weight_version` (max) and current_version to at least it; resolves conflicts as described
   // above; then runs GC when over the size limit. InvalidArgument (cache unchanged) when the
   // text is empty or over 4 GiB, lengths differ, ends decrease or do not end at the text size,
@@ -122,7 +128,8 @@ class TextCache {
   absl::Status Insert(std::string_view text, absl::Span<const int32_t> tokens,
                       absl::Span<const uint32_t> token_end_offsets,
                       absl::Span<const uint8_t> loss_mask, absl::Span<const float> logprobs,
-                      int64_t weight_version) ABSL_LOCKS_EXCLUDED(mu_);
+                      int64_t weight_version, absl::Span<const int64_t> token_versions = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Longest cached prefix of `query` ending on a token boundary (see the file comment). Counts
   // one hit (some tokens matched) or one miss.
@@ -164,7 +171,8 @@ class TextCache {
   Node* AddChild(Node* parent, std::string_view text, size_t pos, size_t first,
                  absl::Span<const int32_t> tokens, absl::Span<const uint32_t> ends,
                  absl::Span<const uint8_t> loss_mask, absl::Span<const float> logprobs,
-                 int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                 absl::Span<const int64_t> token_versions, int64_t version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCollectGarbage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MatchLocked(std::string_view query, CacheMatch* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 

@@ -105,6 +105,13 @@ struct RequestTimings {
   int64_t total_us = 0;  // submission to finish
 };
 
+// A run of consecutive output tokens sampled with the same weight version.
+struct VersionSegment {
+  int64_t weight_version = 0;
+  int32_t num_tokens = 0;
+  bool operator==(const VersionSegment&) const = default;
+};
+
 // The final result of one completion: totals of everything streamed, plus bookkeeping.
 struct GenerateResult {
   std::string id;
@@ -119,7 +126,15 @@ struct GenerateResult {
   int32_t completion_tokens = 0;
   int32_t cached_tokens = 0;  // prompt tokens served from the prefix cache at first admission
   int32_t num_retractions = 0;
-  int64_t weight_version = 0;  // weight version when the completion finished
+  // Version of the weights that sampled the last output token (the version at finish when
+  // there is no output token).
+  int64_t weight_version = 0;
+  // Version of the engine's weights when the request was added (dispatched to the engine).
+  int64_t dispatch_weight_version = 0;
+  // Run-length versions of the output tokens, in order; num_tokens add up to output_ids.size().
+  // More than one segment only when the request crossed a weight update (retract -> update ->
+  // continue).
+  std::vector<VersionSegment> weight_version_segments;
   RequestTimings timings;
 };
 

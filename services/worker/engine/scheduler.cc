@@ -52,6 +52,7 @@ void Scheduler::Add(std::shared_ptr<RequestGroup> group, uint64_t seed) {
     seq->tokens = r.input_ids;
     seq->tokens.reserve(r.input_ids.size() + r.sampling.max_new_tokens);
     seq->prompt_logprobs_done = !(r.return_logprob && r.logprob_start_len >= 0);
+    seq->dispatch_version = weight_version_;
     waiting_.push_back(std::move(seq));
   }
   prompt_tokens_ += static_cast<int64_t>(r.input_ids.size());
@@ -488,6 +489,11 @@ void Scheduler::ProcessEntry(const BatchEntry& entry, const float* rows, int64_t
     seq->output_logprobs.push_back(std::move(lp));
   }
   seq->tokens.push_back(token);
+  if (seq->version_segments.empty() ||
+      seq->version_segments.back().weight_version != weight_version_) {
+    seq->version_segments.push_back(VersionSegment{weight_version_, 0});
+  }
+  ++seq->version_segments.back().num_tokens;
   ++seq->output_counts[token];
   ++generated_tokens_;
   if (seq->first_token_us < 0) seq->first_token_us = now_us;
@@ -557,7 +563,11 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_
   result.completion_tokens = seq->output_len();
   result.cached_tokens = std::max(seq->cached_tokens, 0);
   result.num_retractions = seq->num_retractions;
-  result.weight_version = weight_version_;
+  result.weight_version = seq->version_segments.empty()
+                              ? weight_version_
+                              : seq->version_segments.back().weight_version;
+  result.dispatch_weight_version = seq->dispatch_version;
+  result.weight_version_segments = std::move(seq->version_segments);
   const int64_t submit = seq->group->submit_us;
   result.timings.queue_us = seq->first_scheduled_us < 0 ? now_us - submit
                                                         : seq->first_scheduled_us - submit;

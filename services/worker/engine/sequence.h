@@ -34,6 +34,8 @@ struct Sequence {
 
   // Outputs.
   std::vector<TokenLogprob> output_logprobs;
+  int64_t dispatch_version = 0;                  // engine weight version when added
+  std::vector<VersionSegment> version_segments;  // run-length version of each output token
   std::vector<TokenLogprob> prompt_logprobs;
   absl::flat_hash_map<int32_t, int32_t> output_counts;
   bool prompt_logprobs_done = false;

@@ -3,40 +3,58 @@
 #include <algorithm>
 #include <cmath>
 
+#include <sleef.h>
+
 namespace rl::model {
 
 using model_io::RopeScaling;
 
-std::vector<float> RopeTable::BaseInvFreq(double theta, int64_t head_dim) {
-  // As transformers: 1 / base ** (arange(0, dim, 2) / dim) in float32.
+namespace {
+
+// pow of two float32 tensors as torch computes it on the CPU: SLEEF's powf with 1.0-ulp
+// accuracy (torch's vectorized pow), which is not always the correctly rounded result.
+float PowF(float base, float exponent) { return Sleef_powf_u10(base, exponent); }
+
+}  // namespace
+
+std::vector<float> RopeTable::BaseInvFreq(float base, int64_t head_dim) {
+  // transformers: 1.0 / (base ** (torch.arange(0, dim, 2).float() / dim)), every op in float32:
+  // the exponent is a float division, the power is rounded to float, then a float reciprocal.
   std::vector<float> f(static_cast<size_t>(head_dim / 2));
+  const float dim = static_cast<float>(head_dim);
   for (int64_t i = 0; i < head_dim / 2; ++i) {
-    const float exponent = static_cast<float>(2 * i) / static_cast<float>(head_dim);
-    f[static_cast<size_t>(i)] =
-        static_cast<float>(1.0 / std::pow(theta, static_cast<double>(exponent)));
+    const float exponent = static_cast<float>(2 * i) / dim;
+    f[static_cast<size_t>(i)] = 1.0f / PowF(base, exponent);
   }
   return f;
 }
 
 RopeTable::RopeTable(const model_io::ModelConfig& config) : config_(config) {
-  inv_freq_ = BaseInvFreq(config.rope_theta, config.head_dim);
+  inv_freq_ = BaseInvFreq(static_cast<float>(config.rope_theta), config.head_dim);
   const RopeScaling& rs = config.rope_scaling;
   if (rs.type == RopeScaling::Type::kLinear) {
-    for (float& f : inv_freq_) f = static_cast<float>(f / rs.factor);
+    // inv_freq /= factor (float32).
+    const float factor = static_cast<float>(rs.factor);
+    for (float& f : inv_freq_) f = f / factor;
   } else if (rs.type == RopeScaling::Type::kLlama3) {
-    const double old_len = static_cast<double>(rs.original_max_position_embeddings);
-    const double low_wavelen = old_len / rs.low_freq_factor;
-    const double high_wavelen = old_len / rs.high_freq_factor;
+    // transformers' _compute_llama3_parameters on float32 tensors: Python scalars take part
+    // as float32 values, comparisons included.
+    const float factor = static_cast<float>(rs.factor);
+    const float low = static_cast<float>(rs.low_freq_factor);
+    const double old_len_d = static_cast<double>(rs.original_max_position_embeddings);
+    const float old_len = static_cast<float>(old_len_d);
+    const float low_wavelen = static_cast<float>(old_len_d / rs.low_freq_factor);
+    const float high_wavelen = static_cast<float>(old_len_d / rs.high_freq_factor);
+    const float two_pi = static_cast<float>(2.0 * M_PI);
+    const float band = static_cast<float>(rs.high_freq_factor - rs.low_freq_factor);
     for (float& f : inv_freq_) {
-      const double freq = f;
-      const double wavelen = 2.0 * M_PI / freq;
-      double scaled = wavelen > low_wavelen ? freq / rs.factor : freq;
+      const float wavelen = two_pi / f;
+      float scaled = wavelen > low_wavelen ? f / factor : f;
       if (!(wavelen < high_wavelen) && !(wavelen > low_wavelen)) {
-        const double smooth =
-            (old_len / wavelen - rs.low_freq_factor) / (rs.high_freq_factor - rs.low_freq_factor);
-        scaled = (1.0 - smooth) * scaled / rs.factor + smooth * scaled;
+        const float smooth = (old_len / wavelen - low) / band;
+        scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
       }
-      f = static_cast<float>(scaled);
+      f = scaled;
     }
   }
 }
@@ -48,12 +66,16 @@ std::vector<float> RopeTable::InvFreq(int64_t seq_len) const {
                            ? rs.original_max_position_embeddings
                            : config_.max_position_embeddings;
   if (seq_len <= orig) return inv_freq_;
+  // transformers' dynamic update passes seq_len as an int64 tensor, so the base is computed in
+  // float32: base * ((factor * seq_len / orig) - (factor - 1)) ** (dim / (dim - 2)).
   const double dim = static_cast<double>(config_.head_dim);
-  const double base =
-      config_.rope_theta *
-      std::pow(rs.factor * static_cast<double>(seq_len) / static_cast<double>(orig) -
-                   (rs.factor - 1.0),
-               dim / (dim - 2.0));
+  const float factor = static_cast<float>(rs.factor);
+  const float ratio =
+      factor * static_cast<float>(seq_len) / static_cast<float>(orig) -
+      static_cast<float>(rs.factor - 1.0);
+  // tensor ** Python float: the float base raised to the double exponent, rounded once.
+  const float scale = static_cast<float>(std::pow(static_cast<double>(ratio), dim / (dim - 2.0)));
+  const float base = static_cast<float>(config_.rope_theta) * scale;
   return BaseInvFreq(base, config_.head_dim);
 }
 

@@ -1,6 +1,8 @@
 // Weights: the tensors of one model replica, as Hugging Face names them, kept in their stored
-// dtype (F32 / BF16 / F16) — memory-mapped from safetensors where possible, so loading costs
-// no copy and big bf16 models are never widened in memory. Kernels widen to float32 on the fly.
+// dtype (F32 / BF16 / F16), in memory the process owns: the safetensors files are read once
+// into owned buffers (never a live mmap view), so a checkpoint saved over the same folder after
+// loading changes nothing the worker serves and a truncated file can never fault it. Big bf16
+// models are never widened in memory; kernels widen to float32 on the fly.
 //
 // Invariants: every tensor the architecture needs is present with the expected shape (checked
 // at load, errors name the tensor and the expected shape); tensor addresses are stable for the
@@ -86,7 +88,7 @@ class Weights {
   Weights() = default;
 
   model_io::ModelConfig config_;
-  model_io::Checkpoint checkpoint_;  // keeps the mappings alive
+  model_io::Checkpoint checkpoint_;  // owns the tensor bytes read from disk
   std::map<std::string, WeightTensor> tensors_;
   std::map<std::string, std::unique_ptr<uint8_t[]>> owned_;  // copies (updates, realigned)
   const WeightTensor* embed_ = nullptr;

@@ -1,0 +1,178 @@
+"""Typed request options and results of the generation API (rl.v1)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Optional
+
+from rlfleet._stubs import generate_pb2
+
+FINISH_REASONS = {0: "unspecified", 1: "stop", 2: "length", 3: "abort"}
+
+
+@dataclass
+class SamplingParams:
+    """rl.v1.SamplingParams; None leaves a field unset (the server's default)."""
+    max_new_tokens: Optional[int] = None
+    min_new_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    presence_penalty: Optional[float] = None
+    seed: Optional[int] = None
+    stop_token_ids: Optional[list[int]] = None
+    stop: Optional[list[str]] = None
+    ignore_eos: Optional[bool] = None
+    n: Optional[int] = None
+    include_stop_str_in_output: Optional[bool] = None
+
+    def to_proto(self) -> "generate_pb2.SamplingParams":
+        p = generate_pb2.SamplingParams()
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if v is None:
+                continue
+            if isinstance(v, (list, tuple)):
+                getattr(p, f.name).extend(v)
+            else:
+                setattr(p, f.name, v)
+        return p
+
+
+def build_generate_request(text: Optional[str] = None, input_ids: Optional[list[int]] = None, *,
+                           sampling: Optional[SamplingParams] = None,
+                           request_id: str = "", return_logprob: bool = False,
+                           top_logprobs_num: int = 0, logprob_start_len: Optional[int] = None,
+                           logprobs_at_temperature_one: bool = False,
+                           stream: Optional[bool] = None, return_trajectory: bool = False,
+                           **sampling_kwargs) -> "generate_pb2.GenerateRequest":
+    """Every rl.v1.GenerateRequest field; sampling fields as `sampling=` or keyword arguments."""
+    if (text is None) == (input_ids is None):
+        raise ValueError("exactly one of text or input_ids is required")
+    if sampling is None:
+        sampling = SamplingParams()
+    unknown = set(sampling_kwargs) - {f.name for f in fields(SamplingParams)}
+    if unknown:
+        raise TypeError(f"unknown sampling parameters: {sorted(unknown)}")
+    for k, v in sampling_kwargs.items():
+        setattr(sampling, k, v)
+    req = generate_pb2.GenerateRequest(
+        request_id=request_id, sampling_params=sampling.to_proto(),
+        return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
+        logprobs_at_temperature_one=logprobs_at_temperature_one,
+        return_trajectory=return_trajectory)
+    if text is not None:
+        req.text = text
+    else:
+        req.input_ids.ids.extend(int(i) for i in input_ids)
+    if logprob_start_len is not None:
+        req.logprob_start_len = logprob_start_len
+    if stream is not None:
+        req.stream = stream
+    return req
+
+
+@dataclass
+class TopLogprob:
+    token_id: int
+    logprob: float
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[TopLogprob] = field(default_factory=list)
+
+    @staticmethod
+    def from_proto(p) -> "TokenLogprob":
+        return TokenLogprob(p.token_id, p.logprob, [TopLogprob(t.token_id, t.logprob)
+                                                     for t in p.top])
+
+
+@dataclass
+class Trajectory:
+    tokens: list[int]
+    loss_mask: list[int]
+    rollout_logp: list[float]
+    weight_version: int
+    token_weight_versions: list[int]
+
+    @staticmethod
+    def from_proto(p) -> "Trajectory":
+        return Trajectory(list(p.tokens), list(p.loss_mask), list(p.rollout_logp),
+                          p.weight_version, list(p.token_weight_versions))
+
+
+@dataclass
+class Chunk:
+    """An incremental piece of a streamed generation."""
+    index: int
+    token_ids: list[int]
+    text: str
+    logprobs: list[TokenLogprob]
+
+
+@dataclass
+class GenerateResult:
+    """rl.v1.GenerateFinal with its stream's request id and completion index."""
+    request_id: str
+    index: int
+    finish_reason: str
+    output_ids: list[int]
+    text: str
+    output_logprobs: list[TokenLogprob]
+    prompt_logprobs: list[TokenLogprob]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    weight_version: int
+    dispatch_weight_version: int
+    weight_version_segments: list[tuple[int, int]]  # (weight_version, num_tokens)
+    matched_token_id: int
+    matched_stop: str
+    abort_message: str
+    worker: str
+    attempts: int
+    queue_us: int
+    ttft_us: int
+    total_us: int
+    trajectory: Optional[Trajectory]
+
+    def token_weight_versions(self) -> list[int]:
+        """The weight version of every output token (segments expanded; weight_version for
+        every token when the server sent no segments)."""
+        if not self.weight_version_segments:
+            return [self.weight_version] * len(self.output_ids)
+        out: list[int] = []
+        for version, n in self.weight_version_segments:
+            out.extend([version] * n)
+        return out
+
+    @staticmethod
+    def from_proto(msg) -> "GenerateResult":
+        f = msg.final
+        return GenerateResult(
+            request_id=msg.request_id, index=msg.index,
+            finish_reason=FINISH_REASONS.get(f.finish_reason, str(f.finish_reason)),
+            output_ids=list(f.output_ids), text=f.text,
+            output_logprobs=[TokenLogprob.from_proto(p) for p in f.output_logprobs],
+            prompt_logprobs=[TokenLogprob.from_proto(p) for p in f.prompt_logprobs],
+            prompt_tokens=f.prompt_tokens, completion_tokens=f.completion_tokens,
+            cached_tokens=f.cached_tokens, weight_version=f.weight_version,
+            dispatch_weight_version=f.dispatch_weight_version,
+            weight_version_segments=[(s.weight_version, s.num_tokens)
+                                     for s in f.weight_version_segments],
+            matched_token_id=f.matched_token_id, matched_stop=f.matched_stop,
+            abort_message=f.abort_message, worker=f.worker, attempts=f.attempts,
+            queue_us=f.timings.queue_us, ttft_us=f.timings.ttft_us, total_us=f.timings.total_us,
+            trajectory=Trajectory.from_proto(f.trajectory) if f.HasField("trajectory") else None)
+
+
+def chunk_from_proto(msg) -> Chunk:
+    c = msg.chunk
+    return Chunk(msg.index, list(c.token_ids), c.text,
+                 [TokenLogprob.from_proto(p) for p in c.logprobs])

@@ -1,0 +1,45 @@
+// FakeRouter: an in-process rl.v1.Router whose Generate answers at once with a deterministic
+// final (prompt tokens = the text's bytes or the ids; output token i = (sum of prompt tokens +
+// i * 7 + seed) % 500), for the collector's tests and its overhead bench. Fault knobs make
+// the first calls of each request id fail with UNAVAILABLE or end with an aborted final, a
+// given text fail with INVALID_ARGUMENT or answer late, and finals carry two weight-version
+// segments.
+// Thread-safe.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "rl/v1/router.grpc.pb.h"
+
+namespace rl::collector {
+
+struct FakeRouterOptions {
+  int num_output_tokens = 8;
+  int unavailable_first = 0;  // per request id: this many UNAVAILABLE answers first
+  int abort_first = 0;        // then this many aborted finals
+  std::string invalid_text;   // a prompt text answered INVALID_ARGUMENT
+  bool two_segments = false;  // finals with versions [v, v+1] split in the middle
+  bool send_segments = true;  // false: an older router (weight_version only)
+  int64_t weight_version = 0;
+  std::string slow_text;  // a prompt text answered only after slow_ms
+  int slow_ms = 0;
+};
+
+class FakeRouter final : public rl::v1::Router::CallbackService {
+ public:
+  explicit FakeRouter(FakeRouterOptions options) : options_(std::move(options)) {}
+  grpc::ServerWriteReactor<rl::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* ctx, const rl::v1::GenerateRequest* request) override;
+  int64_t calls() const { return calls_.load(); }
+
+ private:
+  FakeRouterOptions options_;
+  std::atomic<int64_t> calls_{0};
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, int> seen_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace rl::collector

@@ -1,0 +1,96 @@
+// PromptResolver: turns a text request into the exact prompt tokens the model sees, reusing the
+// router's TextCache without ever changing the text.
+//
+// Invariant for every resolved prompt (checked in code on every request):
+//   (a) Decode(tokens) == text, byte for byte (the tokenizer's template prefix such as BOS
+//       left out);
+//   (b) cached generated tokens (loss mask 1), and the cached tokens before them (prompt tokens
+//       of the earlier turns they extend), are reused exactly as cached;
+//   (c) every other token equals the full-text encoding of the text: the cached match is cut
+//       right after its last generated token (the "seam"; cached prompt tokens past it are
+//       dropped, whatever other requests left there), and the rest is encoded from a window
+//       that starts at a pre-token boundary at or before the seam (a space followed by a
+//       letter; for regex pre-tokenizers also a line start), without BOS, normalizer Prepend or
+//       dummy prefix at the window start. With no such boundary within kSeamWindowBytes the
+//       whole text is encoded.
+// Exception to (c): when the full-text encoding has no token boundary at the seam (a
+// generated token ended inside what the full text would encode as one token), the rest is
+// encoded as a continuation from the seam; counted in seam_continuations.
+// A request whose tokens cannot meet (a) (a lossy normalizer such as NFC, or text the
+// tokenizer cannot reproduce) is served with the plain whole-text encoding (Encode with
+// special tokens, no cache reuse) and counted in whole_text_fallbacks: never silently changed.
+//
+// So prompt tokenization never depends on what other requests left in the cache beyond the
+// generated tokens the text continues.
+// Thread safety: ResolveTextPrompt may run concurrently (the cache and tokenizer are thread
+// safe; counters are atomic). Cost: one cache Match, an encode of the new text plus at most
+// kSeamWindowBytes before the seam (or of the whole text when no window start exists), and a
+// decode of the whole prompt for check (a).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tokenizer/tokenizer.h"
+#include "services/router/cache/text_cache.h"
+
+namespace rl::router {
+
+// How far before the seam a window start is searched for.
+inline constexpr size_t kSeamWindowBytes = 512;
+
+// Counters of ResolveTextPrompt, shared by every request.
+struct SeamCounters {
+  std::atomic<int64_t> requests{0};              // text prompts resolved
+  std::atomic<int64_t> seam_continuations{0};    // rest encoded as a continuation (exception)
+  std::atomic<int64_t> whole_text_fallbacks{0};  // (a) failed: whole text encoded, no reuse
+  std::atomic<int64_t> whole_text_windows{0};    // no window start near the seam: whole text
+};
+
+struct ResolvedPrompt {
+  std::vector<int32_t> ids;
+  std::vector<uint32_t> ends;  // byte end of each token in the text (non-decreasing)
+  std::vector<uint8_t> mask;   // 0 prompt, 1 generated
+  std::vector<float> logprobs;  // NaN where unknown
+  // Versions of the reused tokens (the first `cached_tokens` ids); the caller adds the rest.
+  std::vector<int64_t> versions;
+  int32_t cached_tokens = 0;  // reused from the cache
+  bool seam_continuation = false;
+  bool whole_text_fallback = false;
+};
+
+// Resolves `text` (non-empty, valid UTF-8, else InvalidArgument) against `cache` (one Match:
+// one hit or miss counted). `counters` may be null.
+absl::StatusOr<ResolvedPrompt> ResolveTextPrompt(std::string_view text, const TextCache& cache,
+                                                 const tokenizer::Tokenizer& tokenizer,
+                                                 SeamCounters* counters);
+
+// A completion as the router caches it: its text in the prompt's context and, per output
+// token, the byte end (within that text) of what was emitted once the token was streamed
+// (ends repeat while text is held back; the last one is the text's size).
+struct DecodedCompletion {
+  std::string text;
+  std::vector<uint32_t> ends;
+};
+
+// Stream-decodes `output_ids` after `prompt_ids` exactly as the router does. InvalidArgument
+// for unknown ids.
+absl::StatusOr<DecodedCompletion> DecodeCompletion(const tokenizer::Tokenizer& tokenizer,
+                                                   absl::Span<const int32_t> prompt_ids,
+                                                   absl::Span<const int32_t> output_ids);
+
+// Whether `ids` decode to exactly `text` (the tokenizer's template prefix, when `ids` start
+// with it, left out). For tests and the resolver.
+bool DecodesTo(const tokenizer::Tokenizer& tokenizer, const std::vector<int32_t>& ids,
+               std::string_view text);
+
+// Largest pre-token boundary w with seam - kSeamWindowBytes <= w <= seam that the resolver
+// may start a window at, or 0 when there is none (0 is always a boundary).
+size_t FindWindowStart(const tokenizer::Tokenizer& tokenizer, std::string_view text,
+                       size_t seam);
+
+}  // namespace rl::router

@@ -1,0 +1,65 @@
+#include "services/worker/weight_update_check.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model_io/file_read.h"
+#include "common/status.h"
+#include "services/worker/model/weights.h"
+
+namespace rl::worker {
+
+absl::Status CheckDiskUpdate(const std::string& model_path, const model_io::ModelConfig& served,
+                             const RequestLimits& limits) {
+  if (model_path.empty()) return absl::InvalidArgumentError("model_path: must not be empty");
+  RETURN_IF_ERROR(CheckPath("model_path", model_path, limits));
+  struct stat st;
+  if (::stat(model_path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model_path: ", QuoteForError(model_path, 512), " is not a folder"));
+  }
+  const std::string config_path = (std::filesystem::path(model_path) / "config.json").string();
+  absl::StatusOr<std::string> text = model_io::ReadSmallFile(config_path);
+  if (!text.ok()) return Annotate(text.status(), "model_path: config.json");
+  RETURN_IF_ERROR(model_io::CheckJsonDepth(*text, model_io::kMaxJsonDepth, config_path));
+  absl::StatusOr<model_io::ModelConfig> config = model_io::ParseModelConfig(*text);
+  if (!config.ok()) return Annotate(config.status(), config_path);
+  if (config->architecture_name != served.architecture_name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_path, ": architecture ", QuoteForError(config->architecture_name),
+        " but this worker serves ", served.architecture_name));
+  }
+  if (absl::Status s = model::CheckSameArchitecture(served, *config); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config_path, ": describes another model than the one served (vocab ", config->vocab_size,
+        " vs ", served.vocab_size, ", hidden ", config->hidden_size, " vs ", served.hidden_size,
+        ", layers ", config->num_hidden_layers, " vs ", served.num_hidden_layers,
+        ", heads ", config->num_attention_heads, "/", config->num_key_value_heads, " vs ",
+        served.num_attention_heads, "/", served.num_key_value_heads, ", intermediate ",
+        config->intermediate_size, " vs ", served.intermediate_size, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckChunkForModel(const rl::v1::TensorChunk& chunk, const WeightShapes& shapes,
+                                const RequestLimits& limits, int64_t* tensor_bytes) {
+  RETURN_IF_ERROR(CheckTensorChunk(chunk, limits, tensor_bytes));
+  auto it = shapes.find(chunk.name());
+  if (it == shapes.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.name: ", QuoteForError(chunk.name(), 128), " is not a weight of the "
+                     "served model"));
+  }
+  if (!std::equal(chunk.shape().begin(), chunk.shape().end(), it->second.begin(),
+                  it->second.end())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk.shape: tensor ", QuoteForError(chunk.name(), 128), " has shape [",
+        absl::StrJoin(it->second, ", "), "] in the served model"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace rl::worker

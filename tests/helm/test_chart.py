@@ -1,0 +1,231 @@
+"""helm/rlfleet through the real Helm engine (helm-sdkpy embeds Helm as a library): lint, then
+install into an in-memory fake API server (fake_kube.py) with Helm's memory release driver,
+which renders every template exactly as `helm install` would. Every rendered manifest is
+validated against the Kubernetes schemas of kubernetes-validate; values are checked against
+values.schema.json both by Helm and by jsonschema; the optional parts are rendered on and off."""
+
+import asyncio
+import copy
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+import helm_sdkpy as helm
+
+from fake_kube import FakeKube
+
+HERE = Path(__file__).resolve().parent
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "helm" / "rlfleet"
+DASHBOARD = CHART / "dashboards" / "rlfleet.json"
+K8S_VERSION = "1.30"
+
+
+def values_default():
+    return yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def render(values=None):
+    """Installs the chart with `values` into a fresh fake cluster; returns the manifests Helm
+    rendered (parsed), and checks they are exactly what reached the API server."""
+    # A fresh process: Helm reads HELM_DRIVER=memory (release records kept in memory, not in
+    # cluster Secrets) from the environment the process started with.
+    r = subprocess.run([sys.executable, str(HERE / "fake_kube.py"), str(CHART)],
+                       input=json.dumps(values), capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "HELM_DRIVER": "memory"})
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    if "error" in out:
+        raise helm.HelmError(out["error"])
+    docs = [d for d in yaml.safe_load_all(out["manifest"]) if d]
+    sent = out["sent"]
+    assert sorted((d["kind"], d["metadata"]["name"]) for d in docs) == \
+        sorted((d["kind"], d["metadata"]["name"]) for d in sent)
+    return docs
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def container(docs, kind):
+    (obj,) = by_kind(docs, kind)
+    (c,) = obj["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def validate_all(docs):
+    for d in docs:
+        if d["apiVersion"].startswith("monitoring.coreos.com/"):
+            continue  # a CRD: no upstream schema; checked field by field below
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+
+
+def test_lint_is_clean():
+    cfg = helm.Configuration(namespace="default", kubeconfig=FakeKube.kubeconfig_placeholder())
+    result = asyncio.run(helm.Lint(cfg).run(str(CHART)))
+    assert not result.get("Errors"), result
+    # Severity 1 is INFO (e.g. "icon is recommended"); nothing at WARNING (2) or ERROR (3).
+    assert all(m["Severity"] < 2 for m in result.get("Messages") or []), result
+
+
+def test_default_values_render_and_validate():
+    assert jsonschema.validate(values_default(), json.loads((CHART / "values.schema.json").read_text())) is None
+    docs = render()
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == ["Deployment", "PodDisruptionBudget", "PodDisruptionBudget", "Service",
+                     "Service", "StatefulSet"], kinds
+    validate_all(docs)
+    assert not by_kind(docs, "ServiceMonitor")
+    # The router lists every worker by its stable StatefulSet DNS name.
+    args = container(docs, "Deployment")["args"]
+    workers = [a for a in args if a.startswith("--worker")]
+    assert len(workers) == values_default()["worker"]["replicas"], args
+    # Non-root containers.
+    for kind in ("Deployment", "StatefulSet"):
+        assert container(docs, kind)["securityContext"]["runAsNonRoot"] is True
+
+
+def test_probes():
+    docs = render()
+    w = container(docs, "StatefulSet")
+    port = values_default()["worker"]["port"]
+    assert w["startupProbe"]["grpc"]["port"] == port
+    assert w["startupProbe"]["failureThreshold"] * w["startupProbe"]["periodSeconds"] >= \
+        values_default()["worker"]["startupSeconds"]
+    assert w["readinessProbe"]["grpc"]["port"] == port
+    assert w["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    r = container(docs, "Deployment")
+    assert r["readinessProbe"]["grpc"]["port"] == values_default()["router"]["port"]
+    assert "startupProbe" in r and "livenessProbe" in r
+    docs = render({"worker": {"startupSeconds": 1800}})
+    assert container(docs, "StatefulSet")["startupProbe"]["failureThreshold"] == 180
+
+
+def test_service_monitor():
+    docs = render({"serviceMonitor": {"enabled": True, "interval": "30s"}})
+    validate_all(docs)
+    (sm,) = by_kind(docs, "ServiceMonitor")
+    assert sm["apiVersion"] == "monitoring.coreos.com/v1"
+    assert sm["spec"]["endpoints"] == [{"port": "metrics", "interval": "30s"}]
+    assert sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/instance"] == "fleet"
+    # Every Service it selects exposes a port named `metrics`.
+    for svc in by_kind(docs, "Service"):
+        assert "metrics" in [p["name"] for p in svc["spec"]["ports"]], svc
+
+
+def test_keys_from_secrets_as_files():
+    docs = render()
+    for kind in ("Deployment", "StatefulSet"):
+        c = container(docs, kind)
+        assert not [a for a in c["args"] if "api-key" in a], c["args"]
+        assert not [e for e in (c.get("env") or []) if "KEY" in e["name"]], c.get("env")
+    docs = render({"adminKeySecret": "fleet-admin", "apiKeySecret": "fleet-data"})
+    validate_all(docs)
+    for kind in ("Deployment", "StatefulSet"):
+        c = container(docs, kind)
+        # The keys are files from the Secrets, named by --*-key-file; never a value in argv/env.
+        assert "--admin-api-key-file=/etc/rlfleet/keys/admin-api-key" in c["args"], c["args"]
+        assert "--api-key-file=/etc/rlfleet/keys/api-key" in c["args"], c["args"]
+        assert not [a for a in c["args"] if a.startswith(("--api-key=", "--admin-api-key="))]
+        mounts = {m["name"]: m for m in c["volumeMounts"]}
+        assert mounts["keys"]["mountPath"] == "/etc/rlfleet/keys" and mounts["keys"]["readOnly"]
+        pod = next(d for d in docs if d["kind"] == kind)["spec"]["template"]["spec"]
+        vol = next(v for v in pod["volumes"] if v["name"] == "keys")
+        secrets = {s["secret"]["name"]: s["secret"]["items"] for s in vol["projected"]["sources"]}
+        assert secrets == {"fleet-admin": [{"key": "admin-api-key", "path": "admin-api-key"}],
+                           "fleet-data": [{"key": "api-key", "path": "api-key"}]}, secrets
+        # Readable by the non-root user through the pod's group.
+        assert vol["projected"]["defaultMode"] == 0o440
+        assert pod["securityContext"]["fsGroup"] == c["securityContext"]["runAsUser"]
+
+
+def test_gpu_resources():
+    docs = render({"worker": {"gpus": 2}})
+    validate_all(docs)
+    res = container(docs, "StatefulSet")["resources"]
+    assert str(res["limits"]["nvidia.com/gpu"]) == "2", res
+    docs = render({"worker": {"gpus": 0, "backend": "cpu"}})
+    validate_all(docs)
+    res = container(docs, "StatefulSet")["resources"]
+    assert "nvidia.com/gpu" not in (res.get("limits") or {}), res
+    assert "--backend=cpu" in container(docs, "StatefulSet")["args"]
+
+
+def test_other_options_render_valid_manifests():
+    docs = render({"model": {"pvc": "models"}, "worker": {"replicas": 3, "batchInvariant": True,
+                                                          "extraArgs": ["--threads=8"]},
+                   "router": {"replicas": 2}, "image": {"tag": "v1"}})
+    validate_all(docs)
+    (sts,) = by_kind(docs, "StatefulSet")
+    assert sts["spec"]["replicas"] == 3
+    vols = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}
+    assert vols["models"]["persistentVolumeClaim"]["claimName"] == "models"
+    args = container(docs, "StatefulSet")["args"]
+    assert "--batch-invariant" in args and "--threads=8" in args
+    assert container(docs, "StatefulSet")["image"].endswith(":v1")
+    assert len([a for a in container(docs, "Deployment")["args"] if a.startswith("--worker")]) == 3
+
+
+@pytest.mark.parametrize("bad", [
+    {"worker": {"replicas": 0}},
+    {"worker": {"replicas": "two"}},
+    {"worker": {"backend": "tpu"}},
+    {"worker": {"gpuMemoryFraction": 1.5}},
+    {"image": {"pullPolicy": "Sometimes"}},
+    {"router": {"port": 70000}},
+])
+def test_bad_values_are_refused_by_the_schema(bad):
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    merged = copy.deepcopy(values_default())
+    for k, v in bad.items():
+        merged[k].update(v)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(merged, schema)
+    # Helm applies the same schema at install time.
+    with pytest.raises(helm.HelmError) as e:
+        render(bad)
+    assert "schema" in str(e.value).lower(), e.value
+
+
+def test_grafana_dashboard_config_map():
+    assert not by_kind(render(), "ConfigMap")
+    docs = render({"grafanaDashboard": {"enabled": True}})
+    validate_all(docs)
+    (cm,) = by_kind(docs, "ConfigMap")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert json.loads(cm["data"]["rlfleet.json"]) == json.loads(DASHBOARD.read_text())
+    # Which metrics the panels query is checked against live processes in tests/interop.
+    assert len([p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] != "row"]) >= 10
+
+
+def test_smg_gateway_renders_one_worker_url_per_worker():
+    assert not [d for d in render() if d["metadata"]["name"].endswith("-smg")]
+    docs = render({"smg": {"enabled": True, "chatTemplate": "/models/t.jinja"},
+                   "worker": {"replicas": 3}, "model": {"pvc": "models"}})
+    validate_all(docs)
+    smg = {d["kind"]: d for d in docs if d["metadata"]["name"].endswith("-smg")}
+    assert sorted(smg) == ["Deployment", "PodDisruptionBudget", "Service"]
+    (c,) = smg["Deployment"]["spec"]["template"]["spec"]["containers"]
+    args = c["args"]
+    assert args[:2] == ["smg", "launch"] and "--chat-template=/models/t.jinja" in args
+    urls = args[args.index("--worker-urls") + 1:]
+    (sts,) = by_kind(docs, "StatefulSet")
+    name, port = sts["metadata"]["name"], values_default()["worker"]["port"]
+    assert urls == [f"grpc://{name}-{i}.{name}:{port}" for i in range(3)]
+    # Those names resolve: the workers' headless Service is named after the StatefulSet.
+    assert sts["spec"]["serviceName"] == name
+    assert [s for s in by_kind(docs, "Service") if s["metadata"]["name"] == name
+            and s["spec"].get("clusterIP") == "None"]
+    # The gateway's selector matches its own pods only, not the router's or the workers'.
+    labels = smg["Deployment"]["spec"]["template"]["metadata"]["labels"]
+    assert smg["Service"]["spec"]["selector"].items() <= labels.items()
+    assert labels["app.kubernetes.io/component"] == "smg"

@@ -1,0 +1,278 @@
+"""Chaos driver: a real fleet (3 rl-worker processes + rl-router on loopback) under concurrent
+generations while one worker is SIGKILLed and restarted every ~2 s, another is SIGSTOPped and
+resumed, and admin cycles (pause retract -> update from disk -> continue) run throughout.
+
+Used by tests/reliability/test_chaos.py (about a minute, in ctest) and bench/chaos/chaos_soak.py
+(minutes, prints counts). `run()` returns the counts and a list of violated invariants:
+- every request ends exactly once: OK, or (streaming only) with an error after its first token
+  was streamed (the router never replays streamed output); non-streaming requests all end OK
+  (failures before output are retried by the router);
+- no request hangs past its deadline;
+- greedy outputs are identical for identical prompts at the same weight version;
+- at the end every worker is live, routable and serving at the fleet's version.
+"""
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "clients" / "python"))
+BUILD = Path(os.environ.get("RL_BUILD_DIR", ROOT / "build"))
+DATA = Path(os.environ.get("RL_TEST_DATA", ROOT.parent / "shared" / "models"))
+
+import grpc  # noqa: E402
+
+from rl_client import Client, pb  # noqa: E402
+
+PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went", "One day, a bird",
+           "The sun was", "A big red ball"]
+REQUEST_DEADLINE_S = 60.0
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(proc, what):
+    line = proc.stdout.readline()
+    if not line.startswith("listening on "):
+        proc.kill()
+        raise RuntimeError(f"{what} did not start: {line!r} {proc.stderr.read()}")
+    return line.split()[-1]
+
+
+class WorkerProc:
+    """One rl-worker on a fixed port, so a restart comes back at the same address."""
+
+    def __init__(self, port, log):
+        self.port = port
+        self.address = f"127.0.0.1:{port}"
+        self.log = log
+        self.proc = None
+        self.stopped = False
+        self.start()
+
+    def start(self):
+        args = [str(BUILD / "bin" / "rl-worker"), "--model", str(DATA / "stories260K"),
+                "--port", str(self.port), "--kv-cache-gb", "0.02", "--log-level", "warn"]
+        for attempt in range(50):  # the port may linger for a moment after a kill
+            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
+            line = self.proc.stdout.readline()
+            if line.startswith("listening on "):
+                return
+            self.proc.wait(timeout=30)
+            time.sleep(0.1)
+        raise RuntimeError(f"rl-worker on port {self.port} did not start")
+
+    def kill(self):
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=30)
+
+    def stop(self):
+        self.proc.send_signal(signal.SIGSTOP)
+        self.stopped = True
+
+    def cont(self):
+        self.proc.send_signal(signal.SIGCONT)
+        self.stopped = False
+
+    def terminate(self):
+        if self.proc.poll() is None:
+            if self.stopped:
+                self.cont()
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=20)
+
+
+def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_every_s=2.5,
+        verbose=False, log_dir=None):
+    log_path = Path(log_dir or os.environ.get("RL_CHAOS_LOG_DIR", "/tmp")) / f"chaos-{os.getpid()}.log"
+    log = open(log_path, "w")
+    workers = [WorkerProc(free_port(), log) for _ in range(3)]
+    router_args = [str(BUILD / "bin" / "rl-router"), "--tokenizer", str(DATA / "stories260K"),
+                   "--port", "0", "--health-interval-ms", "200", "--health-timeout-ms", "500",
+                   "--health-failures", "2", "--retry-backoff-ms", "20", "--max-attempts", "30",
+                   "--admin-call-timeout-ms", "2000", "--admin-load-timeout-ms", "20000",
+                   "--admin-lock-timeout-ms", "60000", "--log-level", "info"]
+    for w in workers:
+        router_args += ["--worker", w.address]
+    router = subprocess.Popen(router_args, stdout=subprocess.PIPE, stderr=log, text=True)
+    counts = {"requests": 0, "ok": 0, "streamed_then_failed": 0, "kills": 0, "stops": 0,
+              "admin_cycles": 0, "admin_worker_failures": 0, "admin_call_errors": 0}
+    violations = []
+    lock = threading.Lock()
+    outputs = {}  # (prompt, version) -> set of output tuples
+    stop = threading.Event()
+    fleet_version = [0]
+    try:
+        router_address = wait_listening(router, "rl-router")
+        client = Client(router_address, timeout=REQUEST_DEADLINE_S)
+
+        def generate_once(rng):
+            prompt = rng.choice(PROMPTS)
+            streaming = rng.random() < 0.25
+            req = pb["generate_pb2"].GenerateRequest(text=prompt, stream=streaming)
+            req.sampling_params.temperature = 0.0
+            req.sampling_params.max_new_tokens = rng.choice([4, 8, 16])
+            finals, chunks = 0, 0
+            final = None
+            start = time.monotonic()
+            try:
+                for msg in client.router.Generate(req, timeout=REQUEST_DEADLINE_S):
+                    if msg.HasField("chunk"):
+                        chunks += 1
+                    if msg.HasField("final"):
+                        finals += 1
+                        final = msg.final
+                err = None
+            except grpc.RpcError as e:
+                err = e
+            elapsed = time.monotonic() - start
+            with lock:
+                counts["requests"] += 1
+                if err is None:
+                    if finals != 1:
+                        violations.append(f"request '{prompt}' got {finals} final messages")
+                        return
+                    counts["ok"] += 1
+                    key = (prompt, req.sampling_params.max_new_tokens, final.weight_version)
+                    outputs.setdefault(key, set()).add(tuple(final.output_ids))
+                    return
+                code = err.code()
+                if code == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    violations.append(f"request '{prompt}' hung past its deadline ({elapsed:.1f} s)")
+                elif streaming and chunks > 0 and finals == 0 and code == grpc.StatusCode.UNAVAILABLE:
+                    counts["streamed_then_failed"] += 1  # reported, not replayed: allowed
+                else:
+                    violations.append(f"request '{prompt}' (stream={streaming}, {chunks} chunks) "
+                                      f"lost: {code.name}: {err.details()}")
+
+        def load(seed):
+            rng = random.Random(seed)
+            while not stop.is_set():
+                generate_once(rng)
+
+        def killer():
+            w = workers[0]
+            while not stop.wait(kill_every_s):
+                w.kill()
+                counts["kills"] += 1
+                time.sleep(0.1)
+                w.start()
+
+        def stopper():
+            w = workers[1]
+            while not stop.wait(stop_for_s):
+                w.stop()
+                counts["stops"] += 1
+                stop.wait(stop_for_s)
+                w.cont()
+
+        def admin():
+            admin_client = Client(router_address, timeout=120)
+            while not stop.wait(admin_every_s):
+                try:
+                    r = admin_client.pause("retract")
+                    counts["admin_worker_failures"] += sum(not x.success for x in r.results)
+                    version = fleet_version[0] + 1
+                    r = admin_client.update_weights_from_disk(str(DATA / "stories260K"),
+                                                              weight_version=version)
+                    counts["admin_worker_failures"] += sum(not x.success for x in r.results)
+                    if any(x.success for x in r.results):
+                        fleet_version[0] = version
+                    r = admin_client.continue_generation()
+                    counts["admin_worker_failures"] += sum(not x.success for x in r.results)
+                    counts["admin_cycles"] += 1
+                except grpc.RpcError as e:
+                    # No live worker at that moment, or the lock: reported, never a hang.
+                    counts["admin_call_errors"] += 1
+                    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        violations.append(f"admin call hung: {e.details()}")
+                    try:  # never leave the fleet paused
+                        admin_client.continue_generation()
+                    except grpc.RpcError:
+                        pass
+
+        threads = [threading.Thread(target=load, args=(i,)) for i in range(num_clients)]
+        threads += [threading.Thread(target=f) for f in (killer, stopper, admin)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + duration_s
+        while time.monotonic() < deadline:
+            time.sleep(1)
+            if verbose:
+                print(f"[{duration_s - (deadline - time.monotonic()):5.0f} s] {counts}", flush=True)
+        stop.set()
+        for t in threads:
+            t.join(timeout=REQUEST_DEADLINE_S + 30)
+            if t.is_alive():
+                violations.append("a driver thread did not finish (hang)")
+        if workers[1].stopped:
+            workers[1].cont()
+        # The fleet converges: every worker live, at the fleet's version, serving.
+        version = fleet_version[0]
+        converged = False
+        listing = None
+        for _ in range(300):
+            listing = client.router.ListWorkers(pb["router_pb2"].ListWorkersRequest(), timeout=10)
+            if all(w.state == pb["router_pb2"].WORKER_STATE_LIVE and w.enabled and
+                   w.weight_version == version and not w.reason for w in listing.workers):
+                converged = True
+                break
+            time.sleep(0.1)
+        if not converged:
+            violations.append(f"fleet did not converge to v{version}: {listing}")
+        for w in workers:
+            direct = Client(w.address, timeout=30)
+            f = direct.generate(text=PROMPTS[0], via_router=False, max_new_tokens=4,
+                                temperature=0.0)
+            if f.weight_version != version:
+                violations.append(f"worker {w.address} serves v{f.weight_version}, fleet v{version}")
+        served = set()
+        for _ in range(30):
+            served.add(client.generate(text=PROMPTS[1], max_new_tokens=2, temperature=0.0).worker)
+        if served != {w.address for w in workers}:
+            violations.append(f"the router routes to {sorted(served)} only")
+        for key, outs in outputs.items():
+            if len(outs) != 1:
+                violations.append(f"greedy outputs differ for {key}: {outs}")
+        counts["fleet_version"] = version
+        counts["distinct_prompt_versions"] = len(outputs)
+    finally:
+        stop.set()
+        for w in workers:
+            w.terminate()
+        router.terminate()
+        try:
+            router.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            router.kill()
+        log.close()
+    counts["log"] = str(log_path)
+    return counts, violations
+
+
+if __name__ == "__main__":
+    import argparse
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--duration-s", type=float, default=45.0)
+    p.add_argument("--clients", type=int, default=4)
+    args = p.parse_args()
+    c, v = run(args.duration_s, args.clients, verbose=True)
+    print(c)
+    for line in v:
+        print("VIOLATION:", line)
+    sys.exit(1 if v else 0)

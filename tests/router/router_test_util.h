@@ -1,0 +1,33 @@
+// Test helpers for the router tests: a tiny in-process rl-worker (stories260K) and an rl-router
+// over a list of workers, both on 127.0.0.1:0, with fast health checks and retries.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "services/router/router_server.h"
+#include "tests/worker/worker_test_util.h"
+
+namespace rl::router::testing {
+
+// An rl-worker on stories260K, port 0, a small KV cache and one thread; other fields of `wc`
+// are kept.
+inline absl::StatusOr<std::unique_ptr<worker::WorkerServer>> StartTestWorker(
+    worker::WorkerConfig wc = {}) {
+  wc.model_path = worker::testing::Stories();
+  wc.port = 0;
+  wc.kv_cache_gb = 0.01;
+  wc.num_threads = 1;
+  return worker::WorkerServer::Start(wc);
+}
+
+// An rl-router over `config.workers` with the stories260K tokenizer, health checks every 100 ms
+// and 10 ms retry backoff; other fields of `config` are kept.
+inline absl::StatusOr<std::unique_ptr<RouterServer>> StartTestRouter(RouterConfig config) {
+  config.tokenizer_path = worker::testing::Stories();
+  config.health_interval_ms = 100;
+  config.retry_backoff_ms = 10;
+  return RouterServer::Start(config);
+}
+
+}  // namespace rl::router::testing

@@ -1,0 +1,573 @@
+// SglangScheduler on an in-process worker (stories260K), and the pure translation under it.
+#include <zip.h>
+
+#include <filesystem>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "common/sha256.h"
+#include "gmock/gmock.h"
+#include "services/worker/sglang/sglang_convert.h"
+#include "services/worker/sglang/tokenizer_bundle.h"
+#include "sglang_scheduler.grpc.pb.h"
+#include "tests/worker/worker_test_util.h"
+
+namespace rl::worker {
+namespace {
+
+using ::testing::HasSubstr;
+namespace common = ::smg::grpc::common;
+
+engine::RequestLimits Limits() {
+  engine::RequestLimits l;
+  l.vocab_size = 512;
+  l.max_context_len = 512;
+  l.max_kv_tokens = 100000;
+  l.has_text_decoder = true;
+  return l;
+}
+
+sgl::GenerateRequest Tokens(std::vector<uint32_t> ids) {
+  sgl::GenerateRequest r;
+  r.set_request_id("r");
+  r.mutable_tokenized();
+  for (uint32_t t : ids) r.mutable_tokenized()->add_input_ids(t);
+  return r;
+}
+
+TEST(SglangConvertTest, ProtoZerosMeanDefaults) {
+  sgl::GenerateRequest in = Tokens({1, 2, 3});
+  auto r = SglangToEngineRequest(in, "id", Limits());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->id, "id");
+  EXPECT_EQ(r->input_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(r->sampling.temperature, 0.0);  // greedy
+  EXPECT_EQ(r->sampling.top_p, 1.0);
+  EXPECT_EQ(r->sampling.top_k, -1);
+  EXPECT_EQ(r->sampling.repetition_penalty, 1.0);
+  EXPECT_EQ(r->sampling.n, 1);
+  EXPECT_EQ(r->sampling.max_new_tokens, kSglangDefaultMaxNewTokens);
+  EXPECT_FALSE(r->return_logprob);
+  EXPECT_EQ(r->logprob_start_len, -1);
+}
+
+TEST(SglangConvertTest, SamplingFieldsAndClampedDefault) {
+  sgl::GenerateRequest in = Tokens(std::vector<uint32_t>(500, 7));
+  sgl::SamplingParams* sp = in.mutable_sampling_params();
+  sp->set_temperature(0.7f);
+  sp->set_top_p(0.9f);
+  sp->set_top_k(5);
+  sp->set_min_p(0.1f);
+  sp->set_repetition_penalty(1.2f);
+  sp->set_frequency_penalty(0.5f);
+  sp->set_presence_penalty(0.25f);
+  sp->set_min_new_tokens(2);
+  sp->set_ignore_eos(true);
+  sp->add_stop_token_ids(9);
+  sp->add_stop("end");
+  sp->set_n(3);
+  auto r = SglangToEngineRequest(in, "id", Limits());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FLOAT_EQ(r->sampling.temperature, 0.7f);
+  EXPECT_FLOAT_EQ(r->sampling.top_p, 0.9f);
+  EXPECT_EQ(r->sampling.top_k, 5);
+  EXPECT_FLOAT_EQ(r->sampling.min_p, 0.1f);
+  EXPECT_FLOAT_EQ(r->sampling.repetition_penalty, 1.2f);
+  EXPECT_FLOAT_EQ(r->sampling.frequency_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(r->sampling.presence_penalty, 0.25f);
+  EXPECT_EQ(r->sampling.min_new_tokens, 2);
+  EXPECT_TRUE(r->sampling.ignore_eos);
+  EXPECT_EQ(r->sampling.stop_token_ids, std::vector<int32_t>{9});
+  EXPECT_EQ(r->sampling.stop, std::vector<std::string>{"end"});
+  EXPECT_EQ(r->sampling.n, 3);
+  // Unset max_new_tokens: the default, clamped to what the context leaves (512 - 500).
+  EXPECT_EQ(r->sampling.max_new_tokens, 12);
+}
+
+TEST(SglangConvertTest, TooLongIsInvalidArgumentNotResourceExhausted) {
+  sgl::GenerateRequest in = Tokens({1, 2, 3});
+  in.mutable_sampling_params()->set_max_new_tokens(510);
+  auto r = SglangToEngineRequest(in, "id", Limits());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), HasSubstr("max_new_tokens"));
+  in.mutable_sampling_params()->set_max_new_tokens(509);
+  EXPECT_TRUE(SglangToEngineRequest(in, "id", Limits()).ok());
+  sgl::GenerateRequest whole = Tokens(std::vector<uint32_t>(513, 7));
+  EXPECT_EQ(SglangToEngineRequest(whole, "id", Limits()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SglangConvertTest, InputIsChecked) {
+  sgl::GenerateRequest none;
+  EXPECT_THAT(SglangToEngineRequest(none, "id", Limits()).status().message(),
+              HasSubstr("tokenized"));
+  EXPECT_THAT(SglangToEngineRequest(Tokens({}), "id", Limits()).status().message(),
+              HasSubstr("must not be empty"));
+  EXPECT_THAT(SglangToEngineRequest(Tokens({0x80000000u}), "id", Limits()).status().message(),
+              HasSubstr("out of range"));
+  sgl::GenerateRequest many = Tokens({1});
+  many.mutable_sampling_params()->set_n(1000);
+  EXPECT_THAT(SglangToEngineRequest(many, "id", Limits()).status().message(),
+              HasSubstr("sampling_params.n"));
+}
+
+TEST(SglangConvertTest, UnsupportedFeaturesAreRefusedByName) {
+  auto refused = [](const sgl::GenerateRequest& in, const char* field) {
+    absl::Status s = SglangToEngineRequest(in, "id", Limits()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << field;
+    EXPECT_THAT(s.message(), HasSubstr(field));
+  };
+  sgl::GenerateRequest in = Tokens({1, 2});
+  in.mutable_sampling_params()->set_json_schema("{}");
+  refused(in, "json_schema");
+  in = Tokens({1, 2});
+  in.mutable_sampling_params()->set_regex("a+");
+  refused(in, "regex");
+  in = Tokens({1, 2});
+  (*in.mutable_sampling_params()->mutable_logit_bias())["5"] = 1.0f;
+  refused(in, "logit_bias");
+  in = Tokens({1, 2});
+  in.set_lora_id("l");
+  refused(in, "lora_id");
+  in = Tokens({1, 2});
+  in.set_return_hidden_states(true);
+  refused(in, "return_hidden_states");
+  in = Tokens({1, 2});
+  in.mutable_mm_inputs()->add_image_urls("http://x/y.png");
+  refused(in, "mm_inputs");
+  in = Tokens({1, 2});
+  in.add_token_ids_logprob(3);
+  refused(in, "token_ids_logprob");
+  in = Tokens({1, 2});
+  in.set_data_parallel_rank(1);
+  refused(in, "data_parallel_rank");
+  in = Tokens({1, 2});
+  (*in.mutable_sampling_params()->mutable_custom_params()->mutable_fields())["beam"]
+      .set_number_value(2);
+  refused(in, "custom_params.beam");
+  // Present but empty, or neutral: accepted.
+  in = Tokens({1, 2});
+  in.mutable_mm_inputs();
+  in.set_data_parallel_rank(0);
+  (*in.mutable_sampling_params()->mutable_custom_params()->mutable_fields())["seed"]
+      .set_number_value(42);
+  auto r = SglangToEngineRequest(in, "id", Limits());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.seed, 42u);
+}
+
+TEST(SglangConvertTest, LogprobOptions) {
+  sgl::GenerateRequest in = Tokens({1, 2, 3});
+  in.set_logprob_start_len(0);
+  in.set_top_logprobs_num(3);
+  auto r = SglangToEngineRequest(in, "id", Limits());
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->logprob_start_len, -1);  // without return_logprob nothing is computed
+  EXPECT_EQ(r->top_logprobs_num, 0);
+  in.set_return_logprob(true);
+  r = SglangToEngineRequest(in, "id", Limits());
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->return_logprob);
+  EXPECT_EQ(r->logprob_start_len, 0);
+  EXPECT_EQ(r->top_logprobs_num, 3);
+  in.set_logprob_start_len(-1);
+  EXPECT_EQ(SglangToEngineRequest(in, "id", Limits())->logprob_start_len, -1);
+  in.set_logprob_start_len(3);  // at the prompt's end: no prompt position asked for
+  EXPECT_EQ(SglangToEngineRequest(in, "id", Limits())->logprob_start_len, -1);
+  in.set_logprob_start_len(4);
+  EXPECT_EQ(SglangToEngineRequest(in, "id", Limits()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SglangConvertTest, CompleteCarriesMatchAndLogprobs) {
+  engine::GenerateRequest req;
+  req.input_ids = {1, 2, 3};
+  req.return_logprob = true;
+  req.top_logprobs_num = 1;
+  req.logprob_start_len = 0;
+  engine::GenerateResult res;
+  res.index = 1;
+  res.finish_reason.kind = engine::FinishKind::kStop;
+  res.finish_reason.matched_token_id = 2;
+  res.output_ids = {5, 2};
+  res.output_logprobs = {{5, -0.5, {{5, -0.5}}}, {2, -0.25, {{2, -0.25}}}};
+  res.prompt_logprobs = {{2, -1.0, {{4, -0.5}}}, {3, -2.0, {{3, -2.0}}}};
+  res.prompt_logprob_start = 1;
+  res.prompt_tokens = 3;
+  res.completion_tokens = 2;
+  res.cached_tokens = 1;
+  sgl::GenerateComplete c;
+  FillComplete(res, req, /*stream=*/false, &c);
+  EXPECT_EQ(c.finish_reason(), "stop");
+  EXPECT_EQ(c.matched_token_id(), 2u);
+  EXPECT_EQ(c.index(), 1u);
+  EXPECT_EQ(c.prompt_tokens(), 3u);
+  EXPECT_EQ(c.completion_tokens(), 2u);
+  EXPECT_EQ(c.cached_tokens(), 1u);
+  EXPECT_EQ(std::vector<uint32_t>(c.output_ids().begin(), c.output_ids().end()),
+            (std::vector<uint32_t>{5, 2}));
+  ASSERT_EQ(c.output_logprobs().token_logprobs_size(), 2);
+  EXPECT_FLOAT_EQ(c.output_logprobs().token_logprobs(1), -0.25f);
+  ASSERT_EQ(c.output_logprobs().top_logprobs_size(), 2);
+  EXPECT_EQ(c.output_logprobs().top_logprobs(0).token_ids(0), 5u);
+  // Input logprobs from position 0: the first token without a value.
+  const sgl::InputLogProbs& in = c.input_logprobs();
+  ASSERT_EQ(in.token_logprobs_size(), 3);
+  EXPECT_FALSE(in.token_logprobs(0).has_value());
+  EXPECT_FLOAT_EQ(in.token_logprobs(1).value(), -1.0f);
+  EXPECT_EQ(std::vector<uint32_t>(in.token_ids().begin(), in.token_ids().end()),
+            (std::vector<uint32_t>{1, 2, 3}));
+  ASSERT_EQ(in.top_logprobs_size(), 3);
+  EXPECT_EQ(in.top_logprobs(1).token_ids(0), 4u);
+
+  // Streaming: the tokens went out in chunks; a stop string is reported as a string.
+  res.finish_reason.matched_token_id = -1;
+  res.finish_reason.matched_stop = "end";
+  sgl::GenerateComplete s;
+  FillComplete(res, req, /*stream=*/true, &s);
+  EXPECT_EQ(s.output_ids_size(), 0);
+  EXPECT_EQ(s.matched_stop_str(), "end");
+  EXPECT_EQ(s.completion_tokens(), 2u);
+}
+
+TEST(TokenizerBundleTest, ZipsTheTokenizerFiles) {
+  auto archive = BuildTokenizerArchive(testing::Stories());
+  ASSERT_TRUE(archive.ok()) << archive.status();
+  EXPECT_EQ(archive->sha256, Sha256Hex(archive->zip));
+  zip_error_t error;
+  zip_error_init(&error);
+  zip_source_t* src = zip_source_buffer_create(archive->zip.data(), archive->zip.size(), 0, &error);
+  ASSERT_NE(src, nullptr);
+  zip_t* z = zip_open_from_source(src, ZIP_RDONLY, &error);
+  ASSERT_NE(z, nullptr) << zip_error_strerror(&error);
+  std::set<std::string> names;
+  for (zip_int64_t i = 0; i < zip_get_num_entries(z, 0); ++i) names.insert(zip_get_name(z, i, 0));
+  EXPECT_TRUE(names.count("tokenizer.json"));
+  EXPECT_TRUE(names.count("tokenizer_config.json"));
+  EXPECT_TRUE(names.count("config.json"));
+  EXPECT_FALSE(names.count("model.safetensors"));
+  zip_stat_t st;
+  ASSERT_EQ(zip_stat(z, "tokenizer.json", 0, &st), 0);
+  EXPECT_EQ(st.size, std::filesystem::file_size(testing::Stories() + "/tokenizer.json"));
+  zip_close(z);
+
+  testing::TempDir empty;
+  EXPECT_EQ(BuildTokenizerArchive(empty.path()).status().code(), absl::StatusCode::kNotFound);
+}
+
+class SglangServiceTest : public testing::WorkerFixture {
+ protected:
+  void SetUp() override {
+    StartWorker();
+    sglang_ = sgl::SglangScheduler::NewStub(channel_);
+  }
+
+  struct Outcome {
+    grpc::Status status;
+    std::vector<sgl::GenerateStreamChunk> chunks;
+    std::vector<sgl::GenerateComplete> completes;
+  };
+
+  Outcome Run(const sgl::GenerateRequest& req) {
+    Outcome out;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto reader = sglang_->Generate(&ctx, req);
+    sgl::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+      EXPECT_EQ(msg.request_id(), req.request_id());
+      if (msg.has_chunk()) out.chunks.push_back(msg.chunk());
+      if (msg.has_complete()) out.completes.push_back(msg.complete());
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+
+  static sgl::GenerateRequest Greedy(int max_new_tokens, bool stream) {
+    sgl::GenerateRequest req;
+    req.set_request_id("g");
+    for (int32_t t : testing::kPromptIds) req.mutable_tokenized()->add_input_ids(t);
+    req.mutable_sampling_params()->set_max_new_tokens(max_new_tokens);
+    req.set_stream(stream);
+    return req;
+  }
+
+  void WaitForWaiting(int n) {
+    for (int i = 0; i < 2000 && ServerInfo().num_waiting() != n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    ASSERT_EQ(ServerInfo().num_waiting(), n);
+  }
+
+  void Pause() {
+    rl::v1::PauseGenerationRequest req;
+    req.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
+    rl::v1::AdminResponse resp;
+    ASSERT_TRUE(Call(&rl::v1::Admin::Stub::PauseGeneration, req, &resp).ok());
+  }
+  void Continue() {
+    rl::v1::AdminResponse resp;
+    ASSERT_TRUE(
+        Call(&rl::v1::Admin::Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(), &resp)
+            .ok());
+  }
+
+  std::unique_ptr<sgl::SglangScheduler::Stub> sglang_;
+};
+
+TEST_F(SglangServiceTest, RegistrationCalls) {
+  grpc::ClientContext c1;
+  sgl::HealthCheckResponse health;
+  ASSERT_TRUE(sglang_->HealthCheck(&c1, {}, &health).ok());
+  EXPECT_TRUE(health.healthy());
+  grpc::ClientContext c2;
+  sgl::GetModelInfoResponse info;
+  ASSERT_TRUE(sglang_->GetModelInfo(&c2, {}, &info).ok());
+  EXPECT_TRUE(info.is_generation());
+  EXPECT_EQ(info.vocab_size(), 512);
+  EXPECT_EQ(info.model_path(), testing::Stories());
+  EXPECT_EQ(info.served_model_name(), testing::Stories());
+  EXPECT_EQ(info.tokenizer_path(), testing::Stories());
+  EXPECT_GT(info.max_context_length(), 0);
+  EXPECT_GT(info.eos_token_ids_size(), 0);
+  EXPECT_EQ(info.weight_version(), "0");
+  EXPECT_EQ(info.model_type(), "llama");
+  grpc::ClientContext c3;
+  sgl::GetServerInfoResponse server;
+  ASSERT_TRUE(sglang_->GetServerInfo(&c3, {}, &server).ok());
+  EXPECT_EQ(server.server_type(), "grpc");
+  EXPECT_GT(server.max_total_num_tokens(), 0);
+  EXPECT_FALSE(server.is_paused());
+  grpc::ClientContext c4;
+  sgl::GetLoadsResponse loads;
+  ASSERT_TRUE(sglang_->GetLoads(&c4, {}, &loads).ok());
+  ASSERT_EQ(loads.loads_size(), 1);
+  EXPECT_EQ(loads.dp_rank_count(), 1);
+  EXPECT_GT(loads.loads(0).max_total_num_tokens(), 0);
+  grpc::ClientContext c5;
+  sgl::GetLoadsRequest bad;
+  bad.add_include("bogus");
+  EXPECT_EQ(sglang_->GetLoads(&c5, bad, &loads).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  // What has no counterpart says so.
+  grpc::ClientContext c6;
+  sgl::EmbedResponse embed;
+  grpc::Status s = sglang_->Embed(&c6, {}, &embed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(s.error_message(), HasSubstr("not supported"));
+  grpc::ClientContext c7;
+  auto kv = sglang_->SubscribeKvEvents(&c7, {});
+  common::KvEventBatch batch;
+  EXPECT_FALSE(kv->Read(&batch));
+  EXPECT_EQ(kv->Finish().error_code(), grpc::StatusCode::UNIMPLEMENTED);
+}
+
+TEST_F(SglangServiceTest, NonStreamingGreedyMatchesGolden) {
+  Outcome out = Run(Greedy(20, /*stream=*/false));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  EXPECT_TRUE(out.chunks.empty());
+  ASSERT_EQ(out.completes.size(), 1u);
+  const sgl::GenerateComplete& c = out.completes[0];
+  EXPECT_EQ(std::vector<int32_t>(c.output_ids().begin(), c.output_ids().end()),
+            testing::kGoldenIds);
+  EXPECT_EQ(c.finish_reason(), "length");
+  EXPECT_EQ(c.prompt_tokens(), testing::kPromptIds.size());
+  EXPECT_EQ(c.completion_tokens(), 20u);
+}
+
+TEST_F(SglangServiceTest, StreamingChunksThenComplete) {
+  sgl::GenerateRequest req = Greedy(20, /*stream=*/true);
+  req.set_return_logprob(true);
+  req.set_top_logprobs_num(2);
+  Outcome out = Run(req);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  std::vector<int32_t> ids;
+  uint32_t last_count = 0;
+  for (const sgl::GenerateStreamChunk& c : out.chunks) {
+    ids.insert(ids.end(), c.token_ids().begin(), c.token_ids().end());
+    EXPECT_EQ(c.completion_tokens(), ids.size());  // cumulative
+    EXPECT_GT(c.completion_tokens(), last_count);
+    last_count = c.completion_tokens();
+    ASSERT_EQ(c.output_logprobs().token_logprobs_size(), c.token_ids_size());  // incremental
+    ASSERT_EQ(c.output_logprobs().top_logprobs_size(), c.token_ids_size());
+    EXPECT_EQ(c.output_logprobs().top_logprobs(0).values_size(), 2);
+  }
+  EXPECT_EQ(ids, testing::kGoldenIds);
+  ASSERT_EQ(out.completes.size(), 1u);
+  EXPECT_EQ(out.completes[0].finish_reason(), "length");
+  EXPECT_EQ(out.completes[0].completion_tokens(), 20u);
+  EXPECT_EQ(out.completes[0].output_ids_size(), 0);
+}
+
+TEST_F(SglangServiceTest, NTwoAndStopToken) {
+  sgl::GenerateRequest req = Greedy(8, /*stream=*/true);
+  req.mutable_sampling_params()->set_n(2);
+  Outcome out = Run(req);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_EQ(out.completes.size(), 2u);
+  std::map<uint32_t, std::vector<int32_t>> by_index;
+  for (const auto& c : out.chunks) {
+    by_index[c.index()].insert(by_index[c.index()].end(), c.token_ids().begin(),
+                               c.token_ids().end());
+  }
+  ASSERT_EQ(by_index.size(), 2u);
+  const std::vector<int32_t> golden8(testing::kGoldenIds.begin(), testing::kGoldenIds.begin() + 8);
+  EXPECT_EQ(by_index[0], golden8);
+  EXPECT_EQ(by_index[1], golden8);
+
+  sgl::GenerateRequest stop = Greedy(20, /*stream=*/false);
+  stop.mutable_sampling_params()->add_stop_token_ids(testing::kGoldenIds[3]);
+  out = Run(stop);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_EQ(out.completes.size(), 1u);
+  EXPECT_EQ(out.completes[0].finish_reason(), "stop");
+  EXPECT_EQ(out.completes[0].matched_token_id(), static_cast<uint32_t>(testing::kGoldenIds[3]));
+  EXPECT_EQ(out.completes[0].output_ids_size(), 4);
+}
+
+TEST_F(SglangServiceTest, BadRequestIsInvalidArgument) {
+  sgl::GenerateRequest req = Greedy(4, false);
+  req.mutable_tokenized()->add_input_ids(100000);
+  Outcome out = Run(req);
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(out.status.error_message(), HasSubstr("vocabulary"));
+}
+
+TEST_F(SglangServiceTest, AbortFreesAQueuedRequest) {
+  Pause();
+  Outcome out;
+  std::thread t([&] {
+    sgl::GenerateRequest req = Greedy(50, /*stream=*/true);
+    req.set_request_id("to-abort");
+    out = Run(req);
+  });
+  WaitForWaiting(1);
+  grpc::ClientContext ctx;
+  sgl::AbortRequest abort;
+  abort.set_request_id("to-abort");
+  sgl::AbortResponse resp;
+  ASSERT_TRUE(sglang_->Abort(&ctx, abort, &resp).ok());
+  EXPECT_TRUE(resp.success()) << resp.message();
+  t.join();
+  // Aborted by the worker: a status the gateway retries, never an empty success.
+  EXPECT_EQ(out.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(out.completes.empty());
+  EXPECT_EQ(ServerInfo().num_waiting(), 0);
+  grpc::ClientContext again;
+  ASSERT_TRUE(sglang_->Abort(&again, abort, &resp).ok());
+  EXPECT_FALSE(resp.success());
+  Continue();
+}
+
+TEST_F(SglangServiceTest, CancelledCallFreesTheRequest) {
+  Pause();
+  grpc::ClientContext ctx;
+  sgl::GenerateRequest req = Greedy(50, /*stream=*/false);
+  auto reader = sglang_->Generate(&ctx, req);
+  WaitForWaiting(1);
+  ctx.TryCancel();
+  sgl::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  WaitForWaiting(0);
+  Continue();
+}
+
+TEST_F(SglangServiceTest, FlushCacheTimeoutSemantics) {
+  // Idle: flushed at once.
+  {
+    grpc::ClientContext ctx;
+    common::FlushCacheResponse resp;
+    ASSERT_TRUE(sglang_->FlushCache(&ctx, {}, &resp).ok());
+    EXPECT_TRUE(resp.success()) << resp.message();
+  }
+  Pause();
+  std::thread gen([&] { Run(Greedy(8, /*stream=*/false)); });
+  WaitForWaiting(1);
+  // timeout 0 with a request in flight: refused as an answer, not an error.
+  {
+    grpc::ClientContext ctx;
+    common::FlushCacheResponse resp;
+    ASSERT_TRUE(sglang_->FlushCache(&ctx, {}, &resp).ok());
+    EXPECT_FALSE(resp.success());
+    EXPECT_THAT(resp.message(), HasSubstr("not flushed"));
+  }
+  // A short timeout runs out while the engine stays busy.
+  {
+    grpc::ClientContext ctx;
+    common::FlushCacheRequest req;
+    req.set_timeout_s(0.2f);
+    common::FlushCacheResponse resp;
+    ASSERT_TRUE(sglang_->FlushCache(&ctx, req, &resp).ok());
+    EXPECT_FALSE(resp.success());
+    EXPECT_THAT(resp.message(), HasSubstr("within 0.2 s"));
+  }
+  // A long one waits for the request to finish, then flushes.
+  common::FlushCacheResponse waited;
+  grpc::Status waited_status;
+  std::thread flusher([&] {
+    grpc::ClientContext ctx;
+    common::FlushCacheRequest req;
+    req.set_timeout_s(60);
+    waited_status = sglang_->FlushCache(&ctx, req, &waited);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  Continue();
+  gen.join();
+  flusher.join();
+  ASSERT_TRUE(waited_status.ok()) << waited_status.error_message();
+  EXPECT_TRUE(waited.success()) << waited.message();
+  EXPECT_EQ(ServerInfo().tree_cache_tokens(), 0);
+  {
+    grpc::ClientContext ctx;
+    common::FlushCacheRequest req;
+    req.set_timeout_s(-1);
+    common::FlushCacheResponse resp;
+    EXPECT_EQ(sglang_->FlushCache(&ctx, req, &resp).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+}
+
+TEST_F(SglangServiceTest, FlushWaitingAtShutdownIsAnswered) {
+  Pause();
+  std::thread gen([&] { Run(Greedy(8, /*stream=*/false)); });
+  WaitForWaiting(1);
+  grpc::Status status;
+  std::thread flusher([&] {
+    grpc::ClientContext ctx;
+    common::FlushCacheRequest req;
+    req.set_timeout_s(600);
+    common::FlushCacheResponse resp;
+    status = sglang_->FlushCache(&ctx, req, &resp);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  server_->Shutdown();
+  flusher.join();
+  gen.join();
+  // Answered, never left hanging: flushed if the aborts left the engine idle before the flush
+  // thread stopped, else UNAVAILABLE.
+  EXPECT_TRUE(status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE)
+      << status.error_message();
+}
+
+TEST_F(SglangServiceTest, GetTokenizerStreamsTheZip) {
+  grpc::ClientContext ctx;
+  auto reader = sglang_->GetTokenizer(&ctx, {});
+  common::GetTokenizerChunk chunk;
+  std::string zip, sha;
+  int num_chunks = 0;
+  while (reader->Read(&chunk)) {
+    EXPECT_TRUE(sha.empty()) << "sha256 only on the last chunk";
+    zip += chunk.data();
+    sha = chunk.sha256();
+    ++num_chunks;
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_GE(num_chunks, 1);
+  EXPECT_EQ(zip.substr(0, 2), "PK");
+  EXPECT_EQ(sha, Sha256Hex(zip));
+}
+
+}  // namespace
+}  // namespace rl::worker
