@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/sha256.h"
@@ -57,6 +58,12 @@ uint64_t SplitMix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
   x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
   return x ^ (x >> 31);
+}
+
+std::chrono::milliseconds Jittered(std::chrono::milliseconds d) {
+  thread_local absl::BitGen gen;
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(static_cast<double>(d.count()) * absl::Uniform(gen, 0.75, 1.25)));
 }
 
 bool Retriable(grpc::StatusCode code) {
@@ -149,6 +156,12 @@ class Dispatcher {
       args.SetMaxSendMessageSize(512 << 20);
       args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       args.SetInt("rl.collector.channel", i);  // distinct args: one connection per channel
+      // gRPC's own reconnect backoff (1 s growing to 120 s by default) would keep a channel in
+      // TRANSIENT_FAILURE long after a restarted router is back, failing every retry at once;
+      // reconnect at the collector's own retry cadence instead.
+      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(20, c.retry_backoff_ms));
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(20, c.retry_backoff_ms));
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(20, c.max_backoff_ms));
       stubs_.push_back(rl::v1::Router::NewStub(
           grpc::CreateCustomChannel(c.router, grpc::InsecureChannelCredentials(), args)));
     }
@@ -198,7 +211,8 @@ class Dispatcher {
     for (int attempt = 1; attempt <= c_.max_attempts; ++attempt) {
       if (attempt > 1) {
         ++res.retries;
-        const auto until = Clock::now() + backoff;
+        // +-25% jitter: samples that failed together do not all retry in the same instant.
+        const auto until = Clock::now() + Jittered(backoff);
         while (Clock::now() < until) {
           if (Stopping()) {
             res.cancelled = true;
