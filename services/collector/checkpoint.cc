@@ -1,8 +1,6 @@
 #include "services/collector/checkpoint.h"
 
 #include <filesystem>
-#include <map>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -18,19 +16,11 @@ constexpr size_t kMaxCheckpointBytes = size_t{4} << 30;
 
 // [[first_index, last_index, sample], ...]: runs of consecutive indices with one sample number,
 // so a checkpoint stays small however many samples are done.
-Json Keys(const absl::btree_set<SampleKey>& keys) {
-  std::map<int32_t, std::vector<int64_t>> by_sample;
-  for (const SampleKey& k : keys) by_sample[k.sample].push_back(k.index);
+Json Keys(const SampleSet& keys) {
   Json a = Json::array();
-  for (const auto& [sample, indices] : by_sample) {
-    size_t i = 0;
-    while (i < indices.size()) {
-      size_t j = i;
-      while (j + 1 < indices.size() && indices[j + 1] == indices[j] + 1) ++j;
-      a.push_back({indices[i], indices[j], sample});
-      i = j + 1;
-    }
-  }
+  keys.ForEachRun([&](int64_t first, int64_t last, int32_t sample) {
+    a.push_back({first, last, sample});
+  });
   return a;
 }
 
@@ -64,7 +54,7 @@ absl::StatusOr<CollectCheckpoint> DecodeCheckpoint(const std::string& json,
     // n and total bound everything below (the per-set budget); a corrupt total is refused here,
     // before it can size an allocation.
     if (c.n < 1 || c.n > kMaxSamplesPerPrompt) return bad("n is out of range");
-    if (c.total < 0 || c.total > static_cast<int64_t>(kMaxRows) * c.n) {
+    if (c.total < 0 || c.total > static_cast<int64_t>(kMaxRows) * c.n || c.total > kMaxSamples) {
       return bad("total is out of range");
     }
     for (const char* name : {"completed", "failed"}) {
@@ -84,7 +74,7 @@ absl::StatusOr<CollectCheckpoint> DecodeCheckpoint(const std::string& json,
           return bad(absl::StrCat(name, " covers more samples than the total ", c.total));
         }
         budget -= last - first + 1;
-        for (int64_t i = first; i <= last; ++i) set.insert(SampleKey{i, sample});
+        set.InsertRun(first, last, sample);
       }
     }
   } catch (const Json::exception& e) {

@@ -12,9 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "absl/container/btree_set.h"
 #include "absl/status/statusor.h"
-#include "services/collector/sample.h"
+#include "services/collector/sample_set.h"
 
 namespace rl::collector {
 
@@ -23,8 +22,8 @@ struct CollectCheckpoint {
   int32_t n = 1;
   int64_t total = 0;
   std::vector<std::string> shards;
-  absl::btree_set<SampleKey> completed;
-  absl::btree_set<SampleKey> failed;
+  SampleSet completed;
+  SampleSet failed;
 };
 
 std::string EncodeCheckpoint(const CollectCheckpoint& c);

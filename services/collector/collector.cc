@@ -403,6 +403,12 @@ absl::StatusOr<CollectSummary> RunCollect(const CollectConfig& config,
   auto prompts = LoadPromptSet(config.prompts);
   if (!prompts.ok()) return prompts.status();
   const int64_t total = static_cast<int64_t>(prompts->rows.size()) * config.n;
+  if (total > kMaxSamples) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        config.prompts, ": ", prompts->rows.size(), " rows x --n ", config.n, " = ", total,
+        " samples, more than the limit of ", kMaxSamples,
+        " per collection; split the prompt set"));
+  }
   CollectCheckpoint ckpt;
   if (loaded.ok()) {
     if (loaded->prompts_sha256 != prompts->sha256 || loaded->n != config.n ||

@@ -22,8 +22,10 @@ namespace rl::collector {
 inline constexpr size_t kMaxLineBytes = 16u << 20;
 inline constexpr size_t kMaxRows = 50'000'000;
 inline constexpr size_t kMaxPromptIds = 1u << 20;
-// Samples per prompt (--n); with kMaxRows it bounds a checkpoint's total.
+// Samples per prompt (--n).
 inline constexpr int32_t kMaxSamplesPerPrompt = 1024;
+// Samples in one collection (rows x --n): bounds the task list and a checkpoint's total.
+inline constexpr int64_t kMaxSamples = 50'000'000;
 
 struct PromptRow {
   int64_t index = 0;

@@ -7,6 +7,9 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
+#include <random>
+#include <set>
 #include <thread>
 
 #include "common/server_runner.h"
@@ -17,6 +20,7 @@
 #include "services/collector/fake_router.h"
 #include "services/collector/prompt_set.h"
 #include "services/collector/sample.h"
+#include "services/collector/sample_set.h"
 #include "services/collector/shard.h"
 
 namespace rl::collector {
@@ -213,6 +217,83 @@ TEST(PromptSet, DuplicateIndexFailsNamingBothLines) {
   EXPECT_THAT(set.status().message(),
               HasSubstr("prompt line 4: duplicate index 1 (first on line 1)"));
   fs::remove_all(dir);
+}
+
+// SampleSet against std::set under random inserts and erases: same members, same size, and
+// runs that stay maximal (disjoint and never adjacent).
+TEST(SampleSet, MatchesAnOrderedSetAndKeepsRunsMaximal) {
+  std::mt19937 rng(5);
+  SampleSet set;
+  std::set<SampleKey> ref;
+  for (int step = 0; step < 20000; ++step) {
+    const SampleKey k{static_cast<int64_t>(rng() % 300) - 50, static_cast<int32_t>(rng() % 3)};
+    if (rng() % 3 == 0) {
+      set.erase(k);
+      ref.erase(k);
+    } else if (rng() % 5 == 0) {
+      const int64_t len = rng() % 7;
+      set.InsertRun(k.index, k.index + len, k.sample);
+      for (int64_t i = 0; i <= len; ++i) ref.insert(SampleKey{k.index + i, k.sample});
+    } else {
+      set.insert(k);
+      ref.insert(k);
+    }
+    ASSERT_EQ(set.size(), ref.size());
+  }
+  for (int64_t i = -60; i < 260; ++i) {
+    for (int32_t s = 0; s < 3; ++s) {
+      ASSERT_EQ(set.contains({i, s}), ref.contains({i, s})) << i << " " << s;
+    }
+  }
+  int64_t prev_last = 0;
+  int32_t prev_sample = -1;
+  set.ForEachRun([&](int64_t first, int64_t last, int32_t sample) {
+    EXPECT_LE(first, last);
+    if (sample == prev_sample) EXPECT_GT(first, prev_last + 1);
+    prev_last = last;
+    prev_sample = sample;
+  });
+}
+
+TEST(SampleSet, EndsOfTheIndexRangeDoNotOverflow) {
+  constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  SampleSet set;
+  set.InsertRun(kMax - 2, kMax, 0);
+  set.InsertRun(kMin, kMin + 1, 0);
+  set.insert({kMax - 3, 0});
+  EXPECT_EQ(set.size(), 6u);
+  EXPECT_TRUE(set.contains({kMax, 0}));
+  EXPECT_TRUE(set.contains({kMin, 0}));
+  EXPECT_FALSE(set.contains({0, 0}));
+  set.erase({kMax, 0});
+  set.erase({kMin, 0});
+  EXPECT_EQ(set.size(), 4u);
+  int runs = 0;
+  set.ForEachRun([&](int64_t, int64_t, int32_t) { ++runs; });
+  EXPECT_EQ(runs, 2);
+}
+
+// A million samples saved in order are one run per sample number: the checkpoint stays a few
+// bytes, however long the collection (it is rewritten after every shard).
+TEST(Checkpoint, SamplesSavedInOrderEncodeAsOneRunEach) {
+  CollectCheckpoint c;
+  c.n = 2;
+  c.total = 2'000'000;
+  for (int64_t i = 0; i < 1'000'000; ++i) {
+    c.completed.insert({i, 0});
+    c.completed.insert({i, 1});
+  }
+  c.failed.insert({500, 1});
+  c.completed.erase({500, 1});
+  EXPECT_EQ(c.completed.size(), 1'999'999u);
+  const std::string json = EncodeCheckpoint(c);
+  EXPECT_LT(json.size(), 400u);
+  EXPECT_THAT(json, HasSubstr("\"completed\":[[0,999999,0],[0,499,1],[501,999999,1]]"));
+  auto back = DecodeCheckpoint(json, "x");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->completed, c.completed);
+  EXPECT_EQ(back->failed, c.failed);
 }
 
 TEST(Checkpoint, DurableRoundTrip) {
@@ -494,6 +575,25 @@ TEST(Collector, IdleTimeoutWritesAShardWhileASampleIsSlow) {
   ASSERT_TRUE(last.ok());
   ASSERT_EQ(last->size(), 1u);
   EXPECT_EQ((*last)[0].key.index, 2);
+  fs::remove_all(dir);
+}
+
+// rows x --n is bounded before any per-sample allocation, with both numbers named.
+TEST(Collector, RowsTimesNIsBounded) {
+  Fleet fleet(FakeRouterOptions{});
+  const std::string dir = TempDir("bound");
+  const int rows = static_cast<int>(kMaxSamples / kMaxSamplesPerPrompt) + 1;
+  {
+    std::ofstream out(dir + "/prompts.jsonl");
+    for (int i = 0; i < rows; ++i) out << "{\"index\":" << i << ",\"input_ids\":[1]}\n";
+  }
+  CollectConfig c = Config(fleet, dir + "/prompts.jsonl", dir + "/out");
+  c.n = kMaxSamplesPerPrompt;
+  auto s = RunCollect(c);
+  EXPECT_TRUE(absl::IsInvalidArgument(s.status())) << s.status();
+  EXPECT_THAT(s.status().message(), HasSubstr("more than the limit of 50000000"));
+  EXPECT_THAT(s.status().message(), HasSubstr(std::to_string(rows) + " rows x --n 1024"));
+  EXPECT_FALSE(fs::exists(dir + "/out/checkpoint.json"));
   fs::remove_all(dir);
 }
 
