@@ -3,12 +3,13 @@
 #include <openssl/crypto.h>
 
 #include <cstdlib>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "spdlog/spdlog.h"
 #include "common/model_io/file_read.h"
 #include "common/sha256.h"
+#include "spdlog/spdlog.h"
 
 namespace rl {
 namespace {
@@ -54,8 +55,8 @@ std::string ResolveApiKey(std::string flag_value, const char* env_name) {
 absl::StatusOr<std::string> ResolveApiKey(const ApiKeySource& src) {
   if (!src.file_path.empty()) {
     if (!src.flag_value.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("--", src.flag_name, " and --",
-                                                     src.flag_name, "-file: give only one"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", src.flag_name, " and --", src.flag_name, "-file: give only one"));
     }
     // Opened without blocking and checked with fstat before a byte is read (no FIFO, no
     // directory, at most 4 KiB).
@@ -65,8 +66,8 @@ absl::StatusOr<std::string> ResolveApiKey(const ApiKeySource& src) {
           absl::StrCat("--", src.flag_name, "-file: ", text.status().message()));
     }
     std::string key = *std::move(text);
-    while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ' ||
-                            key.back() == '\t')) {
+    while (!key.empty() &&
+           (key.back() == '\n' || key.back() == '\r' || key.back() == ' ' || key.back() == '\t')) {
       key.pop_back();
     }
     if (key.empty()) {
@@ -106,6 +107,30 @@ std::optional<std::string> AuthorizationHeader(const grpc::ServerContextBase& co
   auto it = md.find("authorization");
   if (it == md.end()) return std::nullopt;
   return std::string(it->second.data(), it->second.size());
+}
+
+void RegisterServerKeyFlags(FlagSet& flags, const ServerKeyFlags& keys,
+                            const std::string& data_calls) {
+  flags.String("admin-api-key", keys.admin_key,
+               "bearer key for admin calls (or env RL_ADMIN_API_KEY)");
+  flags.String("api-key", keys.key,
+               absl::StrCat("optional bearer key for ", data_calls, " (or env RL_API_KEY)"));
+  flags.String("admin-api-key-file", keys.admin_key_file,
+               "file holding the admin key (preferred: not visible in the process list)");
+  flags.String("api-key-file", keys.key_file,
+               absl::StrCat("file holding the ", data_calls, " key"));
+}
+
+absl::Status ResolveServerKeys(int argc, char** argv, const ServerKeyFlags& keys) {
+  ScrubFlagValues(argc, argv, {"admin-api-key", "api-key"});
+  for (auto [key, file, name, env] :
+       {std::tuple{keys.admin_key, keys.admin_key_file, "admin-api-key", "RL_ADMIN_API_KEY"},
+        std::tuple{keys.key, keys.key_file, "api-key", "RL_API_KEY"}}) {
+    absl::StatusOr<std::string> resolved = ResolveApiKey({name, *key, *file, env});
+    if (!resolved.ok()) return resolved.status();
+    *key = *std::move(resolved);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace rl

@@ -11,9 +11,9 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/status/statusor.h"
-
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/flags.h"
 #include "grpcpp/server_context.h"
 
 namespace rl {
@@ -53,6 +53,22 @@ absl::StatusOr<std::string> ResolveApiKey(const ApiKeySource& source);
 // Overwrites the values of the named flags in argv (`--name V` and `--name=V`) with '*' so that
 // secrets passed on the command line stop showing in /proc/PID/cmdline. Call after parsing.
 void ScrubFlagValues(int argc, char** argv, const std::vector<std::string>& flag_names);
+
+// The two keys of a server process: the admin key and the optional data-plane key, each from a
+// flag, a file or the environment (RL_ADMIN_API_KEY, RL_API_KEY).
+struct ServerKeyFlags {
+  std::string* admin_key;
+  std::string* admin_key_file;
+  std::string* key;
+  std::string* key_file;
+};
+// Registers --admin-api-key(-file) and --api-key(-file); `data_calls` says what the data-plane
+// key guards, for the help text.
+void RegisterServerKeyFlags(FlagSet& flags, const ServerKeyFlags& keys,
+                            const std::string& data_calls);
+// After parsing: scrubs both key flags from argv, then resolves each key in place (file,
+// environment, flag). The error names the flag at fault.
+absl::Status ResolveServerKeys(int argc, char** argv, const ServerKeyFlags& keys);
 
 // The `authorization` metadata value of a call, if any (for forwarding to workers).
 std::optional<std::string> AuthorizationHeader(const grpc::ServerContextBase& context);

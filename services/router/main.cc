@@ -2,7 +2,6 @@
 // Flags are read here only, turned into a RouterConfig and validated.
 #include <cstdio>
 #include <iostream>
-#include <tuple>
 
 #include "common/auth.h"
 #include "common/flags.h"
@@ -19,13 +18,9 @@ int main(int argc, char** argv) {
   flags.Int("port", &c.port, "gRPC port (0 picks a free one)");
   flags.String("tokenizer", &c.tokenizer_path, "folder with tokenizer.json (the model folder)");
   flags.StringList("worker", &c.workers, "rl-worker address HOST:PORT (repeatable)");
-  flags.String("admin-api-key", &c.admin_api_key,
-               "bearer key for admin calls (or env RL_ADMIN_API_KEY)");
-  flags.String("api-key", &c.api_key,
-               "optional bearer key for Generate/Retrieve (or env RL_API_KEY)");
-  flags.String("admin-api-key-file", &c.admin_api_key_file,
-               "file holding the admin key (preferred: not visible in the process list)");
-  flags.String("api-key-file", &c.api_key_file, "file holding the Generate/Retrieve key");
+  rl::RegisterServerKeyFlags(flags,
+                             {&c.admin_api_key, &c.admin_api_key_file, &c.api_key, &c.api_key_file},
+                             "Generate/Retrieve");
   rl::RegisterRequestLimitFlags(flags, &c.limits);
   flags.Int("metrics-port", &c.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
   flags.Int("max-cache-size", &c.max_cache_size, "text cache size in tokens before GC");
@@ -48,20 +43,15 @@ int main(int argc, char** argv) {
             "passed checks before a dead worker is live");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error|off");
   if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
-  rl::ScrubFlagValues(argc, argv, {"admin-api-key", "api-key"});
   if (absl::Status s = rl::InitLogging(c.log_level); !s.ok()) {
     std::cerr << "rl-router: " << s.message() << "\n";
     return 2;
   }
-  for (auto [key, file, name, env] :
-       {std::tuple{&c.admin_api_key, &c.admin_api_key_file, "admin-api-key", "RL_ADMIN_API_KEY"},
-        std::tuple{&c.api_key, &c.api_key_file, "api-key", "RL_API_KEY"}}) {
-    absl::StatusOr<std::string> resolved = rl::ResolveApiKey({name, *key, *file, env});
-    if (!resolved.ok()) {
-      std::cerr << "rl-router: " << resolved.status().message() << "\n";
-      return 2;
-    }
-    *key = *std::move(resolved);
+  if (absl::Status s = rl::ResolveServerKeys(
+          argc, argv, {&c.admin_api_key, &c.admin_api_key_file, &c.api_key, &c.api_key_file});
+      !s.ok()) {
+    std::cerr << "rl-router: " << s.message() << "\n";
+    return 2;
   }
   auto server = rl::router::RouterServer::Start(c);
   if (!server.ok()) {

@@ -2,7 +2,6 @@
 // Flags are read here only, turned into a WorkerConfig and validated.
 #include <cstdio>
 #include <iostream>
-#include <tuple>
 
 #include "common/auth.h"
 #include "common/flags.h"
@@ -15,16 +14,15 @@ int main(int argc, char** argv) {
   rl::BlockTerminationSignals();
   rl::worker::WorkerConfig config;
   rl::FlagSet flags("rl-worker");
-  flags.String("model", &config.model_path, "Hugging Face model folder (config.json, *.safetensors)");
+  flags.String("model", &config.model_path,
+               "Hugging Face model folder (config.json, *.safetensors)");
   flags.String("host", &config.host, "address to bind");
   flags.Int("port", &config.port, "gRPC port (0 picks a free one)");
   flags.String("backend", &config.backend, "auto | cpu | cuda");
-  flags.String("admin-api-key", &config.admin_api_key,
-               "bearer key for Admin calls (or env RL_ADMIN_API_KEY)");
-  flags.String("api-key", &config.api_key, "optional bearer key for Worker calls (or env RL_API_KEY)");
-  flags.String("admin-api-key-file", &config.admin_api_key_file,
-               "file holding the admin key (preferred: not visible in the process list)");
-  flags.String("api-key-file", &config.api_key_file, "file holding the Worker-call key");
+  rl::RegisterServerKeyFlags(
+      flags,
+      {&config.admin_api_key, &config.admin_api_key_file, &config.api_key, &config.api_key_file},
+      "Worker calls");
   rl::RegisterRequestLimitFlags(flags, &config.limits);
   flags.Int("metrics-port", &config.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
   flags.Int("page-size", &config.page_size, "KV cache page size in tokens");
@@ -47,21 +45,16 @@ int main(int argc, char** argv) {
   flags.Int("weight-version", &config.weight_version, "initial weight version");
   flags.String("log-level", &config.log_level, "trace|debug|info|warn|error|off");
   if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
-  rl::ScrubFlagValues(argc, argv, {"admin-api-key", "api-key"});
   if (absl::Status s = rl::InitLogging(config.log_level); !s.ok()) {
     std::cerr << "rl-worker: " << s.message() << "\n";
     return 2;
   }
-  for (auto [key, file, name, env] :
-       {std::tuple{&config.admin_api_key, &config.admin_api_key_file, "admin-api-key",
-                   "RL_ADMIN_API_KEY"},
-        std::tuple{&config.api_key, &config.api_key_file, "api-key", "RL_API_KEY"}}) {
-    absl::StatusOr<std::string> resolved = rl::ResolveApiKey({name, *key, *file, env});
-    if (!resolved.ok()) {
-      std::cerr << "rl-worker: " << resolved.status().message() << "\n";
-      return 2;
-    }
-    *key = *std::move(resolved);
+  if (absl::Status s = rl::ResolveServerKeys(argc, argv,
+                                             {&config.admin_api_key, &config.admin_api_key_file,
+                                              &config.api_key, &config.api_key_file});
+      !s.ok()) {
+    std::cerr << "rl-worker: " << s.message() << "\n";
+    return 2;
   }
   auto server = rl::worker::WorkerServer::Start(config);
   if (!server.ok()) {
