@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -158,8 +159,9 @@ class Dispatcher {
       args.SetInt("rl.collector.channel", i);  // distinct args: one connection per channel
       // gRPC's own reconnect backoff (1 s growing to 120 s by default) would keep a channel in
       // TRANSIENT_FAILURE long after a restarted router is back, failing every retry at once;
-      // reconnect at the collector's own retry cadence instead.
-      args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, std::max(20, c.retry_backoff_ms));
+      // reconnect at the collector's own retry cadence instead. (The minimum stays at gRPC's
+      // default: it is also the connect timeout, and a short one fails every handshake on a
+      // loaded machine.)
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(20, c.retry_backoff_ms));
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(20, c.max_backoff_ms));
       stubs_.push_back(rl::v1::Router::NewStub(
@@ -168,6 +170,13 @@ class Dispatcher {
   }
 
   bool Stopping() const { return stop_ != nullptr && stop_->load(); }
+
+  // Cancels every call in flight (on stop: a long generation need not run to its end before
+  // the collector can save and exit). Their samples stay pending for the next run.
+  void CancelInFlight() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (grpc::ClientContext* ctx : in_flight_) ctx->TryCancel();
+  }
 
   rl::v1::GenerateRequest BuildRequest(const Task& t, std::string* error) const {
     rl::v1::GenerateRequest req;
@@ -227,6 +236,14 @@ class Dispatcher {
       ctx.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(c_.request_timeout_s));
       if (!c_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + c_.api_key);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (Stopping()) {  // checked under the lock: CancelInFlight cannot miss this call
+          res.cancelled = true;
+          return res;
+        }
+        in_flight_.insert(&ctx);
+      }
       auto reader = stub->Generate(&ctx, req);
       rl::v1::GenerateResponse msg;
       std::optional<rl::v1::GenerateFinal> final;
@@ -234,6 +251,14 @@ class Dispatcher {
         if (msg.has_final()) final = std::move(*msg.mutable_final());
       }
       grpc::Status s = reader->Finish();
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        in_flight_.erase(&ctx);
+      }
+      if (Stopping() && s.error_code() == grpc::StatusCode::CANCELLED) {
+        res.cancelled = true;
+        return res;
+      }
       r.attempts = attempt;
       if (!s.ok()) {
         last_error = absl::StrCat(CodeName(s.error_code()), ": ", s.error_message());
@@ -266,6 +291,8 @@ class Dispatcher {
   const CollectConfig& c_;
   const std::atomic<bool>* stop_;
   std::vector<std::unique_ptr<rl::v1::Router::Stub>> stubs_;
+  std::mutex mu_;
+  absl::flat_hash_set<grpc::ClientContext*> in_flight_;
 };
 
 std::string ShardName(int64_t number) { return absl::StrFormat("shard_%05d.safetensors", number); }
@@ -512,6 +539,7 @@ absl::StatusOr<CollectSummary> RunCollect(const CollectConfig& config,
     auto last_result = Clock::now();
     const auto idle = std::chrono::milliseconds(config.idle_flush_ms);
     while (received < tasks.size() && status.ok()) {
+      if (dispatcher.Stopping()) dispatcher.CancelInFlight();
       const auto deadline =
           std::min(Clock::now() + std::chrono::milliseconds(100), last_result + idle);
       std::optional<Result> r = queue.PopUntil(deadline);

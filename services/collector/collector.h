@@ -35,7 +35,7 @@ struct CollectConfig {
   bool merge_only = false;
   std::string api_key;
   int idle_flush_ms = 5000;
-  int max_attempts = 6;
+  int max_attempts = 10;  // with the default backoff, about 26 s: a router restart
   int retry_backoff_ms = 200;
   int max_backoff_ms = 5000;
   int request_timeout_s = 600;
@@ -63,7 +63,8 @@ struct CollectSummary {
 };
 
 // Runs a collection (or only the merge). `stop`, when set by another thread or a signal
-// handler, makes the run stop dispatching, save what finished and return (no merge).
+// handler, makes the run stop dispatching, cancel the calls in flight (their samples stay
+// pending), save what finished and return (no merge).
 absl::StatusOr<CollectSummary> RunCollect(const CollectConfig& config,
                                           const std::atomic<bool>* stop = nullptr);
 

@@ -2,6 +2,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 namespace rl::collector {
@@ -20,6 +22,40 @@ class OneShot : public grpc::ServerWriteReactor<rl::v1::GenerateResponse> {
   rl::v1::GenerateResponse msg_;
 };
 
+// Answers after `delay` on its own thread (no callback thread is blocked), or at once with
+// CANCELLED when the client cancels first.
+class Delayed : public grpc::ServerWriteReactor<rl::v1::GenerateResponse> {
+ public:
+  Delayed(rl::v1::GenerateResponse msg, std::chrono::milliseconds delay) : msg_(std::move(msg)) {
+    std::thread([this, delay] {
+      bool cancelled = false;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait_for(lock, delay, [&] { return cancelled_; });
+        cancelled = cancelled_;
+      }
+      // `this` may be deleted (OnDone) once Finish is called: nothing touches it after.
+      if (cancelled) {
+        Finish(grpc::Status(grpc::StatusCode::CANCELLED, "fake: cancelled"));
+      } else {
+        StartWriteAndFinish(&msg_, grpc::WriteOptions(), grpc::Status::OK);
+      }
+    }).detach();
+  }
+  void OnCancel() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_ = true;
+    cv_.notify_all();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  rl::v1::GenerateResponse msg_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool cancelled_ = false;
+};
+
 }  // namespace
 
 grpc::ServerWriteReactor<rl::v1::GenerateResponse>* FakeRouter::Generate(
@@ -35,10 +71,6 @@ grpc::ServerWriteReactor<rl::v1::GenerateResponse>* FakeRouter::Generate(
   }
   if (!options_.invalid_text.empty() && request->text() == options_.invalid_text) {
     return new OneShot(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "fake: bad prompt"));
-  }
-  if (!options_.slow_text.empty() && request->text() == options_.slow_text) {
-    // Blocks one callback thread; fine for a test double.
-    std::this_thread::sleep_for(std::chrono::milliseconds(options_.slow_ms));
   }
   rl::v1::GenerateResponse msg;
   msg.set_request_id(request->request_id());
@@ -99,6 +131,9 @@ grpc::ServerWriteReactor<rl::v1::GenerateResponse>* FakeRouter::Generate(
       a->set_weight_version(v);
       a->set_num_tokens(num_out);
     }
+  }
+  if (!options_.slow_text.empty() && request->text() == options_.slow_text) {
+    return new Delayed(std::move(msg), std::chrono::milliseconds(options_.slow_ms));
   }
   return new OneShot(std::move(msg));
 }

@@ -483,6 +483,36 @@ TEST(Collector, InterruptedRunsResumeToTheSameMergedBytes) {
   fs::remove_all(dir);
 }
 
+// A stop cancels the calls in flight instead of waiting for them: the slow samples (row
+// "prompt 1", index 7) stay pending, neither completed nor failed, and the next run does them.
+TEST(Collector, StopCancelsCallsInFlight) {
+  Fleet fleet(FakeRouterOptions{.slow_text = "prompt 1", .slow_ms = 3000});
+  const std::string dir = TempDir("cancel");
+  const std::string prompts = WritePrompts(dir, 40);
+  CollectConfig c = Config(fleet, prompts, dir + "/out");
+  c.concurrency = 4;
+  std::atomic<bool> stop{false};
+  std::thread stopper([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    stop = true;
+  });
+  auto s = RunCollect(c, &stop);
+  stopper.join();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->interrupted);
+  auto ckpt = LoadCheckpoint(c.out + "/checkpoint.json");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  for (int32_t k = 0; k < 2; ++k) {
+    EXPECT_FALSE(ckpt->completed.contains({7, k}));
+    EXPECT_FALSE(ckpt->failed.contains({7, k}));
+  }
+  auto last = RunCollect(c);
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->done, 80);
+  EXPECT_EQ(last->failed, 0);
+  fs::remove_all(dir);
+}
+
 TEST(Collector, RetriesUnavailableAndAbortedThenRecordsFinalFailures) {
   Fleet fleet(
       FakeRouterOptions{.unavailable_first = 2, .abort_first = 1, .invalid_text = "prompt 4"});

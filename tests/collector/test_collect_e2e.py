@@ -43,11 +43,11 @@ def write_prompts(path: Path, rows=ROWS):
     return path
 
 
-def collect_cmd(router, prompts, out, *extra, max_new_tokens=24):
+def collect_cmd(router, prompts, out, *extra, max_new_tokens=24, max_attempts=10):
     return [str(BIN / "rl-collect"), "--router", router, "--prompts", str(prompts), "--out",
             str(out), "--n", str(N), "--concurrency", "8", "--save-batch-size", "6",
             "--max-new-tokens", str(max_new_tokens), "--temperature", "0", "--seed", "7",
-            "--retry-backoff-ms", "100", "--max-backoff-ms", "1000", "--max-attempts", "10",
+            "--retry-backoff-ms", "100", "--max-backoff-ms", "1000", "--max-attempts", str(max_attempts),
             "--progress", "log", "--log-level", "warn", *extra]
 
 
@@ -127,7 +127,9 @@ def test_sigkill_resume_and_router_restart_match_an_uninterrupted_run(fleet, tmp
     # A router restart on the same port mid-run: calls fail UNAVAILABLE and are retried; the
     # output equals the reference except for the attempts column.
     out = tmp_path / "restart"
-    p = subprocess.Popen(collect_cmd(router, prompts, out), stdout=subprocess.PIPE,
+    # 30 attempts: about 25 s of retries, room for a slow restart on a loaded machine.
+    p = subprocess.Popen(collect_cmd(router, prompts, out, max_attempts=30),
+                         stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     time.sleep(0.2 * took)
     port = router.rsplit(":", 1)[1]
