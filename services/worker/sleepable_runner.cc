@@ -1,8 +1,13 @@
 #include "services/worker/sleepable_runner.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <filesystem>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/model_io/dtype.h"
 #include "common/model_io/model_config.h"
 #include "common/model_io/safetensors.h"
@@ -10,12 +15,62 @@
 #include "services/worker/model/weights.h"
 
 namespace rl::worker {
+namespace {
+
+constexpr int kMaxFolderEntries = 100'000;
+constexpr char kUnknownIdentity[] = "?";  // never equals a listed folder
+
+// Identity of a checkpoint folder: name, size, inode and modification time of config.json and
+// every safetensors file (and index), sorted. Saving a checkpoint over the folder changes it
+// (a rewrite in place changes mtime; a write-then-rename changes the inode).
+absl::StatusOr<std::string> FolderIdentity(const std::string& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  int seen = 0;
+  for (auto it = std::filesystem::directory_iterator(dir, ec);
+       !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    if (++seen > kMaxFolderEntries) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, ": more than ", kMaxFolderEntries, " entries"));
+    }
+    const std::string name = it->path().filename().string();
+    if (name != "config.json" && !absl::EndsWith(name, ".safetensors") &&
+        !absl::EndsWith(name, ".safetensors.index.json")) {
+      continue;
+    }
+    struct stat st;
+    if (::stat(it->path().c_str(), &st) != 0) continue;
+    files.push_back(absl::StrCat(name, " ", st.st_size, " ", st.st_ino, " ", st.st_mtim.tv_sec,
+                                 ".", st.st_mtim.tv_nsec));
+  }
+  if (ec) return absl::InvalidArgumentError(absl::StrCat(dir, ": ", ec.message()));
+  std::sort(files.begin(), files.end());
+  return absl::StrJoin(files, "\n");
+}
+
+// OK when `dir` still has `identity`; else why waking from it would be wrong.
+absl::Status CheckUnchanged(const std::string& dir, const std::string& identity,
+                            const char* how) {
+  absl::StatusOr<std::string> now = FolderIdentity(dir);
+  if (now.ok() && *now == identity && identity != kUnknownIdentity) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      dir, " changed on disk since it was ", how,
+      " (or is gone); waking would serve other weights under the same version. Send "
+      "UpdateWeightsFromDisk (applied on wake) to serve what is there now, then ResumeMemory"));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<SleepableRunner>> SleepableRunner::Create(Factory factory,
-                                                                         std::string spill_dir) {
+                                                                         std::string spill_dir,
+                                                                         std::string model_dir) {
   std::unique_ptr<SleepableRunner> r(new SleepableRunner());
   r->factory_ = std::move(factory);
   r->spill_dir_ = std::move(spill_dir);
+  r->model_dir_ = std::move(model_dir);
+  if (!r->model_dir_.empty()) {
+    r->source_identity_ = FolderIdentity(r->model_dir_).value_or(kUnknownIdentity);
+  }
   ASSIGN_OR_RETURN(r->inner_, r->factory_());
   r->config_ = r->inner_->config();
   r->backend_name_ = r->inner_->backend_name();
@@ -53,6 +108,9 @@ absl::Status SleepableRunner::VisitWeights(
 }
 
 absl::Status SleepableRunner::LoadWeightsFromDisk(const std::string& model_dir) {
+  // Taken before reading: a save racing with the load shows up as a change on wake. A folder
+  // that cannot be listed is left to the loader's own error.
+  std::string identity = FolderIdentity(model_dir).value_or(kUnknownIdentity);
   if (inner_ == nullptr) {
     // Asleep: check what can be checked without device memory, stage the folder.
     ASSIGN_OR_RETURN(model_io::ModelConfig config, model_io::LoadModelConfig(model_dir));
@@ -66,11 +124,13 @@ absl::Status SleepableRunner::LoadWeightsFromDisk(const std::string& model_dir) 
       }
     }
     staged_path_ = model_dir;
+    staged_identity_ = std::move(identity);
     staged_.clear();
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(inner_->LoadWeightsFromDisk(model_dir));
   loaded_from_ = model_dir;
+  source_identity_ = std::move(identity);
   dirty_ = false;
   return absl::OkStatus();
 }
@@ -135,6 +195,14 @@ absl::Status SleepableRunner::Release() {
 
 absl::Status SleepableRunner::Resume() {
   if (inner_ != nullptr) return absl::OkStatus();
+  // The folders reloaded below must hold what was loaded or staged (checked before any memory
+  // is taken; the runner stays released on a refusal).
+  if (!staged_path_.empty()) {
+    RETURN_IF_ERROR(CheckUnchanged(staged_path_, staged_identity_, "staged"));
+  } else if (!spilled_) {
+    const std::string& source = loaded_from_.empty() ? model_dir_ : loaded_from_;
+    if (!source.empty()) RETURN_IF_ERROR(CheckUnchanged(source, source_identity_, "loaded"));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<model::ModelRunner> fresh, factory_());
   if (!staged_path_.empty()) {
     // An update from disk staged while asleep replaces the spill and the last folder.
@@ -144,6 +212,7 @@ absl::Status SleepableRunner::Resume() {
     if (spilled_) std::filesystem::remove_all(spill_path_, ec);
     spilled_ = false;
     loaded_from_ = staged_path_;
+    source_identity_ = std::move(staged_identity_);
     staged_path_.clear();
   } else if (spilled_) {
     RETURN_IF_ERROR(Annotate(fresh->LoadWeightsFromDisk(spill_path_), "restoring spilled weights"));

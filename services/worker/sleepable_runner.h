@@ -13,6 +13,13 @@
 // against the held names, shapes and sizes and stages a copy in host memory (applied on top of
 // the base weights on Resume). While released, Forward and VisitWeights fail with
 // FAILED_PRECONDITION; config(), sizes and ListWeights() stay available.
+//
+// A folder reloaded on Resume (the start-up model, the last loaded or the staged one) must be
+// the one that was loaded or staged: each folder's file identity (name, size, inode, mtime of
+// config.json and the safetensors files) is recorded before it is read, and Resume refuses
+// with FAILED_PRECONDITION, staying released, when it changed (a trainer saving its next
+// checkpoint over the folder): waking would otherwise serve other weights under the same
+// version. A disk update sent while released replaces what is reloaded.
 // Not thread-safe: used on the engine thread only.
 #pragma once
 
@@ -33,8 +40,10 @@ class SleepableRunner final : public model::ModelRunner {
   using Factory = std::function<absl::StatusOr<std::unique_ptr<model::ModelRunner>>()>;
 
   // Creates the first inner runner. `spill_dir` receives spilled weights (created on demand).
+  // `model_dir` is the folder the factory loads (checked on Resume; "" skips the check).
   static absl::StatusOr<std::unique_ptr<SleepableRunner>> Create(Factory factory,
-                                                                 std::string spill_dir);
+                                                                 std::string spill_dir,
+                                                                 std::string model_dir = "");
   ~SleepableRunner() override;
 
   const model_io::ModelConfig& config() const override { return config_; }
@@ -65,13 +74,16 @@ class SleepableRunner final : public model::ModelRunner {
   std::string backend_name_;
   int64_t num_kv_slots_ = 0;
   int32_t page_size_ = 0;
+  std::string model_dir_;    // the factory's folder
   std::string loaded_from_;  // last LoadWeightsFromDisk path ("" = the factory's weights)
+  std::string source_identity_;  // FolderIdentity of loaded_from_ (or model_dir_) before loading
   bool dirty_ = false;       // weights changed in memory since loaded_from_
   bool spilled_ = false;
   std::string spill_path_;
   int num_spills_ = 0;
   std::vector<model::TensorInfo> infos_;  // the held weights (for checks while released)
   std::string staged_path_;               // a from-disk update staged while released
+  std::string staged_identity_;
   std::map<std::string, std::pair<model::TensorInfo, std::vector<uint8_t>>> staged_;
 };
 

@@ -120,7 +120,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   ASSIGN_OR_RETURN(
       std::unique_ptr<SleepableRunner> runner,
       SleepableRunner::Create([runner_options, make_runner] { return make_runner(runner_options); },
-                              spill_dir));
+                              spill_dir, config.model_path));
   s->runner_ = runner.get();
   engine::EngineOptions engine_options;
   engine_options.max_running_requests = config.max_running_requests;

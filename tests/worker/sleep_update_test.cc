@@ -86,6 +86,44 @@ TEST_F(SleepUpdateTest, DiskUpdateWhileAsleepServesOnWake) {
   EXPECT_EQ(f.weight_version(), 3);
 }
 
+// A trainer that saves its next checkpoint over the folder the worker loaded while the worker
+// sleeps: waking would serve those weights under the old version, so ResumeMemory refuses and
+// the worker stays asleep; a disk update of the folder as it is now then wakes it with it.
+TEST_F(SleepUpdateTest, FolderRewrittenWhileAsleepIsRefusedOnWake) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "mlp.down_proj", 1.7f);
+  rl::v1::AdminResponse resp;
+  ASSERT_TRUE(UpdateFromDisk(dir.path(), &resp).ok());
+  const std::vector<int32_t> loaded_ids = GreedyIds();
+  const int64_t version = ServerInfo().weight_version();
+  Sleep();
+  WritePerturbedStories(dir.path(), "mlp.down_proj", 0.3f);
+  grpc::Status s = Call(&Stub::ResumeMemory, rl::v1::ResumeMemoryRequest(), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(s.error_message().find("changed on disk"), std::string::npos) << s.error_message();
+  EXPECT_TRUE(ServerInfo().asleep());
+  EXPECT_EQ(ServerInfo().weight_version(), version);
+
+  ASSERT_TRUE(UpdateFromDisk(dir.path(), &resp).ok());  // staged
+  Wake();
+  const std::string woken_sum = Checksum();
+  const std::vector<int32_t> woken_ids = GreedyIds();
+  EXPECT_NE(woken_ids, loaded_ids);
+  ASSERT_TRUE(UpdateFromDisk(dir.path(), &resp).ok());  // the same folder, awake
+  EXPECT_EQ(Checksum(), woken_sum);
+  EXPECT_EQ(GreedyIds(), woken_ids);
+
+  // A staged folder rewritten before the wake is refused the same way.
+  Sleep();
+  TempDir next;
+  WritePerturbedStories(next.path(), "mlp.down_proj", 1.7f);
+  ASSERT_TRUE(UpdateFromDisk(next.path(), &resp).ok());
+  WritePerturbedStories(next.path(), "mlp.down_proj", 0.9f);
+  s = Call(&Stub::ResumeMemory, rl::v1::ResumeMemoryRequest(), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_TRUE(ServerInfo().asleep());
+}
+
 TEST_F(SleepUpdateTest, TensorUpdateWhileAsleepServesOnWake) {
   const std::string name = "model.layers.0.mlp.down_proj.weight";  // [64, 172] float32
   const std::vector<float> values(64 * 172, 0.05f);
