@@ -31,6 +31,9 @@ struct TextCache::Node {
   // empty; else runs[i] covers tokens [runs[i].first, runs[i + 1].first).
   int64_t token_version = 0;
   std::vector<std::pair<uint32_t, int64_t>> runs;
+  // Set on a node where an inserted trajectory ends (empty elsewhere): the versions that insert
+  // gave every token on the path from the root, run-length as (first token index, version).
+  std::vector<std::pair<uint32_t, int64_t>> path_runs;
 
   // Sets the versions of the tokens from `v` (num_tokens values).
   void SetVersions(const int64_t* v) {
@@ -103,6 +106,26 @@ size_t CommonPrefix(std::string_view a, std::string_view b) {
   return i;
 }
 
+// Run-length encoding of `versions` (non-empty) as (first index, version) pairs.
+std::vector<std::pair<uint32_t, int64_t>> EncodeRuns(absl::Span<const int64_t> versions) {
+  std::vector<std::pair<uint32_t, int64_t>> runs;
+  for (size_t i = 0; i < versions.size(); ++i) {
+    if (i == 0 || versions[i] != versions[i - 1]) {
+      runs.emplace_back(static_cast<uint32_t>(i), versions[i]);
+    }
+  }
+  return runs;
+}
+
+// Writes the first `count` versions of `runs` to out[0, count).
+void ExpandRuns(const std::vector<std::pair<uint32_t, int64_t>>& runs, size_t count,
+                int64_t* out) {
+  for (size_t r = 0; r < runs.size() && runs[r].first < count; ++r) {
+    const size_t end = r + 1 < runs.size() ? std::min<size_t>(runs[r + 1].first, count) : count;
+    std::fill(out + runs[r].first, out + end, runs[r].second);
+  }
+}
+
 uint32_t FloatBits(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
@@ -110,6 +133,17 @@ uint32_t FloatBits(float f) {
 }
 
 }  // namespace
+
+bool TextCache::HoldsGenerated(const Node* node) {
+  std::vector<const Node*> stack = {node};
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (std::memchr(n->mask(), 1, n->num_tokens) != nullptr) return true;
+    for (const auto& child : n->children) stack.push_back(child.get());
+  }
+  return false;
+}
 
 bool TextCache::KeyLess(const std::unique_ptr<Node>& child, std::string_view key) {
   return child->FirstGroup() < key;
@@ -311,8 +345,9 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
                                absl::Span<const uint32_t> token_end_offsets,
                                absl::Span<const uint8_t> loss_mask,
                                absl::Span<const float> logprobs, int64_t weight_version,
-                               absl::Span<const int64_t> token_versions) {
+                               absl::Span<const int64_t> token_versions, size_t* cached_tokens) {
   const absl::Span<const uint32_t> ends = token_end_offsets;
+  if (cached_tokens != nullptr) *cached_tokens = 0;
   if (text.empty() || tokens.empty()) {
     return absl::InvalidArgumentError("cannot insert an empty trajectory");
   }
@@ -344,14 +379,21 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
                                                    ", the text has ", text.size(), " bytes"));
   }
 
+  std::vector<std::pair<uint32_t, int64_t>> path_runs =
+      token_versions.empty() ? std::vector<std::pair<uint32_t, int64_t>>{{0, weight_version}}
+                             : EncodeRuns(token_versions);
   absl::MutexLock lock(&mu_);
   current_version_ = std::max(current_version_, weight_version);
   Node* node = root_.get();
+  size_t cached = n;  // tokens of the trajectory the cache holds afterwards
   size_t pos = 0;    // bytes of text consumed: a boundary of both the path and the trajectory
   size_t first = 0;  // tokens consumed: those ending at or before `pos`
   while (true) {
     Bump(node, weight_version);
-    if (pos == text.size()) break;
+    if (pos == text.size()) {
+      node->path_runs = std::move(path_runs);
+      break;
+    }
     // The trajectory's next token group: up to the first span end after `pos`.
     size_t g = first;
     while (ends[g] <= pos) ++g;
@@ -396,23 +438,32 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
       }
     }
     // Conflicts: every comparable child (including an equal key whose tokens differ).
-    size_t removed = 0;
     if (lo != children.begin() && group.starts_with((*(lo - 1))->FirstGroup())) {
       --lo;
     }
-    while (lo != children.end()) {
-      const std::string_view key = (*lo)->FirstGroup();
+    auto hi = lo;
+    while (hi != children.end()) {
+      const std::string_view key = (*hi)->FirstGroup();
       if (!key.starts_with(group) && !group.starts_with(key)) break;
-      const size_t index = static_cast<size_t>(lo - children.begin());
-      RemoveSubtree(node, index);
-      lo = children.begin() + static_cast<std::ptrdiff_t>(index);
-      ++removed;
+      ++hi;
     }
+    // Generated tokens are never replaced: a conflicting subtree that holds any keeps its
+    // place and the rest of this trajectory is not cached.
+    if (std::any_of(lo, hi, [](const std::unique_ptr<Node>& c) { return HoldsGenerated(c.get()); })) {
+      ++conflicts_kept_;
+      cached = first;
+      break;
+    }
+    const size_t index = static_cast<size_t>(lo - children.begin());
+    const size_t removed = static_cast<size_t>(hi - lo);
+    for (size_t i = 0; i < removed; ++i) RemoveSubtree(node, index);
     conflicts_replaced_ += static_cast<int64_t>(removed);
-    AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs, token_versions,
-             weight_version);
+    Node* leaf = AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs,
+                          token_versions, weight_version);
+    leaf->path_runs = std::move(path_runs);
     break;
   }
+  if (cached_tokens != nullptr) *cached_tokens = cached;
   MaybeCollectGarbage();
   return absl::OkStatus();
 }
@@ -439,6 +490,9 @@ void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
   size_t pos = 0;
   // (tokens before the edge, its version) per matched edge, for weight_version after back-off.
   std::vector<std::pair<size_t, int64_t>> edges;
+  // The deepest fully matched node where a trajectory ended, and the tokens up to it.
+  const Node* terminal = nullptr;
+  size_t terminal_tokens = 0;
   while (pos < query.size()) {
     const int index = FindChild(node, query.substr(pos));
     if (index < 0) break;
@@ -465,6 +519,10 @@ void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
     pos += e[take - 1];
     if (take < child->num_tokens) break;
     node = child;
+    if (!child->path_runs.empty()) {
+      terminal = child;
+      terminal_tokens = out->tokens.size();
+    }
   }
   if (options_.utf8_safe_match) {
     // Back off group by group while the rest would start inside a UTF-8 character.
@@ -480,6 +538,11 @@ void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
     out->loss_mask.resize(keep);
     out->logprobs.resize(keep);
     out->token_versions.resize(keep);
+  }
+  // Versions through the deepest trajectory end are that trajectory's own.
+  if (terminal != nullptr) {
+    ExpandRuns(terminal->path_runs, std::min(terminal_tokens, out->tokens.size()),
+               out->token_versions.data());
   }
   out->matched_bytes = pos;
   while (!edges.empty() && edges.back().first >= out->tokens.size()) edges.pop_back();
@@ -534,6 +597,7 @@ TextCacheStats TextCache::GetStats() const {
   stats.gc_removed_tokens = gc_removed_tokens_;
   stats.gc_removed_nodes = gc_removed_nodes_;
   stats.conflicts_replaced = conflicts_replaced_;
+  stats.conflicts_kept = conflicts_kept_;
   stats.current_version = current_version_;
   return stats;
 }
@@ -541,13 +605,21 @@ TextCacheStats TextCache::GetStats() const {
 absl::Status TextCache::ValidateForTesting() const {
   absl::ReaderMutexLock lock(&mu_);
   int64_t nodes = 0, tokens = 0, bytes = 0, leaves = 0;
-  std::vector<const Node*> stack = {root_.get()};
+  // (node, tokens on the path from the root through its edge)
+  std::vector<std::pair<const Node*, size_t>> stack = {{root_.get(), 0}};
   while (!stack.empty()) {
-    const Node* node = stack.back();
+    const auto [node, path_tokens] = stack.back();
     stack.pop_back();
     const bool is_root = node == root_.get();
     if (!is_root) {
       ++nodes;
+      const auto& runs = node->path_runs;
+      for (size_t r = 0; r < runs.size(); ++r) {
+        if ((r == 0 && runs[r].first != 0) || (r > 0 && runs[r].first <= runs[r - 1].first) ||
+            runs[r].first >= path_tokens) {
+          return absl::InternalError("bad trajectory-end versions");
+        }
+      }
       tokens += node->num_tokens;
       bytes += node->num_bytes;
       if (node->num_tokens == 0 || node->num_bytes == 0) {
@@ -586,7 +658,7 @@ absl::Status TextCache::ValidateForTesting() const {
                                                   "'"));
         }
       }
-      stack.push_back(child);
+      stack.emplace_back(child, path_tokens + child->num_tokens);
     }
   }
   int64_t indexed = 0;

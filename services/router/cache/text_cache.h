@@ -20,9 +20,26 @@
 // query is valid UTF-8.
 //
 // Conflicts. An insert shares a cached edge only while tokens, masks, logprobs (bitwise) and
-// span ends agree group by group. Where the same text is cached with other tokens, or cached
-// first-token groups overlap the new one (one is a prefix of the other), the newest insert wins:
-// those cached subtrees are removed and the new remainder takes their place.
+// span ends agree group by group (versions are not compared). Where the same text is cached
+// with other tokens, or cached first-token groups overlap the new one (one is a prefix of the
+// other), the insert has reached a conflict:
+//   - when any of those cached subtrees holds a generated token (loss mask 1), they all stay:
+//     generated tokens, and the prompt tokens of the earlier turns they extend, are never
+//     replaced by another tokenization of the same text. The insert stops there: the new
+//     trajectory is cached up to the conflict only (Insert's `cached_tokens` says how far;
+//     counted in conflicts_kept). Its caller already has the tokens the model saw; a later
+//     request for its text reuses the cached trajectory's tokens instead.
+//   - otherwise (prompt tokens only) those subtrees are removed and the new remainder takes
+//     their place (counted in conflicts_replaced).
+// So a trajectory that ends with generated tokens, once fully cached, stays exactly as
+// inserted until GC removes it.
+//
+// Versions. Every token has a weight version. Where an insert ends, the node keeps that
+// trajectory's versions for its whole path (run-length); a match returns, for the tokens up to
+// the deepest such node on its path, the versions of the trajectory that ended there (the
+// newest insert of exactly that text and tokens), and for tokens below it the versions of the
+// first insert that cached them. So retrieving a cached trajectory returns exactly the versions
+// it was inserted with, even where it shares tokens with trajectories of other versions.
 //
 // Invariants (checked by ValidateForTesting):
 //   - every root-to-node sequence of tokens, masks, logprobs and span ends is a prefix of one
@@ -40,8 +57,9 @@
 // Cost. Match: O(matched bytes + depth * log fan-out) plus the copy of the result. Insert: the
 // same for the shared part, O(new tokens + bytes) for the new edge, O(edge) per split, and
 // O(removed) for conflicts and GC. Memory: 13 B per token (id 4, logprob 4, span end 4, mask 1)
-// and the text bytes in one allocation per edge, plus a ~110 B node per edge; per-token weight
-// versions are run-length encoded per edge (16 B per extra run, none for a uniform edge).
+// and the text bytes in one allocation per edge, plus a ~135 B node per edge; per-token weight
+// versions are run-length encoded per edge (16 B per extra run, none for a uniform edge) and
+// per trajectory end (16 B per run of that trajectory's versions).
 //
 // Thread safety: every method may be called concurrently. Insert and SetCurrentVersion hold the
 // writer lock; Match, Retrieve, GetStats and ValidateForTesting a shared reader lock.
@@ -80,8 +98,9 @@ struct CacheMatch {
   std::vector<uint32_t> token_end_offsets;  // absolute byte offsets into the query
   std::vector<uint8_t> loss_mask;           // 0 prompt, 1 generated
   std::vector<float> logprobs;              // NaN where unknown
-  std::vector<int64_t> token_versions;      // per token, as inserted
-  int64_t weight_version = 0;               // version of the deepest matched node (0 on a miss)
+  // Per token, as inserted: up to the deepest trajectory end on the path, that trajectory's.
+  std::vector<int64_t> token_versions;
+  int64_t weight_version = 0;  // version of the deepest matched node (0 on a miss)
 };
 
 // RetrieveFromText's view of a match: exactly what was inserted for query[0, matched_bytes).
@@ -106,7 +125,8 @@ struct TextCacheStats {
   int64_t gc_runs = 0;
   int64_t gc_removed_tokens = 0;
   int64_t gc_removed_nodes = 0;
-  int64_t conflicts_replaced = 0;  // cached subtrees replaced by a newer tokenization
+  int64_t conflicts_replaced = 0;  // prompt-only subtrees replaced by a newer tokenization
+  int64_t conflicts_kept = 0;      // inserts stopped at a conflict to keep generated tokens
   int64_t current_version = 0;
 };
 
@@ -119,17 +139,18 @@ class TextCache {
 
   // Inserts one trajectory: `text` and its tokens, with per-token span ends, loss masks,
   // logprobs (empty `logprobs`: all unknown) and weight versions (empty: all
-  // `weight_version`). Versions are not compared when edges are shared: a shared token keeps
-  // the version it was first cached with. Raises every node on the path to
+  // `weight_version`). Versions do not stop edges from being shared; the trajectory's own
+  // versions are kept where it ends (see Versions above). Raises every node on the path to
   // `weight_version` (max) and current_version to at least it; resolves conflicts as described
-  // above; then runs GC when over the size limit. InvalidArgument (cache unchanged) when the
-  // text is empty or over 4 GiB, lengths differ, ends decrease or do not end at the text size,
-  // or a mask is not 0/1.
+  // above (`cached_tokens`, when given, receives how many leading tokens of the trajectory the
+  // cache holds: all of them unless a conflict kept generated tokens); then runs GC when over
+  // the size limit. InvalidArgument (cache unchanged) when the text is empty or over 4 GiB,
+  // lengths differ, ends decrease or do not end at the text size, or a mask is not 0/1.
   absl::Status Insert(std::string_view text, absl::Span<const int32_t> tokens,
                       absl::Span<const uint32_t> token_end_offsets,
                       absl::Span<const uint8_t> loss_mask, absl::Span<const float> logprobs,
-                      int64_t weight_version, absl::Span<const int64_t> token_versions = {})
-      ABSL_LOCKS_EXCLUDED(mu_);
+                      int64_t weight_version, absl::Span<const int64_t> token_versions = {},
+                      size_t* cached_tokens = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Longest cached prefix of `query` ending on a token boundary (see the file comment). Counts
   // one hit (some tokens matched) or one miss.
@@ -154,6 +175,8 @@ class TextCache {
   explicit TextCache(const TextCacheOptions& options);
 
   // Orders children by first-group text, compared as unsigned bytes.
+  // Whether `node`'s edge or any edge below it holds a generated token (loss mask 1).
+  static bool HoldsGenerated(const Node* node);
   static bool KeyLess(const std::unique_ptr<Node>& child, std::string_view key);
   // Index in parent->children of the child whose first-group text is a prefix of `rest`, or -1.
   static int FindChild(const Node* parent, std::string_view rest);
@@ -188,6 +211,7 @@ class TextCache {
   int64_t gc_removed_tokens_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t gc_removed_nodes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t conflicts_replaced_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t conflicts_kept_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t current_version_ ABSL_GUARDED_BY(mu_) = 0;
   // Counted under the shared lock, hence atomic.
   mutable std::atomic<int64_t> hits_{0};
