@@ -125,8 +125,10 @@ TEST(TextCacheTest, PromptsSharingAPrefixShareOneNodePath) {
   ASSERT_TRUE(cache->ValidateForTesting().ok());
 }
 
-// Seed defect 2: the seed skipped len(node.tokens) tokens without comparing them.
-TEST(TextCacheTest, DifferentTokenizationOfTheSameTextReplacesTheOldPath) {
+// Seed defect 2: the seed skipped len(node.tokens) tokens without comparing them. Two
+// tokenizations that cut the same text differently are two paths (siblings whose first groups
+// are prefixes of one another); a match picks per MatchGoal.
+TEST(TextCacheTest, DifferentCutsOfTheSameTextAreSiblingPaths) {
   auto cache = MakeCache();
   Traj old_t, new_t;
   old_t.Tok("hello", 1).Tok(" world", 2);
@@ -134,9 +136,30 @@ TEST(TextCacheTest, DifferentTokenizationOfTheSameTextReplacesTheOldPath) {
   ASSERT_TRUE(old_t.InsertInto(*cache, 1).ok());
   ASSERT_TRUE(new_t.InsertInto(*cache, 1).ok());
   ExpectMatchIs(cache->Match(new_t.text), new_t);
-  ExpectMatchIs(cache->Match("hello world"), new_t.Prefix(3));
-  EXPECT_EQ(cache->GetStats().conflicts_replaced, 1);
-  EXPECT_EQ(cache->GetStats().size_tokens, 4);
+  // Same bytes either way: the path that ends where a trajectory ended.
+  ExpectMatchIs(cache->Match("hello world"), old_t);
+  // The longest path, or the one reusing generated text furthest.
+  ExpectMatchIs(cache->Match("hello world! more"), new_t);
+  ExpectMatchIs(cache->Match("hello world! more", MatchGoal::kMostGenerated), new_t);
+  EXPECT_EQ(cache->GetStats().conflicts_replaced, 0);
+  EXPECT_EQ(cache->GetStats().entries, 2);
+  EXPECT_EQ(cache->GetStats().size_tokens, 6);
+  ASSERT_TRUE(cache->ValidateForTesting().ok());
+}
+
+// kMostGenerated prefers the path whose generated tokens reach furthest over a longer path of
+// prompt tokens: a conversation's own generated tokens are reused even where another request
+// cached the same text as prompt tokens cut differently.
+TEST(TextCacheTest, MostGeneratedPrefersGeneratedTokensOverLongerPromptPaths) {
+  auto cache = MakeCache();
+  Traj prompt_only, generated;
+  prompt_only.Tok("Tom ", 1).Tok("there", 2).Tok(" is", 3).Tok(" more", 4);
+  generated.Tok("Tom ", 1).Tok("the", 5, 1, -0.5f).Tok("re", 6, 1, -0.25f);
+  ASSERT_TRUE(prompt_only.InsertInto(*cache, 1).ok());
+  ASSERT_TRUE(generated.InsertInto(*cache, 1).ok());
+  const std::string query = "Tom there is more";
+  ExpectMatchIs(cache->Match(query), prompt_only);
+  ExpectMatchIs(cache->Match(query, MatchGoal::kMostGenerated), generated);
   ASSERT_TRUE(cache->ValidateForTesting().ok());
 }
 
@@ -152,17 +175,20 @@ TEST(TextCacheTest, SameSpansWithOtherIdsReplaceTheOldTokens) {
   ASSERT_TRUE(cache->ValidateForTesting().ok());
 }
 
-TEST(TextCacheTest, DivergentTailReplacesOnlyTheDivergentPart) {
+TEST(TextCacheTest, DivergentTailsAreSiblingsAndPromptOnlyConflictsAreReplaced) {
   auto cache = MakeCache();
   Traj a, b;
   a.Tok("one ", 1).Tok("two ", 2).Tok("three", 3);
   b.Tok("one ", 1).Tok("two ", 2).Tok("thr", 30).Tok("ee", 31);
   ASSERT_TRUE(a.InsertInto(*cache, 1).ok());
   ASSERT_TRUE(b.InsertInto(*cache, 2).ok());
-  ExpectMatchIs(cache->Match("one two three"), b);
-  EXPECT_EQ(cache->GetStats().entries, 2);
-  EXPECT_EQ(cache->GetStats().size_tokens, 4);
-  // The same tokens with another mask or logprob are another trajectory: newest wins too.
+  // "three" and "thr" cut the same text differently: siblings; a tie goes to the longer first
+  // group.
+  ExpectMatchIs(cache->Match("one two three"), a);
+  EXPECT_EQ(cache->GetStats().entries, 3);
+  EXPECT_EQ(cache->GetStats().size_tokens, 5);
+  // The same tokens with another mask or logprob are another trajectory: with prompt tokens
+  // only below the conflict, the newest wins.
   Traj c;
   c.Tok("one ", 1).Tok("two ", 2, 1, -0.25f).Tok("x", 4);
   ASSERT_TRUE(c.InsertInto(*cache, 3).ok());
@@ -177,19 +203,19 @@ TEST(TextCacheTest, GeneratedTokensAreNeverReplacedByAnotherTokenization) {
   auto cache = MakeCache();
   Traj a, b;
   a.Tok("Tom ", 1).Tok("is", 2, 1, -0.5f).Tok("n't", 3, 1, -0.75f);
-  b.Tok("Tom ", 1).Tok("i", 5).Tok("sn", 6, 1, -0.25f).Tok("'t", 7, 1, -0.125f);
+  b.Tok("Tom ", 1).Tok("is", 5).Tok("n't", 7, 1, -0.125f);
   size_t cached = 0;
   ASSERT_TRUE(a.InsertInto(*cache, 1, &cached).ok());
   EXPECT_EQ(cached, 3u);
   ASSERT_TRUE(b.InsertInto(*cache, 2, &cached).ok());
-  EXPECT_EQ(cached, 1u);  // "Tom " shared; "i" conflicts with the generated "is"
+  EXPECT_EQ(cached, 1u);  // "Tom " shared; "is" (another id) conflicts with the generated "is"
   ExpectMatchIs(cache->Match("Tom isn't"), a);
   EXPECT_EQ(cache->GetStats().conflicts_kept, 1);
   EXPECT_EQ(cache->GetStats().conflicts_replaced, 0);
   // A prompt-only tokenization is still replaced by a newer one.
   Traj p, q;
   p.Tok("Lily ", 10).Tok("went", 11);
-  q.Tok("Lily ", 10).Tok("wen", 12).Tok("t!", 13, 1, -1.0f);
+  q.Tok("Lily ", 10).Tok("went", 12).Tok("!", 13, 1, -1.0f);
   ASSERT_TRUE(p.InsertInto(*cache, 2).ok());
   ASSERT_TRUE(q.InsertInto(*cache, 2, &cached).ok());
   EXPECT_EQ(cached, 3u);
@@ -423,8 +449,7 @@ TEST(TextCacheTest, BoundariesInsideMultiByteCharacters) {
     t3.Tok("a", 1).Tok("\xC3", 2).Tok("\xA9", 3).Tok("d", 6);
     ASSERT_TRUE(t3.InsertInto(*cache, 2).ok());
     ExpectMatchIs(cache->Match(t3.text), t3);
-    EXPECT_EQ(cache->Match(t1.text).matched_bytes, 3u);
-    EXPECT_THAT(cache->Match(t1.text).token_end_offsets, ElementsAre(1, 2, 3));
+    ExpectMatchIs(cache->Match(t1.text), t1);  // sibling paths: "\xC3" and the whole é
     ASSERT_TRUE(cache->ValidateForTesting().ok());
   }
 }
@@ -507,6 +532,21 @@ TEST(TextCacheTest, RandomizedNeverReturnsAMix) {
     std::vector<Traj> inserted;
     std::vector<size_t> fully_cached;  // indices into `inserted`
     int kept = 0;
+    // Whether `m` is exactly a fully cached trajectory with text `text` (several tokenizations
+    // of one text may be cached; a match returns one), with the versions of the newest insert
+    // of exactly its tokens.
+    const auto IsCachedTrajectory = [&](const CacheMatch& m, const std::string& text) {
+      const Traj* newest = nullptr;
+      for (size_t j : fully_cached) {
+        const Traj& u = inserted[j];
+        if (u.text == text && u.tokens == m.tokens && u.ends == m.token_end_offsets &&
+            u.mask == m.loss_mask && AllBits(u.logp) == AllBits(m.logprobs)) {
+          newest = &u;
+        }
+      }
+      return m.matched_bytes == text.size() && newest != nullptr &&
+             newest->versions == m.token_versions;
+    };
     for (int step = 0; step < 1500; ++step) {
       Traj t;
       const int len = 1 + static_cast<int>(rng() % 12);
@@ -550,16 +590,16 @@ TEST(TextCacheTest, RandomizedNeverReturnsAMix) {
       size_t cached = 0;
       ASSERT_TRUE(t.InsertInto(*cache, version, &cached).ok());
       ASSERT_TRUE(cache->ValidateForTesting().ok()) << cache->ValidateForTesting();
+      inserted.push_back(t);
       if (cached == t.tokens.size()) {
+        fully_cached.push_back(inserted.size() - 1);
         const CacheMatch m = cache->Match(t.text);
-        ExpectMatchIs(m, t);
-        EXPECT_EQ(m.token_versions, t.versions);
-        fully_cached.push_back(inserted.size());
+        ASSERT_EQ(m.matched_bytes, t.text.size());
+        if (t.mask.back() == 1) ASSERT_TRUE(IsCachedTrajectory(m, t.text)) << "step " << step;
       } else {
         ASSERT_LT(cached, t.tokens.size());
         ++kept;
       }
-      inserted.push_back(t);
 
       std::string query = inserted[rng() % inserted.size()].text;
       query = query.substr(0, rng() % (query.size() + 1));
@@ -590,23 +630,16 @@ TEST(TextCacheTest, RandomizedNeverReturnsAMix) {
     EXPECT_EQ(stats.gc_removed_tokens > 0, gc);
     if (gc) continue;
     // Generated tokens are never replaced: every fully cached trajectory that ends with one is
-    // still there, with the versions of the newest insert of exactly its tokens.
+    // still there (its text retrieves it or another fully cached tokenization of that text,
+    // never a prefix), with the versions of the newest insert of exactly its tokens.
     int checked = 0;
     for (size_t i : fully_cached) {
       const Traj& t = inserted[i];
       if (t.mask.back() != 1) continue;
-      const Traj* newest = &t;
-      for (size_t j = i + 1; j < inserted.size(); ++j) {
-        const Traj& u = inserted[j];
-        if (u.text == t.text && u.tokens == t.tokens && u.ends == t.ends && u.mask == t.mask &&
-            AllBits(u.logp) == AllBits(t.logp) &&
-            std::find(fully_cached.begin(), fully_cached.end(), j) != fully_cached.end()) {
-          newest = &u;
-        }
-      }
-      const CacheMatch m = cache->Match(t.text);
-      ExpectMatchIs(m, t);
-      ASSERT_EQ(m.token_versions, newest->versions) << "round " << round << " trajectory " << i;
+      ASSERT_TRUE(IsCachedTrajectory(cache->Match(t.text), t.text))
+          << "round " << round << " trajectory " << i;
+      const CacheMatch m = cache->Match(t.text + "zz", MatchGoal::kMostGenerated);
+      ASSERT_GE(m.tokens.size(), t.tokens.size());
       ++checked;
     }
     EXPECT_GT(checked, random_tokens ? 5 : 100) << "round " << round << ": " << fully_cached.size() << " fully cached, " << kept << " kept";

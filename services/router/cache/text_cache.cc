@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <string>
 #include <utility>
 
@@ -180,18 +181,29 @@ TextCache::~TextCache() {
   }
 }
 
-int TextCache::FindChild(const Node* parent, std::string_view rest) {
+void TextCache::FindChildren(const Node* parent, std::string_view rest,
+                             std::vector<const Node*>* out) {
   const auto& children = parent->children;
-  // In a prefix-free sorted set, the only key that can be a prefix of `rest` is the last key
-  // <= rest.
-  auto it = std::upper_bound(children.begin(), children.end(), rest,
-                             [](std::string_view r, const std::unique_ptr<Node>& child) {
-                               return r < child->FirstGroup();
-                             });
-  if (it == children.begin()) return -1;
-  --it;
-  if (!rest.starts_with((*it)->FirstGroup())) return -1;
-  return static_cast<int>(it - children.begin());
+  auto end = children.end();
+  // The keys that are prefixes of `rest` form a chain; the longest is the last key <= rest.
+  // Each step looks for the next shorter one among the keys before the last one seen.
+  while (!rest.empty()) {
+    auto it = std::upper_bound(children.begin(), end, rest,
+                               [](std::string_view r, const std::unique_ptr<Node>& child) {
+                                 return r < child->FirstGroup();
+                               });
+    if (it == children.begin()) return;
+    --it;
+    const std::string_view key = (*it)->FirstGroup();
+    const size_t common = CommonPrefix(key, rest);
+    if (common == key.size()) {
+      out->push_back(it->get());
+      rest = rest.substr(0, key.size() - 1);
+    } else {
+      rest = rest.substr(0, common);
+    }
+    end = it;
+  }
 }
 
 void TextCache::LinkLeaf(Node* node) {
@@ -400,8 +412,7 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
     const std::string_view group = text.substr(pos, ends[g] - pos);
     const std::string_view rest = text.substr(pos);
 
-    // Children comparable with `group` (one a prefix of the other): the last key <= group when
-    // it is a prefix of group, and the run of keys that start with group.
+    // The child whose first group is exactly `group`, if any (keys are distinct).
     auto& children = node->children;
     auto lo = std::lower_bound(children.begin(), children.end(), group, KeyLess);
     if (lo != children.end() && (*lo)->FirstGroup() == group) {
@@ -437,27 +448,18 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
         continue;
       }
     }
-    // Conflicts: every comparable child (including an equal key whose tokens differ).
-    if (lo != children.begin() && group.starts_with((*(lo - 1))->FirstGroup())) {
-      --lo;
+    // A conflict: the same first-group text cached with other tokens, masks or logprobs.
+    if (lo != children.end() && (*lo)->FirstGroup() == group) {
+      // Generated tokens are never replaced: a conflicting subtree that holds any keeps its
+      // place and the rest of this trajectory is not cached.
+      if (HoldsGenerated(lo->get())) {
+        ++conflicts_kept_;
+        cached = first;
+        break;
+      }
+      RemoveSubtree(node, static_cast<size_t>(lo - children.begin()));
+      ++conflicts_replaced_;
     }
-    auto hi = lo;
-    while (hi != children.end()) {
-      const std::string_view key = (*hi)->FirstGroup();
-      if (!key.starts_with(group) && !group.starts_with(key)) break;
-      ++hi;
-    }
-    // Generated tokens are never replaced: a conflicting subtree that holds any keeps its
-    // place and the rest of this trajectory is not cached.
-    if (std::any_of(lo, hi, [](const std::unique_ptr<Node>& c) { return HoldsGenerated(c.get()); })) {
-      ++conflicts_kept_;
-      cached = first;
-      break;
-    }
-    const size_t index = static_cast<size_t>(lo - children.begin());
-    const size_t removed = static_cast<size_t>(hi - lo);
-    for (size_t i = 0; i < removed; ++i) RemoveSubtree(node, index);
-    conflicts_replaced_ += static_cast<int64_t>(removed);
     Node* leaf = AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs,
                           token_versions, weight_version);
     leaf->path_runs = std::move(path_runs);
@@ -485,26 +487,80 @@ void TextCache::MaybeCollectGarbage() {
   }
 }
 
-void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
-  const Node* node = root_.get();
+void TextCache::MatchLocked(std::string_view query, MatchGoal goal, CacheMatch* out) const {
+  // Search every cached path the query follows (siblings' first groups may be prefixes of one
+  // another) for the best end per `goal`; the first found (longest first groups first) on a
+  // tie.
+  struct State {
+    const Node* node;
+    size_t pos;      // bytes matched through node's edge
+    size_t gen_end;  // end of the last generated token on the path (0: none)
+  };
+  struct Best {
+    const Node* node = nullptr;
+    size_t take = 0;  // tokens of node's edge in the match
+    size_t pos = 0;
+    size_t gen_end = 0;
+    bool terminal = false;
+  } best;
+  const auto score = [goal](size_t gen_end, size_t pos, bool terminal) {
+    return goal == MatchGoal::kLongest ? std::make_tuple(pos, gen_end, size_t{terminal})
+                                       : std::make_tuple(gen_end, size_t{terminal}, pos);
+  };
+  std::vector<State> stack = {{root_.get(), 0, 0}};
+  std::vector<const Node*> candidates;
+  size_t visited = 0;
+  while (!stack.empty() && visited < kMaxMatchNodes) {
+    const State s = stack.back();
+    stack.pop_back();
+    if (s.pos == query.size()) continue;
+    const std::string_view rest = query.substr(s.pos);
+    candidates.clear();
+    FindChildren(s.node, rest, &candidates);
+    const size_t stack_size = stack.size();
+    for (const Node* child : candidates) {  // longest first group first
+      ++visited;
+      const size_t common = CommonPrefix(child->text(), rest);
+      const uint32_t* e = child->ends();
+      // Tokens whose spans lie inside the common text; the first group always does.
+      const size_t take =
+          common == child->num_bytes
+              ? child->num_tokens
+              : static_cast<size_t>(std::upper_bound(e, e + child->num_tokens, common) - e);
+      RL_CHECK(take > 0);
+      size_t gen_end = s.gen_end;
+      for (size_t i = take; i > 0; --i) {
+        if (child->mask()[i - 1] == 1) {
+          gen_end = s.pos + e[i - 1];
+          break;
+        }
+      }
+      const size_t end = s.pos + e[take - 1];
+      const bool full = take == child->num_tokens;
+      const bool terminal = full && !child->path_runs.empty();
+      if (score(gen_end, end, terminal) > score(best.gen_end, best.pos, best.terminal)) {
+        best = {child, take, end, gen_end, terminal};
+      }
+      if (full) stack.push_back({child, end, gen_end});
+    }
+    // Longest first group on top of the stack.
+    std::reverse(stack.begin() + static_cast<std::ptrdiff_t>(stack_size), stack.end());
+  }
+  // The chosen path, root first.
+  std::vector<const Node*> path;
+  for (const Node* n = best.node; n != nullptr && n != root_.get(); n = n->parent) {
+    path.push_back(n);
+  }
+  std::reverse(path.begin(), path.end());
   size_t pos = 0;
   // (tokens before the edge, its version) per matched edge, for weight_version after back-off.
   std::vector<std::pair<size_t, int64_t>> edges;
   // The deepest fully matched node where a trajectory ended, and the tokens up to it.
   const Node* terminal = nullptr;
   size_t terminal_tokens = 0;
-  while (pos < query.size()) {
-    const int index = FindChild(node, query.substr(pos));
-    if (index < 0) break;
-    const Node* child = node->children[static_cast<size_t>(index)].get();
-    const size_t common = CommonPrefix(child->text(), query.substr(pos));
+  for (const Node* child : path) {
     const uint32_t* e = child->ends();
-    // Tokens whose spans lie inside the common text; the first group always does.
-    const size_t take =
-        common == child->num_bytes
-            ? child->num_tokens
-            : static_cast<size_t>(std::upper_bound(e, e + child->num_tokens, common) - e);
-    RL_CHECK(take > 0);
+    const size_t take = child == best.node ? best.take : child->num_tokens;
     const size_t old = out->tokens.size();
     out->tokens.insert(out->tokens.end(), child->ids(), child->ids() + take);
     out->loss_mask.insert(out->loss_mask.end(), child->mask(), child->mask() + take);
@@ -517,9 +573,7 @@ void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
     }
     edges.emplace_back(old, child->version);
     pos += e[take - 1];
-    if (take < child->num_tokens) break;
-    node = child;
-    if (!child->path_runs.empty()) {
+    if (take == child->num_tokens && !child->path_runs.empty()) {
       terminal = child;
       terminal_tokens = out->tokens.size();
     }
@@ -549,11 +603,11 @@ void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
   out->weight_version = edges.empty() ? 0 : edges.back().second;
 }
 
-CacheMatch TextCache::Match(std::string_view query) const {
+CacheMatch TextCache::Match(std::string_view query, MatchGoal goal) const {
   CacheMatch out;
   {
     absl::ReaderMutexLock lock(&mu_);
-    MatchLocked(query, &out);
+    MatchLocked(query, goal, &out);
   }
   if (out.tokens.empty()) {
     misses_.fetch_add(1, std::memory_order_relaxed);
@@ -651,9 +705,8 @@ absl::Status TextCache::ValidateForTesting() const {
       if (i > 0) {
         const std::string_view prev = node->children[i - 1]->FirstGroup();
         const std::string_view key = child->FirstGroup();
-        if (!(prev < key)) return absl::InternalError("children not sorted");
-        if (key.starts_with(prev)) {
-          return absl::InternalError(absl::StrCat("sibling first groups not prefix-free: '",
+        if (!(prev < key)) {
+          return absl::InternalError(absl::StrCat("sibling first groups not sorted and distinct: '",
                                                   std::string(prev), "' / '", std::string(key),
                                                   "'"));
         }
