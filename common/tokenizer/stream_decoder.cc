@@ -1,6 +1,10 @@
 #include "common/tokenizer/stream_decoder.h"
 
+#include <algorithm>
+#include <string>
+
 #include "absl/strings/str_cat.h"
+#include "common/tokenizer/unicode.h"
 
 namespace rl::tokenizer {
 namespace {
@@ -29,39 +33,92 @@ size_t DecodeContextStart(const Tokenizer& tokenizer, absl::Span<const int32_t> 
   return start;
 }
 
+absl::StatusOr<StreamDecoder::Context> StreamDecoder::ContextFor(
+    const Tokenizer& tokenizer, absl::Span<const int32_t> prompt, bool skip_special_tokens) {
+  Context ctx;
+  size_t start = DecodeContextStart(tokenizer, prompt);
+  if (!tokenizer.fallback_byte_ids_.empty()) {
+    // ByteFallback: the prompt's trailing byte run stays out of the context; only its
+    // incomplete last character (if any) goes on, pending, before the completion.
+    size_t run = prompt.size();
+    while (run > 0 && tokenizer.IsFallbackByte(prompt[run - 1])) --run;
+    if (run < prompt.size()) {
+      // Anchor the context on a token before the run that the decoding keeps.
+      if (start == run) {
+        while (start > 0) {
+          --start;
+          if (!(skip_special_tokens && tokenizer.IsSpecial(prompt[start]))) break;
+        }
+      }
+      std::string tail;  // the run's last (up to 3) bytes
+      for (size_t i = std::max(run, prompt.size() - std::min<size_t>(prompt.size(), 3));
+           i < prompt.size(); ++i) {
+        const std::string& t = *tokenizer.TokenText(prompt[i]);
+        tail.push_back(static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
+      }
+      const size_t incomplete = IncompleteUtf8Suffix(tail);
+      ctx.ids.assign(prompt.begin() + start, prompt.begin() + run);
+      ctx.context_len = ctx.ids.size();
+      ctx.ids.insert(ctx.ids.end(), prompt.end() - incomplete, prompt.end());
+      absl::StatusOr<std::string> text = tokenizer.Decode(
+          absl::MakeConstSpan(ctx.ids).first(ctx.context_len), skip_special_tokens);
+      if (!text.ok()) return text.status();
+      ctx.text = *std::move(text);
+      return ctx;
+    }
+  }
+  ctx.ids.assign(prompt.begin() + start, prompt.end());
+  ctx.context_len = ctx.ids.size();
+  if (!tokenizer.id_bytes_.empty()) {
+    // Pure ByteLevel: the decoding is the lossy UTF-8 of the bytes; an incomplete last
+    // character belongs to the completion.
+    std::string bytes;
+    for (int32_t id : ctx.ids) {
+      if (tokenizer.TokenText(id) == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is not in the vocabulary"));
+      }
+      if (!(skip_special_tokens && tokenizer.IsSpecial(id))) bytes += tokenizer.id_bytes_[id];
+    }
+    bytes.resize(bytes.size() - IncompleteUtf8Suffix(bytes));
+    AppendUtf8Lossy(bytes, &ctx.text);
+    return ctx;
+  }
+  absl::StatusOr<std::string> text = tokenizer.Decode(ctx.ids, skip_special_tokens);
+  if (!text.ok()) return text.status();
+  // Other decoders: a trailing U+FFFD may be an incomplete character completed later.
+  ctx.text = std::string(WithoutTrailingReplacements(*text));
+  return ctx;
+}
+
 absl::StatusOr<std::string> DecodeContinuation(const Tokenizer& tokenizer,
                                                absl::Span<const int32_t> prompt,
                                                absl::Span<const int32_t> completion,
                                                bool skip_special_tokens) {
-  std::vector<int32_t> window(prompt.begin() + DecodeContextStart(tokenizer, prompt),
-                              prompt.end());
-  const size_t context_len = window.size();
-  absl::StatusOr<std::string> context = tokenizer.Decode(window, skip_special_tokens);
-  if (!context.ok()) return context.status();
+  absl::StatusOr<StreamDecoder::Context> ctx =
+      StreamDecoder::ContextFor(tokenizer, prompt, skip_special_tokens);
+  if (!ctx.ok()) return ctx.status();
+  if (completion.empty()) return std::string();
+  std::vector<int32_t> window = std::move(ctx->ids);
   window.insert(window.end(), completion.begin(), completion.end());
   absl::StatusOr<std::string> full = tokenizer.Decode(window, skip_special_tokens);
   if (!full.ok()) return full.status();
-  std::string_view prefix = *context;
-  if (!full->starts_with(prefix)) prefix = WithoutTrailingReplacements(prefix);
-  if (!full->starts_with(prefix)) {
+  if (!full->starts_with(ctx->text)) {
     return absl::InternalError(absl::StrCat("decoding of ", completion.size(),
-                                            " ids changed the decoding of the ", context_len,
+                                            " ids changed the decoding of the ", ctx->context_len,
                                             " context ids before them"));
   }
-  return full->substr(prefix.size());
+  return full->substr(ctx->text.size());
 }
 
 absl::Status StreamDecoder::Prime(absl::Span<const int32_t> prompt_ids) {
   if (!window_.empty() || num_ids_ > 0) {
     return absl::FailedPreconditionError("StreamDecoder::Prime after Step");
   }
-  std::vector<int32_t> window(prompt_ids.begin() + DecodeContextStart(tokenizer_, prompt_ids),
-                              prompt_ids.end());
-  absl::StatusOr<std::string> context = tokenizer_.Decode(window, skip_special_tokens_);
-  if (!context.ok()) return context.status();
-  window_ = std::move(window);
-  context_len_ = window_.size();
-  context_text_ = std::string(WithoutTrailingReplacements(*context));
+  absl::StatusOr<Context> ctx = ContextFor(tokenizer_, prompt_ids, skip_special_tokens_);
+  if (!ctx.ok()) return ctx.status();
+  window_ = std::move(ctx->ids);
+  context_len_ = ctx->context_len;
+  context_text_ = std::move(ctx->text);
   return absl::OkStatus();
 }
 
@@ -96,6 +153,13 @@ absl::StatusOr<std::string> StreamDecoder::Step(absl::Span<const int32_t> ids) {
 }
 
 absl::StatusOr<std::string> StreamDecoder::Flush() {
+  if (num_ids_ == 0) {
+    // Nothing generated: a primed prompt's pending incomplete character is not emitted.
+    window_.clear();
+    context_len_ = 0;
+    context_text_.clear();
+    return std::string();
+  }
   absl::StatusOr<std::string> text = tokenizer_.Decode(window_, skip_special_tokens_);
   if (!text.ok()) return text.status();
   std::string rest;

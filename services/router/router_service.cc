@@ -279,8 +279,7 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
         rl::v1::GenerateChunk* chunk = msg.mutable_chunk();
         for (int32_t id : chunk->token_ids()) {
           auto delta = c.decoder->Step(id);
-          c.text += delta.ok() ? *delta : "";
-          c.ends.push_back(static_cast<uint32_t>(c.text.size()));
+          AppendCompletionDelta(delta.ok() ? *delta : "", &c.text, &c.ends);
         }
         if (!stream) continue;
         chunk->set_text(c.text.substr(c.streamed_bytes));
@@ -352,7 +351,8 @@ class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::Gene
   void CompleteFinal(Lease& lease, int attempt, Completion& c, rl::v1::GenerateFinal* f) {
     auto rest = c.decoder->Flush();
     if (rest.ok()) c.text += *rest;
-    if (!c.ends.empty()) c.ends.back() = static_cast<uint32_t>(c.text.size());
+    std::fill(c.ends.begin() + static_cast<std::ptrdiff_t>(PendingFrom(c.ends)), c.ends.end(),
+              static_cast<uint32_t>(c.text.size()));
     f->set_text(c.text);
     f->set_worker(lease->address());
     f->set_attempts(attempt);

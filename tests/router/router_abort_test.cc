@@ -1,9 +1,17 @@
 // Router.Abort over an in-process rl-router and rl-worker (stories260K): a request held in a
 // paused worker's waiting queue is aborted by id through the router, its stream ends with
 // FINISH_REASON_ABORT and is not retried; unknown / missing ids are errors; abort_all needs the
-// admin key and reaches every worker.
+// admin key and reaches every worker. Generations the workers abort themselves are retried, and
+// once the attempts are used up the last attempt's final message (partial output) is returned.
+#include <atomic>
 #include <chrono>
 #include <thread>
+#include <vector>
+
+#include "common/tokenizer/tokenizer.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "rl/v1/worker.grpc.pb.h"
 
 #include "rl/v1/router.grpc.pb.h"
 #include "common/request_limits.h"
@@ -175,6 +183,151 @@ TEST_F(RouterAbortTest, AbortAllNeedsTheAdminKeyAndReachesEveryWorker) {
     // The router assigned an unguessable id in its own namespace and returned it.
     EXPECT_EQ(o->request_id.rfind(kRouterRequestIdPrefix, 0), 0u) << o->request_id;
     EXPECT_EQ(o->request_id.size(), 4u + 32u) << o->request_id;
+  }
+}
+
+// A fake rl.v1.Worker (with the standard health service) whose every generation is aborted
+// by the worker itself, as a PauseGeneration(abort) or a weight update with abort_all_requests
+// ends it: optionally some output streamed first, then a final message with
+// FINISH_REASON_ABORT carrying that partial output.
+class AbortingWorker final : public rl::v1::Worker::Service {
+ public:
+  explicit AbortingWorker(std::vector<int32_t> partial) : partial_(std::move(partial)) {}
+
+  absl::Status Start() {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port_ == 0) return absl::InternalError("fake worker did not start");
+    return absl::OkStatus();
+  }
+  void Shutdown() {
+    if (server_) server_->Shutdown();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+  int calls() const { return calls_.load(); }
+
+  grpc::Status Generate(grpc::ServerContext*, const rl::v1::GenerateRequest* req,
+                        grpc::ServerWriter<rl::v1::GenerateResponse>* writer) override {
+    calls_.fetch_add(1);
+    rl::v1::GenerateResponse msg;
+    msg.set_request_id(req->request_id());
+    if (!partial_.empty()) {
+      for (int32_t id : partial_) {
+        msg.mutable_chunk()->add_token_ids(id);
+        msg.mutable_chunk()->add_logprobs()->set_logprob(-0.5f);
+      }
+      writer->Write(msg);
+    }
+    rl::v1::GenerateResponse fin;
+    fin.set_request_id(req->request_id());
+    rl::v1::GenerateFinal* f = fin.mutable_final();
+    f->set_finish_reason(rl::v1::FINISH_REASON_ABORT);
+    f->set_abort_message("aborted by PauseGeneration(abort)");
+    for (int32_t id : partial_) {
+      f->add_output_ids(id);
+      f->add_output_logprobs()->set_logprob(-0.5f);
+    }
+    f->set_prompt_tokens(req->input_ids().ids_size());
+    f->set_completion_tokens(static_cast<int32_t>(partial_.size()));
+    if (!partial_.empty()) {
+      rl::v1::VersionSegment* seg = f->add_weight_version_segments();
+      seg->set_num_tokens(static_cast<int32_t>(partial_.size()));
+    }
+    writer->Write(fin);
+    return grpc::Status::OK;
+  }
+  grpc::Status Abort(grpc::ServerContext*, const rl::v1::AbortRequest*,
+                     rl::v1::AbortResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status GetLoad(grpc::ServerContext*, const rl::v1::GetLoadRequest*,
+                       rl::v1::GetLoadResponse*) override {
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::vector<int32_t> partial_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::atomic<int> calls_{0};
+};
+
+// Seed behaviour: when every retry of a generation the worker aborted is used up, the router
+// returns the last attempt's final message (finish reason abort, the partial output, attempts),
+// not an error, so the trainer keeps the partial trajectory.
+TEST(RouterAbortRetryTest, LastAttemptsAbortIsReturnedWithItsPartialOutput) {
+  auto tok = tokenizer::Tokenizer::FromDir(worker::testing::Stories());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  auto partial = (*tok)->EncodeContinuation(" upon a");
+  ASSERT_TRUE(partial.ok());
+  // Streaming: nothing may reach the client before the abort, else it is not retried; so
+  // the workers abort before any output there.
+  for (const bool stream : {false, true}) {
+    SCOPED_TRACE(stream ? "streaming" : "not streaming");
+    const std::vector<int32_t> output = stream ? std::vector<int32_t>() : partial->ids;
+    std::vector<std::unique_ptr<AbortingWorker>> workers;
+    RouterConfig config;
+    for (int i = 0; i < 2; ++i) {
+      workers.push_back(std::make_unique<AbortingWorker>(output));
+      ASSERT_TRUE(workers.back()->Start().ok());
+      config.workers.push_back(workers.back()->address());
+    }
+    config.max_attempts = 3;
+    auto router = testing::StartTestRouter(config);
+    ASSERT_TRUE(router.ok()) << router.status();
+    auto stub = rl::v1::Router::NewStub(
+        grpc::CreateChannel((*router)->address(), grpc::InsecureChannelCredentials()));
+    // Both workers live (bounded wait), so every attempt reaches a worker.
+    bool live = false;
+    for (int i = 0; i < 300 && !live; ++i) {
+      rl::v1::WorkerListResponse listing;
+      grpc::ClientContext ctx;
+      live = stub->ListWorkers(&ctx, {}, &listing).ok() && listing.workers_size() == 2 &&
+             listing.workers(0).state() == rl::v1::WORKER_STATE_LIVE &&
+             listing.workers(1).state() == rl::v1::WORKER_STATE_LIVE;
+      if (!live) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(live);
+
+    rl::v1::GenerateRequest req;
+    req.set_text("Once");
+    req.set_stream(stream);
+    req.set_return_logprob(true);
+    req.mutable_sampling_params()->set_max_new_tokens(16);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto reader = stub->Generate(&ctx, req);
+    rl::v1::GenerateResponse msg;
+    rl::v1::GenerateFinal final;
+    int finals = 0;
+    std::string streamed;
+    while (reader->Read(&msg)) {
+      if (msg.has_chunk()) streamed += msg.chunk().text();
+      if (msg.has_final()) {
+        final = msg.final();
+        ++finals;
+      }
+    }
+    const grpc::Status status = reader->Finish();
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(finals, 1);
+    EXPECT_EQ(final.finish_reason(), rl::v1::FINISH_REASON_ABORT);
+    EXPECT_EQ(final.attempts(), 3);
+    EXPECT_EQ(final.abort_message(), "aborted by PauseGeneration(abort)");
+    EXPECT_EQ(std::vector<int32_t>(final.output_ids().begin(), final.output_ids().end()), output);
+    EXPECT_EQ(final.completion_tokens(), static_cast<int32_t>(output.size()));
+    EXPECT_EQ(final.output_logprobs_size(), static_cast<int>(output.size()));
+    // The partial output's text in the prompt's context, from the last attempt only.
+    EXPECT_EQ(final.text(), stream ? "" : " upon a");
+    EXPECT_EQ(streamed, stream ? final.text() : "");  // not streaming: the final message only
+    EXPECT_EQ(workers[0]->calls() + workers[1]->calls(), 3);
+    EXPECT_GE(workers[0]->calls(), 1);
+    EXPECT_GE(workers[1]->calls(), 1);
+    (*router)->Shutdown();
+    for (auto& w : workers) w->Shutdown();
   }
 }
 

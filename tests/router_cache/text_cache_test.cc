@@ -1,5 +1,6 @@
 #include "services/router/cache/text_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -37,6 +38,7 @@ struct Traj {
   std::vector<uint32_t> ends;
   std::vector<uint8_t> mask;
   std::vector<float> logp;
+  std::vector<int64_t> versions;  // empty: all the insert's version
 
   // Appends `piece` as one token.
   Traj& Tok(const std::string& piece, int32_t id, uint8_t m = 0, float lp = kNaN) {
@@ -62,8 +64,8 @@ struct Traj {
     }
     return *this;
   }
-  absl::Status InsertInto(TextCache& cache, int64_t version) const {
-    return cache.Insert(text, tokens, ends, mask, logp, version);
+  absl::Status InsertInto(TextCache& cache, int64_t version, size_t* cached = nullptr) const {
+    return cache.Insert(text, tokens, ends, mask, logp, version, versions, cached);
   }
   // The first `k` tokens' view.
   Traj Prefix(size_t k) const {
@@ -123,8 +125,10 @@ TEST(TextCacheTest, PromptsSharingAPrefixShareOneNodePath) {
   ASSERT_TRUE(cache->ValidateForTesting().ok());
 }
 
-// Seed defect 2: the seed skipped len(node.tokens) tokens without comparing them.
-TEST(TextCacheTest, DifferentTokenizationOfTheSameTextReplacesTheOldPath) {
+// Seed defect 2: the seed skipped len(node.tokens) tokens without comparing them. Two
+// tokenizations that cut the same text differently are two paths (siblings whose first groups
+// are prefixes of one another); a match picks per MatchGoal.
+TEST(TextCacheTest, DifferentCutsOfTheSameTextAreSiblingPaths) {
   auto cache = MakeCache();
   Traj old_t, new_t;
   old_t.Tok("hello", 1).Tok(" world", 2);
@@ -132,9 +136,30 @@ TEST(TextCacheTest, DifferentTokenizationOfTheSameTextReplacesTheOldPath) {
   ASSERT_TRUE(old_t.InsertInto(*cache, 1).ok());
   ASSERT_TRUE(new_t.InsertInto(*cache, 1).ok());
   ExpectMatchIs(cache->Match(new_t.text), new_t);
-  ExpectMatchIs(cache->Match("hello world"), new_t.Prefix(3));
-  EXPECT_EQ(cache->GetStats().conflicts_replaced, 1);
-  EXPECT_EQ(cache->GetStats().size_tokens, 4);
+  // Same bytes either way: the path that ends where a trajectory ended.
+  ExpectMatchIs(cache->Match("hello world"), old_t);
+  // The longest path, or the one reusing generated text furthest.
+  ExpectMatchIs(cache->Match("hello world! more"), new_t);
+  ExpectMatchIs(cache->Match("hello world! more", MatchGoal::kMostGenerated), new_t);
+  EXPECT_EQ(cache->GetStats().conflicts_replaced, 0);
+  EXPECT_EQ(cache->GetStats().entries, 2);
+  EXPECT_EQ(cache->GetStats().size_tokens, 6);
+  ASSERT_TRUE(cache->ValidateForTesting().ok());
+}
+
+// kMostGenerated prefers the path whose generated tokens reach furthest over a longer path of
+// prompt tokens: a conversation's own generated tokens are reused even where another request
+// cached the same text as prompt tokens cut differently.
+TEST(TextCacheTest, MostGeneratedPrefersGeneratedTokensOverLongerPromptPaths) {
+  auto cache = MakeCache();
+  Traj prompt_only, generated;
+  prompt_only.Tok("Tom ", 1).Tok("there", 2).Tok(" is", 3).Tok(" more", 4);
+  generated.Tok("Tom ", 1).Tok("the", 5, 1, -0.5f).Tok("re", 6, 1, -0.25f);
+  ASSERT_TRUE(prompt_only.InsertInto(*cache, 1).ok());
+  ASSERT_TRUE(generated.InsertInto(*cache, 1).ok());
+  const std::string query = "Tom there is more";
+  ExpectMatchIs(cache->Match(query), prompt_only);
+  ExpectMatchIs(cache->Match(query, MatchGoal::kMostGenerated), generated);
   ASSERT_TRUE(cache->ValidateForTesting().ok());
 }
 
@@ -150,22 +175,86 @@ TEST(TextCacheTest, SameSpansWithOtherIdsReplaceTheOldTokens) {
   ASSERT_TRUE(cache->ValidateForTesting().ok());
 }
 
-TEST(TextCacheTest, DivergentTailReplacesOnlyTheDivergentPart) {
+TEST(TextCacheTest, DivergentTailsAreSiblingsAndPromptOnlyConflictsAreReplaced) {
   auto cache = MakeCache();
   Traj a, b;
   a.Tok("one ", 1).Tok("two ", 2).Tok("three", 3);
   b.Tok("one ", 1).Tok("two ", 2).Tok("thr", 30).Tok("ee", 31);
   ASSERT_TRUE(a.InsertInto(*cache, 1).ok());
   ASSERT_TRUE(b.InsertInto(*cache, 2).ok());
-  ExpectMatchIs(cache->Match("one two three"), b);
-  EXPECT_EQ(cache->GetStats().entries, 2);
-  EXPECT_EQ(cache->GetStats().size_tokens, 4);
-  // The same tokens with another mask or logprob are another trajectory: newest wins too.
+  // "three" and "thr" cut the same text differently: siblings; a tie goes to the longer first
+  // group.
+  ExpectMatchIs(cache->Match("one two three"), a);
+  EXPECT_EQ(cache->GetStats().entries, 3);
+  EXPECT_EQ(cache->GetStats().size_tokens, 5);
+  // The same tokens with another mask or logprob are another trajectory: with prompt tokens
+  // only below the conflict, the newest wins.
   Traj c;
   c.Tok("one ", 1).Tok("two ", 2, 1, -0.25f).Tok("x", 4);
   ASSERT_TRUE(c.InsertInto(*cache, 3).ok());
   ExpectMatchIs(cache->Match("one two x"), c);
   ExpectMatchIs(cache->Match("one two three"), c.Prefix(2));
+  ASSERT_TRUE(cache->ValidateForTesting().ok());
+}
+
+// The conflict rule: generated tokens (and the prompt tokens before them) are never replaced
+// by another tokenization of the same text; the conflicting insert is cached up to the conflict.
+TEST(TextCacheTest, GeneratedTokensAreNeverReplacedByAnotherTokenization) {
+  auto cache = MakeCache();
+  Traj a, b;
+  a.Tok("Tom ", 1).Tok("is", 2, 1, -0.5f).Tok("n't", 3, 1, -0.75f);
+  b.Tok("Tom ", 1).Tok("is", 5).Tok("n't", 7, 1, -0.125f);
+  size_t cached = 0;
+  ASSERT_TRUE(a.InsertInto(*cache, 1, &cached).ok());
+  EXPECT_EQ(cached, 3u);
+  ASSERT_TRUE(b.InsertInto(*cache, 2, &cached).ok());
+  EXPECT_EQ(cached, 1u);  // "Tom " shared; "is" (another id) conflicts with the generated "is"
+  ExpectMatchIs(cache->Match("Tom isn't"), a);
+  EXPECT_EQ(cache->GetStats().conflicts_kept, 1);
+  EXPECT_EQ(cache->GetStats().conflicts_replaced, 0);
+  // A prompt-only tokenization is still replaced by a newer one.
+  Traj p, q;
+  p.Tok("Lily ", 10).Tok("went", 11);
+  q.Tok("Lily ", 10).Tok("went", 12).Tok("!", 13, 1, -1.0f);
+  ASSERT_TRUE(p.InsertInto(*cache, 2).ok());
+  ASSERT_TRUE(q.InsertInto(*cache, 2, &cached).ok());
+  EXPECT_EQ(cached, 3u);
+  ExpectMatchIs(cache->Match("Lily went!"), q);
+  EXPECT_EQ(cache->GetStats().conflicts_replaced, 1);
+  ASSERT_TRUE(cache->ValidateForTesting().ok());
+}
+
+// Trajectories sharing tokens inserted with other versions each get their own versions back.
+TEST(TextCacheTest, RetrievalReturnsTheVersionsOfTheRetrievedTrajectory) {
+  auto cache = MakeCache();
+  Traj a, b;
+  a.Words("System: be brief\n").Words("User: hi\n").Words("Hello there\n", 1);
+  b.Words("System: be brief\n").Words("User: hi\n").Words("Hello there\n", 1);
+  b.Words("User: and\n").Words("More text\n", 1);
+  a.versions.assign(a.tokens.size(), 1);
+  // b: its own prompt tokens at 3, the generated ones crossing an update from 3 to 4.
+  b.versions.assign(b.tokens.size(), 3);
+  for (size_t i = b.tokens.size() - 2; i < b.tokens.size(); ++i) b.versions[i] = 4;
+  ASSERT_TRUE(a.InsertInto(*cache, 1).ok());
+  ASSERT_TRUE(b.InsertInto(*cache, 4).ok());
+  EXPECT_EQ(cache->GetStats().entries, 2);  // b extends a's path
+  CacheMatch m = cache->Match(a.text);
+  ExpectMatchIs(m, a);
+  EXPECT_EQ(m.token_versions, a.versions);
+  m = cache->Match(b.text);
+  ExpectMatchIs(m, b);
+  EXPECT_EQ(m.token_versions, b.versions);
+  // A query past b's end gets b's versions; one ending inside a's path (no trajectory ends
+  // there) gets the versions of the first insert that cached those tokens (a's).
+  EXPECT_EQ(cache->Match(b.text + "User: ok").token_versions, b.versions);
+  m = cache->Match("System: be brief\nUser: hi\n");
+  EXPECT_EQ(m.token_versions, std::vector<int64_t>(m.tokens.size(), 1));
+  // Inserting exactly b's tokens again with other versions: the newest versions win.
+  Traj b2 = b;
+  b2.versions.assign(b.tokens.size(), 7);
+  ASSERT_TRUE(b2.InsertInto(*cache, 7).ok());
+  EXPECT_EQ(cache->Match(b.text).token_versions, b2.versions);
+  EXPECT_EQ(cache->Match(a.text).token_versions, a.versions);
   ASSERT_TRUE(cache->ValidateForTesting().ok());
 }
 
@@ -360,8 +449,7 @@ TEST(TextCacheTest, BoundariesInsideMultiByteCharacters) {
     t3.Tok("a", 1).Tok("\xC3", 2).Tok("\xA9", 3).Tok("d", 6);
     ASSERT_TRUE(t3.InsertInto(*cache, 2).ok());
     ExpectMatchIs(cache->Match(t3.text), t3);
-    EXPECT_EQ(cache->Match(t1.text).matched_bytes, 3u);
-    EXPECT_THAT(cache->Match(t1.text).token_end_offsets, ElementsAre(1, 2, 3));
+    ExpectMatchIs(cache->Match(t1.text), t1);  // sibling paths: "\xC3" and the whole é
     ASSERT_TRUE(cache->ValidateForTesting().ok());
   }
 }
@@ -428,9 +516,11 @@ TEST(TextCacheTest, RejectsMalformedInput) {
 }
 
 // Random texts over a tiny alphabet with random tokenizations (groups of equal ends, leading
-// zero-width tokens), masks, logprobs and versions. Checks the invariants after every insert,
-// that the newest trajectory is retrievable exactly, and that every match is a prefix of some
-// inserted trajectory: never a mix.
+// zero-width tokens), masks, logprobs and per-token versions. Checks the invariants after every
+// insert, that the newest trajectory is retrievable exactly (when the insert reports it fully
+// cached; else up to where it stopped), that every match is a prefix of some inserted
+// trajectory: never a mix, and (without GC) that every fully cached trajectory ending with a
+// generated token is still retrieved exactly, versions included, at the end.
 TEST(TextCacheTest, RandomizedNeverReturnsAMix) {
   std::mt19937 rng(12345);
   for (int round = 0; round < 4; ++round) {
@@ -440,6 +530,23 @@ TEST(TextCacheTest, RandomizedNeverReturnsAMix) {
     const bool gc = round % 2 == 1;
     auto cache = MakeCache(/*max_size=*/gc ? 30 : (1 << 30), /*k=*/2, /*utf8_safe=*/false);
     std::vector<Traj> inserted;
+    std::vector<size_t> fully_cached;  // indices into `inserted`
+    int kept = 0;
+    // Whether `m` is exactly a fully cached trajectory with text `text` (several tokenizations
+    // of one text may be cached; a match returns one), with the versions of the newest insert
+    // of exactly its tokens.
+    const auto IsCachedTrajectory = [&](const CacheMatch& m, const std::string& text) {
+      const Traj* newest = nullptr;
+      for (size_t j : fully_cached) {
+        const Traj& u = inserted[j];
+        if (u.text == text && u.tokens == m.tokens && u.ends == m.token_end_offsets &&
+            u.mask == m.loss_mask && AllBits(u.logp) == AllBits(m.logprobs)) {
+          newest = &u;
+        }
+      }
+      return m.matched_bytes == text.size() && newest != nullptr &&
+             newest->versions == m.token_versions;
+    };
     for (int step = 0; step < 1500; ++step) {
       Traj t;
       const int len = 1 + static_cast<int>(rng() % 12);
@@ -477,10 +584,22 @@ TEST(TextCacheTest, RandomizedNeverReturnsAMix) {
         }
       }
       const int64_t version = step / 20;
-      ASSERT_TRUE(t.InsertInto(*cache, version).ok());
+      for (size_t i = 0; i < t.tokens.size(); ++i) {
+        t.versions.push_back(rng() % 3 == 0 ? version - static_cast<int64_t>(rng() % 3) : version);
+      }
+      size_t cached = 0;
+      ASSERT_TRUE(t.InsertInto(*cache, version, &cached).ok());
       ASSERT_TRUE(cache->ValidateForTesting().ok()) << cache->ValidateForTesting();
-      ExpectMatchIs(cache->Match(t.text), t);
       inserted.push_back(t);
+      if (cached == t.tokens.size()) {
+        fully_cached.push_back(inserted.size() - 1);
+        const CacheMatch m = cache->Match(t.text);
+        ASSERT_EQ(m.matched_bytes, t.text.size());
+        if (t.mask.back() == 1) ASSERT_TRUE(IsCachedTrajectory(m, t.text)) << "step " << step;
+      } else {
+        ASSERT_LT(cached, t.tokens.size());
+        ++kept;
+      }
 
       std::string query = inserted[rng() % inserted.size()].text;
       query = query.substr(0, rng() % (query.size() + 1));
@@ -503,8 +622,27 @@ TEST(TextCacheTest, RandomizedNeverReturnsAMix) {
       ASSERT_TRUE(found) << "round " << round << " step " << step << " query " << query;
     }
     const TextCacheStats stats = cache->GetStats();
-    if (random_tokens) EXPECT_GT(stats.conflicts_replaced, 0);
+    if (random_tokens) {
+      EXPECT_GT(stats.conflicts_replaced, 0);
+      EXPECT_GT(stats.conflicts_kept, 0);
+    }
+    EXPECT_EQ(stats.conflicts_kept, kept);
     EXPECT_EQ(stats.gc_removed_tokens > 0, gc);
+    if (gc) continue;
+    // Generated tokens are never replaced: every fully cached trajectory that ends with one is
+    // still there (its text retrieves it or another fully cached tokenization of that text,
+    // never a prefix), with the versions of the newest insert of exactly its tokens.
+    int checked = 0;
+    for (size_t i : fully_cached) {
+      const Traj& t = inserted[i];
+      if (t.mask.back() != 1) continue;
+      ASSERT_TRUE(IsCachedTrajectory(cache->Match(t.text), t.text))
+          << "round " << round << " trajectory " << i;
+      const CacheMatch m = cache->Match(t.text + "zz", MatchGoal::kMostGenerated);
+      ASSERT_GE(m.tokens.size(), t.tokens.size());
+      ++checked;
+    }
+    EXPECT_GT(checked, random_tokens ? 5 : 100) << "round " << round << ": " << fully_cached.size() << " fully cached, " << kept << " kept";
   }
 }
 

@@ -42,6 +42,21 @@ void Count(std::atomic<int64_t>* counter) { counter->fetch_add(1, std::memory_or
 
 }  // namespace
 
+size_t PendingFrom(const std::vector<uint32_t>& ends) {
+  size_t i = ends.size();
+  while (i > 0 && ends[i - 1] == kPendingEnd) --i;
+  return i;
+}
+
+void AppendCompletionDelta(std::string_view delta, std::string* text,
+                           std::vector<uint32_t>* ends) {
+  ends->push_back(kPendingEnd);
+  if (delta.empty()) return;
+  *text += delta;
+  std::fill(ends->begin() + static_cast<std::ptrdiff_t>(PendingFrom(*ends)), ends->end(),
+            static_cast<uint32_t>(text->size()));
+}
+
 absl::StatusOr<DecodedCompletion> DecodeCompletion(const tokenizer::Tokenizer& tokenizer,
                                                    absl::Span<const int32_t> prompt_ids,
                                                    absl::Span<const int32_t> output_ids) {
@@ -51,13 +66,13 @@ absl::StatusOr<DecodedCompletion> DecodeCompletion(const tokenizer::Tokenizer& t
   for (int32_t id : output_ids) {
     absl::StatusOr<std::string> delta = decoder.Step(id);
     if (!delta.ok()) return delta.status();
-    out.text += *delta;
-    out.ends.push_back(static_cast<uint32_t>(out.text.size()));
+    AppendCompletionDelta(*delta, &out.text, &out.ends);
   }
   absl::StatusOr<std::string> rest = decoder.Flush();
   if (!rest.ok()) return rest.status();
   out.text += *rest;
-  if (!out.ends.empty()) out.ends.back() = static_cast<uint32_t>(out.text.size());
+  std::fill(out.ends.begin() + static_cast<std::ptrdiff_t>(PendingFrom(out.ends)), out.ends.end(),
+            static_cast<uint32_t>(out.text.size()));
   return out;
 }
 
@@ -103,7 +118,7 @@ absl::StatusOr<ResolvedPrompt> ResolveTextPrompt(std::string_view text, const Te
   if (counters == nullptr) counters = &unused;
   Count(&counters->requests);
 
-  CacheMatch m = cache.Match(text);
+  CacheMatch m = cache.Match(text, MatchGoal::kMostGenerated);
   // Reuse exactly through the last generated token.
   size_t keep = 0;
   for (size_t i = m.tokens.size(); i > 0; --i) {

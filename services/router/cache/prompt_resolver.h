@@ -70,12 +70,26 @@ absl::StatusOr<ResolvedPrompt> ResolveTextPrompt(std::string_view text, const Te
                                                  SeamCounters* counters);
 
 // A completion as the router caches it: its text in the prompt's context and, per output
-// token, the byte end (within that text) of what was emitted once the token was streamed
-// (ends repeat while text is held back; the last one is the text's size).
+// token, the byte end (within that text) of the first delta that completed the token's text:
+// tokens whose text the stream decoder held back (a byte-fallback run, an incomplete UTF-8
+// character) end where the delta that released it ends, together with the token that released
+// it (one token group). So the text before any end is exactly the decoding of the tokens ending
+// there or before. The last end is the text's size.
 struct DecodedCompletion {
   std::string text;
   std::vector<uint32_t> ends;
 };
+
+// Streaming form of the above, one output token at a time: appends the token's delta (as
+// returned by StreamDecoder::Step) to `text` and its end to `ends`; a token that emitted
+// nothing gets kPendingEnd until a later delta releases its text (then that delta's end). After
+// StreamDecoder::Flush, append the rest to `text` and set the ends from PendingFrom(ends) on
+// to text's size.
+inline constexpr uint32_t kPendingEnd = 0xFFFFFFFF;
+void AppendCompletionDelta(std::string_view delta, std::string* text,
+                           std::vector<uint32_t>* ends);
+// Index of the first trailing kPendingEnd in `ends` (ends.size() when none).
+size_t PendingFrom(const std::vector<uint32_t>& ends);
 
 // Stream-decodes `output_ids` after `prompt_ids` exactly as the router does. InvalidArgument
 // for unknown ids.

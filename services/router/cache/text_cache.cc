@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <string>
 #include <utility>
 
@@ -31,6 +32,9 @@ struct TextCache::Node {
   // empty; else runs[i] covers tokens [runs[i].first, runs[i + 1].first).
   int64_t token_version = 0;
   std::vector<std::pair<uint32_t, int64_t>> runs;
+  // Set on a node where an inserted trajectory ends (empty elsewhere): the versions that insert
+  // gave every token on the path from the root, run-length as (first token index, version).
+  std::vector<std::pair<uint32_t, int64_t>> path_runs;
 
   // Sets the versions of the tokens from `v` (num_tokens values).
   void SetVersions(const int64_t* v) {
@@ -103,6 +107,26 @@ size_t CommonPrefix(std::string_view a, std::string_view b) {
   return i;
 }
 
+// Run-length encoding of `versions` (non-empty) as (first index, version) pairs.
+std::vector<std::pair<uint32_t, int64_t>> EncodeRuns(absl::Span<const int64_t> versions) {
+  std::vector<std::pair<uint32_t, int64_t>> runs;
+  for (size_t i = 0; i < versions.size(); ++i) {
+    if (i == 0 || versions[i] != versions[i - 1]) {
+      runs.emplace_back(static_cast<uint32_t>(i), versions[i]);
+    }
+  }
+  return runs;
+}
+
+// Writes the first `count` versions of `runs` to out[0, count).
+void ExpandRuns(const std::vector<std::pair<uint32_t, int64_t>>& runs, size_t count,
+                int64_t* out) {
+  for (size_t r = 0; r < runs.size() && runs[r].first < count; ++r) {
+    const size_t end = r + 1 < runs.size() ? std::min<size_t>(runs[r + 1].first, count) : count;
+    std::fill(out + runs[r].first, out + end, runs[r].second);
+  }
+}
+
 uint32_t FloatBits(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
@@ -110,6 +134,17 @@ uint32_t FloatBits(float f) {
 }
 
 }  // namespace
+
+bool TextCache::HoldsGenerated(const Node* node) {
+  std::vector<const Node*> stack = {node};
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (std::memchr(n->mask(), 1, n->num_tokens) != nullptr) return true;
+    for (const auto& child : n->children) stack.push_back(child.get());
+  }
+  return false;
+}
 
 bool TextCache::KeyLess(const std::unique_ptr<Node>& child, std::string_view key) {
   return child->FirstGroup() < key;
@@ -146,18 +181,29 @@ TextCache::~TextCache() {
   }
 }
 
-int TextCache::FindChild(const Node* parent, std::string_view rest) {
+void TextCache::FindChildren(const Node* parent, std::string_view rest,
+                             std::vector<const Node*>* out) {
   const auto& children = parent->children;
-  // In a prefix-free sorted set, the only key that can be a prefix of `rest` is the last key
-  // <= rest.
-  auto it = std::upper_bound(children.begin(), children.end(), rest,
-                             [](std::string_view r, const std::unique_ptr<Node>& child) {
-                               return r < child->FirstGroup();
-                             });
-  if (it == children.begin()) return -1;
-  --it;
-  if (!rest.starts_with((*it)->FirstGroup())) return -1;
-  return static_cast<int>(it - children.begin());
+  auto end = children.end();
+  // The keys that are prefixes of `rest` form a chain; the longest is the last key <= rest.
+  // Each step looks for the next shorter one among the keys before the last one seen.
+  while (!rest.empty()) {
+    auto it = std::upper_bound(children.begin(), end, rest,
+                               [](std::string_view r, const std::unique_ptr<Node>& child) {
+                                 return r < child->FirstGroup();
+                               });
+    if (it == children.begin()) return;
+    --it;
+    const std::string_view key = (*it)->FirstGroup();
+    const size_t common = CommonPrefix(key, rest);
+    if (common == key.size()) {
+      out->push_back(it->get());
+      rest = rest.substr(0, key.size() - 1);
+    } else {
+      rest = rest.substr(0, common);
+    }
+    end = it;
+  }
 }
 
 void TextCache::LinkLeaf(Node* node) {
@@ -311,8 +357,9 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
                                absl::Span<const uint32_t> token_end_offsets,
                                absl::Span<const uint8_t> loss_mask,
                                absl::Span<const float> logprobs, int64_t weight_version,
-                               absl::Span<const int64_t> token_versions) {
+                               absl::Span<const int64_t> token_versions, size_t* cached_tokens) {
   const absl::Span<const uint32_t> ends = token_end_offsets;
+  if (cached_tokens != nullptr) *cached_tokens = 0;
   if (text.empty() || tokens.empty()) {
     return absl::InvalidArgumentError("cannot insert an empty trajectory");
   }
@@ -344,22 +391,28 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
                                                    ", the text has ", text.size(), " bytes"));
   }
 
+  std::vector<std::pair<uint32_t, int64_t>> path_runs =
+      token_versions.empty() ? std::vector<std::pair<uint32_t, int64_t>>{{0, weight_version}}
+                             : EncodeRuns(token_versions);
   absl::MutexLock lock(&mu_);
   current_version_ = std::max(current_version_, weight_version);
   Node* node = root_.get();
+  size_t cached = n;  // tokens of the trajectory the cache holds afterwards
   size_t pos = 0;    // bytes of text consumed: a boundary of both the path and the trajectory
   size_t first = 0;  // tokens consumed: those ending at or before `pos`
   while (true) {
     Bump(node, weight_version);
-    if (pos == text.size()) break;
+    if (pos == text.size()) {
+      node->path_runs = std::move(path_runs);
+      break;
+    }
     // The trajectory's next token group: up to the first span end after `pos`.
     size_t g = first;
     while (ends[g] <= pos) ++g;
     const std::string_view group = text.substr(pos, ends[g] - pos);
     const std::string_view rest = text.substr(pos);
 
-    // Children comparable with `group` (one a prefix of the other): the last key <= group when
-    // it is a prefix of group, and the run of keys that start with group.
+    // The child whose first group is exactly `group`, if any (keys are distinct).
     auto& children = node->children;
     auto lo = std::lower_bound(children.begin(), children.end(), group, KeyLess);
     if (lo != children.end() && (*lo)->FirstGroup() == group) {
@@ -395,24 +448,24 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
         continue;
       }
     }
-    // Conflicts: every comparable child (including an equal key whose tokens differ).
-    size_t removed = 0;
-    if (lo != children.begin() && group.starts_with((*(lo - 1))->FirstGroup())) {
-      --lo;
+    // A conflict: the same first-group text cached with other tokens, masks or logprobs.
+    if (lo != children.end() && (*lo)->FirstGroup() == group) {
+      // Generated tokens are never replaced: a conflicting subtree that holds any keeps its
+      // place and the rest of this trajectory is not cached.
+      if (HoldsGenerated(lo->get())) {
+        ++conflicts_kept_;
+        cached = first;
+        break;
+      }
+      RemoveSubtree(node, static_cast<size_t>(lo - children.begin()));
+      ++conflicts_replaced_;
     }
-    while (lo != children.end()) {
-      const std::string_view key = (*lo)->FirstGroup();
-      if (!key.starts_with(group) && !group.starts_with(key)) break;
-      const size_t index = static_cast<size_t>(lo - children.begin());
-      RemoveSubtree(node, index);
-      lo = children.begin() + static_cast<std::ptrdiff_t>(index);
-      ++removed;
-    }
-    conflicts_replaced_ += static_cast<int64_t>(removed);
-    AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs, token_versions,
-             weight_version);
+    Node* leaf = AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs,
+                          token_versions, weight_version);
+    leaf->path_runs = std::move(path_runs);
     break;
   }
+  if (cached_tokens != nullptr) *cached_tokens = cached;
   MaybeCollectGarbage();
   return absl::OkStatus();
 }
@@ -434,23 +487,80 @@ void TextCache::MaybeCollectGarbage() {
   }
 }
 
-void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
-  const Node* node = root_.get();
+void TextCache::MatchLocked(std::string_view query, MatchGoal goal, CacheMatch* out) const {
+  // Search every cached path the query follows (siblings' first groups may be prefixes of one
+  // another) for the best end per `goal`; the first found (longest first groups first) on a
+  // tie.
+  struct State {
+    const Node* node;
+    size_t pos;      // bytes matched through node's edge
+    size_t gen_end;  // end of the last generated token on the path (0: none)
+  };
+  struct Best {
+    const Node* node = nullptr;
+    size_t take = 0;  // tokens of node's edge in the match
+    size_t pos = 0;
+    size_t gen_end = 0;
+    bool terminal = false;
+  } best;
+  const auto score = [goal](size_t gen_end, size_t pos, bool terminal) {
+    return goal == MatchGoal::kLongest ? std::make_tuple(pos, gen_end, size_t{terminal})
+                                       : std::make_tuple(gen_end, size_t{terminal}, pos);
+  };
+  std::vector<State> stack = {{root_.get(), 0, 0}};
+  std::vector<const Node*> candidates;
+  size_t visited = 0;
+  while (!stack.empty() && visited < kMaxMatchNodes) {
+    const State s = stack.back();
+    stack.pop_back();
+    if (s.pos == query.size()) continue;
+    const std::string_view rest = query.substr(s.pos);
+    candidates.clear();
+    FindChildren(s.node, rest, &candidates);
+    const size_t stack_size = stack.size();
+    for (const Node* child : candidates) {  // longest first group first
+      ++visited;
+      const size_t common = CommonPrefix(child->text(), rest);
+      const uint32_t* e = child->ends();
+      // Tokens whose spans lie inside the common text; the first group always does.
+      const size_t take =
+          common == child->num_bytes
+              ? child->num_tokens
+              : static_cast<size_t>(std::upper_bound(e, e + child->num_tokens, common) - e);
+      RL_CHECK(take > 0);
+      size_t gen_end = s.gen_end;
+      for (size_t i = take; i > 0; --i) {
+        if (child->mask()[i - 1] == 1) {
+          gen_end = s.pos + e[i - 1];
+          break;
+        }
+      }
+      const size_t end = s.pos + e[take - 1];
+      const bool full = take == child->num_tokens;
+      const bool terminal = full && !child->path_runs.empty();
+      if (score(gen_end, end, terminal) > score(best.gen_end, best.pos, best.terminal)) {
+        best = {child, take, end, gen_end, terminal};
+      }
+      if (full) stack.push_back({child, end, gen_end});
+    }
+    // Longest first group on top of the stack.
+    std::reverse(stack.begin() + static_cast<std::ptrdiff_t>(stack_size), stack.end());
+  }
+  // The chosen path, root first.
+  std::vector<const Node*> path;
+  for (const Node* n = best.node; n != nullptr && n != root_.get(); n = n->parent) {
+    path.push_back(n);
+  }
+  std::reverse(path.begin(), path.end());
   size_t pos = 0;
   // (tokens before the edge, its version) per matched edge, for weight_version after back-off.
   std::vector<std::pair<size_t, int64_t>> edges;
-  while (pos < query.size()) {
-    const int index = FindChild(node, query.substr(pos));
-    if (index < 0) break;
-    const Node* child = node->children[static_cast<size_t>(index)].get();
-    const size_t common = CommonPrefix(child->text(), query.substr(pos));
+  // The deepest fully matched node where a trajectory ended, and the tokens up to it.
+  const Node* terminal = nullptr;
+  size_t terminal_tokens = 0;
+  for (const Node* child : path) {
     const uint32_t* e = child->ends();
-    // Tokens whose spans lie inside the common text; the first group always does.
-    const size_t take =
-        common == child->num_bytes
-            ? child->num_tokens
-            : static_cast<size_t>(std::upper_bound(e, e + child->num_tokens, common) - e);
-    RL_CHECK(take > 0);
+    const size_t take = child == best.node ? best.take : child->num_tokens;
     const size_t old = out->tokens.size();
     out->tokens.insert(out->tokens.end(), child->ids(), child->ids() + take);
     out->loss_mask.insert(out->loss_mask.end(), child->mask(), child->mask() + take);
@@ -463,8 +573,10 @@ void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
     }
     edges.emplace_back(old, child->version);
     pos += e[take - 1];
-    if (take < child->num_tokens) break;
-    node = child;
+    if (take == child->num_tokens && !child->path_runs.empty()) {
+      terminal = child;
+      terminal_tokens = out->tokens.size();
+    }
   }
   if (options_.utf8_safe_match) {
     // Back off group by group while the rest would start inside a UTF-8 character.
@@ -481,16 +593,21 @@ void TextCache::MatchLocked(std::string_view query, CacheMatch* out) const {
     out->logprobs.resize(keep);
     out->token_versions.resize(keep);
   }
+  // Versions through the deepest trajectory end are that trajectory's own.
+  if (terminal != nullptr) {
+    ExpandRuns(terminal->path_runs, std::min(terminal_tokens, out->tokens.size()),
+               out->token_versions.data());
+  }
   out->matched_bytes = pos;
   while (!edges.empty() && edges.back().first >= out->tokens.size()) edges.pop_back();
   out->weight_version = edges.empty() ? 0 : edges.back().second;
 }
 
-CacheMatch TextCache::Match(std::string_view query) const {
+CacheMatch TextCache::Match(std::string_view query, MatchGoal goal) const {
   CacheMatch out;
   {
     absl::ReaderMutexLock lock(&mu_);
-    MatchLocked(query, &out);
+    MatchLocked(query, goal, &out);
   }
   if (out.tokens.empty()) {
     misses_.fetch_add(1, std::memory_order_relaxed);
@@ -534,6 +651,7 @@ TextCacheStats TextCache::GetStats() const {
   stats.gc_removed_tokens = gc_removed_tokens_;
   stats.gc_removed_nodes = gc_removed_nodes_;
   stats.conflicts_replaced = conflicts_replaced_;
+  stats.conflicts_kept = conflicts_kept_;
   stats.current_version = current_version_;
   return stats;
 }
@@ -541,13 +659,21 @@ TextCacheStats TextCache::GetStats() const {
 absl::Status TextCache::ValidateForTesting() const {
   absl::ReaderMutexLock lock(&mu_);
   int64_t nodes = 0, tokens = 0, bytes = 0, leaves = 0;
-  std::vector<const Node*> stack = {root_.get()};
+  // (node, tokens on the path from the root through its edge)
+  std::vector<std::pair<const Node*, size_t>> stack = {{root_.get(), 0}};
   while (!stack.empty()) {
-    const Node* node = stack.back();
+    const auto [node, path_tokens] = stack.back();
     stack.pop_back();
     const bool is_root = node == root_.get();
     if (!is_root) {
       ++nodes;
+      const auto& runs = node->path_runs;
+      for (size_t r = 0; r < runs.size(); ++r) {
+        if ((r == 0 && runs[r].first != 0) || (r > 0 && runs[r].first <= runs[r - 1].first) ||
+            runs[r].first >= path_tokens) {
+          return absl::InternalError("bad trajectory-end versions");
+        }
+      }
       tokens += node->num_tokens;
       bytes += node->num_bytes;
       if (node->num_tokens == 0 || node->num_bytes == 0) {
@@ -579,14 +705,13 @@ absl::Status TextCache::ValidateForTesting() const {
       if (i > 0) {
         const std::string_view prev = node->children[i - 1]->FirstGroup();
         const std::string_view key = child->FirstGroup();
-        if (!(prev < key)) return absl::InternalError("children not sorted");
-        if (key.starts_with(prev)) {
-          return absl::InternalError(absl::StrCat("sibling first groups not prefix-free: '",
+        if (!(prev < key)) {
+          return absl::InternalError(absl::StrCat("sibling first groups not sorted and distinct: '",
                                                   std::string(prev), "' / '", std::string(key),
                                                   "'"));
         }
       }
-      stack.push_back(child);
+      stack.emplace_back(child, path_tokens + child->num_tokens);
     }
   }
   int64_t indexed = 0;
