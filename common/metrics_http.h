@@ -2,13 +2,20 @@
 // text format, and GET /healthz (process liveness). Runs its own listener thread; Stop() (or
 // the destructor) closes it.
 //
-// Hostile or careless clients cannot starve it (the Helm chart's liveness probe uses /healthz):
-// every read and write has a short timeout, an idle keep-alive connection is closed after
-// `keep_alive_timeout` and after `keep_alive_max_requests` requests, request bodies are capped,
-// and connections are served by an elastic pool: `min_threads` always ready, one more thread per
-// concurrent connection up to `max_connections`, so a handful of slow (slowloris) or idle
-// connections each hold one thread while new requests still find a free one. Connections beyond
-// the cap wait in the accept queue. Threads above `min_threads` exit when idle.
+// Hostile or careless clients cannot starve it (the Helm chart's liveness probe uses /healthz)
+// nor exhaust its file descriptors:
+// - each request must arrive whole within `read_timeout` (a deadline for the request, not per
+//   read: a slowloris trickling a byte a second is cut off), every write has `write_timeout`,
+//   an idle keep-alive connection is closed after `keep_alive_timeout` and after
+//   `keep_alive_max_requests` requests, request bodies are capped;
+// - at most `max_connections` connections are open at once, each on its own thread (an elastic
+//   pool: `min_threads` always ready, threads above it exit when idle). A connection accepted
+//   beyond the cap closes the OLDEST open one, so a flood of slow or idle connections can never
+//   keep a new request (a probe) waiting: it is served at once, and the flood only evicts itself.
+//   Accepted connections waiting for a thread are bounded too (`max_pending`); past that the
+//   listener stops accepting until one is taken (the rest wait in the kernel's backlog, which
+//   holds no descriptor of this process). Open descriptors: at most max_connections +
+//   max_pending + 1 + the listener.
 #pragma once
 
 #include <chrono>
@@ -32,8 +39,11 @@ struct HttpServerOptions {
   int keep_alive_max_requests = 16;
   int min_threads = 2;
   int max_connections = 128;
+  int max_pending = 16;
   size_t max_payload_bytes = 4096;
 };
+
+class ConnectionTable;
 
 class MetricsHttpServer {
  public:
@@ -44,10 +54,13 @@ class MetricsHttpServer {
       const HttpServerOptions& options = HttpServerOptions());
   ~MetricsHttpServer();
   int port() const { return port_; }
+  // Connections open now (being served or waiting for a request), for tests and metrics.
+  int open_connections() const;
   void Stop();
 
  private:
   MetricsHttpServer() = default;
+  std::shared_ptr<ConnectionTable> connections_;
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

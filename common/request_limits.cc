@@ -229,19 +229,7 @@ absl::Status CheckedNumElements(absl::Span<const int64_t> shape, int64_t max_ran
                                                    " is more than --max-tensor-rank (", max_rank,
                                                    ")"));
   }
-  int64_t n = 1;
-  for (size_t i = 0; i < shape.size(); ++i) {
-    const int64_t d = shape[i];
-    if (d < 0) {
-      return absl::InvalidArgumentError(absl::StrCat("shape[", i, "]: ", d, " is negative"));
-    }
-    if (d != 0 && n > (int64_t{1} << 62) / d) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("shape: the element count overflows at dimension ", i));
-    }
-    n *= d;
-  }
-  *out = n;
+  ASSIGN_OR_RETURN(*out, model_io::CheckedNumElements(shape));
   return absl::OkStatus();
 }
 

@@ -5,6 +5,8 @@
 // runner: LoadWeightsFromDisk (open + validate + read into owned memory + atomic swap), and the same followed by a
 // pass that reads every weight byte (so any lazily loaded page is really loaded). Prints GB/s for
 // both; the second is the honest "loaded" figure.
+#include <sys/resource.h>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -27,6 +29,22 @@ int64_t DirBytes(const std::string& dir) {
     if (e.path().extension() == ".safetensors") total += static_cast<int64_t>(e.file_size());
   }
   return total;
+}
+
+// Page faults of this process so far (minor: memory the kernel hands out or maps in).
+int64_t MinorFaults() {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_minflt;
+}
+
+// CPU seconds (user + system, all threads) this process used so far: unlike wall time, not
+// inflated when other processes compete for the cores.
+double CpuSeconds() {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 void WarmPageCache(const std::string& dir) {
@@ -81,12 +99,16 @@ int main(int argc, char** argv) {
   std::cout << absl::StrFormat("checkpoint %s: %.2f GB of safetensors (page cache warm)\n",
                                model_dir, bytes / 1e9);
   for (int r = 0; r < rounds; ++r) {
+    const int64_t faults0 = MinorFaults();
+    const double cpu0 = CpuSeconds();
     const auto t0 = Clock::now();
     if (auto s = (*runner)->LoadWeightsFromDisk(model_dir); !s.ok()) {
       std::cerr << s.message() << "\n";
       return 1;
     }
     const double swap_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const int64_t faults = MinorFaults() - faults0;
+    const double cpu_s = CpuSeconds() - cpu0;
     uint64_t sum = 0;
     (void)(*runner)->VisitWeights([&](const rl::model::TensorInfo&, absl::Span<const uint8_t> b) {
       for (size_t i = 0; i < b.size(); i += 64) sum += b[i];
@@ -94,8 +116,8 @@ int main(int argc, char** argv) {
     const double all_s = std::chrono::duration<double>(Clock::now() - t0).count();
     std::cout << absl::StrFormat(
         "round %d: swap %.3f s (%.1f GB/s); swap + read every weight byte %.3f s (%.2f GB/s) "
-        "[byte sum %u]\n",
-        r + 1, swap_s, bytes / 1e9 / swap_s, all_s, bytes / 1e9 / all_s, sum);
+        "[swap: %.3f CPU s, %d page faults; byte sum %u]\n",
+        r + 1, swap_s, bytes / 1e9 / swap_s, all_s, bytes / 1e9 / all_s, cpu_s, faults, sum);
   }
   return 0;
 }

@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "absl/strings/str_cat.h"
+
 namespace rl::model_io {
 
 namespace {
@@ -131,6 +133,22 @@ void ConvertFromF32(const float* src, int64_t n, DType dst_dtype, void* dst) {
     default:
       return;
   }
+}
+
+absl::StatusOr<int64_t> CheckedNumElements(absl::Span<const int64_t> shape) {
+  int64_t n = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    const int64_t d = shape[i];
+    if (d < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("shape[", i, "]: ", d, " is negative"));
+    }
+    if (d != 0 && n > (int64_t{1} << 62) / d) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shape: the element count overflows at dimension ", i));
+    }
+    n *= d;
+  }
+  return n;
 }
 
 }  // namespace rl::model_io

@@ -12,6 +12,9 @@
 #include <string>
 #include <string_view>
 
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
 namespace rl::model_io {
 
 enum class DType { kF32, kF16, kBF16, kF64, kI64, kI32, kI16, kI8, kU8, kBool };
@@ -24,6 +27,13 @@ std::optional<DType> ParseDType(std::string_view name);
 int64_t DTypeSize(DType dtype);
 // True for the dtypes weights may be stored in (F32, F16, BF16).
 bool IsFloatWeightDType(DType dtype);
+
+// The element count of `shape` with checked arithmetic (one helper for checkpoint headers and
+// tensor-update chunks): InvalidArgument "shape[i]: D is negative" or "shape: the element count
+// overflows at dimension i" (a product above 2^62). Callers still check the byte size
+// (count x DTypeSize) against their bound by division, never by a multiplication that can wrap.
+// An empty shape is a scalar (1 element).
+absl::StatusOr<int64_t> CheckedNumElements(absl::Span<const int64_t> shape);
 
 inline float Bf16ToF32(uint16_t v) {
   uint32_t bits = static_cast<uint32_t>(v) << 16;

@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -25,6 +27,62 @@ const char* FileKind(mode_t mode) {
   if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
   return "not a regular file";
+}
+
+// Mappings of released files kept for the next reads (see file_read.h). Each spare is
+// MADV_FREE'd: the kernel may take its pages back under memory pressure (a later read then
+// faults fresh zero pages in, as for new memory); otherwise they are reused with no page fault
+// and no zeroing.
+class SparePool {
+ public:
+  static SparePool& Get() {
+    static SparePool* pool = new SparePool();  // never destroyed: used from destructors
+    return *pool;
+  }
+
+  // The smallest spare of at least `size` bytes and at most twice that; nullptr when none.
+  uint8_t* Take(size_t size, size_t* capacity) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto best = spares_.end();
+    for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+      if (it->capacity >= size && it->capacity / 2 <= size &&
+          (best == spares_.end() || it->capacity < best->capacity)) {
+        best = it;
+      }
+    }
+    if (best == spares_.end()) return nullptr;
+    uint8_t* data = best->data;
+    *capacity = best->capacity;
+    spares_.erase(best);
+    return data;
+  }
+
+  void Give(uint8_t* data, size_t capacity) {
+    (void)::madvise(data, capacity, MADV_FREE);
+    std::lock_guard<std::mutex> lock(mu_);
+    spares_.push_back({data, capacity});
+    while (spares_.size() > kMaxSpareBuffers) {
+      ::munmap(spares_.front().data, spares_.front().capacity);
+      spares_.pop_front();
+    }
+  }
+
+ private:
+  struct Spare {
+    uint8_t* data;
+    size_t capacity;
+  };
+  std::mutex mu_;
+  std::deque<Spare> spares_;  // oldest first
+};
+
+// Fresh anonymous memory in 4 KiB pages. No MADV_HUGEPAGE: with the usual `defrag=madvise`
+// setting a huge-page fault compacts memory synchronously, which made the first update after
+// start 10x slower than later ones (1.2 s vs 0.1 s for 1 GB) whenever free memory was
+// fragmented (by the page cache, typically); 4 KiB faults cost the same every time.
+uint8_t* MapFresh(size_t size) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
 }
 
 }  // namespace
@@ -54,18 +112,17 @@ absl::StatusOr<std::shared_ptr<OwnedFile>> OwnedFile::Read(const std::string& pa
   }
   const size_t size = static_cast<size_t>(st.st_size);
   uint8_t* data = nullptr;
-  if (size > 0) {
-    // Anonymous memory with transparent huge pages: filling 1 GB costs ~500 page faults
-    // instead of ~250k, which keeps a full read within reach of the old zero-copy mmap.
-    void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) {
+  size_t capacity = size;
+  if (size >= kMinSpareBytes) data = SparePool::Get().Take(size, &capacity);
+  if (data == nullptr && size > 0) {
+    capacity = size;
+    data = MapFresh(size);
+    if (data == nullptr) {
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate ", size, " bytes to read ", path));
     }
-    (void)::madvise(p, size, MADV_HUGEPAGE);
-    data = static_cast<uint8_t*>(p);
   }
-  std::shared_ptr<OwnedFile> file(new OwnedFile(path, data, size));
+  std::shared_ptr<OwnedFile> file(new OwnedFile(path, data, size, capacity));
   // Large files are read by a few threads in parallel (page cache → memory is bound by the
   // page-fault and copy rate of one core).
   constexpr size_t kPerThread = size_t{64} << 20;
@@ -102,8 +159,28 @@ absl::StatusOr<std::shared_ptr<OwnedFile>> OwnedFile::Read(const std::string& pa
   return file;
 }
 
+void ReserveSpareBuffers(absl::Span<const size_t> sizes) {
+  for (const size_t size : sizes) {
+    if (size < kMinSpareBytes) continue;
+    uint8_t* data = MapFresh(size);
+    if (data == nullptr) return;
+    // Fault every page in now (MADV_POPULATE_WRITE, Linux 5.14+; else one write per page).
+    constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE
+    if (::madvise(data, size, kPopulateWrite) != 0) {
+      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+      for (size_t i = 0; i < size; i += page) data[i] = 0;
+    }
+    SparePool::Get().Give(data, size);
+  }
+}
+
 OwnedFile::~OwnedFile() {
-  if (data_ != nullptr) ::munmap(data_, size_);
+  if (data_ == nullptr) return;
+  if (capacity_ >= kMinSpareBytes) {
+    SparePool::Get().Give(data_, capacity_);
+  } else {
+    ::munmap(data_, capacity_);
+  }
 }
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, int64_t max_bytes) {

@@ -7,6 +7,14 @@
 // refused with a clear error instead of blocking the caller, and a size above `max_bytes` is
 // refused before any allocation. A file that shrinks while it is read is a DataLoss error.
 //
+// Memory: fresh buffers are anonymous 4 KiB pages, filled by a few threads in parallel (page
+// cache -> memory is bound by one core's fault and copy rate). A released buffer of at least
+// kMinSpareBytes is not unmapped but kept as a spare (at most kMaxSpareBuffers, oldest dropped
+// first) and marked MADV_FREE, so the kernel can reclaim it under memory pressure like cache;
+// the next read of a file of about its size (a weight update: the same shard layout) reuses it
+// with no page fault and no zeroing. Steady-state resident memory of a process that updates its
+// weights is therefore up to two copies, the second one reclaimable.
+//
 // Also: a cheap nesting-depth check for JSON texts, run before a parser sees them.
 // Thread-safe (no shared state).
 #pragma once
@@ -22,7 +30,7 @@
 
 namespace rl::model_io {
 
-// Bytes of one file, owned (page-aligned anonymous memory, huge pages where the kernel allows).
+// Bytes of one file, owned (page-aligned anonymous memory).
 class OwnedFile {
  public:
   // Reads all of `path`. Errors: NotFound (cannot open), InvalidArgument (not a regular file,
@@ -38,18 +46,27 @@ class OwnedFile {
   const std::string& path() const { return path_; }
 
  private:
-  OwnedFile(std::string path, uint8_t* data, size_t size)
-      : path_(std::move(path)), data_(data), size_(size) {}
+  OwnedFile(std::string path, uint8_t* data, size_t size, size_t capacity)
+      : path_(std::move(path)), data_(data), size_(size), capacity_(capacity) {}
   std::string path_;
   uint8_t* data_;
   size_t size_;
+  size_t capacity_;  // bytes mapped at data_ (>= size_ when a spare was reused)
 };
 
 // Largest file read by default: checkpoints shards (64 GiB) and small JSON files (16 MiB).
 inline constexpr int64_t kMaxShardBytes = int64_t{64} << 30;
 inline constexpr int64_t kMaxJsonFileBytes = int64_t{16} << 20;
+// Buffers kept for reuse: released files of at least this size, at most this many.
+inline constexpr size_t kMinSpareBytes = size_t{1} << 20;
+inline constexpr size_t kMaxSpareBuffers = 64;
 // Deepest JSON nesting accepted in model files (real ones stay below 10).
 inline constexpr int kMaxJsonDepth = 64;
+
+// Maps, faults in and hands to the spare pool one buffer per size (sizes below kMinSpareBytes
+// are skipped): called after the startup load so that the first weight update already reuses
+// memory instead of faulting fresh pages in. Best effort (a failed allocation reserves less).
+void ReserveSpareBuffers(absl::Span<const size_t> sizes);
 
 // Reads a small text file (config.json, index files) with the checks of OwnedFile::Read.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path,

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -26,18 +27,6 @@ using Json = nlohmann::json;
 
 absl::Status Invalid(const std::string& source, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("safetensors ", source, ": ", what));
-}
-
-// Multiplies non-negative dims, failing on overflow past 2^62.
-bool CheckedNumElements(const std::vector<int64_t>& shape, int64_t* out) {
-  int64_t n = 1;
-  for (int64_t d : shape) {
-    if (d < 0) return false;
-    if (d != 0 && n > (int64_t{1} << 62) / d) return false;
-    n *= d;
-  }
-  *out = n;
-  return true;
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -128,11 +117,17 @@ absl::StatusOr<std::vector<TensorView>> ParseSafetensors(absl::Span<const uint8_
                                           "] out of range of the ", data_size,
                                           "-byte data region"));
     }
-    int64_t numel = 0;
-    if (!CheckedNumElements(shape, &numel)) {
+    const absl::StatusOr<int64_t> numel = CheckedNumElements(shape);
+    if (!numel.ok()) {
       return Invalid(source, absl::StrCat(where, ": shape ", ShapeString(shape), " overflows"));
     }
-    const uint64_t expected = static_cast<uint64_t>(numel) * DTypeSize(*dtype);
+    // Bounded by division first: count x dtype size can wrap a uint64 (2^61 x 8 bytes).
+    const uint64_t dtype_size = static_cast<uint64_t>(DTypeSize(*dtype));
+    if (static_cast<uint64_t>(*numel) > std::numeric_limits<uint64_t>::max() / dtype_size) {
+      return Invalid(source, absl::StrCat(where, ": shape ", ShapeString(shape), " x ",
+                                          DTypeName(*dtype), " overflows a 64-bit byte size"));
+    }
+    const uint64_t expected = static_cast<uint64_t>(*numel) * dtype_size;
     if (expected != end - begin) {
       return Invalid(source, absl::StrCat(where, ": shape ", ShapeString(shape), " x ",
                                           DTypeName(*dtype), " needs ", expected,
@@ -185,6 +180,12 @@ const TensorView* Checkpoint::Find(const std::string& name) const {
 std::vector<std::string> Checkpoint::files() const {
   std::vector<std::string> out;
   for (const auto& f : files_) out.push_back(f->path());
+  return out;
+}
+
+std::vector<size_t> Checkpoint::file_sizes() const {
+  std::vector<size_t> out;
+  for (const auto& f : files_) out.push_back(f->bytes().size());
   return out;
 }
 
@@ -284,8 +285,9 @@ absl::Status WriteSafetensorsStreaming(const std::string& path,
   uint64_t offset = 0;
   std::vector<uint64_t> sizes;
   for (const auto& t : specs) {
-    int64_t numel = 0;
-    if (!CheckedNumElements(t.shape, &numel) || DTypeSize(t.dtype) == 0) {
+    const absl::StatusOr<int64_t> numel = CheckedNumElements(t.shape);
+    if (!numel.ok() || DTypeSize(t.dtype) == 0 ||
+        *numel > (int64_t{1} << 62) / DTypeSize(t.dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat("WriteSafetensors: tensor '", t.name, "' has a bad shape or dtype"));
     }
@@ -293,7 +295,7 @@ absl::Status WriteSafetensorsStreaming(const std::string& path,
       return absl::InvalidArgumentError(
           absl::StrCat("WriteSafetensors: duplicate tensor '", t.name, "'"));
     }
-    const uint64_t size = static_cast<uint64_t>(numel) * DTypeSize(t.dtype);
+    const uint64_t size = static_cast<uint64_t>(*numel) * DTypeSize(t.dtype);
     header[t.name] = {{"dtype", std::string(DTypeName(t.dtype))},
                       {"shape", t.shape},
                       {"data_offsets", {offset, offset + size}}};
@@ -335,9 +337,9 @@ namespace {
 
 absl::Status CheckSizes(const std::vector<TensorToWrite>& tensors) {
   for (const auto& t : tensors) {
-    int64_t numel = 0;
-    if (!CheckedNumElements(t.shape, &numel) ||
-        static_cast<uint64_t>(numel) * DTypeSize(t.dtype) != t.data.size()) {
+    const absl::StatusOr<int64_t> numel = CheckedNumElements(t.shape);
+    if (!numel.ok() || static_cast<uint64_t>(*numel) > t.data.size() ||
+        static_cast<uint64_t>(*numel) * DTypeSize(t.dtype) != t.data.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "WriteSafetensors: tensor '", t.name, "' has ", t.data.size(), " bytes but shape ",
           ShapeString(t.shape), " x ", DTypeName(t.dtype), " needs another size"));
@@ -376,11 +378,11 @@ absl::Status WriteCheckpoint(const std::string& dir, const std::vector<TensorToW
   std::vector<int64_t> sizes;
   int64_t total = 0;
   for (const auto& t : specs) {
-    int64_t numel = 0;
-    if (!CheckedNumElements(t.shape, &numel)) {
+    const absl::StatusOr<int64_t> numel = CheckedNumElements(t.shape);
+    if (!numel.ok() || *numel > (int64_t{1} << 62) / DTypeSize(t.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat("WriteCheckpoint: bad shape of ", t.name));
     }
-    sizes.push_back(numel * DTypeSize(t.dtype));
+    sizes.push_back(*numel * DTypeSize(t.dtype));
     total += sizes.back();
   }
   if (max_shard_bytes <= 0 || total <= max_shard_bytes) {

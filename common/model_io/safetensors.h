@@ -59,8 +59,9 @@ class Checkpoint {
   const TensorView* Find(const std::string& name) const;
   // Every tensor, sorted by name.
   const std::map<std::string, TensorView>& tensors() const { return tensors_; }
-  // Files backing the tensors.
+  // Files backing the tensors, and their sizes in bytes (same order).
   std::vector<std::string> files() const;
+  std::vector<size_t> file_sizes() const;
 
  private:
   friend absl::StatusOr<Checkpoint> OpenSafetensorsFile(const std::string& path);

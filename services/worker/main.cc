@@ -37,6 +37,10 @@ int main(int argc, char** argv) {
              "cuda: keep an FP32 copy of a 16-bit LM head (float32 logits GEMM)");
   flags.String("kv-cache-dtype", &config.kv_cache_dtype,
                "auto (cpu: float32, cuda: bfloat16) | float32 | bfloat16 (cuda only)");
+  flags.Bool("no-reserve-update-buffers", &config.no_update_buffers,
+             "do not reserve a spare (reclaimable) copy of the checkpoint's read buffers at "
+             "startup: less host memory, but the first UpdateWeightsFromDisk faults fresh pages "
+             "in (about 2x slower than later ones)");
   flags.Bool("disable-cuda-graph", &config.disable_cuda_graph,
              "cuda: run decode steps eagerly instead of replaying captured CUDA graphs");
   flags.Int("threads", &config.num_threads, "compute threads (0: all cores)");

@@ -28,6 +28,7 @@ struct WorkerConfig {
   bool batch_invariant = false;       // cuda: batch-invariant GEMMs
   bool fp32_lm_head = false;          // cuda: FP32 copy of a 16-bit LM head
   bool disable_cuda_graph = false;    // cuda: decode eagerly instead of replaying graphs
+  bool no_update_buffers = false;     // no spare read buffers reserved at startup
   std::string kv_cache_dtype = "auto";  // auto | float32 | bfloat16 (cuda only)
   int num_threads = 0;           // 0: all cores
   int max_running_requests = 256;

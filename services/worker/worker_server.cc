@@ -112,6 +112,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   runner_options.batch_invariant = config.batch_invariant;
   runner_options.fp32_lm_head = config.fp32_lm_head;
   runner_options.cuda_graphs = !config.disable_cuda_graph;
+  runner_options.reserve_update_buffers = !config.no_update_buffers;
   runner_options.kv_cache_dtype = config.kv_cache_dtype;
   const auto make_runner = use_cuda ? model::CreateCudaModelRunner : model::CreateCpuModelRunner;
   const std::string spill_dir =

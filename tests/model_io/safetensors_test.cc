@@ -85,6 +85,10 @@ TEST(SafetensorsParseTest, MalformedFilesAreClearErrors) {
   ExpectError(Raw(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})",
                   8),
               "overflows");
+  // 2^61 x 8 bytes wraps a uint64 to 0: must not pass as an empty tensor.
+  ExpectError(Raw(R"({"a":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})",
+                  0),
+              "overflows a 64-bit byte size");
   ExpectError(Raw(R"({"a":"nope"})", 0), "not an object");
 }
 

@@ -768,6 +768,107 @@ TEST_F(BadInputTest, MetricsPortSurvivesSlowloris) {
   ExpectHealthy("after slowloris");
 }
 
+// Open descriptors of a process (its /proc/PID/fd entries).
+int CountFds(pid_t pid) {
+  std::error_code ec;
+  int n = 0;
+  for (fs::directory_iterator it(absl::StrCat("/proc/", pid, "/fd"), ec), end; !ec && it != end;
+       it.increment(ec)) {
+    ++n;
+  }
+  return n;
+}
+
+// A flood of 320 slow and idle connections, replaced as soon as the server cuts them (as a
+// slowloris tool does), on the metrics port: every /healthz probe with the kubelet's default
+// probe timeout (1 s) is answered, and the worker's open descriptors stay bounded (at most the
+// connection cap of 128 + 17 waiting, never one per flood connection).
+TEST_F(BadInputTest, MetricsPortBoundsAFloodOfSlowAndIdleConnections) {
+  std::string port_text = worker_->WaitForLine("metrics on http://127.0.0.1:",
+                                               std::chrono::seconds(10));
+  const int port = std::atoi(port_text.c_str());
+  ASSERT_GT(port, 0) << worker_->Log();
+  const int baseline_fds = CountFds(worker_->pid());
+  ASSERT_GT(baseline_fds, 0);
+  // Connects with a 1 s limit (a full accept queue must not hang the flood); -1 on failure.
+  auto connect_to = [&]() {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    timeval tv{1, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      return -1;
+    }
+    return fd;
+  };
+  constexpr int kFlood = 320;
+  std::vector<int> fds(kFlood, -1);
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> reconnects{0};
+  // Even slots trickle a request head one byte at a time, odd slots send nothing.
+  auto open_slot = [&](int i) {
+    fds[i] = connect_to();
+    if (fds[i] >= 0 && i % 2 == 0) {
+      const char* start = "GET /healthz HTTP/1.1\r\nHost: x\r\n";
+      (void)!send(fds[i], start, strlen(start), MSG_NOSIGNAL);
+    }
+  };
+  for (int i = 0; i < kFlood; ++i) open_slot(i);
+  std::thread flood([&] {
+    // Bounded: at most 200 rounds of 100 ms.
+    for (int round = 0; round < 200 && !stop; ++round) {
+      for (int i = 0; i < kFlood && !stop; ++i) {
+        char byte;
+        const bool cut =
+            fds[i] < 0 ||
+            (i % 2 == 0 ? send(fds[i], "X", 1, MSG_NOSIGNAL | MSG_DONTWAIT) < 0
+                        : recv(fds[i], &byte, 1, MSG_DONTWAIT) == 0);
+        if (cut) {
+          if (fds[i] >= 0) close(fds[i]);
+          open_slot(i);
+          reconnects.fetch_add(1);
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(1);
+  client.set_read_timeout(1);
+  client.set_keep_alive(false);
+  int answered = 0;
+  int max_fds = 0;
+  for (int i = 0; i < 20; ++i) {
+    auto res = client.Get("/healthz");
+    if (res && res->status == 200 && res->body == "ok\n") {
+      ++answered;
+    } else {
+      ADD_FAILURE() << "probe " << i << ": "
+                    << (res ? absl::StrCat("status ", res->status) : httplib::to_string(res.error()));
+    }
+    max_fds = std::max(max_fds, CountFds(worker_->pid()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  }
+  stop = true;
+  flood.join();
+  for (int fd : fds) {
+    if (fd >= 0) close(fd);
+  }
+  std::cout << "[metrics-flood] " << answered << "/20 probes answered, worker fds " << baseline_fds
+            << " -> max " << max_fds << ", " << reconnects.load()
+            << " flood connections cut and replaced\n";
+  EXPECT_EQ(answered, 20);
+  // The flood really exceeded the cap: the server cut connections to stay under it.
+  EXPECT_GT(reconnects.load(), 0);
+  EXPECT_LE(max_fds, baseline_fds + 128 + 17 + 4);
+  ExpectHealthy("after the connection flood");
+}
+
 // A checkpoint rewritten or truncated after it was loaded changes nothing and never faults:
 // for --model and for an UpdateWeightsFromDisk folder.
 TEST(WeightsOwnedTest, CheckpointRewrittenAfterLoad) {

@@ -3,18 +3,20 @@
 // FINISH_REASON_ABORT and is not retried; unknown / missing ids are errors; abort_all needs the
 // admin key and reaches every worker. Generations the workers abort themselves are retried, and
 // once the attempts are used up the last attempt's final message (partial output) is returned.
+// Forwarded aborts in flight are capped (RESOURCE_EXHAUSTED past the cap).
 #include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "common/request_limits.h"
+#include "common/server_runner.h"
 #include "common/tokenizer/tokenizer.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "rl/v1/worker.grpc.pb.h"
-
 #include "rl/v1/router.grpc.pb.h"
-#include "common/request_limits.h"
+#include "rl/v1/worker.grpc.pb.h"
 #include "services/router/request_table.h"
 #include "services/router/router_server.h"
 #include "tests/router/router_test_util.h"
@@ -329,6 +331,135 @@ TEST(RouterAbortRetryTest, LastAttemptsAbortIsReturnedWithItsPartialOutput) {
     (*router)->Shutdown();
     for (auto& w : workers) w->Shutdown();
   }
+// A stand-in worker: gRPC health SERVING, GetLoad answered, and every Abort held open until
+// Release(): Router.Abort calls forwarded to it stay in flight.
+class HoldingAbortWorker final : public rl::v1::Worker::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
+                                    const rl::v1::GetLoadRequest*,
+                                    rl::v1::GetLoadResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(grpc::Status::OK);
+    return reactor;
+  }
+
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
+                                  const rl::v1::AbortRequest*, rl::v1::AbortResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::MutexLock lock(&mu_);
+    ++calls_;
+    if (released_) {
+      reactor->Finish(grpc::Status::OK);
+    } else {
+      held_.push_back(reactor);
+    }
+    return reactor;
+  }
+
+  // Waits (bounded) until `n` Abort calls are held.
+  bool WaitHeld(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return held_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(60));
+  }
+
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    released_ = true;
+    for (grpc::ServerUnaryReactor* r : held_) r->Finish(grpc::Status::OK);
+    held_.clear();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// Router.Abort forwards on a thread per call, at most 64 at once (kMaxAbortsInFlight in
+// router_abort.cc): the 65th is refused with RESOURCE_EXHAUSTED without reaching a worker, and
+// the slots come back when the forwarded calls finish.
+TEST(RouterAbortCapTest, SixtyFifthAbortInFlightIsRefusedAndSlotsComeBack) {
+  constexpr int kCap = 64;
+  HoldingAbortWorker fake;
+  ServerOptions so;
+  so.drain = std::chrono::milliseconds(100);
+  auto worker = GrpcServer::Start(so, {&fake});
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  RouterConfig config;
+  config.workers.push_back((*worker)->address());
+  auto router = testing::StartTestRouter(config);
+  ASSERT_TRUE(router.ok()) << router.status();
+  auto stub = rl::v1::Router::NewStub(
+      grpc::CreateChannel((*router)->address(), grpc::InsecureChannelCredentials()));
+  // Until the health check has seen the worker live, abort_all reaches nobody.
+  const auto live_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool live = false;
+  while (!live && std::chrono::steady_clock::now() < live_deadline) {
+    grpc::ClientContext ctx;
+    rl::v1::WorkerListResponse list;
+    live = stub->ListWorkers(&ctx, rl::v1::ListWorkersRequest(), &list).ok() &&
+           list.workers_size() == 1 && list.workers(0).state() == rl::v1::WORKER_STATE_LIVE;
+    if (!live) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_TRUE(live);
+
+  rl::v1::AbortRequest all;
+  all.set_abort_all(true);
+  struct Call {
+    grpc::ClientContext ctx;
+    rl::v1::AbortResponse response;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  std::atomic<int> done{0};
+  for (int i = 0; i < kCap; ++i) {
+    calls.push_back(std::make_unique<Call>());
+    Call* c = calls.back().get();
+    c->ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    stub->async()->Abort(&c->ctx, &all, &c->response, [c, &done](grpc::Status s) {
+      c->status = std::move(s);
+      done.fetch_add(1);
+    });
+  }
+  ASSERT_TRUE(fake.WaitHeld(kCap)) << fake.calls() << " aborts reached the worker";
+
+  // Every slot is taken: one more is refused at once and never forwarded.
+  {
+    grpc::ClientContext ctx;
+    rl::v1::AbortResponse resp;
+    grpc::Status s = stub->Abort(&ctx, all, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_NE(s.error_message().find("64 aborts are in flight"), std::string::npos)
+        << s.error_message();
+    EXPECT_EQ(fake.calls(), kCap);
+  }
+
+  fake.Release();
+  const auto done_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (done.load() < kCap && std::chrono::steady_clock::now() < done_deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(done.load(), kCap);
+  for (const auto& c : calls) EXPECT_TRUE(c->status.ok()) << c->status.error_message();
+
+  // The slots came back: the next abort is forwarded and answered. (The in-flight count drops
+  // just before each call finishes, so by now all 64 are free.)
+  {
+    grpc::ClientContext ctx;
+    rl::v1::AbortResponse resp;
+    grpc::Status s = stub->Abort(&ctx, all, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(fake.calls(), kCap + 1);
+  }
+  (*router)->Shutdown();
+  (*worker)->Shutdown();
 }
 
 TEST(RequestTableTest, RegistersMarksAndForgets) {

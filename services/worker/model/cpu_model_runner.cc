@@ -19,6 +19,7 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(options.model_dir));
   r->page_size_ = options.page_size;
   ASSIGN_OR_RETURN(r->weights_, LoadWeights(options.model_dir, r->config_));
+  if (options.reserve_update_buffers) r->weights_->ReserveUpdateBuffers();
   int64_t slots = options.num_kv_slots;
   if (slots <= 0) slots = options.kv_cache_bytes / Transformer::KvBytesPerSlot(r->config_);
   slots = slots / options.page_size * options.page_size;

@@ -39,6 +39,10 @@ struct RunnerOptions {
   // KV cache element type: "auto" (float32 on the CPU, bfloat16 on CUDA), "float32", or
   // "bfloat16" (CUDA only).
   std::string kv_cache_dtype = "auto";
+  // After the startup load, reserve spare read buffers of the checkpoint's size
+  // (Weights::ReserveUpdateBuffers): the first UpdateWeightsFromDisk is then as fast as later
+  // ones, at the cost of a second, reclaimable (MADV_FREE) copy of the weights in host memory.
+  bool reserve_update_buffers = true;
 };
 
 class CpuModelRunner final : public ModelRunner {

@@ -283,6 +283,7 @@ class CudaModelRunner final : public ModelRunner {
     std::unique_ptr<CudaModelRunner> r(new CudaModelRunner());
     ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(o.model_dir));
     ASSIGN_OR_RETURN(r->host_, LoadWeights(o.model_dir, r->config_));
+    if (o.reserve_update_buffers) r->host_->ReserveUpdateBuffers();
     CudaBackendOptions bo;
     bo.device = o.cuda_device;
     bo.batch_invariant = o.batch_invariant;

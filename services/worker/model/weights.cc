@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model_io/file_read.h"
 #include "common/status.h"
 
 namespace rl::model {
@@ -44,6 +45,10 @@ int64_t Weights::TotalBytes() const {
   int64_t total = 0;
   for (const auto& [name, t] : tensors_) total += t.num_bytes;
   return total;
+}
+
+void Weights::ReserveUpdateBuffers() const {
+  model_io::ReserveSpareBuffers(checkpoint_.file_sizes());
 }
 
 int64_t Weights::BytesPerToken() const {

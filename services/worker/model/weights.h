@@ -73,6 +73,9 @@ class Weights {
   // when the head is untied). Used for memory-bandwidth bounds.
   int64_t BytesPerToken() const;
   int64_t TotalBytes() const;
+  // Reserves spare read buffers the size of this checkpoint's files (model_io/file_read.h), so
+  // the next LoadWeights of the same layout reuses memory instead of faulting fresh pages in.
+  void ReserveUpdateBuffers() const;
 
   // Replaces tensor `info.name` with `bytes` (info.dtype F32/BF16/F16, converted to the held
   // dtype). The shape must equal the held one. Nothing changes on error.
