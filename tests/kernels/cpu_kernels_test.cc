@@ -71,6 +71,19 @@ TEST(VecOpsTest, MatchReference) {
   }
 }
 
+TEST(VecOpsTest, XorWordsMatchesScalar) {
+  for (int64_t words : {0, 1, 7, 31, 32, 33, 1000}) {
+    std::vector<uint64_t> w(static_cast<size_t>(words) + 1);
+    uint64_t expected = 0;
+    for (int64_t i = 0; i < words; ++i) {
+      w[static_cast<size_t>(i)] = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i + 1);
+      expected ^= w[static_cast<size_t>(i)];
+    }
+    w[static_cast<size_t>(words)] = 0xFFFFFFFFull;  // only its first 3 bytes are in range
+    EXPECT_EQ(XorWords(w.data(), words * 8 + 3), expected) << words;
+  }
+}
+
 class MatmulTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(MatmulTest, MatchesReferenceAndIsBatchInvariant) {
