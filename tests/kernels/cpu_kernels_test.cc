@@ -90,7 +90,7 @@ TEST_P(MatmulTest, MatchesReferenceAndIsBatchInvariant) {
   const DType dtype = GetParam();
   ThreadPool pool(2);
   for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {5, 7}, {13, 64}, {37, 172}, {64, 513}}) {
-    const int64_t max_m = 9;
+    const int64_t max_m = 17;  // 8-row, 4-row and 1-row tiles, with and without widening
     auto x = Random(static_cast<size_t>(max_m * k), 3);
     std::vector<float> w_stored, b_stored;
     auto w = Store(Random(static_cast<size_t>(n * k), 4, 0.1f), dtype, &w_stored);
