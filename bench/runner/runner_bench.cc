@@ -103,7 +103,7 @@ double ReadBandwidth(int threads) {
     });
     best = std::max(best, static_cast<double>(bytes) / Seconds(t0, Clock::now()));
   }
-  for (uint64_t v : sink) g_read_sink ^= v;  // keeps the reads observable
+  for (uint64_t v : sink) g_read_sink = g_read_sink ^ v;  // keeps the reads observable
   return best;
 }
 

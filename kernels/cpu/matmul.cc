@@ -202,25 +202,54 @@ absl::Status MatmulParams::Validate() const {
   return absl::OkStatus();
 }
 
-void Matmul(const MatmulParams& p, ThreadPool* pool) {
-  if (p.m == 0) return;
-  // Parts of at least 4 columns (a multiple of the 1-row tile width), split by column only.
+namespace {
+
+// Columns [c0, c1) of one matmul, bias included.
+void RunColumns(const MatmulParams& p, int64_t c0, int64_t c1) {
+  HWY_DYNAMIC_DISPATCH(MatmulColumnsImpl)(p.x, p.w, static_cast<int>(p.w_dtype), p.y, p.m, p.n,
+                                          p.k, c0, c1);
+  if (p.bias == nullptr) return;
+  // Bias elements widened one at a time: no allocation on the step path.
+  const int64_t bsize = model_io::DTypeSize(p.bias_dtype);
+  const auto* bias = static_cast<const uint8_t*>(p.bias);
+  for (int64_t c = c0; c < c1; ++c) {
+    float b = 0;
+    model_io::ConvertToF32(p.bias_dtype, bias + c * bsize, 1, &b);
+    for (int64_t r = 0; r < p.m; ++r) p.y[r * p.n + c] += b;
+  }
+}
+
+}  // namespace
+
+void Matmul(const MatmulParams& p, ThreadPool* pool) { MatmulGroup(absl::MakeConstSpan(&p, 1), pool); }
+
+absl::Status ValidateMatmulGroup(absl::Span<const MatmulParams> group) {
+  if (group.empty()) return absl::InvalidArgumentError("matmul group: empty");
+  for (const MatmulParams& p : group) {
+    if (absl::Status s = p.Validate(); !s.ok()) return s;
+    if (p.m != group[0].m) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("matmul group: m=", p.m, " differs from the first's m=", group[0].m));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool) {
+  if (group.empty() || group[0].m == 0) return;
+  // Chunks of kQuantum columns (a multiple of every tile width), numbered across the group's
+  // matmuls in order; the pool splits the chunk range, so by column only.
   constexpr int64_t kQuantum = 24;
-  const int64_t num_chunks = (p.n + kQuantum - 1) / kQuantum;
+  int64_t num_chunks = 0;
+  for (const MatmulParams& p : group) num_chunks += (p.n + kQuantum - 1) / kQuantum;
   auto run = [&](int64_t chunk_begin, int64_t chunk_end, int) {
-    const int64_t c0 = chunk_begin * kQuantum;
-    const int64_t c1 = std::min(p.n, chunk_end * kQuantum);
-    HWY_DYNAMIC_DISPATCH(MatmulColumnsImpl)(p.x, p.w, static_cast<int>(p.w_dtype), p.y, p.m, p.n,
-                                            p.k, c0, c1);
-    if (p.bias != nullptr) {
-      // Bias elements widened one at a time: no allocation on the step path.
-      const int64_t bsize = model_io::DTypeSize(p.bias_dtype);
-      const auto* bias = static_cast<const uint8_t*>(p.bias);
-      for (int64_t c = c0; c < c1; ++c) {
-        float b = 0;
-        model_io::ConvertToF32(p.bias_dtype, bias + c * bsize, 1, &b);
-        for (int64_t r = 0; r < p.m; ++r) p.y[r * p.n + c] += b;
-      }
+    int64_t first = 0;  // the first chunk of group[i]
+    for (const MatmulParams& p : group) {
+      const int64_t chunks = (p.n + kQuantum - 1) / kQuantum;
+      const int64_t b = std::max(chunk_begin, first);
+      const int64_t e = std::min(chunk_end, first + chunks);
+      if (b < e) RunColumns(p, (b - first) * kQuantum, std::min(p.n, (e - first) * kQuantum));
+      first += chunks;
     }
   };
   if (pool == nullptr) {
