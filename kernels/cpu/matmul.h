@@ -5,12 +5,16 @@
 // Batch invariance: every y[i][j] is one dot product over k with a fixed order (SIMD lanes in
 // index order, fixed horizontal sum, scalar tail, then + bias), whatever m, the tiling or the
 // thread count. Work is split over output columns only; the k reduction is never split.
-// Cost: m·n·k FMAs; W is streamed once per 4-row block of x (once in total for m ≤ 4).
+// Cost: m·n·k FMAs. One row of x (batch-1 decode) streams W once, 8 rows of W per pass (4 on
+// AVX2) with a software prefetch one pass ahead; with 4–7 rows W is read in its dtype by
+// 4 × 3 tiles; with 8 or more, slabs of W are widened to float32 once (exact) and read by
+// 8 × 3 tiles (4 × 3 on AVX2) from cache.
 #pragma once
 
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "common/model_io/dtype.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -31,5 +35,11 @@ struct MatmulParams {
 };
 
 void Matmul(const MatmulParams& p, ThreadPool* pool);
+
+// Several matmuls with the same m run as one (fused QKV, gate/up): one parallel region splits
+// all their output columns by a fixed partition, and every element is computed exactly as
+// Matmul computes it (bit-identical). Each must pass Validate(); the outputs must not overlap.
+absl::Status ValidateMatmulGroup(absl::Span<const MatmulParams> group);
+void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool);
 
 }  // namespace rl::kernels::cpu

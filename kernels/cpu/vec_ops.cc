@@ -43,6 +43,26 @@ void ScaleImpl(float alpha, float* y, int64_t n) {
   for (; i < n; ++i) y[i] *= alpha;
 }
 
+uint64_t XorWordsImpl(const void* data, int64_t bytes) {
+  const hn::ScalableTag<uint64_t> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const auto* w = static_cast<const uint64_t*>(data);
+  const int64_t n = bytes / 8;
+  auto a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + 4 * lanes <= n; i += 4 * lanes) {
+    a0 = hn::Xor(a0, hn::LoadU(d, w + i));
+    a1 = hn::Xor(a1, hn::LoadU(d, w + i + lanes));
+    a2 = hn::Xor(a2, hn::LoadU(d, w + i + 2 * lanes));
+    a3 = hn::Xor(a3, hn::LoadU(d, w + i + 3 * lanes));
+  }
+  const auto a = hn::Xor(hn::Xor(a0, a1), hn::Xor(a2, a3));
+  uint64_t x = 0;
+  for (int64_t l = 0; l < lanes; ++l) x ^= hn::ExtractLane(a, static_cast<size_t>(l));
+  for (; i < n; ++i) x ^= w[i];
+  return x;
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace rl::kernels::cpu
 HWY_AFTER_NAMESPACE();
@@ -54,6 +74,7 @@ HWY_EXPORT(DotImpl);
 HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(ScaleImpl);
+HWY_EXPORT(XorWordsImpl);
 
 float Dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
 float SumSquares(const float* a, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(a, n); }
@@ -61,6 +82,9 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, y, n);
 }
 void Scale(float alpha, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(alpha, y, n); }
+uint64_t XorWords(const void* data, int64_t bytes) {
+  return bytes < 8 ? 0 : HWY_DYNAMIC_DISPATCH(XorWordsImpl)(data, bytes);
+}
 
 }  // namespace rl::kernels::cpu
 #endif  // HWY_ONCE

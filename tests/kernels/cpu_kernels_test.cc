@@ -71,13 +71,26 @@ TEST(VecOpsTest, MatchReference) {
   }
 }
 
+TEST(VecOpsTest, XorWordsMatchesScalar) {
+  for (int64_t words : {0, 1, 7, 31, 32, 33, 1000}) {
+    std::vector<uint64_t> w(static_cast<size_t>(words) + 1);
+    uint64_t expected = 0;
+    for (int64_t i = 0; i < words; ++i) {
+      w[static_cast<size_t>(i)] = 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(i + 1);
+      expected ^= w[static_cast<size_t>(i)];
+    }
+    w[static_cast<size_t>(words)] = 0xFFFFFFFFull;  // only its first 3 bytes are in range
+    EXPECT_EQ(XorWords(w.data(), words * 8 + 3), expected) << words;
+  }
+}
+
 class MatmulTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(MatmulTest, MatchesReferenceAndIsBatchInvariant) {
   const DType dtype = GetParam();
   ThreadPool pool(2);
   for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {5, 7}, {13, 64}, {37, 172}, {64, 513}}) {
-    const int64_t max_m = 9;
+    const int64_t max_m = 17;  // 8-row, 4-row and 1-row tiles, with and without widening
     auto x = Random(static_cast<size_t>(max_m * k), 3);
     std::vector<float> w_stored, b_stored;
     auto w = Store(Random(static_cast<size_t>(n * k), 4, 0.1f), dtype, &w_stored);
@@ -117,6 +130,53 @@ TEST_P(MatmulTest, MatchesReferenceAndIsBatchInvariant) {
 
 INSTANTIATE_TEST_SUITE_P(DTypes, MatmulTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16));
+
+// A group (fused QKV-like: three widths, one with bias) gives the bits of separate Matmuls.
+TEST(MatmulGroupTest, BitIdenticalToSeparateMatmuls) {
+  ThreadPool pool(3);
+  const int64_t k = 96;
+  const std::vector<int64_t> widths = {50, 24, 7};
+  for (int64_t m : {1, 3, 9}) {
+    auto x = Random(static_cast<size_t>(m * k), 6);
+    std::vector<std::vector<float>> stored(widths.size());
+    std::vector<std::vector<uint8_t>> ws(widths.size());
+    std::vector<std::vector<float>> alone(widths.size()), grouped(widths.size());
+    std::vector<float> b_stored;
+    auto bias = Store(Random(static_cast<size_t>(widths[0]), 8), DType::kBF16, &b_stored);
+    std::vector<MatmulParams> group;
+    for (size_t i = 0; i < widths.size(); ++i) {
+      ws[i] = Store(Random(static_cast<size_t>(widths[i] * k), static_cast<uint32_t>(7 + i), 0.1f),
+                    DType::kBF16, &stored[i]);
+      alone[i].assign(static_cast<size_t>(m * widths[i]), -1.0f);
+      grouped[i].assign(static_cast<size_t>(m * widths[i]), -2.0f);
+      MatmulParams p;
+      p.x = x.data();
+      p.w = ws[i].data();
+      p.w_dtype = DType::kBF16;
+      if (i == 0) {
+        p.bias = bias.data();
+        p.bias_dtype = DType::kBF16;
+      }
+      p.y = alone[i].data();
+      p.m = m;
+      p.n = widths[i];
+      p.k = k;
+      Matmul(p, nullptr);
+      p.y = grouped[i].data();
+      group.push_back(p);
+    }
+    ASSERT_TRUE(ValidateMatmulGroup(group).ok());
+    MatmulGroup(group, &pool);
+    for (size_t i = 0; i < widths.size(); ++i) {
+      EXPECT_EQ(std::memcmp(alone[i].data(), grouped[i].data(), alone[i].size() * sizeof(float)),
+                0)
+          << "m=" << m << " matmul " << i;
+    }
+    group[1].m = m + 1;
+    EXPECT_FALSE(ValidateMatmulGroup(group).ok());
+  }
+  EXPECT_FALSE(ValidateMatmulGroup({}).ok());
+}
 
 TEST(MatmulValidateTest, RejectsBadParams) {
   MatmulParams p;

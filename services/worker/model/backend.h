@@ -19,6 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/matmul.h"
@@ -61,6 +62,14 @@ class Backend {
   virtual absl::Status Embedding(const kernels::cpu::EmbeddingParams& p) = 0;
   virtual absl::Status RmsNorm(const kernels::cpu::RmsNormParams& p) = 0;
   virtual absl::Status Matmul(const kernels::cpu::MatmulParams& p) = 0;
+  // Matmuls with the same m and x (fused QKV, gate/up), each element bit-identical to Matmul.
+  // The default runs them one by one; the CPU backend runs them as one parallel region.
+  virtual absl::Status MatmulGroup(absl::Span<const kernels::cpu::MatmulParams> group) {
+    for (const kernels::cpu::MatmulParams& p : group) {
+      if (absl::Status s = Matmul(p); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
   virtual absl::Status Rope(const kernels::cpu::RopeParams& p) = 0;
   virtual absl::Status WriteKv(const kernels::cpu::WriteKvParams& p) = 0;
   virtual absl::Status Attention(const kernels::cpu::AttentionParams& p) = 0;

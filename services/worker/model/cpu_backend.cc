@@ -54,6 +54,11 @@ class CpuBackend final : public Backend {
     kc::Matmul(p, &pool_);
     return absl::OkStatus();
   }
+  absl::Status MatmulGroup(absl::Span<const kc::MatmulParams> group) override {
+    RETURN_IF_ERROR(kc::ValidateMatmulGroup(group));
+    kc::MatmulGroup(group, &pool_);
+    return absl::OkStatus();
+  }
   absl::Status Rope(const kc::RopeParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     kc::Rope(p, &pool_);

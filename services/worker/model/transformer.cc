@@ -324,7 +324,8 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
   auto add_norm = [&](const WeightTensor& wt) {
     return backend_->AddRmsNorm(h_.f32(), norm_params(x_.f32(), wt, num_tokens, hidden, h_.f32()));
   };
-  auto linear = [&](const float* x, const WeightTensor& wt, const WeightTensor* bias, float* y) {
+  auto linear_params = [&](const float* x, const WeightTensor& wt, const WeightTensor* bias,
+                           float* y) {
     kc::MatmulParams p;
     p.x = x;
     p.w = wt.data;
@@ -337,16 +338,20 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
     p.m = num_tokens;
     p.n = wt.shape[0];
     p.k = wt.shape[1];
-    return backend_->Matmul(p);
+    return p;
+  };
+  auto linear = [&](const float* x, const WeightTensor& wt, const WeightTensor* bias, float* y) {
+    return backend_->Matmul(linear_params(x, wt, bias, y));
   };
 
   // h = input norm of layer 0; every later norm is fused with the residual add before it.
   RETURN_IF_ERROR(norm(x_.f32(), *w.layer(0).input_norm, num_tokens, hidden, h_.f32()));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layer(l);
-    RETURN_IF_ERROR(linear(h_.f32(), *lw.q_proj, lw.q_bias, q_.f32()));
-    RETURN_IF_ERROR(linear(h_.f32(), *lw.k_proj, lw.k_bias, k_.f32()));
-    RETURN_IF_ERROR(linear(h_.f32(), *lw.v_proj, lw.v_bias, v_.f32()));
+    const kc::MatmulParams qkv[] = {linear_params(h_.f32(), *lw.q_proj, lw.q_bias, q_.f32()),
+                                    linear_params(h_.f32(), *lw.k_proj, lw.k_bias, k_.f32()),
+                                    linear_params(h_.f32(), *lw.v_proj, lw.v_bias, v_.f32())};
+    RETURN_IF_ERROR(backend_->MatmulGroup(qkv));
     if (lw.q_norm != nullptr) {
       RETURN_IF_ERROR(
           norm(q_.f32(), *lw.q_norm, num_tokens * c.num_attention_heads, c.head_dim, q_.f32()));
@@ -407,8 +412,10 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
 
     RETURN_IF_ERROR(linear(attn_.f32(), *lw.o_proj, nullptr, h_.f32()));
     RETURN_IF_ERROR(add_norm(*lw.post_norm));
-    RETURN_IF_ERROR(linear(h_.f32(), *lw.gate_proj, nullptr, gate_.f32()));
-    RETURN_IF_ERROR(linear(h_.f32(), *lw.up_proj, nullptr, up_.f32()));
+    const kc::MatmulParams gate_up[] = {
+        linear_params(h_.f32(), *lw.gate_proj, nullptr, gate_.f32()),
+        linear_params(h_.f32(), *lw.up_proj, nullptr, up_.f32())};
+    RETURN_IF_ERROR(backend_->MatmulGroup(gate_up));
     kc::SiluMulParams act;
     act.gate = gate_.f32();
     act.up = up_.f32();
