@@ -288,7 +288,8 @@ class CudaModelRunner final : public ModelRunner {
     bo.batch_invariant = o.batch_invariant;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(bo));
     r->backend_ = std::move(backend);
-    ASSIGN_OR_RETURN(r->device_, MirrorWeights(*r->host_, r->backend_.get(), o.fp32_lm_head));
+    ASSIGN_OR_RETURN(r->device_, MirrorWeights(*r->host_, r->backend_.get(), o.fp32_lm_head,
+                                                   o.fp32_router));
 
     const int64_t per_slot = Transformer::KvBytesPerSlot(r->config_, kv_dtype);
     int64_t slots = o.num_kv_slots;
@@ -314,11 +315,12 @@ class CudaModelRunner final : public ModelRunner {
                                                           o.cuda_graphs, kv_dtype));
     absl::StatusOr<std::string> device = DescribeCudaDevice(o.cuda_device);
     spdlog::info(
-        "cuda runner on {}: weights {:.2f} GiB, KV cache {} slots of {} ({:.2f} GiB){}{}{}",
+        "cuda runner on {}: weights {:.2f} GiB, KV cache {} slots of {} ({:.2f} GiB){}{}{}{}",
         device.ok() ? *device : std::string(device.status().message()),
         static_cast<double>(r->host_->TotalBytes()) / (1 << 30), slots,
         model_io::DTypeName(kv_dtype), static_cast<double>(slots * per_slot) / (1 << 30),
         o.batch_invariant ? ", batch-invariant" : "", o.fp32_lm_head ? ", fp32 LM head" : "",
+        o.fp32_router && r->config_.IsMoe() ? ", fp32 router" : "",
         o.cuda_graphs ? ", CUDA graphs for decode" : ", no CUDA graphs");
     return r;
   }
