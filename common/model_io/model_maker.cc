@@ -56,7 +56,7 @@ absl::StatusOr<SizeShape> ShapeFor(const std::string& arch, const std::string& s
   if (arch == "qwen3_moe") {
     // Three layers with the middle one dense (mlp_only_layers) so both MLP kinds are covered.
     if (size == "tiny") return SizeShape{512, 64, 176, 3, 4, 2, 32, 1024};
-    // ~0.94B parameters, ~0.24B active per token: a Qwen3-30B-A3B scaled down.
+    // ~0.97B parameters, ~0.23B active per token: a Qwen3-30B-A3B scaled down.
     if (size == "1b") return SizeShape{32768, 1024, 3072, 16, 16, 8, 128, 40960};
     return absl::InvalidArgumentError(
         absl::StrCat("make-model: unknown size '", size, "' for qwen3_moe (tiny, 1b)"));

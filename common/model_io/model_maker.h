@@ -11,7 +11,7 @@
 // RMSNorm weights 1 + N(0, 0.01), biases N(0, 0.01): activations stay O(1) and logits have a
 // spread of a few units, so greedy decoding has clear margins.
 // Cost: tiny ≈ 150K params (milliseconds); 0.5b ≈ 0.47B params (~1 GB bf16, tens of seconds);
-// 8b is only for benchmarks that ask for it (16 GB); qwen3_moe 1b ≈ 0.94B params, 0.24B active
+// 8b is only for benchmarks that ask for it (16 GB); qwen3_moe 1b ≈ 0.97B params, ~0.23B active
 // per token (32 experts, top-4).
 #pragma once
 

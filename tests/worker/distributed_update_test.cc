@@ -3,7 +3,6 @@
 // metadata goes over gRPC while its bytes go over the group.
 #include <future>
 
-#include "common/status.h"
 #include "gmock/gmock.h"
 #include "services/worker/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
@@ -68,25 +67,6 @@ class DistributedUpdateTest : public WorkerFixture {
     return call.get();
   }
 
-  // Every bucket's tensors, as a Prepare/ReceiveWeights request lists them.
-  template <typename Request>
-  static void AddBuckets(const std::vector<weight_sync::Bucket>& buckets, Request* req) {
-    req->set_group_name("train");
-    for (const auto& b : buckets) {
-      rl::v1::WeightBucket* out = req->add_buckets();
-      for (const auto& s : b.specs) {
-        out->add_names(s.name);
-        out->add_dtypes(s.dtype);
-        out->add_shapes()->mutable_dims()->Assign(s.shape.begin(), s.shape.end());
-      }
-    }
-  }
-
-  absl::Status BroadcastAll(const std::vector<weight_sync::Bucket>& buckets) {
-    for (const auto& b : buckets) RETURN_IF_ERROR(sender_->Broadcast(b.specs, b.data).status());
-    return absl::OkStatus();
-  }
-
   void ExpectServes(const model_io::Checkpoint& ckpt) {
     rl::v1::WeightsCheckerRequest req;
     req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
@@ -123,7 +103,7 @@ TEST_F(DistributedUpdateTest, TwoPhaseReceiveAppliesOnlyAtComplete) {
   EXPECT_EQ(Call(&Stub::PrepareWeightsUpdate, prepare, &resp).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);  // one prepared update per group
   EXPECT_EQ(GreedyIds(), before);
-  ASSERT_TRUE(BroadcastAll(*buckets).ok());
+  ASSERT_TRUE(BroadcastAll(sender_.get(), *buckets).ok());
   EXPECT_EQ(GreedyIds(), before);  // received, not applied
   EXPECT_EQ(ServerInfo().weight_version(), 0);
 
@@ -164,7 +144,7 @@ TEST_F(DistributedUpdateTest, PrepareChecksTheTensorsAndAFailedReceiveChangesNot
   rl::v1::PrepareWeightsUpdateRequest prepare;
   AddBuckets(swapped, &prepare);
   ASSERT_TRUE(Call(&Stub::PrepareWeightsUpdate, prepare, &resp).ok());
-  EXPECT_FALSE(BroadcastAll(*buckets).ok());
+  EXPECT_FALSE(BroadcastAll(sender_.get(), *buckets).ok());
   grpc::Status s = Call(&Stub::CompleteWeightsUpdate, complete, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_FALSE(ServerInfo().paused());
@@ -186,7 +166,7 @@ TEST_F(DistributedUpdateTest, ReceiveWeightsIsOneCall) {
   rl::v1::AdminResponse resp;
   auto call = std::async(std::launch::async,
                          [&] { return Call(&Stub::ReceiveWeights, req, &resp); });
-  ASSERT_TRUE(BroadcastAll(*buckets).ok());
+  ASSERT_TRUE(BroadcastAll(sender_.get(), *buckets).ok());
   grpc::Status s = call.get();
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(resp.weight_version(), 1);

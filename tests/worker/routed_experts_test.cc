@@ -103,5 +103,29 @@ TEST_F(RoutedExpertsTest, RefusedWithoutTheFlagOrExperts) {
   EXPECT_EQ(Generate(R3Request(0), &f).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// --rl-on-policy-target is an alias: it turns on the fork's alignment flags and says which.
+TEST(OnPolicyTargetTest, TurnsOnTheAlignmentFlags) {
+  WorkerConfig c;
+  c.model_path = Stories();
+  EXPECT_EQ(ApplyOnPolicyTarget(&c), "");
+  EXPECT_FALSE(c.fp32_lm_head || c.fp32_router || c.batch_invariant);
+  c.rl_on_policy_target = "xorl";
+  ASSERT_TRUE(Validate(c).ok());
+  std::string line = ApplyOnPolicyTarget(&c);
+  EXPECT_TRUE(c.fp32_lm_head && c.fp32_router);
+  EXPECT_FALSE(c.batch_invariant);
+  EXPECT_NE(line.find("--enable-fp32-router"), std::string::npos) << line;
+  c = WorkerConfig();
+  c.model_path = Stories();
+  c.rl_on_policy_target = "xorl-batch-invariant";
+  line = ApplyOnPolicyTarget(&c);
+  EXPECT_TRUE(c.fp32_lm_head && c.fp32_router && c.batch_invariant);
+  EXPECT_NE(line.find("--batch-invariant"), std::string::npos) << line;
+  c.rl_on_policy_target = "sglang";
+  const absl::Status s = Validate(c);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("--rl-on-policy-target"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace rl::worker::testing
