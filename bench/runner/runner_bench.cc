@@ -6,11 +6,12 @@
 // reference only (a copy moves twice the bytes it counts).
 //
 //   runner_bench [--backend cpu|cuda] [--model DIR]... [--make-qwen3-0.5b=true|false]
-//                [--make-llama-8b=true|false] [--batches 1,8,32] [--prompt-len N]
-//                [--decode-steps N] [--threads N] [--batch-invariant]
+//                [--make-llama-8b=true|false] [--make-qwen3-moe-1b] [--batches 1,8,32]
+//                [--prompt-len N] [--decode-steps N] [--threads N] [--batch-invariant]
 // With no --model it runs stories260K from $RL_TEST_DATA and a 0.5B-class random Qwen3 (bf16)
 // made into a temp dir; with --backend cuda also an 8B-class random Llama-3 (bf16), batches
 // 1,16,64,256 and 256-token prompts by default, and the nominal bf16 peak for the prefill.
+// For MoE models the bound counts the experts each decode step actually routed to.
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -112,6 +114,7 @@ struct Options {
   std::vector<std::string> models;
   bool make_big = true;
   bool make_8b = true;  // cuda only
+  bool make_moe = false;
   std::vector<int> batches;
   int prompt_len = 0;
   int decode_steps = 16;
@@ -122,7 +125,18 @@ struct Options {
 struct WeightStats {
   double params = 0;
   double bytes_per_token = 0;  // every tensor, one embedding row when the head is untied
+  double expert_bytes = 0;     // MoE: all experts' tensors (included in bytes_per_token)
 };
+
+// Distinct (layer, expert) pairs in one step's routing ([tokens, layers, top_k]).
+double DistinctExperts(const ForwardOutput& out, int64_t layers, int64_t top_k) {
+  std::set<std::pair<int64_t, int32_t>> seen;
+  const int64_t width = layers * top_k;
+  for (size_t i = 0; i < out.routed_experts.size(); ++i) {
+    seen.emplace((static_cast<int64_t>(i) % width) / top_k, out.routed_experts[i]);
+  }
+  return static_cast<double>(seen.size());
+}
 
 WeightStats CountWeights(const rl::model::ModelRunner& r) {
   WeightStats st;
@@ -136,6 +150,7 @@ WeightStats CountWeights(const rl::model::ModelRunner& r) {
         n * static_cast<double>(rl::model_io::DTypeSize(*rl::model_io::ParseDType(t.dtype)));
     total += bytes;
     if (t.name == "model.embed_tokens.weight") embed = bytes;
+    if (t.name.find(".mlp.experts.") != std::string::npos) st.expert_bytes += bytes;
   }
   if (!r.config().tie_word_embeddings) total -= embed - embed / r.config().vocab_size;
   st.bytes_per_token = total;
@@ -151,6 +166,8 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
   flags.StringList("model", &o->models, "model folder (repeatable; default: stories260K + made ones)");
   flags.Bool("make-qwen3-0.5b", &o->make_big, "also bench a made 0.5B-class Qwen3");
   flags.Bool("make-llama-8b", &o->make_8b, "cuda: also bench a made 8B-class Llama-3");
+  flags.Bool("make-qwen3-moe-1b", &o->make_moe,
+             "also bench a made 1B-class Qwen3-MoE (32 experts, top-4)");
   flags.String("batches", &batches, "comma-separated batch sizes");
   flags.Int("prompt-len", &o->prompt_len, "prompt tokens (0: backend default)");
   flags.Int("decode-steps", &o->decode_steps, "timed decode steps");
@@ -195,6 +212,12 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
   const WeightStats weights = CountWeights(r);
   const double weight_bytes = weights.bytes_per_token;
   const double params = weights.params;
+  // MoE: a step reads the weights outside the experts plus the experts it routes to; the bound
+  // uses the distinct (layer, expert) pairs the step's tokens actually touched.
+  const int64_t moe_layers = static_cast<int64_t>(c.MoeLayers().size());
+  const double one_expert_bytes =
+      moe_layers > 0 ? weights.expert_bytes / static_cast<double>(moe_layers * c.num_experts) : 0;
+  const double non_expert_bytes = weight_bytes - weights.expert_bytes;
   // The CUDA runner keeps a bf16 KV cache by default, the CPU float32.
   const double kv_bytes_per_token = static_cast<double>(rl::model::Transformer::KvBytesPerSlot(
       c, cuda ? rl::model_io::DType::kBF16 : rl::model_io::DType::kF32));
@@ -229,9 +252,12 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
       s.token_ids = {static_cast<int32_t>(b % c.vocab_size)};
       s.kv_slots.push_back(b * stride + o.prompt_len);
     }
+    in.return_routing = moe_layers > 0;
+    double touched = 0;  // (layer, expert) pairs read, summed over the timed steps
     const auto t1 = Clock::now();
     for (int step = 0; step < o.decode_steps; ++step) {
       if (!r.Forward(in, &out).ok()) return 1;
+      if (moe_layers > 0) touched += DistinctExperts(out, moe_layers, c.num_experts_per_tok);
       for (int b = 0; b < batch; ++b) {
         SequenceInput& s = in.seqs[static_cast<size_t>(b)];
         s.start_pos += 1;
@@ -243,13 +269,24 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     const double step_s = decode_s / o.decode_steps;
     // Bound: one step reads the weights once and every sequence's KV (mean context).
     const double mean_ctx = o.prompt_len + (o.decode_steps + 1) / 2.0;
-    const double step_bytes = weight_bytes + batch * mean_ctx * kv_bytes_per_token;
+    const double mean_touched = touched / o.decode_steps;
+    const double step_weight_bytes =
+        moe_layers > 0 ? non_expert_bytes + mean_touched * one_expert_bytes : weight_bytes;
+    const double step_bytes = step_weight_bytes + batch * mean_ctx * kv_bytes_per_token;
     const double bound_step_s = step_bytes / bandwidth;
     std::printf(
         "batch %3d: prefill %10.1f tok/s (%d x %d tokens, %.1f TFLOP/s)   decode %10.1f "
         "tok/s (%.3f ms/step; bound %.3f ms = %.0f%%)\n",
         batch, prefill_tps, batch, o.prompt_len, 2.0 * params * prefill_tps / 1e12, batch / step_s,
         1e3 * step_s, 1e3 * bound_step_s, 100.0 * bound_step_s / step_s);
+    if (moe_layers > 0) {
+      std::printf(
+          "           experts touched per decode step: %.1f of %lld (layer, expert) pairs = "
+          "%.1f MiB of %.1f MiB expert weights; weights read per step %.1f MiB\n",
+          mean_touched, static_cast<long long>(moe_layers * c.num_experts),
+          mean_touched * one_expert_bytes / (1 << 20), weights.expert_bytes / (1 << 20),
+          step_weight_bytes / (1 << 20));
+    }
   }
   std::printf(
       "bound = (weights %.1f MiB + KV %.1f KiB/token x batch x context) / %.1f GB/s "
@@ -335,6 +372,7 @@ int main(int argc, char** argv) {
     }
     if (o.make_big) ok = ok && make("qwen3", "0.5b", 1);
     if (cuda && o.make_8b) ok = ok && make("llama", "8b", 2);
+    if (o.make_moe) ok = ok && make("qwen3_moe", "1b", 3);
   }
   int rc = ok ? 0 : 1;
   if (ok) {

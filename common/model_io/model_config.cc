@@ -142,6 +142,39 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const Json& j, int64_t max_pos) {
   return rs;
 }
 
+// Qwen3-MoE's fields, with Hugging Face's Qwen3MoeConfig defaults for the optional ones.
+absl::Status ParseMoe(const Json& j, ModelConfig* c) {
+  ASSIGN_OR_RETURN(c->num_experts, GetInt(j, "num_experts", true, 0, 1));
+  if (c->num_experts > kMaxExperts) {
+    return FieldError("num_experts", absl::StrCat("must be <= ", kMaxExperts));
+  }
+  ASSIGN_OR_RETURN(c->num_experts_per_tok, GetInt(j, "num_experts_per_tok", true, 0, 1));
+  if (c->num_experts_per_tok > c->num_experts) {
+    return FieldError("num_experts_per_tok", "must not exceed num_experts");
+  }
+  ASSIGN_OR_RETURN(c->moe_intermediate_size, GetInt(j, "moe_intermediate_size", true, 0, 1));
+  ASSIGN_OR_RETURN(c->norm_topk_prob, GetBool(j, "norm_topk_prob", false));
+  ASSIGN_OR_RETURN(c->decoder_sparse_step, GetInt(j, "decoder_sparse_step", false, 1, 1));
+  c->mlp_only_layers.clear();
+  if (auto it = j.find("mlp_only_layers"); it != j.end() && !it->is_null()) {
+    if (!it->is_array() || it->size() > static_cast<size_t>(c->num_hidden_layers)) {
+      return FieldError("mlp_only_layers", "must be a list of at most num_hidden_layers indices");
+    }
+    for (const Json& v : *it) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0 ||
+          v.get<int64_t>() >= c->num_hidden_layers) {
+        return FieldError("mlp_only_layers", "must hold layer indices in [0, num_hidden_layers)");
+      }
+      c->mlp_only_layers.push_back(v.get<int64_t>());
+    }
+  }
+  if (auto s = j.find("shared_expert_intermediate_size");
+      s != j.end() && s->is_number_integer() && s->get<int64_t>() > 0) {
+    return FieldError("shared_expert_intermediate_size", "> 0 is not supported (no shared expert)");
+  }
+  return absl::OkStatus();
+}
+
 // Bounded read of a regular file (a FIFO or a folder is an error, never a hang), JSON depth
 // checked before the parser sees it.
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
@@ -151,6 +184,22 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+bool ModelConfig::IsMoeLayer(int64_t layer) const {
+  if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
+  for (int64_t d : mlp_only_layers) {
+    if (d == layer) return false;
+  }
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+std::vector<int64_t> ModelConfig::MoeLayers() const {
+  std::vector<int64_t> out;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) {
+    if (IsMoeLayer(l)) out.push_back(l);
+  }
+  return out;
+}
 
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   RETURN_IF_ERROR(CheckJsonDepth(json_text, kMaxJsonDepth, "config.json"));
@@ -169,11 +218,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
     c.arch = Arch::kQwen2;
   } else if (c.architecture_name == "Qwen3ForCausalLM") {
     c.arch = Arch::kQwen3;
+  } else if (c.architecture_name == "Qwen3MoeForCausalLM") {
+    c.arch = Arch::kQwen3Moe;
   } else {
     return FieldError("architectures",
                       absl::StrCat("has unsupported value '", c.architecture_name,
                                    "' (supported: LlamaForCausalLM, Qwen2ForCausalLM, "
-                                   "Qwen3ForCausalLM)"));
+                                   "Qwen3ForCausalLM, Qwen3MoeForCausalLM)"));
   }
   if (auto mt = j.find("model_type"); mt != j.end() && mt->is_string()) {
     c.model_type = mt->get<std::string>();
@@ -202,7 +253,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   ASSIGN_OR_RETURN(c.attention_bias,
                    GetBool(j, "attention_bias", c.arch == Arch::kQwen2));
   if (c.arch == Arch::kQwen2) c.attention_bias = true;  // Qwen2 always has q/k/v bias
-  c.qk_norm = c.arch == Arch::kQwen3;
+  c.qk_norm = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe;
+  if (c.arch == Arch::kQwen3Moe) RETURN_IF_ERROR(ParseMoe(j, &c));
   if (auto act = j.find("hidden_act"); act != j.end() && !act->is_null()) {
     if (!act->is_string() || act->get<std::string>() != "silu") {
       return FieldError("hidden_act", "must be \"silu\"");
@@ -283,6 +335,16 @@ std::string ModelConfigToJson(const ModelConfig& c) {
                            {"original_max_position_embeddings",
                             rs.original_max_position_embeddings}};
       break;
+  }
+  if (c.arch == Arch::kQwen3Moe) {
+    j["num_experts"] = c.num_experts;
+    j["num_experts_per_tok"] = c.num_experts_per_tok;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["output_router_logits"] = false;
+    j["router_aux_loss_coef"] = 0.001;
   }
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_word_embeddings;

@@ -1,5 +1,5 @@
 // ModelConfig: the architecture of a decoder-only transformer in Hugging Face layout, parsed
-// from config.json (Llama 1/2/3, Qwen2, Qwen3). Every field the runner needs is explicit and
+// from config.json (Llama 1/2/3, Qwen2, Qwen3, Qwen3-MoE). Every field the runner needs is explicit and
 // validated at parse time; unknown architectures are an error naming the value.
 #pragma once
 
@@ -11,7 +11,10 @@
 
 namespace rl::model_io {
 
-enum class Arch { kLlama, kQwen2, kQwen3 };
+// Bounds checked at parse time (the largest public MoE models have 256 experts, top-8).
+inline constexpr int64_t kMaxExperts = 4096;
+
+enum class Arch { kLlama, kQwen2, kQwen3, kQwen3Moe };
 
 // RoPE scaling from config.json's "rope_scaling" (absent → kNone).
 struct RopeScaling {
@@ -40,7 +43,22 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v bias (Qwen2: true)
-  bool qk_norm = false;         // per-head q/k RMSNorm (Qwen3: true)
+  bool qk_norm = false;         // per-head q/k RMSNorm (Qwen3, Qwen3-MoE: true)
+  // Mixture of experts (Qwen3-MoE; num_experts == 0 for dense models). Layer l is sparse when
+  // IsMoeLayer(l): not in mlp_only_layers and (l + 1) % decoder_sparse_step == 0, as in
+  // Hugging Face's Qwen3MoeDecoderLayer; the other layers keep the dense MLP of
+  // intermediate_size. No shared expert.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;  // top-k
+  int64_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;  // renormalize the top-k routing weights to sum to 1
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+
+  bool IsMoe() const { return num_experts > 0; }
+  bool IsMoeLayer(int64_t layer) const;
+  // The sparse layers in order (the `layers` axis of routed-experts exports).
+  std::vector<int64_t> MoeLayers() const;
   std::string torch_dtype;      // "float32", "bfloat16", "float16" as stored
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;  // -1: none

@@ -53,6 +53,14 @@ struct SizeShape {
 };
 
 absl::StatusOr<SizeShape> ShapeFor(const std::string& arch, const std::string& size) {
+  if (arch == "qwen3_moe") {
+    // Three layers with the middle one dense (mlp_only_layers) so both MLP kinds are covered.
+    if (size == "tiny") return SizeShape{512, 64, 176, 3, 4, 2, 32, 1024};
+    // ~0.97B parameters, ~0.23B active per token: a Qwen3-30B-A3B scaled down.
+    if (size == "1b") return SizeShape{32768, 1024, 3072, 16, 16, 8, 128, 40960};
+    return absl::InvalidArgumentError(
+        absl::StrCat("make-model: unknown size '", size, "' for qwen3_moe (tiny, 1b)"));
+  }
   if (size == "tiny") {
     // Qwen3's head_dim differs from hidden / heads on purpose (as in the real models).
     return SizeShape{512, 64, 176, 2, 4, 2, arch == "qwen3" ? 32 : 16, 1024};
@@ -125,9 +133,29 @@ absl::StatusOr<ModelConfig> MakeModelConfig(const std::string& arch, const std::
     c.rms_norm_eps = 1e-6;
     c.qk_norm = true;
     c.tie_word_embeddings = true;
+  } else if (arch == "qwen3_moe") {
+    c.arch = Arch::kQwen3Moe;
+    c.architecture_name = "Qwen3MoeForCausalLM";
+    c.model_type = "qwen3_moe";
+    c.rope_theta = 1000000.0;
+    c.rms_norm_eps = 1e-6;
+    c.qk_norm = true;
+    c.tie_word_embeddings = size == "tiny";
+    c.norm_topk_prob = true;
+    c.decoder_sparse_step = 1;
+    if (size == "tiny") {
+      c.num_experts = 16;
+      c.num_experts_per_tok = 4;
+      c.moe_intermediate_size = 48;
+      c.mlp_only_layers = {1};
+    } else {
+      c.num_experts = 32;
+      c.num_experts_per_tok = 4;
+      c.moe_intermediate_size = 512;
+    }
   } else {
     return absl::InvalidArgumentError(
-        absl::StrCat("make-model: unknown arch '", arch, "' (llama, qwen2, qwen3)"));
+        absl::StrCat("make-model: unknown arch '", arch, "' (llama, qwen2, qwen3, qwen3_moe)"));
   }
   c.vocab_size = s.vocab;
   c.hidden_size = s.hidden;
@@ -204,6 +232,17 @@ absl::Status MakeModel(const MakeModelOptions& options) {
     }
     add(p + "self_attn.o_proj.weight", {c.hidden_size, q_dim}, linear(q_dim));
     add(p + "post_attention_layernorm.weight", {c.hidden_size}, norm);
+    if (c.IsMoeLayer(l)) {
+      add(p + "mlp.gate.weight", {c.num_experts, c.hidden_size}, linear(c.hidden_size));
+      const int64_t inter = c.moe_intermediate_size;
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string ep = absl::StrCat(p, "mlp.experts.", e, ".");
+        add(ep + "gate_proj.weight", {inter, c.hidden_size}, linear(c.hidden_size));
+        add(ep + "up_proj.weight", {inter, c.hidden_size}, linear(c.hidden_size));
+        add(ep + "down_proj.weight", {c.hidden_size, inter}, linear(inter));
+      }
+      continue;
+    }
     add(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}, linear(c.hidden_size));
     add(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}, linear(c.hidden_size));
     add(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size},

@@ -1,6 +1,6 @@
 // Test-model maker: writes a complete Hugging Face model folder (config.json,
 // generation_config.json, safetensors weights, tokenizer.json, tokenizer_config.json) with
-// seeded random weights for Llama / Qwen2 / Qwen3 at a few sizes.
+// seeded random weights for Llama / Qwen2 / Qwen3 / Qwen3-MoE at a few sizes.
 //
 // Determinism: the weights are a pure function of (arch, size, seed, dtype): every tensor draws
 // from its own counter-based stream keyed by the seed and the tensor's name, using integer
@@ -11,7 +11,8 @@
 // RMSNorm weights 1 + N(0, 0.01), biases N(0, 0.01): activations stay O(1) and logits have a
 // spread of a few units, so greedy decoding has clear margins.
 // Cost: tiny ≈ 150K params (milliseconds); 0.5b ≈ 0.47B params (~1 GB bf16, tens of seconds);
-// 8b is only for benchmarks that ask for it (16 GB).
+// 8b is only for benchmarks that ask for it (16 GB); qwen3_moe 1b ≈ 0.97B params, ~0.23B active
+// per token (32 experts, top-4).
 #pragma once
 
 #include <cstdint>
@@ -24,8 +25,8 @@
 namespace rl::model_io {
 
 struct MakeModelOptions {
-  std::string arch = "qwen3";  // llama | qwen2 | qwen3
-  std::string size = "tiny";   // tiny | 0.5b | 1b | 8b
+  std::string arch = "qwen3";  // llama | qwen2 | qwen3 | qwen3_moe
+  std::string size = "tiny";   // tiny | 0.5b | 1b | 8b (qwen3_moe: tiny | 1b)
   uint64_t seed = 0;
   // "float32" | "bfloat16" | "float16"; empty: float32 for tiny, bfloat16 otherwise.
   std::string dtype;

@@ -16,6 +16,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/silu_mul.h"
@@ -46,6 +47,13 @@ int64_t AttentionWorkspaceFloats(int64_t num_tokens, int64_t num_heads, int64_t 
                                  int64_t batch_max_context);
 cudaError_t LaunchAttention(const cpu::AttentionParams& p, int64_t token_begin, int64_t token_end,
                             int64_t batch_max_context, float* workspace, cudaStream_t stream);
+
+// moe.cu: the router's softmax and top-k, one thread per token (float32; equal weights: the
+// lower expert id first, which can differ from torch.topk's order on exact ties), and the
+// combine of one expert's rows: y[rows[r]] += weights[r] · out[r] (rows distinct per call).
+cudaError_t LaunchMoeRoute(const cpu::MoeRouteParams& p, cudaStream_t stream);
+cudaError_t LaunchMoeCombine(const float* out, const int32_t* rows, const float* weights,
+                             int64_t num_rows, int64_t dim, float* y, cudaStream_t stream);
 
 // silu_mul.cu
 cudaError_t LaunchSiluMul(const cpu::SiluMulParams& p, cudaStream_t stream);

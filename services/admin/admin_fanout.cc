@@ -242,6 +242,7 @@ absl::Status AdminFanout::Broadcast(const Plan& plan, Ctx* caller, const WorkerC
       });
   if (plan.hold) pool_->EndHold();
   bool all_ok = !targets.empty();
+  bool all_ready = !targets.empty();  // PrepareWeightsUpdate: posted everywhere
   bool any_ok = false;
   int64_t version = -1;
   for (size_t i = 0; i < targets.size(); ++i) {
@@ -255,6 +256,7 @@ absl::Status AdminFanout::Broadcast(const Plan& plan, Ctx* caller, const WorkerC
     out->set_left_out(r.left_out);
     resp->set_num_aborted(resp->num_aborted() + r.resp.num_aborted());
     all_ok = all_ok && r.status.ok();
+    all_ready = all_ready && r.status.ok() && r.resp.ready();
     if (r.status.ok()) {
       any_ok = true;
       version = std::max(version, r.resp.weight_version());
@@ -286,6 +288,7 @@ absl::Status AdminFanout::Broadcast(const Plan& plan, Ctx* caller, const WorkerC
   }
   UnlockAdmin();
   resp->set_success(all_ok);
+  resp->set_ready(all_ready);
   resp->set_weight_version(version);
   resp->set_message(targets.empty() ? "no live worker"
                                     : absl::StrCat(plan.what, ": ",
@@ -455,6 +458,8 @@ RL_FANOUT_UNARY(UpdateWeightsFromDistributed, UpdateWeightsFromDistributedReques
                 .bumps_version = true, .source = FleetWeights::Source::kDistributed,
                 .sets_paused = false)
 RL_FANOUT_UNARY(DestroyWeightsUpdateGroup, DestroyWeightsUpdateGroupRequest)
+// Answers ready only when every worker posted its receive (the trainer broadcasts after that).
+RL_FANOUT_UNARY(PrepareWeightsUpdate, PrepareWeightsUpdateRequest, .deadline = Deadline::kLoad)
 RL_FANOUT_UNARY(ReleaseMemory, ReleaseMemoryRequest, .deadline = Deadline::kLoad, .hold = true)
 RL_FANOUT_UNARY(ResumeMemory, ResumeMemoryRequest, .deadline = Deadline::kLoad, .probe = true)
 
@@ -488,6 +493,42 @@ grpc::ServerUnaryReactor* AdminFanout::UpdateWeightsFromDisk(
         },
         resp);
   });
+}
+
+// The applying half of the two-phase receive and the single-call receive: like
+// UpdateWeightsFromDistributed, and the fleet stays paused with keep_pause.
+template <typename Request>
+grpc::ServerUnaryReactor* AdminFanout::FanOutReceive(
+    Ctx* c, const Request* req, rl::v1::AdminResponse* resp, const char* what,
+    grpc::Status (rl::v1::Admin::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                rl::v1::AdminResponse*)) {
+  return Run(c, [this, c, req, resp, what, method] {
+    Plan plan;
+    plan.what = what;
+    plan.deadline = Deadline::kLoad;
+    plan.hold = true;
+    plan.partial = Partial::kDistributed;
+    plan.bumps_version = true;
+    plan.source = FleetWeights::Source::kDistributed;
+    plan.sets_paused = req->keep_pause();
+    return Broadcast(
+        plan, c,
+        [req, method](router::Worker& w, size_t, grpc::ClientContext& ctx,
+                      rl::v1::AdminResponse* r) { return (w.admin_stub().*method)(&ctx, *req, r); },
+        resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminFanout::CompleteWeightsUpdate(
+    Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
+  return FanOutReceive(c, req, resp, "CompleteWeightsUpdate",
+                       &rl::v1::Admin::Stub::CompleteWeightsUpdate);
+}
+
+grpc::ServerUnaryReactor* AdminFanout::ReceiveWeights(Ctx* c,
+                                                      const rl::v1::ReceiveWeightsRequest* req,
+                                                      rl::v1::AdminResponse* resp) {
+  return FanOutReceive(c, req, resp, "ReceiveWeights", &rl::v1::Admin::Stub::ReceiveWeights);
 }
 
 // Each worker joins as its own rank: the i-th live worker (by address) gets rank_offset + i.

@@ -98,6 +98,14 @@ class AdminFanout final : public rl::v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* DestroyWeightsUpdateGroup(
       Ctx* c, const rl::v1::DestroyWeightsUpdateGroupRequest* req,
       rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* PrepareWeightsUpdate(Ctx* c,
+                                                 const rl::v1::PrepareWeightsUpdateRequest* req,
+                                                 rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* CompleteWeightsUpdate(Ctx* c,
+                                                  const rl::v1::CompleteWeightsUpdateRequest* req,
+                                                  rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* ReceiveWeights(Ctx* c, const rl::v1::ReceiveWeightsRequest* req,
+                                           rl::v1::AdminResponse* resp) override;
   grpc::ServerUnaryReactor* GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest* req,
                                          rl::v1::GetModelInfoResponse* resp) override;
   grpc::ServerUnaryReactor* GetServerInfo(Ctx* c, const rl::v1::GetServerInfoRequest* req,
@@ -140,6 +148,12 @@ class AdminFanout final : public rl::v1::Admin::CallbackService {
   };
   // Takes the admin lock (bounded wait), calls `call` on every target in parallel, settles each
   // worker's routing as soon as its call ends and fills `resp` with one result per worker.
+  // CompleteWeightsUpdate / ReceiveWeights: the same plan, another stub method.
+  template <typename Request>
+  grpc::ServerUnaryReactor* FanOutReceive(
+      Ctx* c, const Request* req, rl::v1::AdminResponse* resp, const char* what,
+      grpc::Status (rl::v1::Admin::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                  rl::v1::AdminResponse*));
   absl::Status Broadcast(const Plan& plan, Ctx* caller, const WorkerCall& call,
                          rl::v1::AdminResponse* resp);
   // One call with its deadline, registered on the worker (cancelled if it is marked dead).

@@ -32,7 +32,7 @@ constexpr char kCommands[] = R"(Commands:
   tokenize --tokenizer DIR [--text T | --file PATH] [--no-special]
            (offline; --file: the whole file as one text; neither: one text per stdin line)
   detokenize --tokenizer DIR [--ids 1,2,3] [--skip-special]  (offline; stdin JSON arrays)
-  make-model --arch llama|qwen2|qwen3 --size tiny|0.5b|1b|8b [--seed N] [--dtype D] --out DIR
+  make-model --arch llama|qwen2|qwen3|qwen3_moe --size tiny|0.5b|1b|8b [--seed N] [--dtype D] --out DIR
 )";
 
 }  // namespace
@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
   flags.String("tokenizer", &o.tokenizer, "tokenize / detokenize: folder with tokenizer.json");
   flags.Bool("no-special", &o.no_special, "tokenize: leave out BOS/EOS of the post-processor");
   flags.Bool("skip-special", &o.skip_special, "detokenize: drop special tokens");
-  flags.String("arch", &o.arch, "make-model: llama | qwen2 | qwen3");
+  flags.String("arch", &o.arch, "make-model: llama | qwen2 | qwen3 | qwen3_moe");
   flags.String("size", &o.size, "make-model: tiny | 0.5b | 1b | 8b");
   flags.String("dtype", &o.dtype, "make-model: float32 | bfloat16 | float16");
   flags.String("out", &o.out, "make-model: output folder");

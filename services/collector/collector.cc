@@ -197,6 +197,10 @@ class Dispatcher {
     p->set_n(1);
     req.set_return_logprob(true);
     req.set_return_trajectory(true);
+    if (c_.return_routed_experts) {
+      req.set_return_routed_experts(true);
+      req.set_return_expert_weights(true);
+    }
     req.set_stream(false);
     req.set_request_id(absl::StrCat("collect-", t.row->index, "-", t.sample));
     return req;

@@ -41,6 +41,8 @@ struct CollectConfig {
   int request_timeout_s = 600;
   int channels = 1;               // gRPC connections to the router
   bool jsonl = false;             // also write a JSONL twin of every shard
+  // Ask for the routed experts and their weights (R3, MoE models) and store them in the shards.
+  bool return_routed_experts = false;
   std::string progress = "auto";  // auto | bar | log | off
 };
 

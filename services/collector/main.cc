@@ -46,6 +46,9 @@ int main(int argc, char** argv) {
   flags.Int("request-timeout-s", &c.request_timeout_s, "deadline of one generation call");
   flags.Int("channels", &c.channels, "gRPC connections to the router");
   flags.Bool("jsonl", &c.jsonl, "also write a JSONL twin of every shard (debugging)");
+  flags.Bool("return-routed-experts", &c.return_routed_experts,
+             "MoE: store every sample's routed experts and weights (R3) in the shards (the "
+             "workers need --enable-return-routed-experts)");
   flags.String("progress", &c.progress, "auto|bar|log|off (auto: a bar on a terminal)");
   flags.String("log-level", &log_level, "trace|debug|info|warn|error|off");
   if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;

@@ -1,8 +1,10 @@
 #include "services/collector/sample.h"
 
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace rl::collector {
 
@@ -27,6 +29,43 @@ absl::StatusOr<std::vector<int64_t>> ExpandWeightVersions(const rl::v1::Generate
   }
   return out;
 }
+
+namespace {
+
+// The R3 arrays of `r`, checked: three non-negative dims whose product matches the bytes, and
+// tokens that fit in the record.
+absl::Status FillRouting(const rl::v1::RoutedExperts& r, SampleRecord* record) {
+  if (r.shape_size() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("routed_experts: shape has ", r.shape_size(), " dims, expected 3"));
+  }
+  int64_t n = 1;
+  for (int32_t d : r.shape()) {
+    if (d < 0) return absl::InvalidArgumentError("routed_experts: negative dim");
+    n *= d;
+  }
+  if (r.start_pos() < 0 ||
+      r.start_pos() + static_cast<int64_t>(r.shape(0)) > static_cast<int64_t>(record->tokens.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("routed_experts: tokens [", r.start_pos(), ", ", r.start_pos() + r.shape(0),
+                     ") beyond the sample's ", record->tokens.size(), " tokens"));
+  }
+  if (static_cast<int64_t>(r.expert_ids().size()) != n * 4 ||
+      (!r.expert_weights().empty() && static_cast<int64_t>(r.expert_weights().size()) != n * 4)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "routed_experts: ", r.expert_ids().size(), " id bytes and ", r.expert_weights().size(),
+        " weight bytes for shape [", r.shape(0), ", ", r.shape(1), ", ", r.shape(2), "]"));
+  }
+  record->routed_shape.assign(r.shape().begin(), r.shape().end());
+  record->routed_start = r.start_pos();
+  record->routed_experts.resize(static_cast<size_t>(n));
+  std::memcpy(record->routed_experts.data(), r.expert_ids().data(), r.expert_ids().size());
+  record->expert_weights.resize(r.expert_weights().size() / 4);
+  std::memcpy(record->expert_weights.data(), r.expert_weights().data(), r.expert_weights().size());
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status FillFromFinal(const rl::v1::GenerateFinal& final, SampleRecord* record) {
   const int num_out = final.output_ids_size();
@@ -60,6 +99,7 @@ absl::Status FillFromFinal(const rl::v1::GenerateFinal& final, SampleRecord* rec
   record->finish_reason = FinishReasonName(final.finish_reason());
   record->weight_version = final.weight_version();
   record->text = final.text();
+  if (final.has_routed_experts()) RETURN_IF_ERROR(FillRouting(final.routed_experts(), record));
   return absl::OkStatus();
 }
 

@@ -47,6 +47,13 @@ struct SampleRecord {
   std::vector<uint8_t> loss_mask;
   std::vector<float> rollout_logprobs;
   std::vector<int64_t> weight_versions;
+  // R3 (MoE, when asked for): the final's routed experts, row-major [tokens, layers, top_k]
+  // (routed_shape) for the tokens from position routed_start on, and their weights (same
+  // shape, or empty). Empty shape: none.
+  std::vector<int32_t> routed_shape;
+  int32_t routed_start = 0;
+  std::vector<int32_t> routed_experts;
+  std::vector<float> expert_weights;
 
   bool ok() const { return status == "ok"; }
 };
@@ -57,7 +64,8 @@ struct SampleRecord {
 absl::StatusOr<std::vector<int64_t>> ExpandWeightVersions(const rl::v1::GenerateFinal& final);
 
 // Fills the token columns of `record` from a router final requested with return_logprob and
-// return_trajectory. The prompt tokens are the trajectory's tokens before the output.
+// return_trajectory (and its R3 arrays when the final has them, checked against their shape).
+// The prompt tokens are the trajectory's tokens before the output.
 absl::Status FillFromFinal(const rl::v1::GenerateFinal& final, SampleRecord* record);
 
 const char* FinishReasonName(rl::v1::FinishReason reason);

@@ -2,9 +2,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/model_io/safetensors.h"
+#include "common/status.h"
 #include "nlohmann/json.hpp"
 
 namespace rl::collector {
@@ -13,11 +15,6 @@ namespace {
 using Json = nlohmann::json;
 
 std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
-template <typename T>
-void Append(std::string* out, const std::vector<T>& v) {
-  out->append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
 
 struct Column {
   const char* name;
@@ -32,8 +29,82 @@ constexpr Column kColumns[] = {{"offsets", "I64", 8},
                                {"rollout_logprobs", "F32", 4},
                                {"loss_mask", "U8", 1}};
 
+// R3 tensors, present only when some sample has routing: routed_offsets I64 [N+1] (element
+// offsets into routed_experts), routed_experts I32 [R], expert_weights F32 [R] (NaN for a sample
+// without weights) or [0] when no sample has weights.
+struct RoutedColumns {
+  std::vector<int64_t> offsets{0};
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
 absl::Status Bad(const std::string& source, const std::string& what) {
   return absl::DataLossError(absl::StrCat(source, ": ", what));
+}
+
+// The optional R3 tensors and metadata of a shard into `records` (already decoded).
+absl::Status DecodeRouting(const std::vector<model_io::TensorView>& views, const Json& meta,
+                           const std::string& source, std::vector<SampleRecord>* records) {
+  const model_io::TensorView *off = nullptr, *ids = nullptr, *weights = nullptr;
+  for (const model_io::TensorView& v : views) {
+    if (v.name == "routed_offsets") off = &v;
+    if (v.name == "routed_experts") ids = &v;
+    if (v.name == "expert_weights") weights = &v;
+  }
+  if (off == nullptr && ids == nullptr) return absl::OkStatus();
+  if (off == nullptr || ids == nullptr || weights == nullptr ||
+      off->dtype != model_io::DType::kI64 || ids->dtype != model_io::DType::kI32 ||
+      weights->dtype != model_io::DType::kF32) {
+    return Bad(source, "routed_offsets / routed_experts / expert_weights incomplete or mistyped");
+  }
+  const size_t num = records->size();
+  const int64_t total = ids->NumElements();
+  if (off->NumElements() != static_cast<int64_t>(num) + 1 ||
+      (weights->NumElements() != 0 && weights->NumElements() != total)) {
+    return Bad(source, "routed tensors do not match the samples");
+  }
+  Json starts, shapes;
+  for (auto [name, out] : {std::pair{"routed_start", &starts}, {"routed_shape", &shapes}}) {
+    if (!meta.contains(name) || !meta[name].is_string()) {
+      return Bad(source, absl::StrCat("no metadata column ", name));
+    }
+    *out = Json::parse(meta[name].get<std::string>(), nullptr, false);
+    if (out->is_discarded() || !out->is_array() || out->size() != num) {
+      return Bad(source, absl::StrCat("metadata column ", name, " is not one entry per sample"));
+    }
+  }
+  int64_t prev = 0;
+  std::memcpy(&prev, off->data.data(), 8);
+  if (prev != 0) return Bad(source, "routed_offsets[0] is not 0");
+  try {
+    for (size_t i = 0; i < num; ++i) {
+      int64_t end = 0;
+      std::memcpy(&end, off->data.data() + (i + 1) * 8, 8);
+      if (end < prev || end > total) return Bad(source, "routed_offsets out of order");
+      SampleRecord& r = (*records)[i];
+      r.routed_start = starts[i].get<int32_t>();
+      r.routed_shape = shapes[i].get<std::vector<int32_t>>();
+      int64_t n = r.routed_shape.empty() ? 0 : 1;
+      for (int32_t d : r.routed_shape) n *= std::max(d, 0);
+      if ((!r.routed_shape.empty() && r.routed_shape.size() != 3) || n != end - prev) {
+        return Bad(source, absl::StrCat("sample ", i, ": routed_shape does not match its ",
+                                        end - prev, " routed experts"));
+      }
+      const size_t len = static_cast<size_t>(end - prev);
+      r.routed_experts.resize(len);
+      std::memcpy(r.routed_experts.data(), ids->data.data() + prev * 4, len * 4);
+      r.expert_weights.clear();
+      if (weights->NumElements() != 0) {
+        r.expert_weights.resize(len);
+        std::memcpy(r.expert_weights.data(), weights->data.data() + prev * 4, len * 4);
+      }
+      prev = end;
+    }
+  } catch (const Json::exception& e) {
+    return Bad(source, absl::StrCat("bad routed metadata: ", e.what()));
+  }
+  if (prev != total) return Bad(source, "routed_offsets[N] is not the routed count");
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -65,13 +136,55 @@ std::string EncodeShard(const std::vector<SampleRecord>& records) {
     metadata.push_back(m.is_discarded() ? Json::object() : m);
   }
   const int64_t t = static_cast<int64_t>(tokens.size());
-  const int64_t counts[] = {static_cast<int64_t>(offsets.size()), t, t, t, t};
+  // Columns in data order: 8-byte first, then 4-byte, then 1-byte, so every tensor is naturally
+  // aligned (the R3 ones only when a sample has routing).
+  bool routed = false, weighted = false;
+  for (const SampleRecord& r : records) {
+    routed = routed || !r.routed_shape.empty();
+    weighted = weighted || !r.expert_weights.empty();
+  }
+  RoutedColumns rc;
+  Json routed_start = Json::array(), routed_shape = Json::array();
+  for (const SampleRecord& r : records) {
+    if (!routed) break;
+    rc.ids.insert(rc.ids.end(), r.routed_experts.begin(), r.routed_experts.end());
+    if (weighted) {
+      if (r.expert_weights.size() == r.routed_experts.size()) {
+        rc.weights.insert(rc.weights.end(), r.expert_weights.begin(), r.expert_weights.end());
+      } else {
+        rc.weights.resize(rc.ids.size(), std::numeric_limits<float>::quiet_NaN());
+      }
+    }
+    rc.offsets.push_back(static_cast<int64_t>(rc.ids.size()));
+    routed_start.push_back(r.routed_start);
+    routed_shape.push_back(r.routed_shape);
+  }
+  struct Out {
+    const char* name;
+    const char* dtype;
+    int64_t count;
+    size_t elem;
+    const void* data;
+  };
+  std::vector<Out> cols = {{"offsets", "I64", static_cast<int64_t>(offsets.size()), 8, offsets.data()},
+                           {"weight_versions", "I64", t, 8, versions.data()}};
+  if (routed) {
+    cols.push_back({"routed_offsets", "I64", static_cast<int64_t>(rc.offsets.size()), 8,
+                    rc.offsets.data()});
+  }
+  cols.push_back({"tokens", "I32", t, 4, tokens.data()});
+  cols.push_back({"rollout_logprobs", "F32", t, 4, logprobs.data()});
+  if (routed) {
+    cols.push_back({"routed_experts", "I32", static_cast<int64_t>(rc.ids.size()), 4, rc.ids.data()});
+    cols.push_back({"expert_weights", "F32", static_cast<int64_t>(rc.weights.size()), 4,
+                    rc.weights.data()});
+  }
+  cols.push_back({"loss_mask", "U8", t, 1, mask.data()});
   Json header = Json::object();
   int64_t begin = 0;
-  for (size_t i = 0; i < std::size(kColumns); ++i) {
-    const int64_t end = begin + counts[i] * static_cast<int64_t>(kColumns[i].elem);
-    header[kColumns[i].name] = {
-        {"dtype", kColumns[i].dtype}, {"shape", {counts[i]}}, {"data_offsets", {begin, end}}};
+  for (const Out& c : cols) {
+    const int64_t end = begin + c.count * static_cast<int64_t>(c.elem);
+    header[c.name] = {{"dtype", c.dtype}, {"shape", {c.count}}, {"data_offsets", {begin, end}}};
     begin = end;
   }
   header["__metadata__"] = {
@@ -81,6 +194,10 @@ std::string EncodeShard(const std::vector<SampleRecord>& records) {
       {"finish_reason", Dump(finish)}, {"prompt_len", Dump(prompt_len)},
       {"attempts", Dump(attempts)},    {"weight_version", Dump(version)},
       {"metadata", Dump(metadata)}};
+  if (routed) {
+    header["__metadata__"]["routed_start"] = Dump(routed_start);
+    header["__metadata__"]["routed_shape"] = Dump(routed_shape);
+  }
   std::string head = Dump(header);
   while (head.size() % 8 != 0) head.push_back(' ');
   std::string out(8, '\0');
@@ -88,11 +205,9 @@ std::string EncodeShard(const std::vector<SampleRecord>& records) {
   for (int i = 0; i < 8; ++i)
     out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
   out += head;
-  Append(&out, offsets);
-  Append(&out, versions);
-  Append(&out, tokens);
-  Append(&out, logprobs);
-  Append(&out, mask);
+  for (const Out& c : cols) {
+    out.append(static_cast<const char*>(c.data), static_cast<size_t>(c.count) * c.elem);
+  }
   return out;
 }
 
@@ -202,6 +317,7 @@ absl::StatusOr<std::vector<SampleRecord>> DecodeShard(const std::string& bytes,
     return Bad(source, absl::StrCat("bad metadata value: ", e.what()));
   }
   if (prev != total) return Bad(source, "offsets[N] is not the token count");
+  RETURN_IF_ERROR(DecodeRouting(*views, meta, source, &records));
   return records;
 }
 
@@ -225,6 +341,14 @@ std::string EncodeJsonl(const std::vector<SampleRecord>& records) {
               {"loss_mask", r.loss_mask},
               {"rollout_logprobs", logprobs},
               {"weight_versions", r.weight_versions}};
+    if (!r.routed_shape.empty()) {
+      Json w = Json::array();
+      for (float f : r.expert_weights) w.push_back(std::isnan(f) ? Json() : Json(f));
+      j["routed_start"] = r.routed_start;
+      j["routed_shape"] = r.routed_shape;
+      j["routed_experts"] = r.routed_experts;
+      j["expert_weights"] = w;
+    }
     out += Dump(j);
     out += '\n';
   }

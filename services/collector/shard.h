@@ -9,6 +9,12 @@
 // Header __metadata__ (string values): "format" = kShardFormat, "num_samples", and one JSON
 // array of N entries per scalar column: index, sample, group, status, finish_reason, prompt_len,
 // attempts, weight_version, metadata (the prompt rows' extra fields, objects).
+// R3 (only when some sample carries routed experts, rl-collect --return-routed-experts):
+//   routed_offsets    I64 [N+1]   sample i owns routed_experts[routed_offsets[i] ...]
+//   routed_experts    I32 [R]     row-major [tokens, MoE layers, top_k] per sample
+//   expert_weights    F32 [R]     their routing weights (NaN where a sample has none), or [0]
+// with metadata arrays routed_start (first token position) and routed_shape ([tokens, layers,
+// top_k], [] for a sample without routing).
 // The same layout serves the shards and the merged trajectories.safetensors. Encoding is
 // deterministic: equal records give equal bytes.
 #pragma once

@@ -33,6 +33,7 @@ void Fill(const AdminOutcome& o, rl::v1::AdminResponse* resp) {
   resp->set_num_aborted(o.num_aborted);
   resp->set_weight_version(o.weight_version);
   resp->set_duration_us(o.duration_us);
+  resp->set_ready(o.ready);
 }
 
 absl::Status FillFrom(absl::StatusOr<AdminOutcome> o, rl::v1::AdminResponse* resp) {
@@ -225,6 +226,58 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDistributed(
     policy.abort_all_requests = req->abort_all_requests();
     return FillFrom(server_->UpdateWeightsFromDistributed(req->group_name(), std::move(specs), policy),
                     resp);
+  });
+}
+
+// The buckets of a Prepare/ReceiveWeights request; InvalidArgument when a bucket's lists differ
+// in length.
+absl::StatusOr<std::vector<std::vector<model::TensorInfo>>> BucketsFrom(
+    const google::protobuf::RepeatedPtrField<rl::v1::WeightBucket>& in) {
+  std::vector<std::vector<model::TensorInfo>> out;
+  for (int b = 0; b < in.size(); ++b) {
+    const rl::v1::WeightBucket& bucket = in[b];
+    if (bucket.names_size() != bucket.dtypes_size() || bucket.names_size() != bucket.shapes_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "buckets[", b, "]: names/dtypes/shapes lengths differ (", bucket.names_size(), "/",
+          bucket.dtypes_size(), "/", bucket.shapes_size(), ")"));
+    }
+    std::vector<model::TensorInfo>& specs = out.emplace_back();
+    for (int i = 0; i < bucket.names_size(); ++i) {
+      specs.push_back({bucket.names(i), bucket.dtypes(i),
+                       {bucket.shapes(i).dims().begin(), bucket.shapes(i).dims().end()}});
+    }
+  }
+  return out;
+}
+
+grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
+    Ctx* c, const rl::v1::PrepareWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, req, resp]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto buckets, BucketsFrom(req->buckets()));
+    return FillFrom(server_->PrepareWeightsUpdate(req->group_name(), std::move(buckets)), resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
+    Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, req, resp]() -> absl::Status {
+    UpdatePolicy policy;
+    if (req->has_weight_version()) policy.weight_version = req->weight_version();
+    policy.abort_all_requests = req->abort_all_requests();
+    policy.keep_pause = req->keep_pause();
+    return FillFrom(server_->CompleteWeightsUpdate(req->group_name(), policy), resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::ReceiveWeights(
+    Ctx* c, const rl::v1::ReceiveWeightsRequest* req, rl::v1::AdminResponse* resp) {
+  return RunAsync(c, auth_, [this, req, resp]() -> absl::Status {
+    ASSIGN_OR_RETURN(auto buckets, BucketsFrom(req->buckets()));
+    UpdatePolicy policy;
+    if (req->has_weight_version()) policy.weight_version = req->weight_version();
+    policy.abort_all_requests = req->abort_all_requests();
+    policy.keep_pause = req->keep_pause();
+    return FillFrom(server_->ReceiveWeights(req->group_name(), std::move(buckets), policy), resp);
   });
 }
 

@@ -35,6 +35,14 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* DestroyWeightsUpdateGroup(
       Ctx* c, const rl::v1::DestroyWeightsUpdateGroupRequest* req,
       rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* PrepareWeightsUpdate(Ctx* c,
+                                                 const rl::v1::PrepareWeightsUpdateRequest* req,
+                                                 rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* CompleteWeightsUpdate(Ctx* c,
+                                                  const rl::v1::CompleteWeightsUpdateRequest* req,
+                                                  rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* ReceiveWeights(Ctx* c, const rl::v1::ReceiveWeightsRequest* req,
+                                           rl::v1::AdminResponse* resp) override;
   grpc::ServerUnaryReactor* GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest* req,
                                          rl::v1::GetModelInfoResponse* resp) override;
   grpc::ServerUnaryReactor* GetServerInfo(Ctx* c, const rl::v1::GetServerInfoRequest* req,

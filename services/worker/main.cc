@@ -35,6 +35,14 @@ int main(int argc, char** argv) {
              "cuda: batch-invariant GEMMs (a row's logits do not depend on the batch)");
   flags.Bool("enable-fp32-lm-head", &config.fp32_lm_head,
              "cuda: keep an FP32 copy of a 16-bit LM head (float32 logits GEMM)");
+  flags.Bool("enable-fp32-router", &config.fp32_router,
+             "MoE: router (gate) GEMM in float32 (cuda: FP32 copy of a 16-bit gate; the CPU "
+             "backend always is)");
+  flags.Bool("enable-return-routed-experts", &config.enable_return_routed_experts,
+             "MoE: allow requests to ask for the routed experts (R3) of every token");
+  flags.String("rl-on-policy-target", &config.rl_on_policy_target,
+               "xorl | xorl-batch-invariant: the fork's alignment set (FP32 LM head and router; "
+               "-batch-invariant adds --batch-invariant)");
   flags.String("kv-cache-dtype", &config.kv_cache_dtype,
                "auto (cpu: float32, cuda: bfloat16) | float32 | bfloat16 (cuda only)");
   flags.Bool("no-reserve-update-buffers", &config.no_update_buffers,

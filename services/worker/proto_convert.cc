@@ -1,5 +1,7 @@
 #include "services/worker/proto_convert.h"
 
+#include <bit>
+
 #include "absl/strings/str_cat.h"
 
 namespace rl::worker {
@@ -35,6 +37,13 @@ absl::StatusOr<engine::GenerateRequest> ToEngineRequest(const rl::v1::GenerateRe
   }
   if (r.logprob_start_len >= 0 && !r.return_logprob) {
     return absl::InvalidArgumentError("logprob_start_len: needs return_logprob");
+  }
+  r.return_routed_experts = proto.return_routed_experts();
+  r.return_expert_weights = proto.return_expert_weights();
+  r.routed_experts_start_len =
+      proto.has_routed_experts_start_len() ? proto.routed_experts_start_len() : 0;
+  if (proto.has_routed_experts_start_len() && !r.return_routed_experts) {
+    return absl::InvalidArgumentError("routed_experts_start_len: needs return_routed_experts");
   }
   return r;
 }
@@ -81,9 +90,24 @@ void ToProto(const engine::GenerateResult& in, rl::v1::GenerateFinal* out) {
     v->set_weight_version(seg.weight_version);
     v->set_num_tokens(seg.num_tokens);
   }
+  if (in.routed_top_k > 0) ToProto(in, out->mutable_routed_experts());
   out->mutable_timings()->set_queue_us(in.timings.queue_us);
   out->mutable_timings()->set_ttft_us(in.timings.ttft_us);
   out->mutable_timings()->set_total_us(in.timings.total_us);
+}
+
+void ToProto(const engine::GenerateResult& in, rl::v1::RoutedExperts* out) {
+  static_assert(std::endian::native == std::endian::little, "raw bytes are little-endian");
+  const int64_t width = static_cast<int64_t>(in.routed_num_layers) * in.routed_top_k;
+  const int64_t tokens = width == 0 ? 0 : static_cast<int64_t>(in.routed_experts.size()) / width;
+  out->set_expert_ids(reinterpret_cast<const char*>(in.routed_experts.data()),
+                      in.routed_experts.size() * sizeof(int32_t));
+  out->set_expert_weights(reinterpret_cast<const char*>(in.expert_weights.data()),
+                          in.expert_weights.size() * sizeof(float));
+  out->add_shape(static_cast<int32_t>(tokens));
+  out->add_shape(in.routed_num_layers);
+  out->add_shape(in.routed_top_k);
+  out->set_start_pos(in.routed_experts_start);
 }
 
 void ToProto(const engine::ServerInfo& in, rl::v1::GetServerInfoResponse* out) {

@@ -26,6 +26,8 @@ void ToProto(const engine::TokenLogprob& in, rl::v1::TokenLogprob* out);
 rl::v1::FinishReason ToProto(engine::FinishKind kind);
 // Fills everything of GenerateFinal but the text (decoded by the caller).
 void ToProto(const engine::GenerateResult& in, rl::v1::GenerateFinal* out);
+// The R3 arrays of a result that asked for them (raw little-endian bytes and their shape).
+void ToProto(const engine::GenerateResult& in, rl::v1::RoutedExperts* out);
 void ToProto(const engine::ServerInfo& in, rl::v1::GetServerInfoResponse* out);
 
 absl::StatusOr<engine::PauseMode> FromProto(rl::v1::PauseMode mode);

@@ -41,8 +41,28 @@ absl::Status Validate(const WorkerConfig& c) {
   if (c.max_running_requests < 1) return bad("max-running-requests", "must be >= 1");
   if (c.chunked_prefill_tokens < 16) return bad("chunked-prefill-tokens", "must be >= 16");
   if (c.weight_version < 0) return bad("weight-version", "must be >= 0");
+  if (!c.rl_on_policy_target.empty() && c.rl_on_policy_target != "xorl" &&
+      c.rl_on_policy_target != "xorl-batch-invariant") {
+    return bad("rl-on-policy-target", absl::StrCat("'", c.rl_on_policy_target,
+                                                   "' is not xorl or xorl-batch-invariant"));
+  }
   if (absl::Status s = ValidateRequestLimits(c.limits); !s.ok()) return s;
   return absl::OkStatus();
+}
+
+std::string ApplyOnPolicyTarget(WorkerConfig* c) {
+  if (c->rl_on_policy_target.empty()) return "";
+  c->fp32_lm_head = true;
+  c->fp32_router = true;
+  std::string line = absl::StrCat("--rl-on-policy-target ", c->rl_on_policy_target,
+                                  ": FP32 LM head (--enable-fp32-lm-head), FP32 MoE router "
+                                  "(--enable-fp32-router)");
+  if (c->rl_on_policy_target == "xorl-batch-invariant") {
+    c->batch_invariant = true;
+    absl::StrAppend(&line, ", batch-invariant mode (--batch-invariant)");
+  }
+  absl::StrAppend(&line, "; the CPU backend is FP32 and batch-invariant in any case");
+  return line;
 }
 
 }  // namespace rl::worker

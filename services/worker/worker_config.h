@@ -27,6 +27,11 @@ struct WorkerConfig {
   double gpu_memory_fraction = 0.85;  // cuda: share of free memory after the weights for KV
   bool batch_invariant = false;       // cuda: batch-invariant GEMMs
   bool fp32_lm_head = false;          // cuda: FP32 copy of a 16-bit LM head
+  bool fp32_router = false;           // MoE: router GEMM in float32 (FP32 copy of a 16-bit gate)
+  bool enable_return_routed_experts = false;  // MoE: allow return_routed_experts (R3)
+  // The fork's alignment switch: "" | xorl | xorl-batch-invariant. xorl turns on fp32_lm_head
+  // and fp32_router; xorl-batch-invariant also batch_invariant (ApplyOnPolicyTarget).
+  std::string rl_on_policy_target;
   bool disable_cuda_graph = false;    // cuda: decode eagerly instead of replaying graphs
   bool no_update_buffers = false;     // no spare read buffers reserved at startup
   std::string kv_cache_dtype = "auto";  // auto | float32 | bfloat16 (cuda only)
@@ -39,5 +44,8 @@ struct WorkerConfig {
 
 // InvalidArgument naming the first bad flag.
 absl::Status Validate(const WorkerConfig& config);
+// Turns on the flags --rl-on-policy-target stands for; returns a line saying which (empty when
+// the target is unset). Call after Validate.
+std::string ApplyOnPolicyTarget(WorkerConfig* config);
 
 }  // namespace rl::worker

@@ -57,8 +57,12 @@ int64_t MicrosSince(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerConfig& config) {
-  RETURN_IF_ERROR(Validate(config));
+absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerConfig& flags) {
+  RETURN_IF_ERROR(Validate(flags));
+  WorkerConfig config = flags;
+  if (const std::string line = ApplyOnPolicyTarget(&config); !line.empty()) {
+    spdlog::info("{}", line);
+  }
   std::unique_ptr<WorkerServer> s(new WorkerServer());
   s->config_ = config;
   ASSIGN_OR_RETURN(s->model_config_, model_io::LoadModelConfig(config.model_path));
@@ -111,6 +115,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   runner_options.gpu_memory_fraction = config.gpu_memory_fraction;
   runner_options.batch_invariant = config.batch_invariant;
   runner_options.fp32_lm_head = config.fp32_lm_head;
+  runner_options.fp32_router = config.fp32_router;
   runner_options.cuda_graphs = !config.disable_cuda_graph;
   runner_options.reserve_update_buffers = !config.no_update_buffers;
   runner_options.kv_cache_dtype = config.kv_cache_dtype;
@@ -127,6 +132,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   engine_options.max_running_requests = config.max_running_requests;
   engine_options.chunked_prefill_size = config.chunked_prefill_tokens;
   engine_options.initial_weight_version = config.weight_version;
+  engine_options.enable_return_routed_experts = config.enable_return_routed_experts;
   std::unique_ptr<engine::TextDecoder> decoder;
   if (s->tokenizer_) decoder = std::make_unique<TokenizerTextDecoder>(s->tokenizer_.get());
   ASSIGN_OR_RETURN(s->engine_,
@@ -170,9 +176,15 @@ void WorkerServer::Shutdown() {
   if (sglang_service_) sglang_service_->Shutdown();
   if (grpc_) grpc_->Shutdown();
   if (metrics_http_) metrics_http_->Stop();
+  std::map<std::string, std::unique_ptr<PendingReceive>> pending;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [name, receiver] : groups_) receiver->Close();
+    for (auto& [name, receiver] : groups_) receiver->Close();  // pending receives fail now
+    pending.swap(pending_);
+  }
+  for (auto& [name, p] : pending) p->thread.join();
+  {
+    absl::MutexLock lock(&mu_);
     groups_.clear();
   }
   engine_.reset();
@@ -503,6 +515,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromDistributed(
 absl::StatusOr<AdminOutcome> WorkerServer::DestroyWeightsUpdateGroup(
     const std::string& group_name) {
   std::unique_ptr<weight_sync::WeightReceiver> receiver;
+  std::unique_ptr<PendingReceive> pending;
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(group_name);
@@ -511,12 +524,153 @@ absl::StatusOr<AdminOutcome> WorkerServer::DestroyWeightsUpdateGroup(
     }
     receiver = std::move(it->second);
     groups_.erase(it);
+    if (auto p = pending_.find(group_name); p != pending_.end()) {
+      pending = std::move(p->second);
+      pending_.erase(p);
+    }
   }
-  receiver->Close();
+  receiver->Close();  // a prepared receive fails promptly
+  if (pending) pending->thread.join();
   AdminOutcome out;
   out.message = absl::StrCat("left group '", group_name, "'");
   out.weight_version = weight_version();
   return out;
+}
+
+namespace {
+
+// Receives `buckets` in order, copying every tensor into host staging.
+absl::Status ReceiveBuckets(weight_sync::WeightReceiver* receiver,
+                            const std::vector<std::vector<model::TensorInfo>>& buckets,
+                            std::vector<NamedTensor>* out) {
+  for (const auto& bucket : buckets) {
+    std::vector<weight_sync::TensorSpec> wire;
+    for (const auto& s : bucket) wire.push_back({s.name, s.dtype, s.shape});
+    size_t next = 0;
+    RETURN_IF_ERROR(receiver->Receive(
+        wire, [&](const weight_sync::TensorSpec&, absl::Span<const uint8_t> bytes) {
+          out->push_back({bucket[next++], std::vector<uint8_t>(bytes.begin(), bytes.end())});
+          return absl::OkStatus();
+        }));
+  }
+  return absl::OkStatus();
+}
+
+// Validates and applies staged tensors (ValidateTensors first, so nothing changes on error).
+absl::Status ApplyStaged(model::ModelRunner& runner, const std::vector<NamedTensor>& tensors) {
+  std::vector<const model::TensorInfo*> infos;
+  std::vector<int64_t> sizes;
+  for (const NamedTensor& t : tensors) {
+    infos.push_back(&t.info);
+    sizes.push_back(static_cast<int64_t>(t.bytes.size()));
+  }
+  RETURN_IF_ERROR(ValidateTensors(runner.ListWeights(), infos, sizes));
+  for (const NamedTensor& t : tensors) RETURN_IF_ERROR(runner.UpdateWeight(t.info, t.bytes));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<AdminOutcome> WorkerServer::RunSelfPausingUpdate(
+    const char* what, const UpdatePolicy& policy,
+    const std::function<absl::Status(model::ModelRunner&)>& apply) {
+  const bool paused_here = !engine_->GetServerInfo().paused;
+  if (paused_here) RETURN_IF_ERROR(engine_->Pause(engine::PauseMode::kRetract));
+  absl::StatusOr<AdminOutcome> out = RunWeightUpdate(what, policy, apply,
+                                                     /*failure_keeps_pause=*/false);
+  if (!out.ok() && paused_here && !asleep()) (void)engine_->Continue();
+  return out;
+}
+
+absl::StatusOr<weight_sync::WeightReceiver*> WorkerServer::CheckedReceiver(
+    const std::string& group_name, const std::vector<std::vector<model::TensorInfo>>& buckets) {
+  if (buckets.empty()) return absl::InvalidArgumentError("buckets: no bucket listed");
+  std::vector<const model::TensorInfo*> infos;
+  for (const auto& bucket : buckets) {
+    if (bucket.empty()) return absl::InvalidArgumentError("buckets: an empty bucket");
+    for (const auto& s : bucket) infos.push_back(&s);
+  }
+  ASSIGN_OR_RETURN(const std::vector<model::TensorInfo> held, ListWeights());
+  RETURN_IF_ERROR(ValidateTensors(held, infos, std::vector<int64_t>(infos.size(), -1)));
+  absl::MutexLock lock(&mu_);
+  auto it = groups_.find(group_name);
+  if (it == groups_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group_name: no group '", group_name, "' (InitWeightsUpdateGroup first)"));
+  }
+  return it->second.get();
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::PrepareWeightsUpdate(
+    const std::string& group_name, std::vector<std::vector<model::TensorInfo>> buckets) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(weight_sync::WeightReceiver * receiver, CheckedReceiver(group_name, buckets));
+  int64_t num_tensors = 0;
+  for (const auto& b : buckets) num_tensors += static_cast<int64_t>(b.size());
+  absl::MutexLock lock(&mu_);
+  if (pending_.contains(group_name)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "group '", group_name, "' already has a prepared update (CompleteWeightsUpdate first)"));
+  }
+  if (!groups_.contains(group_name)) {
+    return absl::FailedPreconditionError(absl::StrCat("group '", group_name, "' was destroyed"));
+  }
+  auto p = std::make_unique<PendingReceive>();
+  PendingReceive* raw = p.get();
+  // Posted: the receiver reads the group's connection from here on (tcp buffers anything the
+  // trainer sends first; nccl posts its receive inside Receive before any data can move).
+  raw->thread = std::thread([raw, receiver, buckets = std::move(buckets)] {
+    raw->status = ReceiveBuckets(receiver, buckets, &raw->tensors);
+  });
+  pending_[group_name] = std::move(p);
+  AdminOutcome out;
+  out.ready = true;
+  out.message = absl::StrCat("prepare_weights_update: receive of ", num_tensors,
+                             " tensors posted on group '", group_name, "'");
+  out.weight_version = weight_version();
+  out.duration_us = MicrosSince(start);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::CompleteWeightsUpdate(const std::string& group_name,
+                                                                  const UpdatePolicy& policy) {
+  std::unique_ptr<PendingReceive> p;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = pending_.find(group_name);
+    if (it == pending_.end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group '", group_name, "' has no prepared update (PrepareWeightsUpdate first)"));
+    }
+    p = std::move(it->second);
+    pending_.erase(it);
+  }
+  p->thread.join();  // bounded by the group's stall timeout
+  if (!p->status.ok()) {
+    return Annotate(p->status, "complete_weights_update: the prepared receive failed (nothing "
+                               "was applied)");
+  }
+  return RunSelfPausingUpdate(
+      "complete_weights_update", policy,
+      [&](model::ModelRunner& runner) { return ApplyStaged(runner, p->tensors); });
+}
+
+absl::StatusOr<AdminOutcome> WorkerServer::ReceiveWeights(
+    const std::string& group_name, std::vector<std::vector<model::TensorInfo>> buckets,
+    const UpdatePolicy& policy) {
+  ASSIGN_OR_RETURN(weight_sync::WeightReceiver * receiver, CheckedReceiver(group_name, buckets));
+  {
+    absl::MutexLock lock(&mu_);
+    if (pending_.contains(group_name)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group '", group_name, "' has a prepared update (CompleteWeightsUpdate first)"));
+    }
+  }
+  return RunSelfPausingUpdate("receive_weights", policy, [&](model::ModelRunner& runner) {
+    std::vector<NamedTensor> staged;
+    RETURN_IF_ERROR(ReceiveBuckets(receiver, buckets, &staged));
+    return ApplyStaged(runner, staged);
+  });
 }
 
 absl::StatusOr<std::vector<model::TensorInfo>> WorkerServer::ListWeights() {

@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -53,6 +54,7 @@ struct AdminOutcome {
   int32_t num_aborted = 0;
   int64_t weight_version = 0;
   int64_t duration_us = 0;
+  bool ready = false;  // PrepareWeightsUpdate: the receive is posted
 };
 
 struct UpdatePolicy {
@@ -124,6 +126,18 @@ class WorkerServer {
       const std::string& group_name, std::vector<model::TensorInfo> specs,
       const UpdatePolicy& policy);
   absl::StatusOr<AdminOutcome> DestroyWeightsUpdateGroup(const std::string& group_name);
+  // Two-phase receive (admin.proto): Prepare validates `buckets` against the served weights and
+  // starts receiving them on a background thread (host staging); it returns once the receive is
+  // posted. Complete waits for it, then applies everything atomically (self-pausing update).
+  // One prepared receive per group at a time (FAILED_PRECONDITION otherwise).
+  absl::StatusOr<AdminOutcome> PrepareWeightsUpdate(
+      const std::string& group_name, std::vector<std::vector<model::TensorInfo>> buckets);
+  absl::StatusOr<AdminOutcome> CompleteWeightsUpdate(const std::string& group_name,
+                                                     const UpdatePolicy& policy);
+  // Single call: pause (retract) → receive `buckets` → apply atomically → resume.
+  absl::StatusOr<AdminOutcome> ReceiveWeights(
+      const std::string& group_name, std::vector<std::vector<model::TensorInfo>> buckets,
+      const UpdatePolicy& policy);
   absl::StatusOr<std::vector<model::TensorInfo>> ListWeights();
   enum class CheckerAction { kSnapshot, kResetTensors, kCompare, kChecksum };
   absl::StatusOr<CheckerResult> CheckWeights(CheckerAction action);
@@ -147,6 +161,13 @@ class WorkerServer {
       const std::function<absl::Status(model::ModelRunner&)>& apply, bool failure_keeps_pause);
   void RefreshHealth();
   void RegisterMetrics();
+  // RunWeightUpdate that pauses (retract) a running engine itself and resumes it on failure.
+  absl::StatusOr<AdminOutcome> RunSelfPausingUpdate(
+      const char* what, const UpdatePolicy& policy,
+      const std::function<absl::Status(model::ModelRunner&)>& apply);
+  // The group's receiver after checking every bucket against the served weights.
+  absl::StatusOr<weight_sync::WeightReceiver*> CheckedReceiver(
+      const std::string& group_name, const std::vector<std::vector<model::TensorInfo>>& buckets);
 
   WorkerConfig config_;
   model_io::ModelConfig model_config_;
@@ -165,6 +186,14 @@ class WorkerServer {
   bool update_failed_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<weight_sync::WeightReceiver>> groups_ ABSL_GUARDED_BY(mu_);
+  // A receive PrepareWeightsUpdate posted; the thread writes `status` and `tensors`, read after
+  // join (CompleteWeightsUpdate, DestroyWeightsUpdateGroup, Shutdown).
+  struct PendingReceive {
+    std::thread thread;
+    absl::Status status;
+    std::vector<NamedTensor> tensors;
+  };
+  std::map<std::string, std::unique_ptr<PendingReceive>> pending_ ABSL_GUARDED_BY(mu_);
 
   MetricsRegistry metrics_;
   Counter* requests_total_ = nullptr;

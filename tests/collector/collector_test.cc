@@ -168,6 +168,46 @@ TEST(Shard, RoundTripIsExactAndDeterministic) {
   EXPECT_EQ(EncodeShard(*out), bytes);
 }
 
+// R3: the final's routed experts land in the record (checked against their shape) and travel
+// through a shard exactly; shards without routing keep their old layout.
+TEST(Shard, RoutedExpertsRoundTrip) {
+  rl::v1::GenerateFinal f = MakeFinal({5, 6, 7}, {20, 21});
+  rl::v1::RoutedExperts* re = f.mutable_routed_experts();
+  const std::vector<int32_t> ids = {3, 1, 0, 2, 7, 4, 5, 6};  // [2 tokens, 2 layers, 2]
+  const std::vector<float> w = {0.6f, 0.4f, 0.5f, 0.5f, 0.9f, 0.1f, 0.7f, 0.3f};
+  re->set_expert_ids(ids.data(), ids.size() * 4);
+  re->set_expert_weights(w.data(), w.size() * 4);
+  for (int d : {2, 2, 2}) re->add_shape(d);
+  re->set_start_pos(2);
+  SampleRecord r;
+  ASSERT_TRUE(FillFromFinal(f, &r).ok());
+  EXPECT_EQ(r.routed_experts, ids);
+  EXPECT_EQ(r.expert_weights, w);
+  EXPECT_THAT(r.routed_shape, ElementsAre(2, 2, 2));
+  EXPECT_EQ(r.routed_start, 2);
+
+  std::vector<SampleRecord> in = {r, Record(1, 1, {7, 8}, 1)};
+  const std::string bytes = EncodeShard(in);
+  auto out = DecodeShard(bytes, "mem");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ((*out)[0].routed_experts, ids);
+  EXPECT_EQ((*out)[0].expert_weights, w);
+  EXPECT_EQ((*out)[0].routed_shape, r.routed_shape);
+  EXPECT_EQ((*out)[0].routed_start, 2);
+  EXPECT_TRUE((*out)[1].routed_shape.empty());
+  EXPECT_TRUE((*out)[1].routed_experts.empty());
+  EXPECT_EQ(EncodeShard(*out), bytes);
+  EXPECT_EQ(EncodeShard({Record(1, 1, {7, 8}, 1)}).find("routed"), std::string::npos);
+
+  // Bytes that do not match the shape are refused.
+  re->set_expert_ids(ids.data(), 7 * 4);
+  SampleRecord bad;
+  EXPECT_THAT(FillFromFinal(f, &bad).message(), HasSubstr("routed_experts"));
+  re->set_expert_ids(ids.data(), ids.size() * 4);
+  re->set_start_pos(4);  // tokens [4, 6) beyond the 5 tokens
+  EXPECT_THAT(FillFromFinal(f, &bad).message(), HasSubstr("beyond"));
+}
+
 TEST(Shard, EmptyShardAndCorruptionAreHandled) {
   auto empty = DecodeShard(EncodeShard({}), "empty");
   ASSERT_TRUE(empty.ok()) << empty.status();

@@ -151,6 +151,39 @@ TEST_F(CudaRunnerTest, MadeModelsMatchCpu) {
   }
 }
 
+// Qwen3-MoE on the GPU against the CPU oracle: logits, greedy tokens and the routed experts of
+// every prompt token (float32), and bf16 weights with the FP32 router copy.
+TEST_F(CudaRunnerTest, MoeMatchesCpu) {
+  const std::vector<int32_t> prompt = {1, 17, 99, 4, 250, 33, 7, 7, 120, 64};
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    RunnerOptions o;
+    o.model_dir = Make("qwen3_moe", 21, dtype);
+    o.fp32_router = true;
+    o.kv_cache_dtype = "float32";
+    auto gpu = MustCreate(true, o);
+    o.kv_cache_dtype = "auto";
+    auto cpu = MustCreate(false, o);
+    ASSERT_TRUE(gpu && cpu);
+    const float diff = MaxAbsDiff(PromptLogits(gpu.get(), prompt), PromptLogits(cpu.get(), prompt));
+    EXPECT_LE(diff, dtype == "float32" ? 1e-3f : 5e-2f) << dtype;
+    if (dtype != "float32") continue;
+    EXPECT_EQ(Greedy(gpu.get(), prompt, 16).tokens, Greedy(cpu.get(), prompt, 16).tokens);
+    SequenceInput seq;
+    seq.token_ids = prompt;
+    for (size_t i = 0; i < prompt.size(); ++i) seq.kv_slots.push_back(static_cast<int32_t>(i));
+    seq.logits = LogitsMode::kNone;
+    ForwardInput in;
+    in.seqs = {seq};
+    in.return_routing = true;
+    ForwardOutput g, c;
+    ASSERT_TRUE(gpu->Forward(in, &g).ok());
+    ASSERT_TRUE(cpu->Forward(in, &c).ok());
+    EXPECT_EQ(g.routed_experts, c.routed_experts);
+    ASSERT_EQ(g.routed_weights.size(), c.routed_weights.size());
+    EXPECT_LE(MaxAbsDiff(g.routed_weights, c.routed_weights), 1e-5f);
+  }
+}
+
 // The same request alone and inside batches of other requests (prefill chunks and decodes at
 // other positions, before and after it) gives bit-identical logits in batch-invariant mode.
 TEST_F(CudaRunnerTest, BatchInvariantModeIsBitIdentical) {

@@ -156,6 +156,10 @@ class GatedRunner : public model::ModelRunner {
     cv_.SignalAll();
     return s;
   }
+  absl::Status UpdateWeight(const model::TensorInfo& info,
+                            absl::Span<const uint8_t> bytes) override {
+    return inner_->UpdateWeight(info, bytes);
+  }
   void SetStepBudget(int64_t k) {
     absl::MutexLock lock(&mu_);
     budget_ = k;

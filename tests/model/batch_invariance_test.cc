@@ -222,7 +222,7 @@ TEST_P(BatchInvarianceTest, ThreadCountDoesNotChangeLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BatchInvarianceTest,
-                         ::testing::Values("stories", "llama", "qwen2", "qwen3"));
+                         ::testing::Values("stories", "llama", "qwen2", "qwen3", "qwen3_moe"));
 
 }  // namespace
 }  // namespace rl::model

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <tuple>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -54,6 +55,66 @@ TEST(ModelConfigTest, ParsesQwen3AndRoundTrips) {
   EXPECT_EQ(again->eos_token_ids, c->eos_token_ids);
   EXPECT_EQ(again->bos_token_id, c->bos_token_id);
   EXPECT_EQ(again->vocab_size, c->vocab_size);
+}
+
+// Qwen3-30B-A3B's config.json (MoE fields as published).
+const char kQwen3Moe[] = R"({
+  "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "vocab_size": 151936,
+  "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
+  "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+  "max_position_embeddings": 40960, "rms_norm_eps": 1e-06, "rope_theta": 1000000,
+  "rope_scaling": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "attention_bias": false, "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+  "num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+  "norm_topk_prob": true, "decoder_sparse_step": 1, "mlp_only_layers": [],
+  "output_router_logits": false, "router_aux_loss_coef": 0.001
+})";
+
+TEST(ModelConfigTest, ParsesQwen3MoeAndRoundTrips) {
+  auto c = ParseModelConfig(kQwen3Moe);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch, Arch::kQwen3Moe);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_TRUE(c->IsMoe());
+  EXPECT_EQ(c->num_experts, 128);
+  EXPECT_EQ(c->num_experts_per_tok, 8);
+  EXPECT_EQ(c->moe_intermediate_size, 768);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->MoeLayers().size(), 48u);
+  auto again = ParseModelConfig(ModelConfigToJson(*c));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->MoeLayers(), c->MoeLayers());
+  EXPECT_EQ(again->num_experts_per_tok, 8);
+
+  // decoder_sparse_step and mlp_only_layers pick the sparse layers as Hugging Face does.
+  std::string j = kQwen3Moe;
+  j.replace(j.find("\"decoder_sparse_step\": 1"), 24, "\"decoder_sparse_step\": 2");
+  j.replace(j.find("\"mlp_only_layers\": []"), 21, "\"mlp_only_layers\": [3]");
+  auto sparse = ParseModelConfig(j);
+  ASSERT_TRUE(sparse.ok()) << sparse.status();
+  EXPECT_FALSE(sparse->IsMoeLayer(0));
+  EXPECT_TRUE(sparse->IsMoeLayer(1));
+  EXPECT_FALSE(sparse->IsMoeLayer(3));
+  EXPECT_TRUE(sparse->IsMoeLayer(5));
+  EXPECT_EQ(sparse->MoeLayers().size(), 23u);
+}
+
+TEST(ModelConfigTest, Qwen3MoeFieldsAreBounded) {
+  for (auto [from, to, field] : {std::tuple{"\"num_experts_per_tok\": 8",
+                                            "\"num_experts_per_tok\": 129", "num_experts_per_tok"},
+                                 {"\"num_experts\": 128", "\"num_experts\": 100000", "num_experts"},
+                                 {"\"num_experts\": 128", "\"num_experts\": 0", "num_experts"},
+                                 {"\"mlp_only_layers\": []", "\"mlp_only_layers\": [48]",
+                                  "mlp_only_layers"},
+                                 {"\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 0",
+                                  "decoder_sparse_step"},
+                                 {"\"moe_intermediate_size\": 768,", "", "moe_intermediate_size"}}) {
+    std::string j = kQwen3Moe;
+    j.replace(j.find(from), std::string(from).size(), to);
+    auto c = ParseModelConfig(j);
+    ASSERT_FALSE(c.ok()) << field;
+    EXPECT_THAT(std::string(c.status().message()), HasSubstr(field));
+  }
 }
 
 TEST(ModelConfigTest, Qwen2HasBiasAndDefaultHeadDim) {

@@ -10,21 +10,22 @@
 
 namespace rl::router::testing {
 
-// An rl-worker on stories260K, port 0, a small KV cache and one thread; other fields of `wc`
-// are kept.
+// An rl-worker on stories260K (or `model`), port 0, a small KV cache and one thread; other
+// fields of `wc` are kept.
 inline absl::StatusOr<std::unique_ptr<worker::WorkerServer>> StartTestWorker(
-    worker::WorkerConfig wc = {}) {
-  wc.model_path = worker::testing::Stories();
+    worker::WorkerConfig wc = {}, const std::string& model = "") {
+  wc.model_path = model.empty() ? worker::testing::Stories() : model;
   wc.port = 0;
   wc.kv_cache_gb = 0.01;
   wc.num_threads = 1;
   return worker::WorkerServer::Start(wc);
 }
 
-// An rl-router over `config.workers` with the stories260K tokenizer, health checks every 100 ms
-// and 10 ms retry backoff; other fields of `config` are kept.
-inline absl::StatusOr<std::unique_ptr<RouterServer>> StartTestRouter(RouterConfig config) {
-  config.tokenizer_path = worker::testing::Stories();
+// An rl-router over `config.workers` with the stories260K tokenizer (or `model`'s), health
+// checks every 100 ms and 10 ms retry backoff; other fields of `config` are kept.
+inline absl::StatusOr<std::unique_ptr<RouterServer>> StartTestRouter(
+    RouterConfig config, const std::string& model = "") {
+  config.tokenizer_path = model.empty() ? worker::testing::Stories() : model;
   config.health_interval_ms = 100;
   config.retry_backoff_ms = 10;
   return RouterServer::Start(config);

@@ -67,8 +67,115 @@ class DistributedUpdateTest : public WorkerFixture {
     return call.get();
   }
 
+  void ExpectServes(const model_io::Checkpoint& ckpt) {
+    rl::v1::WeightsCheckerRequest req;
+    req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
+    rl::v1::WeightsCheckerResponse sums;
+    ASSERT_TRUE(Call(&Stub::WeightsChecker, req, &sums).ok());
+    for (const auto& [name, t] : ckpt.tensors()) {
+      EXPECT_EQ(sums.tensor_sha256().at(name),
+                TensorDigest({name, model_io::DTypeName(t.dtype), t.shape}, t.data))
+          << name;
+    }
+  }
+
   std::unique_ptr<weight_sync::WeightSender> sender_;
 };
+
+// Prepare posts the receive and answers ready; generation goes on with the old weights while
+// the trainer broadcasts and until Complete applies everything at once.
+TEST_F(DistributedUpdateTest, TwoPhaseReceiveAppliesOnlyAtComplete) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "attn", 1.25f);
+  auto ckpt = model_io::OpenCheckpoint(dir.path());
+  ASSERT_TRUE(ckpt.ok());
+  auto buckets = weight_sync::PlanBuckets(*ckpt, 100 << 10);
+  ASSERT_TRUE(buckets.ok());
+  ASSERT_GT(buckets->size(), 1u);
+  const std::vector<int32_t> before = GreedyIds();
+
+  rl::v1::PrepareWeightsUpdateRequest prepare;
+  AddBuckets(*buckets, &prepare);
+  rl::v1::AdminResponse resp;
+  grpc::Status s = Call(&Stub::PrepareWeightsUpdate, prepare, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.ready());
+  EXPECT_EQ(Call(&Stub::PrepareWeightsUpdate, prepare, &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);  // one prepared update per group
+  EXPECT_EQ(GreedyIds(), before);
+  ASSERT_TRUE(BroadcastAll(sender_.get(), *buckets).ok());
+  EXPECT_EQ(GreedyIds(), before);  // received, not applied
+  EXPECT_EQ(ServerInfo().weight_version(), 0);
+
+  rl::v1::CompleteWeightsUpdateRequest complete;
+  complete.set_group_name("train");
+  complete.set_weight_version(7);
+  s = Call(&Stub::CompleteWeightsUpdate, complete, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.weight_version(), 7);
+  EXPECT_FALSE(ServerInfo().paused());
+  EXPECT_NE(GreedyIds(), before);
+  ExpectServes(*ckpt);
+  EXPECT_EQ(Call(&Stub::CompleteWeightsUpdate, complete, &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);  // nothing prepared any more
+}
+
+TEST_F(DistributedUpdateTest, PrepareChecksTheTensorsAndAFailedReceiveChangesNothing) {
+  auto ckpt = model_io::OpenCheckpoint(Stories());
+  ASSERT_TRUE(ckpt.ok());
+  auto buckets = weight_sync::PlanBuckets(*ckpt, 1 << 30);
+  ASSERT_TRUE(buckets.ok());
+  rl::v1::PrepareWeightsUpdateRequest bad;
+  AddBuckets(*buckets, &bad);
+  bad.mutable_buckets(0)->set_names(0, "no.such.tensor");
+  rl::v1::AdminResponse resp;
+  EXPECT_EQ(Call(&Stub::PrepareWeightsUpdate, bad, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  rl::v1::CompleteWeightsUpdateRequest complete;
+  complete.set_group_name("train");
+  EXPECT_EQ(Call(&Stub::CompleteWeightsUpdate, complete, &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+
+  // Posted under one order, sent in another: the header check refuses the bucket, Complete
+  // reports it and the worker keeps serving its weights, unpaused.
+  const std::vector<int32_t> before = GreedyIds();
+  std::vector<weight_sync::Bucket> swapped = *buckets;
+  std::swap(swapped[0].specs[0], swapped[0].specs[1]);
+  rl::v1::PrepareWeightsUpdateRequest prepare;
+  AddBuckets(swapped, &prepare);
+  ASSERT_TRUE(Call(&Stub::PrepareWeightsUpdate, prepare, &resp).ok());
+  EXPECT_FALSE(BroadcastAll(sender_.get(), *buckets).ok());
+  grpc::Status s = Call(&Stub::CompleteWeightsUpdate, complete, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_FALSE(ServerInfo().paused());
+  EXPECT_EQ(ServerInfo().weight_version(), 0);
+  EXPECT_EQ(GreedyIds(), before);
+}
+
+TEST_F(DistributedUpdateTest, ReceiveWeightsIsOneCall) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "mlp", 0.75f);
+  auto ckpt = model_io::OpenCheckpoint(dir.path());
+  ASSERT_TRUE(ckpt.ok());
+  auto buckets = weight_sync::PlanBuckets(*ckpt, 100 << 10);
+  ASSERT_TRUE(buckets.ok());
+  const std::vector<int32_t> before = GreedyIds();
+  rl::v1::ReceiveWeightsRequest req;
+  AddBuckets(*buckets, &req);
+  req.set_keep_pause(true);
+  rl::v1::AdminResponse resp;
+  auto call = std::async(std::launch::async,
+                         [&] { return Call(&Stub::ReceiveWeights, req, &resp); });
+  ASSERT_TRUE(BroadcastAll(sender_.get(), *buckets).ok());
+  grpc::Status s = call.get();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.weight_version(), 1);
+  EXPECT_TRUE(ServerInfo().paused());  // keep_pause
+  rl::v1::AdminResponse cont;
+  ASSERT_TRUE(Call(&Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(), &cont).ok());
+  EXPECT_NE(GreedyIds(), before);
+  ExpectServes(*ckpt);
+}
 
 TEST_F(DistributedUpdateTest, BucketsUpdateWeightsAndVersion) {
   TempDir dir;

@@ -16,6 +16,8 @@
 #include "gtest/gtest.h"
 #include "rl/v1/admin.grpc.pb.h"
 #include "rl/v1/worker.grpc.pb.h"
+#include "services/worker/weight_sync/bucket_plan.h"
+#include "services/worker/weight_sync/weight_sync.h"
 #include "services/worker/worker_server.h"
 
 namespace rl::worker::testing {
@@ -70,6 +72,30 @@ inline void WritePerturbedStories(const std::string& dir, const std::string& mat
   }
   for (size_t i = 0; i < out.size(); ++i) out[i].data = storage[i];
   ASSERT_TRUE(model_io::WriteSafetensors(dir + "/model.safetensors", out).ok());
+}
+
+// Lists every bucket's tensors in a Prepare/ReceiveWeights request for group "train".
+template <typename Request>
+void AddBuckets(const std::vector<weight_sync::Bucket>& buckets, Request* req) {
+  req->set_group_name("train");
+  for (const auto& b : buckets) {
+    rl::v1::WeightBucket* out = req->add_buckets();
+    for (const auto& s : b.specs) {
+      out->add_names(s.name);
+      out->add_dtypes(s.dtype);
+      out->add_shapes()->mutable_dims()->Assign(s.shape.begin(), s.shape.end());
+    }
+  }
+}
+
+// The trainer's side: broadcasts every bucket in order; the first error.
+inline absl::Status BroadcastAll(weight_sync::WeightSender* sender,
+                                 const std::vector<weight_sync::Bucket>& buckets) {
+  for (const auto& b : buckets) {
+    absl::Status s = sender->Broadcast(b.specs, b.data).status();
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 class WorkerFixture : public ::testing::Test {

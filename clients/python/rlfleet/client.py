@@ -80,7 +80,8 @@ class Client:
 
     def generate(self, text=None, input_ids=None, **options):
         """Options: every GenerateRequest field (request_id, return_logprob, top_logprobs_num,
-        logprob_start_len, logprobs_at_temperature_one, stream, return_trajectory) and every
+        logprob_start_len, logprobs_at_temperature_one, stream, return_trajectory,
+        return_routed_experts, return_expert_weights, routed_experts_start_len) and every
         sampling field (`sampling=SamplingParams(...)` or keywords: max_new_tokens, ...)."""
         options.setdefault("stream", False)
         req = build_generate_request(text, input_ids, **options)

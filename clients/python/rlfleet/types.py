@@ -48,6 +48,9 @@ def build_generate_request(text: Optional[str] = None, input_ids: Optional[list[
                            top_logprobs_num: int = 0, logprob_start_len: Optional[int] = None,
                            logprobs_at_temperature_one: bool = False,
                            stream: Optional[bool] = None, return_trajectory: bool = False,
+                           return_routed_experts: bool = False,
+                           return_expert_weights: bool = False,
+                           routed_experts_start_len: Optional[int] = None,
                            **sampling_kwargs) -> "generate_pb2.GenerateRequest":
     """Every rl.v1.GenerateRequest field; sampling fields as `sampling=` or keyword arguments."""
     if (text is None) == (input_ids is None):
@@ -63,7 +66,10 @@ def build_generate_request(text: Optional[str] = None, input_ids: Optional[list[
         request_id=request_id, sampling_params=sampling.to_proto(),
         return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
         logprobs_at_temperature_one=logprobs_at_temperature_one,
-        return_trajectory=return_trajectory)
+        return_trajectory=return_trajectory, return_routed_experts=return_routed_experts,
+        return_expert_weights=return_expert_weights)
+    if routed_experts_start_len is not None:
+        req.routed_experts_start_len = routed_experts_start_len
     if text is not None:
         req.text = text
     else:
@@ -108,6 +114,29 @@ class Trajectory:
 
 
 @dataclass
+class RoutedExperts:
+    """R3: the experts every processed token was routed to (rl.v1.RoutedExperts)."""
+    shape: tuple[int, int, int]  # (tokens, MoE layers, top_k)
+    start_pos: int               # position of the first token in prompt + output
+    expert_ids_bytes: bytes      # int32 little-endian, row-major `shape`
+    expert_weights_bytes: bytes  # float32, same shape (empty unless return_expert_weights)
+
+    def expert_ids(self):
+        import numpy as np
+        return np.frombuffer(self.expert_ids_bytes, dtype="<i4").reshape(self.shape)
+
+    def expert_weights(self):
+        import numpy as np
+        if not self.expert_weights_bytes:
+            return None
+        return np.frombuffer(self.expert_weights_bytes, dtype="<f4").reshape(self.shape)
+
+    @staticmethod
+    def from_proto(p) -> "RoutedExperts":
+        return RoutedExperts(tuple(p.shape), p.start_pos, p.expert_ids, p.expert_weights)
+
+
+@dataclass
 class Chunk:
     """An incremental piece of a streamed generation."""
     index: int
@@ -141,6 +170,7 @@ class GenerateResult:
     ttft_us: int
     total_us: int
     trajectory: Optional[Trajectory]
+    routed_experts: Optional[RoutedExperts] = None
 
     def token_weight_versions(self) -> list[int]:
         """The weight version of every output token (segments expanded; weight_version for
@@ -169,7 +199,9 @@ class GenerateResult:
             matched_token_id=f.matched_token_id, matched_stop=f.matched_stop,
             abort_message=f.abort_message, worker=f.worker, attempts=f.attempts,
             queue_us=f.timings.queue_us, ttft_us=f.timings.ttft_us, total_us=f.timings.total_us,
-            trajectory=Trajectory.from_proto(f.trajectory) if f.HasField("trajectory") else None)
+            trajectory=Trajectory.from_proto(f.trajectory) if f.HasField("trajectory") else None,
+            routed_experts=(RoutedExperts.from_proto(f.routed_experts)
+                            if f.HasField("routed_experts") else None))
 
 
 def chunk_from_proto(msg) -> Chunk:

@@ -118,6 +118,7 @@ Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& 
       config_.max_position_embeddings > 0 ? config_.max_position_embeddings : kv_tokens;
   limits_.max_kv_tokens = kv_tokens;
   limits_.has_text_decoder = decoder_ != nullptr;
+  limits_.routing_export = options.enable_return_routed_experts && config_.IsMoe();
 
   SchedulerOptions so;
   so.num_kv_slots = runner_->num_kv_slots();
@@ -130,6 +131,11 @@ Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& 
   so.init_new_token_ratio = options.init_new_token_ratio;
   so.min_new_token_ratio = options.min_new_token_ratio;
   so.new_token_ratio_decay_steps = options.new_token_ratio_decay_steps;
+  if (limits_.routing_export) {
+    so.routing_layers = static_cast<int64_t>(config_.MoeLayers().size());
+    so.routing_top_k = config_.num_experts_per_tok;
+    so.routing_width = so.routing_layers * so.routing_top_k;
+  }
   scheduler_ = std::make_unique<Scheduler>(so, decoder_.get());
   scheduler_->set_weight_version(options.initial_weight_version);
   {

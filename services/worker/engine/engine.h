@@ -62,6 +62,8 @@ struct EngineOptions {
   // Verify the KV page accounting after every step (tests); a violation is reported in
   // ServerInfo::invariant_error.
   bool check_invariants = false;
+  // Allow return_routed_experts (R3) on MoE models (--enable-return-routed-experts).
+  bool enable_return_routed_experts = false;
 };
 
 // A snapshot of the engine, published by the engine thread after every step and command.

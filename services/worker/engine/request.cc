@@ -70,6 +70,17 @@ absl::Status ValidateRequest(const GenerateRequest& r, const RequestLimits& limi
   if (r.logprob_start_len < -1 || r.logprob_start_len > prompt_len) {
     return Invalid("logprob_start_len", absl::StrCat("must be -1 or in [0, ", prompt_len, "]"));
   }
+  if (r.return_routed_experts && !limits.routing_export) {
+    return absl::FailedPreconditionError(
+        "return_routed_experts: needs an MoE model and a worker started with "
+        "--enable-return-routed-experts");
+  }
+  if (r.return_expert_weights && !r.return_routed_experts) {
+    return Invalid("return_expert_weights", "needs return_routed_experts");
+  }
+  if (r.routed_experts_start_len < 0 || r.routed_experts_start_len > prompt_len) {
+    return Invalid("routed_experts_start_len", absl::StrCat("must be in [0, ", prompt_len, "]"));
+  }
   const int64_t total = prompt_len + s.max_new_tokens;
   if (total > limits.max_context_len) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -61,6 +61,12 @@ struct GenerateRequest {
   int32_t logprob_start_len = -1;
   // Report logprobs at temperature 1 instead of the sampling temperature.
   bool logprobs_at_temperature_one = false;
+  // R3 (MoE models, engine started with routing export): the experts every token was routed
+  // to, from prompt position routed_experts_start_len on (0..prompt length), and with
+  // return_expert_weights their routing weights.
+  bool return_routed_experts = false;
+  bool return_expert_weights = false;
+  int32_t routed_experts_start_len = 0;
 };
 
 inline constexpr int32_t kMaxTopLogprobs = 20;
@@ -135,6 +141,16 @@ struct GenerateResult {
   // More than one segment only when the request crossed a weight update (retract -> update ->
   // continue).
   std::vector<VersionSegment> weight_version_segments;
+  // With return_routed_experts: for every token the model processed from position
+  // routed_experts_start on (prompt tokens, then every output token but the last, which was
+  // never fed back), per MoE layer, per top-k slot, row-major [tokens, moe layers, top_k]; the
+  // weights (return_expert_weights) have the same shape. Each token's routing is the one
+  // recorded when it was first computed: a retract/continue never changes it.
+  std::vector<int32_t> routed_experts;
+  std::vector<float> expert_weights;
+  int32_t routed_experts_start = 0;
+  int32_t routed_num_layers = 0;
+  int32_t routed_top_k = 0;
   RequestTimings timings;
 };
 
@@ -152,6 +168,7 @@ struct RequestLimits {
   int64_t max_context_len = 0;     // prompt + max_new_tokens must fit
   int64_t max_kv_tokens = 0;       // one completion must fit in the KV pool on its own
   bool has_text_decoder = false;   // stop strings need one
+  bool routing_export = false;     // return_routed_experts allowed (MoE model, flag on)
 };
 
 // Checks every field. INVALID_ARGUMENT names the field; a prompt plus max_new_tokens longer

@@ -52,6 +52,7 @@ void Scheduler::Add(std::shared_ptr<RequestGroup> group, uint64_t seed) {
     seq->tokens = r.input_ids;
     seq->tokens.reserve(r.input_ids.size() + r.sampling.max_new_tokens);
     seq->prompt_logprobs_done = !(r.return_logprob && r.logprob_start_len >= 0);
+    seq->routing_next = r.routed_experts_start_len;
     seq->dispatch_version = weight_version_;
     waiting_.push_back(std::move(seq));
   }
@@ -207,6 +208,8 @@ int64_t Scheduler::MatchLimit(const Sequence& seq) const {
     const int64_t first = std::max(seq.request().logprob_start_len, 1);
     limit = std::min(limit, first - 1);
   }
+  // R3: positions whose routing is not recorded yet are computed, never taken from the cache.
+  if (seq.request().return_routed_experts) limit = std::min(limit, seq.routing_next);
   return std::max<int64_t>(limit, 0);
 }
 
@@ -260,6 +263,9 @@ void Scheduler::AddEntry(ScheduledBatch* batch, Sequence* seq, int64_t count) {
   absl::Span<const int32_t> row = req_to_token_.row(seq->row);
   in.kv_slots.assign(row.begin(), row.begin() + end);
   in.logits = e.logits;
+  if (seq->request().return_routed_experts && options_.routing_width > 0) {
+    batch->input.return_routing = true;
+  }
   batch->input.seqs.push_back(std::move(in));
   batch->entries.push_back(e);
   if (count == 1 && seq->output_len() > 0) {
@@ -523,12 +529,44 @@ void Scheduler::Update(const ScheduledBatch& batch, const model::ForwardOutput& 
               now_us);
     return;
   }
+  int64_t total_tokens = 0;
+  for (const BatchEntry& e : batch.entries) total_tokens += e.count;
+  const int64_t width = options_.routing_width;
+  if (batch.input.return_routing &&
+      static_cast<int64_t>(out.routed_experts.size()) != total_tokens * width) {
+    FailBatch(batch, absl::InternalError("model runner returned routing of the wrong shape"),
+              now_us);
+    return;
+  }
+  int64_t token = 0;
   for (size_t i = 0; i < n; ++i) {
     const BatchEntry& e = batch.entries[i];
+    if (batch.input.return_routing) RecordRouting(e, out, token);
+    token += e.count;
     ProcessEntry(e, out.logits.data() + out.row_begin[i] * vocab,
                  out.row_begin[i + 1] - out.row_begin[i], now_us);
   }
   RemoveFinished(/*include_waiting=*/false);
+}
+
+void Scheduler::RecordRouting(const BatchEntry& e, const model::ForwardOutput& out,
+                              int64_t first_token) {
+  Sequence* seq = e.seq;
+  if (!seq->request().return_routed_experts) return;
+  const int64_t width = options_.routing_width;
+  const bool weights = seq->request().return_expert_weights;
+  // Positions before routing_next were recorded when first computed (before a retraction).
+  for (int64_t p = std::max(e.start, seq->routing_next); p < e.start + e.count; ++p) {
+    if (p != seq->routing_next) break;  // never leave a gap (MatchLimit prevents one)
+    const size_t at = static_cast<size_t>((first_token + p - e.start) * width);
+    seq->routed_experts.insert(seq->routed_experts.end(), out.routed_experts.begin() + at,
+                               out.routed_experts.begin() + at + width);
+    if (weights) {
+      seq->expert_weights.insert(seq->expert_weights.end(), out.routed_weights.begin() + at,
+                                 out.routed_weights.begin() + at + width);
+    }
+    ++seq->routing_next;
+  }
 }
 
 void Scheduler::FailBatch(const ScheduledBatch& batch, const absl::Status& error,
@@ -568,6 +606,13 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_
                               : seq->version_segments.back().weight_version;
   result.dispatch_weight_version = seq->dispatch_version;
   result.weight_version_segments = std::move(seq->version_segments);
+  if (seq->request().return_routed_experts) {
+    result.routed_experts = std::move(seq->routed_experts);
+    result.expert_weights = std::move(seq->expert_weights);
+    result.routed_experts_start = seq->request().routed_experts_start_len;
+    result.routed_num_layers = static_cast<int32_t>(options_.routing_layers);
+    result.routed_top_k = static_cast<int32_t>(options_.routing_top_k);
+  }
   const int64_t submit = seq->group->submit_us;
   result.timings.queue_us = seq->first_scheduled_us < 0 ? now_us - submit
                                                         : seq->first_scheduled_us - submit;

@@ -55,6 +55,11 @@ struct SchedulerOptions {
   double init_new_token_ratio = 0.7;
   double min_new_token_ratio = 0.1;
   int32_t new_token_ratio_decay_steps = 600;
+  // Routing values per token in ForwardOutput::routed_experts (MoE layers · top_k; 0: the
+  // runner exports no routing and no request asks for it).
+  int64_t routing_width = 0;
+  int64_t routing_layers = 0;  // routing_width = routing_layers · routing_top_k
+  int64_t routing_top_k = 0;
 };
 
 struct SchedulerStats {
@@ -155,6 +160,10 @@ class Scheduler {
 
   // Output helpers.
   void ProcessEntry(const BatchEntry& entry, const float* rows, int64_t num_rows, int64_t now_us);
+  // Appends the routing of the entry's not yet recorded positions (R3); the entry's tokens
+  // start at token `first_token` of the step's output.
+  void RecordRouting(const BatchEntry& entry, const model::ForwardOutput& out,
+                     int64_t first_token);
   double LogprobTemperature(const Sequence& seq) const;
   bool CheckStop(Sequence* seq, int32_t token, FinishReason* reason) const;
   void Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_t now_us);

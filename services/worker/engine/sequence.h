@@ -39,6 +39,10 @@ struct Sequence {
   std::vector<TokenLogprob> prompt_logprobs;
   absl::flat_hash_map<int32_t, int32_t> output_counts;
   bool prompt_logprobs_done = false;
+  // R3: routing of positions [routed_experts_start_len, routing_next), kept across retractions.
+  std::vector<int32_t> routed_experts;
+  std::vector<float> expert_weights;
+  int64_t routing_next = 0;
 
   // KV state (see the header comment).
   int32_t row = -1;

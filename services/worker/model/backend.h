@@ -20,9 +20,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/moe.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/silu_mul.h"
@@ -83,6 +85,15 @@ class Backend {
     absl::Status s = AddInPlace(delta, const_cast<float*>(p.x), p.rows * p.dim);
     if (!s.ok()) return s;
     return RmsNorm(p);
+  }
+  // Mixture of experts (kernels/cpu/moe.h). The routing ids and weights are backend memory;
+  // MoeExpertsParams' gate/up/down are host arrays of backend pointers. Backends without MoE
+  // support answer UNIMPLEMENTED.
+  virtual absl::Status MoeRoute(const kernels::cpu::MoeRouteParams& /*p*/) {
+    return absl::UnimplementedError(absl::StrCat(name(), " backend: mixture of experts"));
+  }
+  virtual absl::Status MoeExperts(const kernels::cpu::MoeExpertsParams& /*p*/) {
+    return absl::UnimplementedError(absl::StrCat(name(), " backend: mixture of experts"));
   }
   // out[r] = x[rows[r]] for r < num_rows, rows of `dim` floats.
   virtual absl::Status GatherRows(const float* x, const int32_t* rows, int64_t num_rows,

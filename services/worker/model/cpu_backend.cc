@@ -82,6 +82,15 @@ class CpuBackend final : public Backend {
     kc::SiluMul(p, &pool_);
     return absl::OkStatus();
   }
+  absl::Status MoeRoute(const kc::MoeRouteParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    kc::MoeRoute(p);
+    return absl::OkStatus();
+  }
+  absl::Status MoeExperts(const kc::MoeExpertsParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    return kc::MoeExperts(p, &pool_, &moe_scratch_);
+  }
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override {
     if (x == nullptr || y == nullptr || n < 0) return absl::InvalidArgumentError("add: bad args");
     for (int64_t i = 0; i < n; ++i) y[i] += x[i];
@@ -100,6 +109,7 @@ class CpuBackend final : public Backend {
 
  private:
   kc::ThreadPool pool_;
+  kc::MoeScratch moe_scratch_;
 };
 
 }  // namespace

@@ -35,6 +35,9 @@ struct RunnerOptions {
   double gpu_memory_fraction = 0.85;
   bool batch_invariant = false;
   bool fp32_lm_head = false;
+  // MoE router (gate) GEMM in float32: on CUDA an FP32 copy of a 16-bit gate; the CPU backend
+  // always widens weights to float32, so it changes nothing there.
+  bool fp32_router = false;
   bool cuda_graphs = true;  // capture decode steps in CUDA graphs (transformer.h)
   // KV cache element type: "auto" (float32 on the CPU, bfloat16 on CUDA), "float32", or
   // "bfloat16" (CUDA only).

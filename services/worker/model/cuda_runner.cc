@@ -204,6 +204,91 @@ class CudaBackend final : public Backend {
     graphs_.clear();
   }
 
+  absl::Status MoeRoute(const kc::MoeRouteParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    return RL_GPU_STATUS(kg::LaunchMoeRoute(p, stream_));
+  }
+  // Grouped per expert like the CPU kernel: the routing comes to the host (one sync per MoE
+  // layer; MoE models never run under graphs), each expert's rows are gathered and run through
+  // Matmul (cuBLAS, or the invariant kernel), and the weighted outputs are added to y expert by
+  // expert in ascending id, so each token sums its experts in the CPU oracle's order.
+  absl::Status MoeExperts(const kc::MoeExpertsParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    const int64_t n = p.num_tokens;
+    const int64_t nk = n * p.top_k;
+    RETURN_IF_ERROR(BindDevice(device_));
+    RETURN_IF_ERROR(RL_GPU_STATUS(cudaMemsetAsync(
+        p.y, 0, static_cast<size_t>(n * p.hidden) * sizeof(float), stream_)));
+    if (n == 0) return absl::OkStatus();
+    std::vector<int32_t> ids(static_cast<size_t>(nk));
+    std::vector<float> weights(static_cast<size_t>(nk));
+    RETURN_IF_ERROR(CopyToHost(ids.data(), p.ids, nk * 4));
+    RETURN_IF_ERROR(CopyToHost(weights.data(), p.weights, nk * 4));
+    std::vector<int64_t> begin(static_cast<size_t>(p.num_experts + 1), 0);
+    for (int32_t id : ids) {
+      if (id < 0 || id >= p.num_experts) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("moe_experts: expert id ", id, " out of range [0, ", p.num_experts, ")"));
+      }
+      ++begin[static_cast<size_t>(id + 1)];
+    }
+    int64_t max_rows = 0;
+    for (int64_t e = 0; e < p.num_experts; ++e) {
+      max_rows = std::max(max_rows, begin[static_cast<size_t>(e + 1)]);
+      begin[static_cast<size_t>(e + 1)] += begin[static_cast<size_t>(e)];
+    }
+    std::vector<int32_t> rows(static_cast<size_t>(nk));
+    std::vector<float> row_weights(static_cast<size_t>(nk));
+    std::vector<int64_t> fill(begin.begin(), begin.end() - 1);
+    for (int64_t i = 0; i < nk; ++i) {
+      const size_t at = static_cast<size_t>(fill[static_cast<size_t>(ids[static_cast<size_t>(i)])]++);
+      rows[at] = static_cast<int32_t>(i / p.top_k);
+      row_weights[at] = weights[static_cast<size_t>(i)];
+    }
+    RETURN_IF_ERROR(Reserve(&moe_rows_, nk * 4));
+    RETURN_IF_ERROR(Reserve(&moe_weights_, nk * 4));
+    RETURN_IF_ERROR(Reserve(&moe_x_, max_rows * p.hidden * 4));
+    RETURN_IF_ERROR(Reserve(&moe_gate_, max_rows * p.intermediate * 4));
+    RETURN_IF_ERROR(Reserve(&moe_up_, max_rows * p.intermediate * 4));
+    RETURN_IF_ERROR(Reserve(&moe_out_, max_rows * p.hidden * 4));
+    RETURN_IF_ERROR(CopyToDevice(moe_rows_.data(), rows.data(), nk * 4));
+    RETURN_IF_ERROR(CopyToDevice(moe_weights_.data(), row_weights.data(), nk * 4));
+    for (int64_t e = 0; e < p.num_experts; ++e) {
+      const int64_t b = begin[static_cast<size_t>(e)];
+      const int64_t m = begin[static_cast<size_t>(e + 1)] - b;
+      if (m == 0) continue;
+      RETURN_IF_ERROR(GatherRows(p.x, moe_rows_.i32() + b, m, p.hidden, moe_x_.f32()));
+      kc::MatmulParams mm;
+      mm.x = moe_x_.f32();
+      mm.w = p.gate[e];
+      mm.w_dtype = p.w_dtype;
+      mm.y = moe_gate_.f32();
+      mm.m = m;
+      mm.n = p.intermediate;
+      mm.k = p.hidden;
+      RETURN_IF_ERROR(Matmul(mm));
+      mm.w = p.up[e];
+      mm.y = moe_up_.f32();
+      RETURN_IF_ERROR(Matmul(mm));
+      kc::SiluMulParams act;
+      act.gate = moe_gate_.f32();
+      act.up = moe_up_.f32();
+      act.out = moe_gate_.f32();
+      act.n = m * p.intermediate;
+      RETURN_IF_ERROR(SiluMul(act));
+      mm.x = moe_gate_.f32();
+      mm.w = p.down[e];
+      mm.y = moe_out_.f32();
+      mm.n = p.hidden;
+      mm.k = p.intermediate;
+      RETURN_IF_ERROR(Matmul(mm));
+      RETURN_IF_ERROR(RL_GPU_STATUS(kg::LaunchMoeCombine(moe_out_.f32(), moe_rows_.i32() + b,
+                                                         moe_weights_.f32() + b, m, p.hidden, p.y,
+                                                         stream_)));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Matmul(const kc::MatmulParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     if (p.m == 0) return absl::OkStatus();
@@ -255,6 +340,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   DeviceBuffer cast_ws_;
+  // MoeExperts: sorted rows and weights, gathered activations and expert intermediates.
+  DeviceBuffer moe_rows_, moe_weights_, moe_x_, moe_gate_, moe_up_, moe_out_;
   DeviceBuffer attn_ws_;
   DeviceBuffer cublas_ws_;
   bool capturing_ = false;
@@ -289,7 +376,8 @@ class CudaModelRunner final : public ModelRunner {
     bo.batch_invariant = o.batch_invariant;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(bo));
     r->backend_ = std::move(backend);
-    ASSIGN_OR_RETURN(r->device_, MirrorWeights(*r->host_, r->backend_.get(), o.fp32_lm_head));
+    ASSIGN_OR_RETURN(r->device_, MirrorWeights(*r->host_, r->backend_.get(), o.fp32_lm_head,
+                                                   o.fp32_router));
 
     const int64_t per_slot = Transformer::KvBytesPerSlot(r->config_, kv_dtype);
     int64_t slots = o.num_kv_slots;
@@ -315,11 +403,12 @@ class CudaModelRunner final : public ModelRunner {
                                                           o.cuda_graphs, kv_dtype));
     absl::StatusOr<std::string> device = DescribeCudaDevice(o.cuda_device);
     spdlog::info(
-        "cuda runner on {}: weights {:.2f} GiB, KV cache {} slots of {} ({:.2f} GiB){}{}{}",
+        "cuda runner on {}: weights {:.2f} GiB, KV cache {} slots of {} ({:.2f} GiB){}{}{}{}",
         device.ok() ? *device : std::string(device.status().message()),
         static_cast<double>(r->host_->TotalBytes()) / (1 << 30), slots,
         model_io::DTypeName(kv_dtype), static_cast<double>(slots * per_slot) / (1 << 30),
         o.batch_invariant ? ", batch-invariant" : "", o.fp32_lm_head ? ", fp32 LM head" : "",
+        o.fp32_router && r->config_.IsMoe() ? ", fp32 router" : "",
         o.cuda_graphs ? ", CUDA graphs for decode" : ", no CUDA graphs");
     return r;
   }

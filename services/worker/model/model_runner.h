@@ -40,6 +40,8 @@ struct SequenceInput {
 
 struct ForwardInput {
   std::vector<SequenceInput> seqs;
+  // MoE models: fill ForwardOutput's routed experts for every token of the step (R3 export).
+  bool return_routing = false;
 };
 
 struct ForwardOutput {
@@ -48,6 +50,12 @@ struct ForwardOutput {
   std::vector<float> logits;
   // Sequence i's rows are [row_begin[i], row_begin[i + 1]); size seqs.size() + 1.
   std::vector<int64_t> row_begin;
+  // With ForwardInput::return_routing on an MoE model (else empty): per token of the step, in
+  // batch order (sequence by sequence, token_ids order), per MoE layer (config.MoeLayers()), per
+  // top-k slot: the chosen expert id and its routing weight, row-major
+  // [num_tokens, num_moe_layers, top_k].
+  std::vector<int32_t> routed_experts;
+  std::vector<float> routed_weights;
 };
 
 // Description of one weight tensor as the runner holds it.

@@ -25,6 +25,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
   auto t = std::unique_ptr<Transformer>(new Transformer(config, backend, num_kv_slots));
   t->use_graphs_ = use_graphs && backend->supports_graphs();
   t->kv_dtype_ = kv_dtype;
+  t->num_moe_layers_ = static_cast<int64_t>(config.MoeLayers().size());
   // One slot past the end is the scratch slot that graph padding tokens write.
   const int64_t layer_bytes = (num_kv_slots + 1) * config.num_key_value_heads * config.head_dim *
                               model_io::DTypeSize(kv_dtype);
@@ -90,7 +91,7 @@ absl::Status Transformer::Validate(const ForwardInput& in) const {
 }
 
 bool Transformer::GraphEligible(const ForwardInput& in) const {
-  if (!use_graphs_ || in.seqs.empty() ||
+  if (!use_graphs_ || config_.IsMoe() || in.seqs.empty() ||
       static_cast<int64_t>(in.seqs.size()) > kGraphBatchSizes.back()) {
     return false;
   }
@@ -196,6 +197,9 @@ absl::Status Transformer::Forward(const Weights& w, const ForwardInput& in, Forw
   } else {
     RETURN_IF_ERROR(Compute(w, num_tokens, num_rows, batch_max_context));
   }
+  out->routed_experts.clear();
+  out->routed_weights.clear();
+  if (in.return_routing && num_moe_layers_ > 0) RETURN_IF_ERROR(CopyRouting(num_tokens, out));
   if (num_real_rows == 0) return absl::OkStatus();
   return backend_->CopyToHost(out->logits.data(), logits_.data(), num_real_rows * c.vocab_size * f);
 }
@@ -227,6 +231,13 @@ absl::Status Transformer::ReserveAll(int64_t num_tokens, int64_t num_rows) {
   RETURN_IF_ERROR(Reserve(&up_, num_tokens * c.intermediate_size * f));
   RETURN_IF_ERROR(Reserve(&final_, rows * hidden * f));
   RETURN_IF_ERROR(Reserve(&logits_, rows * c.vocab_size * f));
+  if (num_moe_layers_ > 0) {
+    const int64_t routes = num_moe_layers_ * num_tokens * c.num_experts_per_tok;
+    RETURN_IF_ERROR(Reserve(&router_logits_, num_tokens * c.num_experts * f));
+    RETURN_IF_ERROR(Reserve(&route_ids_, routes * i32));
+    RETURN_IF_ERROR(Reserve(&route_weights_, routes * f));
+    RETURN_IF_ERROR(Reserve(&moe_out_, num_tokens * hidden * f));
+  }
   return Reserve(&workspace_, backend_->num_threads() * c.max_position_embeddings * f);
 }
 
@@ -320,9 +331,9 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
   auto norm = [&](const float* x, const WeightTensor& wt, int64_t rows, int64_t dim, float* y) {
     return backend_->RmsNorm(norm_params(x, wt, rows, dim, y));
   };
-  // x += h, then h = RmsNorm(x) with `wt` (one fused pass on device backends).
-  auto add_norm = [&](const WeightTensor& wt) {
-    return backend_->AddRmsNorm(h_.f32(), norm_params(x_.f32(), wt, num_tokens, hidden, h_.f32()));
+  // x += delta, then h = RmsNorm(x) with `wt` (one fused pass on device backends).
+  auto add_norm = [&](const float* delta, const WeightTensor& wt) {
+    return backend_->AddRmsNorm(delta, norm_params(x_.f32(), wt, num_tokens, hidden, h_.f32()));
   };
   auto linear_params = [&](const float* x, const WeightTensor& wt, const WeightTensor* bias,
                            float* y) {
@@ -346,6 +357,7 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
 
   // h = input norm of layer 0; every later norm is fused with the residual add before it.
   RETURN_IF_ERROR(norm(x_.f32(), *w.layer(0).input_norm, num_tokens, hidden, h_.f32()));
+  int64_t moe_index = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layer(l);
     const kc::MatmulParams qkv[] = {linear_params(h_.f32(), *lw.q_proj, lw.q_bias, q_.f32()),
@@ -411,22 +423,100 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
     RETURN_IF_ERROR(backend_->Attention(at));
 
     RETURN_IF_ERROR(linear(attn_.f32(), *lw.o_proj, nullptr, h_.f32()));
-    RETURN_IF_ERROR(add_norm(*lw.post_norm));
-    const kc::MatmulParams gate_up[] = {
-        linear_params(h_.f32(), *lw.gate_proj, nullptr, gate_.f32()),
-        linear_params(h_.f32(), *lw.up_proj, nullptr, up_.f32())};
-    RETURN_IF_ERROR(backend_->MatmulGroup(gate_up));
-    kc::SiluMulParams act;
-    act.gate = gate_.f32();
-    act.up = up_.f32();
-    act.out = gate_.f32();
-    act.n = num_tokens * c.intermediate_size;
-    RETURN_IF_ERROR(backend_->SiluMul(act));
-    RETURN_IF_ERROR(linear(gate_.f32(), *lw.down_proj, nullptr, h_.f32()));
-    if (l + 1 < c.num_hidden_layers) {
-      RETURN_IF_ERROR(add_norm(*w.layer(l + 1).input_norm));
+    RETURN_IF_ERROR(add_norm(h_.f32(), *lw.post_norm));
+    const float* mlp_out = h_.f32();
+    if (lw.router != nullptr) {
+      RETURN_IF_ERROR(RunMoe(lw, moe_index++, num_tokens));
+      mlp_out = moe_out_.f32();
     } else {
-      RETURN_IF_ERROR(backend_->AddInPlace(h_.f32(), x_.f32(), num_tokens * hidden));
+      const kc::MatmulParams gate_up[] = {
+          linear_params(h_.f32(), *lw.gate_proj, nullptr, gate_.f32()),
+          linear_params(h_.f32(), *lw.up_proj, nullptr, up_.f32())};
+      RETURN_IF_ERROR(backend_->MatmulGroup(gate_up));
+      kc::SiluMulParams act;
+      act.gate = gate_.f32();
+      act.up = up_.f32();
+      act.out = gate_.f32();
+      act.n = num_tokens * c.intermediate_size;
+      RETURN_IF_ERROR(backend_->SiluMul(act));
+      RETURN_IF_ERROR(linear(gate_.f32(), *lw.down_proj, nullptr, h_.f32()));
+    }
+    if (l + 1 < c.num_hidden_layers) {
+      RETURN_IF_ERROR(add_norm(mlp_out, *w.layer(l + 1).input_norm));
+    } else {
+      RETURN_IF_ERROR(backend_->AddInPlace(mlp_out, x_.f32(), num_tokens * hidden));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Transformer::RunMoe(const LayerWeights& lw, int64_t moe_index, int64_t num_tokens) {
+  const model_io::ModelConfig& c = config_;
+  const int64_t k = c.num_experts_per_tok;
+  kc::MatmulParams gate;
+  gate.x = h_.f32();
+  gate.w = lw.router->data;
+  gate.w_dtype = lw.router->dtype;
+  gate.y = router_logits_.f32();
+  gate.m = num_tokens;
+  gate.n = c.num_experts;
+  gate.k = c.hidden_size;
+  RETURN_IF_ERROR(backend_->Matmul(gate));
+
+  const int64_t offset = moe_index * num_tokens * k;
+  kc::MoeRouteParams route;
+  route.logits = router_logits_.f32();
+  route.ids = route_ids_.i32() + offset;
+  route.weights = route_weights_.f32() + offset;
+  route.num_tokens = num_tokens;
+  route.num_experts = c.num_experts;
+  route.top_k = k;
+  route.norm_topk_prob = c.norm_topk_prob;
+  RETURN_IF_ERROR(backend_->MoeRoute(route));
+
+  const size_t e = static_cast<size_t>(c.num_experts);
+  expert_ptrs_.resize(3 * e);
+  for (size_t i = 0; i < e; ++i) {
+    expert_ptrs_[i] = lw.expert_gate[i]->data;
+    expert_ptrs_[e + i] = lw.expert_up[i]->data;
+    expert_ptrs_[2 * e + i] = lw.expert_down[i]->data;
+  }
+  kc::MoeExpertsParams ex;
+  ex.x = h_.f32();
+  ex.ids = route.ids;
+  ex.weights = route.weights;
+  ex.gate = expert_ptrs_.data();
+  ex.up = expert_ptrs_.data() + e;
+  ex.down = expert_ptrs_.data() + 2 * e;
+  ex.w_dtype = lw.expert_gate[0]->dtype;
+  ex.y = moe_out_.f32();
+  ex.num_tokens = num_tokens;
+  ex.hidden = c.hidden_size;
+  ex.intermediate = c.moe_intermediate_size;
+  ex.num_experts = c.num_experts;
+  ex.top_k = k;
+  return backend_->MoeExperts(ex);
+}
+
+absl::Status Transformer::CopyRouting(int64_t num_tokens, ForwardOutput* out) {
+  const int64_t k = config_.num_experts_per_tok;
+  const int64_t layers = num_moe_layers_;
+  const int64_t n = layers * num_tokens * k;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  std::vector<float> weights(static_cast<size_t>(n));
+  RETURN_IF_ERROR(backend_->CopyToHost(ids.data(), route_ids_.data(), n * sizeof(int32_t)));
+  RETURN_IF_ERROR(backend_->CopyToHost(weights.data(), route_weights_.data(), n * sizeof(float)));
+  out->routed_experts.resize(static_cast<size_t>(n));
+  out->routed_weights.resize(static_cast<size_t>(n));
+  // [layers, tokens, k] → [tokens, layers, k]
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t src = static_cast<size_t>((l * num_tokens + t) * k + j);
+        const size_t dst = static_cast<size_t>((t * layers + l) * k + j);
+        out->routed_experts[dst] = ids[src];
+        out->routed_weights[dst] = weights[src];
+      }
     }
   }
   return absl::OkStatus();

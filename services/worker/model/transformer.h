@@ -1,7 +1,8 @@
 // Transformer: the decoder-only model definition shared by every backend — embedding,
 // per layer RMSNorm → q/k/v projections (+ Qwen2 bias) → Qwen3 per-head q/k RMSNorm → RoPE →
-// paged grouped-query attention → o projection → residual → RMSNorm → SwiGLU MLP → residual;
-// then the final norm and the LM head (tied or not) on the rows whose logits are asked for.
+// paged grouped-query attention → o projection → residual → RMSNorm → SwiGLU MLP (or, in the
+// sparse layers of an MoE model, router → softmax top-k → grouped experts) → residual; then the
+// final norm and the LM head (tied or not) on the rows whose logits are asked for.
 //
 // It owns the paged KV cache (per layer K and V of [num_kv_slots, num_kv_heads, head_dim] in
 // the KV dtype: float32 on the CPU, bf16 by default on CUDA) and the activation buffers, which grow
@@ -14,7 +15,8 @@
 // its attention grid to a power-of-two number of splits; the compute of each (bucket, splits) is
 // captured once (after one eager run that sizes every buffer) and replayed from then on. Only
 // the plan upload and the logits copy run outside the graph. A buffer that has to grow, or new
-// weights, drop the graphs. Prefill and mixed steps run eagerly.
+// weights, drop the graphs. Prefill and mixed steps run eagerly, and so does every step of an
+// MoE model (the expert grouping is decided on the host).
 // Thread safety: one caller at a time.
 #pragma once
 
@@ -73,6 +75,10 @@ class Transformer {
                        int64_t batch_max_context);
   absl::Status RunGraph(const Weights& w, GraphKey key, int64_t batch_max_context);
   absl::Status RunLayers(const Weights& w, int64_t num_tokens, int64_t batch_max_context);
+  // The sparse MLP of layer `l` (the `moe_index`-th MoE layer) on h_, into moe_out_.
+  absl::Status RunMoe(const LayerWeights& lw, int64_t moe_index, int64_t num_tokens);
+  // Copies the step's routing into out (transposed to [tokens, moe layers, top_k]).
+  absl::Status CopyRouting(int64_t num_tokens, ForwardOutput* out);
 
   model_io::ModelConfig config_;
   Backend* backend_;
@@ -92,6 +98,10 @@ class Transformer {
   // Backend buffers (grown on demand).
   DeviceBuffer ids_, write_slots_, context_len_, slot_begin_, slots_, logit_rows_, cos_, sin_;
   DeviceBuffer x_, h_, q_, k_, v_, attn_, gate_, up_, final_, logits_, workspace_;
+  // MoE: router logits [tokens, experts], routing [moe layers, tokens, top_k], expert output.
+  DeviceBuffer router_logits_, route_ids_, route_weights_, moe_out_;
+  int64_t num_moe_layers_ = 0;
+  std::vector<const void*> expert_ptrs_;  // gate, up, down pointer arrays of one layer
 };
 
 }  // namespace rl::model

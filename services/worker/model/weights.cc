@@ -60,6 +60,25 @@ int64_t Weights::BytesPerToken() const {
   return total;
 }
 
+int64_t Weights::ExpertBytes() const {
+  for (const LayerWeights& l : layers_) {
+    if (!l.expert_gate.empty()) {
+      return l.expert_gate[0]->num_bytes + l.expert_up[0]->num_bytes + l.expert_down[0]->num_bytes;
+    }
+  }
+  return 0;
+}
+
+int64_t Weights::NonExpertBytesPerToken() const {
+  int64_t total = BytesPerToken();
+  for (const LayerWeights& l : layers_) {
+    for (size_t e = 0; e < l.expert_gate.size(); ++e) {
+      total -= l.expert_gate[e]->num_bytes + l.expert_up[e]->num_bytes + l.expert_down[e]->num_bytes;
+    }
+  }
+  return total;
+}
+
 absl::Status Weights::Update(const TensorInfo& info, absl::Span<const uint8_t> bytes) {
   auto it = tensors_.find(info.name);
   if (it == tensors_.end()) {
@@ -156,12 +175,34 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(model_io::Checkpo
     }
     ASSIGN_OR_RETURN(lw.o_proj, need(p + "self_attn.o_proj.weight", {c.hidden_size, q_dim}));
     ASSIGN_OR_RETURN(lw.post_norm, need(p + "post_attention_layernorm.weight", {c.hidden_size}));
-    ASSIGN_OR_RETURN(lw.gate_proj,
-                     need(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}));
-    ASSIGN_OR_RETURN(lw.up_proj,
-                     need(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}));
-    ASSIGN_OR_RETURN(lw.down_proj,
-                     need(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}));
+    if (c.IsMoeLayer(l)) {
+      ASSIGN_OR_RETURN(lw.router, need(p + "mlp.gate.weight", {c.num_experts, c.hidden_size}));
+      const int64_t inter = c.moe_intermediate_size;
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string ep = absl::StrCat(p, "mlp.experts.", e, ".");
+        ASSIGN_OR_RETURN(const WeightTensor* g, need(ep + "gate_proj.weight", {inter, c.hidden_size}));
+        ASSIGN_OR_RETURN(const WeightTensor* u, need(ep + "up_proj.weight", {inter, c.hidden_size}));
+        ASSIGN_OR_RETURN(const WeightTensor* d, need(ep + "down_proj.weight", {c.hidden_size, inter}));
+        for (const WeightTensor* t : {g, u, d}) {
+          const DType want = lw.expert_gate.empty() ? g->dtype : lw.expert_gate[0]->dtype;
+          if (t->dtype != want) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "weights: tensor '", t->name, "' has dtype ", model_io::DTypeName(t->dtype),
+                ", expected ", model_io::DTypeName(want), " like the layer's other experts"));
+          }
+        }
+        lw.expert_gate.push_back(g);
+        lw.expert_up.push_back(u);
+        lw.expert_down.push_back(d);
+      }
+    } else {
+      ASSIGN_OR_RETURN(lw.gate_proj,
+                       need(p + "mlp.gate_proj.weight", {c.intermediate_size, c.hidden_size}));
+      ASSIGN_OR_RETURN(lw.up_proj,
+                       need(p + "mlp.up_proj.weight", {c.intermediate_size, c.hidden_size}));
+      ASSIGN_OR_RETURN(lw.down_proj,
+                       need(p + "mlp.down_proj.weight", {c.hidden_size, c.intermediate_size}));
+    }
     w->layers_.push_back(lw);
   }
   ASSIGN_OR_RETURN(w->final_norm_, need("model.norm.weight", {c.hidden_size}));
@@ -175,19 +216,20 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(model_io::Checkpo
 
 namespace {
 
-// The F32 copy of a 16-bit LM head, converted on the host.
-absl::Status UploadHeadF32(const WeightTensor& head, Backend* backend, DeviceBuffer* buffer,
-                           WeightTensor* out) {
-  const int64_t numel = head.shape[0] * head.shape[1];
+// The F32 copy of a 16-bit tensor (LM head, MoE router), converted on the host.
+absl::Status UploadF32(const WeightTensor& src, Backend* backend, DeviceBuffer* buffer,
+                       WeightTensor* out) {
+  int64_t numel = 1;
+  for (int64_t d : src.shape) numel *= d;
   std::vector<float> f32(static_cast<size_t>(numel));
-  model_io::ConvertToF32(head.dtype, head.data, numel, f32.data());
+  model_io::ConvertToF32(src.dtype, src.data, numel, f32.data());
   if (buffer->data() == nullptr) {
     ASSIGN_OR_RETURN(*buffer, backend->Allocate(numel * static_cast<int64_t>(sizeof(float))));
   }
   RETURN_IF_ERROR(backend->CopyToDevice(buffer->data(), f32.data(),
                                         numel * static_cast<int64_t>(sizeof(float))));
-  *out = head;
-  out->name = head.name + ".f32";
+  *out = src;
+  out->name = src.name + ".f32";
   out->dtype = DType::kF32;
   out->num_bytes = numel * static_cast<int64_t>(sizeof(float));
   out->data = buffer->data();
@@ -197,7 +239,7 @@ absl::Status UploadHeadF32(const WeightTensor& head, Backend* backend, DeviceBuf
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Backend* backend,
-                                                       bool fp32_lm_head) {
+                                                       bool fp32_lm_head, bool fp32_router) {
   if (backend == nullptr) return absl::InvalidArgumentError("MirrorWeights: null backend");
   auto m = std::unique_ptr<Weights>(new Weights());
   m->config_ = host.config_;
@@ -211,6 +253,14 @@ absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Back
   }
   const auto relink = [&](const WeightTensor* p) -> const WeightTensor* {
     return p == nullptr ? nullptr : &m->tensors_.at(p->name);
+  };
+  // A 16-bit tensor replaced by its FP32 copy (kept in f32_copies_ under the source's name).
+  const auto f32_copy = [&](const WeightTensor* src) -> absl::StatusOr<const WeightTensor*> {
+    if (src->dtype == DType::kF32) return relink(src);
+    Weights::F32Copy& copy = m->f32_copies_[src->name];
+    copy.tensor = std::make_unique<WeightTensor>();
+    RETURN_IF_ERROR(UploadF32(*src, backend, &copy.buffer, copy.tensor.get()));
+    return copy.tensor.get();
   };
   m->embed_ = relink(host.embed_);
   m->lm_head_ = relink(host.lm_head_);
@@ -230,16 +280,22 @@ absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Back
                             {&l.post_norm, hl.post_norm},
                             {&l.gate_proj, hl.gate_proj},
                             {&l.up_proj, hl.up_proj},
-                            {&l.down_proj, hl.down_proj}}) {
+                            {&l.down_proj, hl.down_proj},
+                            {&l.router, hl.router}}) {
       *dst = relink(src);
     }
-    m->layers_.push_back(l);
+    for (auto [dst, src] : {std::pair{&l.expert_gate, &hl.expert_gate},
+                            {&l.expert_up, &hl.expert_up},
+                            {&l.expert_down, &hl.expert_down}}) {
+      for (const WeightTensor* t : *src) dst->push_back(relink(t));
+    }
+    if (fp32_router && hl.router != nullptr) {
+      ASSIGN_OR_RETURN(l.router, f32_copy(hl.router));
+    }
+    m->layers_.push_back(std::move(l));
   }
-  if (fp32_lm_head && host.lm_head_->dtype != DType::kF32) {
-    m->head_f32_ = std::make_unique<WeightTensor>();
-    RETURN_IF_ERROR(
-        UploadHeadF32(*host.lm_head_, backend, &m->head_f32_buffer_, m->head_f32_.get()));
-    m->lm_head_ = m->head_f32_.get();
+  if (fp32_lm_head) {
+    ASSIGN_OR_RETURN(m->lm_head_, f32_copy(host.lm_head_));
   }
   return m;
 }
@@ -249,7 +305,6 @@ absl::Status RefreshMirror(const Weights& host, const std::string& name, Backend
   if (backend == nullptr || mirror == nullptr) {
     return absl::InvalidArgumentError("RefreshMirror: null backend or mirror");
   }
-  bool head_changed = false;
   for (const auto& [tensor_name, t] : host.tensors_) {
     if (!name.empty() && tensor_name != name) continue;
     auto it = mirror->tensors_.find(tensor_name);
@@ -259,11 +314,9 @@ absl::Status RefreshMirror(const Weights& host, const std::string& name, Backend
           absl::StrCat("RefreshMirror: tensor '", tensor_name, "' does not match the mirror"));
     }
     RETURN_IF_ERROR(backend->CopyToDevice(const_cast<void*>(it->second.data), t.data, t.num_bytes));
-    head_changed |= tensor_name == host.lm_head_->name;
-  }
-  if (head_changed && mirror->head_f32_ != nullptr) {
-    RETURN_IF_ERROR(
-        UploadHeadF32(*host.lm_head_, backend, &mirror->head_f32_buffer_, mirror->head_f32_.get()));
+    if (auto copy = mirror->f32_copies_.find(tensor_name); copy != mirror->f32_copies_.end()) {
+      RETURN_IF_ERROR(UploadF32(t, backend, &copy->second.buffer, copy->second.tensor.get()));
+    }
   }
   return absl::OkStatus();
 }
@@ -274,7 +327,10 @@ absl::Status CheckSameArchitecture(const model_io::ModelConfig& a, const model_i
       a.num_attention_heads != b.num_attention_heads ||
       a.num_key_value_heads != b.num_key_value_heads || a.head_dim != b.head_dim ||
       a.tie_word_embeddings != b.tie_word_embeddings || a.attention_bias != b.attention_bias ||
-      a.qk_norm != b.qk_norm) {
+      a.qk_norm != b.qk_norm || a.num_experts != b.num_experts ||
+      a.num_experts_per_tok != b.num_experts_per_tok ||
+      a.moe_intermediate_size != b.moe_intermediate_size || a.norm_topk_prob != b.norm_topk_prob ||
+      a.MoeLayers() != b.MoeLayers()) {
     return absl::InvalidArgumentError("weights were loaded for another architecture");
   }
   return absl::OkStatus();

@@ -50,9 +50,16 @@ struct LayerWeights {
   const WeightTensor* k_norm = nullptr;      // [head_dim]
   const WeightTensor* o_proj = nullptr;      // [hidden, num_heads · head_dim]
   const WeightTensor* post_norm = nullptr;   // [hidden]
+  // Dense MLP (null in MoE layers).
   const WeightTensor* gate_proj = nullptr;   // [intermediate, hidden]
   const WeightTensor* up_proj = nullptr;     // [intermediate, hidden]
   const WeightTensor* down_proj = nullptr;   // [hidden, intermediate]
+  // MoE layers (config.IsMoeLayer): the router ("mlp.gate") and num_experts experts, every
+  // expert tensor in one dtype (checked at load; updates keep the held dtype).
+  const WeightTensor* router = nullptr;                  // [num_experts, hidden]
+  std::vector<const WeightTensor*> expert_gate;          // [moe_intermediate, hidden] each
+  std::vector<const WeightTensor*> expert_up;            // [moe_intermediate, hidden] each
+  std::vector<const WeightTensor*> expert_down;          // [hidden, moe_intermediate] each
 };
 
 class Weights {
@@ -76,6 +83,11 @@ class Weights {
   // Reserves spare read buffers the size of this checkpoint's files (model_io/file_read.h), so
   // the next LoadWeights of the same layout reuses memory instead of faulting fresh pages in.
   void ReserveUpdateBuffers() const;
+  // MoE models: the bytes of one expert (gate, up and down) and the bytes a token reads
+  // outside the experts; a step that touches E expert instances reads
+  // NonExpertBytesPerToken() + E · ExpertBytes(). 0 and BytesPerToken() for dense models.
+  int64_t ExpertBytes() const;
+  int64_t NonExpertBytesPerToken() const;
 
   // Replaces tensor `info.name` with `bytes` (info.dtype F32/BF16/F16, converted to the held
   // dtype). The shape must equal the held one. Nothing changes on error.
@@ -86,7 +98,8 @@ class Weights {
                                                              const model_io::ModelConfig&);
   friend absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
       model_io::Checkpoint, const model_io::ModelConfig&);
-  friend absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights&, Backend*, bool);
+  friend absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights&, Backend*, bool,
+                                                                bool);
   friend absl::Status RefreshMirror(const Weights&, const std::string&, Backend*, Weights*);
   Weights() = default;
 
@@ -98,10 +111,14 @@ class Weights {
   const WeightTensor* lm_head_ = nullptr;
   const WeightTensor* final_norm_ = nullptr;
   std::vector<LayerWeights> layers_;
-  // Mirrors only: the backend memory behind every tensor, and the FP32 copy of the LM head.
+  // Mirrors only: the backend memory behind every tensor, and the FP32 copies (of a 16-bit LM
+  // head, of 16-bit MoE routers), by source tensor name.
+  struct F32Copy {
+    std::unique_ptr<WeightTensor> tensor;
+    DeviceBuffer buffer;
+  };
   std::vector<DeviceBuffer> device_buffers_;
-  std::unique_ptr<WeightTensor> head_f32_;
-  DeviceBuffer head_f32_buffer_;
+  std::map<std::string, F32Copy> f32_copies_;
 };
 
 // Opens DIR's safetensors checkpoint (single file or sharded) and checks it against `config`.
@@ -112,12 +129,13 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
 
 // A copy of `host` in `backend` memory (tensor data are device pointers; names, dtypes and
 // shapes are the host's), for device backends. With `fp32_lm_head` and a 16-bit LM head, the
-// head is held as an extra F32 copy (not listed) so the logits GEMM runs in float32. The backend
-// must outlive the mirror. Costs one allocation and one copy per tensor.
+// head is held as an extra F32 copy (not listed) so the logits GEMM runs in float32; likewise
+// every 16-bit MoE router with `fp32_router` (--enable-fp32-router). The backend must outlive
+// the mirror. Costs one allocation and one copy per tensor.
 absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Backend* backend,
-                                                       bool fp32_lm_head);
+                                                       bool fp32_lm_head, bool fp32_router = false);
 // Copies tensor `name` of `host` (every tensor when empty) into `mirror`, which must have been
-// made from weights of the same architecture; the FP32 head copy follows its source. Used after
+// made from weights of the same architecture; the FP32 copies follow their sources. Used after
 // an update has been validated on the host, so it fails only on a device error.
 absl::Status RefreshMirror(const Weights& host, const std::string& name, Backend* backend,
                            Weights* mirror);
