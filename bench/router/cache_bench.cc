@@ -270,8 +270,10 @@ absl::Status RunCacheBench(const CacheBenchConfig& config, std::ostream& out) {
              "%.2f of it)\n",
              static_cast<double>(heap) / tokens_cached - kTokenDataBytes,
              static_cast<double>(stats.size_bytes) / tokens_cached)
-      << absl::StrFormat("gc runs %d, gc removed tokens %d, conflicts replaced %d\n", stats.gc_runs,
-                         stats.gc_removed_tokens, stats.conflicts_replaced)
+      << absl::StrFormat(
+             "gc runs %d, gc removed tokens %d, conflicts replaced %d, conflicts kept %d\n",
+             stats.gc_runs, stats.gc_removed_tokens, stats.conflicts_replaced,
+             stats.conflicts_kept)
       << absl::StrFormat("replay wall time      %12.3f s (tokenization included)\n", wall);
   if (!config.seam_tokenizer_dir.empty()) RETURN_IF_ERROR(RunSeamReplay(config, workload, out));
   return absl::OkStatus();

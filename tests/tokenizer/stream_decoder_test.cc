@@ -3,6 +3,7 @@
 // no delta ever ends inside a UTF-8 character.
 #include "common/tokenizer/stream_decoder.h"
 
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -113,6 +114,101 @@ TEST_P(StreamDecoderTest, UnknownIdIsAnErrorAndLeavesStateIntact) {
   }
   out += *stream.Flush();
   EXPECT_EQ(out, *tok.Decode(enc->ids, false));
+}
+
+// Streams `completion` id by id after priming with `prompt`; also checks DecodeContinuation
+// gives the same text.
+std::string Primed(const Tokenizer& tok, const std::vector<int32_t>& prompt,
+                   const std::vector<int32_t>& completion) {
+  StreamDecoder stream(tok, false);
+  EXPECT_TRUE(stream.Prime(prompt).ok());
+  std::string out;
+  for (int32_t id : completion) {
+    auto delta = stream.Step(id);
+    EXPECT_TRUE(delta.ok()) << delta.status();
+    out += delta.value_or("");
+  }
+  auto rest = stream.Flush();
+  EXPECT_TRUE(rest.ok()) << rest.status();
+  out += rest.value_or("");
+  auto batch = DecodeContinuation(tok, prompt, completion, false);
+  EXPECT_TRUE(batch.ok()) << batch.status();
+  EXPECT_EQ(out, batch.value_or("?"));
+  return out;
+}
+
+std::vector<int32_t> Bytes(const Tokenizer& tok, std::string_view bytes) {
+  std::vector<int32_t> ids;
+  for (unsigned char b : bytes) {
+    char name[8];
+    std::snprintf(name, sizeof(name), "<0x%02X>", b);
+    ids.push_back(*tok.TokenToId(name));
+  }
+  return ids;
+}
+
+std::vector<int32_t> Cat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// What a completion owns at the seam (stream_decoder.h), with stories260K's byte fallback.
+TEST(StreamDecoderSeamTest, ByteFallbackRunAcrossTheSeam) {
+  const Tokenizer& tok = GetTokenizer("stories260K");
+  const std::vector<int32_t> tom = tok.Encode("Tom", true)->ids;
+  const std::vector<int32_t> there = tok.EncodeContinuation(" there")->ids;
+  const std::string san = "\xE4\xB8\x89";  // 三
+  // The prompt ends with the first byte of 三; the completion continues it: the completion
+  // owns the whole character (nothing is lost at Flush).
+  std::vector<int32_t> prompt = Cat(tom, Bytes(tok, san.substr(0, 1)));
+  EXPECT_EQ(Primed(tok, prompt, Bytes(tok, san.substr(1))), san);
+  EXPECT_EQ(Primed(tok, prompt, Cat(Bytes(tok, san.substr(1)), there)), san + " there");
+  // ... after a complete "\n" in the same run: the "\n" stays the prompt's.
+  prompt = Cat(tom, Bytes(tok, "\n" + san.substr(0, 1)));
+  EXPECT_EQ(Primed(tok, prompt, Cat(Bytes(tok, san.substr(1)), there)), san + " there");
+  // Not completed: the character is still the completion's (U+FFFD per byte of the run).
+  EXPECT_EQ(Primed(tok, prompt, there), "\xEF\xBF\xBD there");
+  // Nothing generated: nothing emitted.
+  EXPECT_EQ(Primed(tok, prompt, {}), "");
+  // A complete prompt run ("\n") continued by bytes that are valid: joined decoding holds.
+  prompt = Cat(tom, Bytes(tok, "\n"));
+  const std::vector<int32_t> completion = Cat(Bytes(tok, san), there);
+  EXPECT_EQ(Primed(tok, prompt, completion), san + " there");
+  EXPECT_EQ(*tok.Decode(prompt) + Primed(tok, prompt, completion),
+            *tok.Decode(Cat(prompt, completion)));
+  // ... continued by an incomplete character: Hugging Face would turn the prompt's "\n" into
+  // U+FFFD too; the run is split at the seam and the prompt keeps its "\n".
+  const std::vector<int32_t> broken = Cat(Bytes(tok, san.substr(0, 2)), there);
+  EXPECT_EQ(Primed(tok, prompt, broken), "\xEF\xBF\xBD\xEF\xBF\xBD there");
+  EXPECT_EQ(*tok.Decode(Cat(prompt, broken)),
+            "<s> Tom\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD there");
+}
+
+// A prompt whose text really ends with U+FFFD (a valid character) never has it re-emitted.
+TEST(StreamDecoderSeamTest, PromptEndingWithAReplacementCharacterIsNotReEmitted) {
+  for (const char* name : {"stories260K", "gpt2", "llama3"}) {
+    const Tokenizer& tok = GetTokenizer(name);
+    const std::vector<int32_t> prompt = tok.Encode("Tom \xEF\xBF\xBD", true)->ids;
+    const std::vector<int32_t> completion = tok.EncodeContinuation(" went home")->ids;
+    EXPECT_EQ(Primed(tok, prompt, completion), " went home") << name;
+  }
+}
+
+// ByteLevel: a prompt ending inside a character (input ids) leaves the character to the
+// completion; a complete prompt is a prefix of the joined decoding.
+TEST(StreamDecoderSeamTest, ByteLevelIncompleteCharacterAtTheSeam) {
+  const Tokenizer& tok = GetTokenizer("gpt2");
+  const std::vector<int32_t> all = tok.Encode("Tom \xF0\x9F\xA6\x99 ok", false)->ids;
+  // Find a cut inside the llama emoji (gpt2 splits it into byte tokens).
+  size_t cut = 0;
+  for (size_t i = 1; i < all.size(); ++i) {
+    const std::string head = *tok.Decode(absl::MakeConstSpan(all).first(i));
+    if (head.ends_with("\xEF\xBF\xBD")) cut = i;
+  }
+  ASSERT_GT(cut, 0u);
+  const std::vector<int32_t> prompt(all.begin(), all.begin() + cut);
+  const std::vector<int32_t> completion(all.begin() + cut, all.end());
+  EXPECT_EQ(Primed(tok, prompt, completion), "\xF0\x9F\xA6\x99 ok");
 }
 
 INSTANTIATE_TEST_SUITE_P(All, StreamDecoderTest,

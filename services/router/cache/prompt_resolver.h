@@ -5,7 +5,9 @@
 //   (a) Decode(tokens) == text, byte for byte (the tokenizer's template prefix such as BOS
 //       left out);
 //   (b) cached generated tokens (loss mask 1), and the cached tokens before them (prompt tokens
-//       of the earlier turns they extend), are reused exactly as cached;
+//       of the earlier turns they extend), are reused exactly as cached (with their masks,
+//       logprobs and versions); where cached tokenizations of the text cut it differently, the
+//       path whose generated tokens reach furthest (TextCache MatchGoal::kMostGenerated);
 //   (c) every other token equals the full-text encoding of the text: the cached match is cut
 //       right after its last generated token (the "seam"; cached prompt tokens past it are
 //       dropped, whatever other requests left there), and the rest is encoded from a window
