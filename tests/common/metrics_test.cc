@@ -1,5 +1,10 @@
 #include "common/metrics.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
 #include <thread>
 #include <vector>
 
@@ -7,11 +12,13 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "tests/common/loopback.h"
 
 namespace rl {
 namespace {
 
 using ::testing::HasSubstr;
+using ::rl::testing::ConnectLoopback;
 
 TEST(Metrics, RendersPrometheusText) {
   MetricsRegistry r;
@@ -73,6 +80,86 @@ TEST(MetricsHttp, ServesMetricsOnLoopback) {
   EXPECT_EQ(res->status, 200);
   EXPECT_THAT(res->body, HasSubstr("rl_http_up 1"));
   (*server)->Stop();
+}
+
+// Waits (bounded) until `fd` is closed by the server (read returns 0 or fails).
+bool ClosedByServer(int fd) {
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  char buf[256];
+  for (int i = 0; i < 100; ++i) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return true;
+    if (n < 0) return false;  // timed out: still open
+  }
+  return false;
+}
+
+// With every connection slot held by idle clients, a new request evicts the oldest one and is
+// answered; the server never holds more connections than its cap.
+TEST(MetricsHttp, ConnectionCapEvictsTheOldestAndServesNewRequests) {
+  MetricsRegistry r;
+  HttpServerOptions options;
+  options.max_connections = 4;
+  options.min_threads = 1;
+  options.max_pending = 2;
+  options.read_timeout = std::chrono::milliseconds(20000);  // idle clients are not timed out
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, &r, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  std::vector<int> idle;
+  // Opens one more idle connection and waits (bounded) until the server holds `expected`.
+  auto fill = [&](int expected) {
+    idle.push_back(ConnectLoopback((*server)->port()));
+    EXPECT_GE(idle.back(), 0);
+    for (int i = 0; i < 500 && (*server)->open_connections() != expected; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  };
+  for (int i = 1; i <= 4; ++i) fill(i);
+  ASSERT_EQ((*server)->open_connections(), 4);
+  for (int round = 0; round < 3; ++round) {
+    httplib::Client client("127.0.0.1", (*server)->port());
+    client.set_keep_alive(false);
+    auto res = client.Get("/healthz");
+    ASSERT_TRUE(res) << round;
+    EXPECT_EQ(res->status, 200);
+    EXPECT_EQ(res->body, "ok\n");
+    EXPECT_LE((*server)->open_connections(), 4);
+    // Once the probe's connection is gone, a new idle client takes its thread, so the next
+    // probe finds every slot held once more.
+    for (int i = 0; i < 500 && (*server)->open_connections() != 3; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    fill(4);
+    ASSERT_EQ((*server)->open_connections(), 4);
+  }
+  // The three probes evicted the three oldest idle connections, in order.
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(ClosedByServer(idle[i])) << i;
+  for (int fd : idle) close(fd);
+  (*server)->Stop();
+  EXPECT_EQ((*server)->open_connections(), 0);
+}
+
+// A client trickling its request a byte at a time is cut off at the request deadline, however
+// steadily the bytes come.
+TEST(MetricsHttp, TricklingRequestIsCutAtTheRequestDeadline) {
+  MetricsRegistry r;
+  HttpServerOptions options;
+  options.read_timeout = std::chrono::milliseconds(300);
+  auto server = MetricsHttpServer::Start("127.0.0.1", 0, &r, options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int fd = ConnectLoopback((*server)->port());
+  ASSERT_GE(fd, 0);
+  const std::string head = "GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ";
+  ASSERT_EQ(send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  // One byte every 50 ms (well inside any per-read timeout) for at most 10 s.
+  bool cut = false;
+  for (int i = 0; i < 200 && !cut; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    cut = send(fd, "a", 1, MSG_NOSIGNAL) < 0;
+  }
+  EXPECT_TRUE(cut || ClosedByServer(fd));
+  close(fd);
 }
 
 }  // namespace

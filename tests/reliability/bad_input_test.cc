@@ -23,6 +23,7 @@
 #include "rl/v1/admin.grpc.pb.h"
 #include "rl/v1/router.grpc.pb.h"
 #include "rl/v1/worker.grpc.pb.h"
+#include "tests/common/loopback.h"
 #include "tests/reliability/process_util.h"
 
 namespace rl::testing {
@@ -723,12 +724,8 @@ TEST_F(BadInputTest, MetricsPortSurvivesSlowloris) {
   const int port = std::atoi(port_text.c_str());
   ASSERT_GT(port, 0) << worker_->Log();
   auto connect_to = [&]() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    const int fd = ConnectLoopback(port);
+    EXPECT_GE(fd, 0);
     return fd;
   };
   std::vector<int> slow, idle;
@@ -790,28 +787,13 @@ TEST_F(BadInputTest, MetricsPortBoundsAFloodOfSlowAndIdleConnections) {
   ASSERT_GT(port, 0) << worker_->Log();
   const int baseline_fds = CountFds(worker_->pid());
   ASSERT_GT(baseline_fds, 0);
-  // Connects with a 1 s limit (a full accept queue must not hang the flood); -1 on failure.
-  auto connect_to = [&]() {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    timeval tv{1, 0};
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(static_cast<uint16_t>(port));
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-      close(fd);
-      return -1;
-    }
-    return fd;
-  };
   constexpr int kFlood = 320;
   std::vector<int> fds(kFlood, -1);
   std::atomic<bool> stop{false};
   std::atomic<int64_t> reconnects{0};
   // Even slots trickle a request head one byte at a time, odd slots send nothing.
   auto open_slot = [&](int i) {
-    fds[i] = connect_to();
+    fds[i] = ConnectLoopback(port, /*timeout_s=*/1);
     if (fds[i] >= 0 && i % 2 == 0) {
       const char* start = "GET /healthz HTTP/1.1\r\nHost: x\r\n";
       (void)!send(fds[i], start, strlen(start), MSG_NOSIGNAL);
