@@ -53,9 +53,11 @@ HWY_INLINE float ScalarW(const void* w, int64_t i) {
 // Columns (rows of W) per pass of a single row of x: one accumulator and one weight vector
 // each, so 8 on the 32-register targets and 4 on AVX2 (16 registers).
 constexpr int kGemvCols = HWY_TARGET == HWY_AVX2 ? 4 : 8;
-// Rows of x per block of the many-row tiles (3 columns each): 8 × 3 accumulators on the
-// 32-register targets halve the loads of W per FMA compared with 4 × 3.
-constexpr int kGemmRows = HWY_TARGET == HWY_AVX2 ? 4 : 8;
+// The many-row tiles: kGemmRows × kGemmCols accumulators, 6 × 4 on the 32-register targets
+// (24 accumulators + 4 weight vectors + x; measured 1.3-1.6x faster than 8 × 3, whose x
+// loads the compiler folds into every FMA) and 4 × 3 on AVX2.
+constexpr int kGemmRows = HWY_TARGET == HWY_AVX2 ? 4 : 6;
+constexpr int kGemmCols = HWY_TARGET == HWY_AVX2 ? 3 : 4;
 
 // Computes the kR × kC block y[r0.., c0..] of dot products (no bias). The per-element order
 // is the same for every (kR, kC): one accumulator per element over full vectors, the
@@ -105,7 +107,6 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
   }
 }
 
-
 // Rows of x in blocks of kGemmRows, then 4, then 1, against columns [s0, s1) of `w`.
 template <DType kW>
 void MatmulSlab(const float* x, const void* w, float* y, int64_t m, int64_t n, int64_t k,
@@ -113,12 +114,14 @@ void MatmulSlab(const float* x, const void* w, float* y, int64_t m, int64_t n, i
   int64_t r = 0;
   for (; r + kGemmRows <= m; r += kGemmRows) {
     int64_t c = s0;
-    for (; c + 3 <= s1; c += 3) Tile<kW, kGemmRows, 3>(x, w, y, r, c, n, k);
+    for (; c + kGemmCols <= s1; c += kGemmCols) {
+      Tile<kW, kGemmRows, kGemmCols>(x, w, y, r, c, n, k);
+    }
     for (; c < s1; ++c) Tile<kW, kGemmRows, 1>(x, w, y, r, c, n, k);
   }
   for (; r + 4 <= m; r += 4) {
     int64_t c = s0;
-    for (; c + 3 <= s1; c += 3) Tile<kW, 4, 3>(x, w, y, r, c, n, k);
+    for (; c + kGemmCols <= s1; c += kGemmCols) Tile<kW, 4, kGemmCols>(x, w, y, r, c, n, k);
     for (; c < s1; ++c) Tile<kW, 4, 1>(x, w, y, r, c, n, k);
   }
   for (; r < m; ++r) {
@@ -199,7 +202,9 @@ void RunColumns(const MatmulParams& p, int64_t c0, int64_t c1) {
 
 }  // namespace
 
-void Matmul(const MatmulParams& p, ThreadPool* pool) { MatmulGroup(absl::MakeConstSpan(&p, 1), pool); }
+void Matmul(const MatmulParams& p, ThreadPool* pool) {
+  MatmulGroup(absl::MakeConstSpan(&p, 1), pool);
+}
 
 absl::Status ValidateMatmulGroup(absl::Span<const MatmulParams> group) {
   if (group.empty()) return absl::InvalidArgumentError("matmul group: empty");
@@ -215,8 +220,8 @@ absl::Status ValidateMatmulGroup(absl::Span<const MatmulParams> group) {
 
 void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool) {
   if (group.empty() || group[0].m == 0) return;
-  // Chunks of kQuantum columns (a multiple of every tile width), numbered across the group's
-  // matmuls in order; the pool splits the chunk range, so by column only.
+  // Chunks of kQuantum columns (a multiple of every tile width: 1, 3, 4, 8), numbered across
+  // the group's matmuls in order; the pool splits the chunk range, so by column only.
   constexpr int64_t kQuantum = 24;
   int64_t num_chunks = 0;
   for (const MatmulParams& p : group) num_chunks += (p.n + kQuantum - 1) / kQuantum;
