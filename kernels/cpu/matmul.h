@@ -6,9 +6,8 @@
 // index order, fixed horizontal sum, scalar tail, then + bias), whatever m, the tiling or the
 // thread count. Work is split over output columns only; the k reduction is never split.
 // Cost: m·n·k FMAs. One row of x (batch-1 decode) streams W once, 8 rows of W per pass (4 on
-// AVX2) with a software prefetch one pass ahead; with 4–7 rows W is read in its dtype by
-// 4 × 3 tiles; with 8 or more, slabs of W are widened to float32 once (exact) and read by
-// 8 × 3 tiles (4 × 3 on AVX2) from cache.
+// AVX2) with a software prefetch one pass ahead; more rows go in 8 × 3 register tiles
+// (4 × 3 on AVX2) over column slabs of W kept in L2, W widened in registers.
 #pragma once
 
 #include <cstdint>
