@@ -113,13 +113,13 @@ LoadResult ClosedLoop(const std::vector<std::unique_ptr<Stub>>& stubs,
   return std::move(st.result);
 }
 
-template <typename Stub>
-std::vector<std::unique_ptr<Stub>> Stubs(const std::string& address, int n) {
-  std::vector<std::unique_ptr<Stub>> out;
+template <typename Service>
+std::vector<std::unique_ptr<typename Service::Stub>> Stubs(const std::string& address, int n) {
+  std::vector<std::unique_ptr<typename Service::Stub>> out;
   for (int i = 0; i < n; ++i) {
     grpc::ChannelArguments args;
     args.SetInt("rl-bench-channel", i);  // a connection each
-    out.push_back(Stub::NewStub(
+    out.push_back(Service::NewStub(
         grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args)));
   }
   return out;
@@ -243,7 +243,7 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
   int max_streams = 1;
   for (int s : c.streams) max_streams = std::max(max_streams, s);
   // Direct to the worker, once per concurrency: the baseline the router's cost is added to.
-  auto worker_stubs = Stubs<rl::v1::Worker::Stub>(workers[0], 8);
+  auto worker_stubs = Stubs<rl::v1::Worker>(workers[0], 8);
   ASSIGN_OR_RETURN(std::vector<double> direct_seq, Sequential(*worker_stubs[0], req, c.requests));
   std::vector<LoadResult> direct;
   for (int s : c.streams) direct.push_back(ClosedLoop(worker_stubs, req, s, s * c.rounds));
@@ -270,7 +270,7 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
       args.push_back(std::to_string(max_streams));
     }
     ASSIGN_OR_RETURN(auto router, RouterProcess::Start(binary, args));
-    auto stubs = Stubs<rl::v1::Router::Stub>(router->address(), 8);
+    auto stubs = Stubs<rl::v1::Router>(router->address(), 8);
     {
       Sampler sampler(*router);
       ASSIGN_OR_RETURN(std::vector<double> seq, Sequential(*stubs[0], req, c.requests));

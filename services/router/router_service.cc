@@ -6,14 +6,12 @@
 #include <utility>
 #include <vector>
 
-#include "grpcpp/alarm.h"
-
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "common/write_queue_reactor.h"
-#include "spdlog/spdlog.h"
+#include "grpcpp/alarm.h"
 
 namespace rl::router {
 namespace {
@@ -126,7 +124,10 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     } else if (gone) {
       EndAndRelease(absl::CancelledError("client cancelled"), /*holds_slot=*/true);
     } else {
-      Begin();
+      // Called from another generation's Release: begin on the pool, so a chain of requests
+      // that end at once never nests on one stack.
+      absl::AnyInvocable<void() &&> begin = [this] { Begin(); };
+      if (!svc_->options().blocking->Submit(std::move(begin))) std::move(begin)();
     }
   }
 
@@ -291,6 +292,7 @@ void WorkerCall::OnReadDone(bool ok) {
 void WorkerCall::OnDone(const grpc::Status& s) {
   std::optional<std::string> pool_reason;
   if (!s.ok() && guard_->cancelled_by_pool()) pool_reason = guard_->reason();
+  guard_.reset();  // while the attempt's lease still keeps the worker alive
   parent_->OnWorkerCallDone(s, std::move(pool_reason));
 }
 

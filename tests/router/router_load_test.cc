@@ -197,7 +197,7 @@ TEST_F(RouterLoadTest, AFloodingClientDoesNotStarveAnother) {
 
 TEST_F(RouterLoadTest, PastTheBoundsRequestsAreRefusedAtOnce) {
   FakeWorkerOptions wo;
-  wo.delay = std::chrono::milliseconds(500);
+  wo.delay = std::chrono::milliseconds(3000);  // the admitted ones outlast the burst
   RouterConfig config;
   config.max_in_flight = 4;
   config.max_queued = 4;
@@ -207,6 +207,10 @@ TEST_F(RouterLoadTest, PastTheBoundsRequestsAreRefusedAtOnce) {
   for (int i = 0; i < 40; ++i) {
     RouterCall::Start(stub.get(), Request(), tally.Callback(), "", true, std::chrono::seconds(60));
   }
+  // The refusals come at once, before any admitted request is done.
+  ASSERT_TRUE(tally.Wait(32));
+  EXPECT_EQ(tally.exhausted(), 32);
+  EXPECT_EQ(tally.ok(), 0);
   ASSERT_TRUE(tally.Wait(40));
   EXPECT_EQ(tally.ok(), 8);
   EXPECT_EQ(tally.exhausted(), 32);
