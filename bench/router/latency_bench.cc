@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <thread>
 #include <vector>
 
@@ -91,13 +92,11 @@ LoadResult ClosedLoop(const std::vector<std::unique_ptr<Stub>>& stubs,
         stubs[static_cast<size_t>(i) % stubs.size()].get(), req,
         [&, t0](const grpc::Status& s, bool final_seen) {
           const double us = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
-          {
-            absl::MutexLock lock(&st.mu);
-            st.result.us.push_back(us);
-            if (!s.ok() || !final_seen) ++st.result.failed;
-            ++st.done;
-          }
-          start_one();
+          start_one();  // before this one counts as done: `st` lives until the last is counted
+          absl::MutexLock lock(&st.mu);
+          st.result.us.push_back(us);
+          if (!s.ok() || !final_seen) ++st.result.failed;
+          ++st.done;
         },
         "", true, std::chrono::seconds(300));
   };
@@ -176,6 +175,20 @@ class RouterProcess {
     waitpid(pid_, &status, 0);
   }
   const std::string& address() const { return address_; }
+  // CPU time (user + system) the process used so far, in microseconds.
+  double CpuMicros() const {
+    std::ifstream in(absl::StrFormat("/proc/%d/stat", pid_));
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) return 0;
+    std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+    // Fields 14 and 15 (utime, stime) are the 12th and 13th after the ")".
+    int64_t utime = 0, stime = 0;
+    if (f.size() < 13 || !absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime)) {
+      return 0;
+    }
+    return static_cast<double>(utime + stime) * 1e6 / static_cast<double>(sysconf(_SC_CLK_TCK));
+  }
   // Threads and VmRSS (KiB) now.
   std::pair<int, int64_t> Status() const {
     std::ifstream in(absl::StrFormat("/proc/%d/status", pid_));
@@ -252,9 +265,9 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
       "\nside by side: rl-router processes, %d fake workers, %d-token completions, %d requests "
       "per stream\n",
       c.num_workers, c.completion_tokens, c.rounds);
-  out << absl::StrFormat("  %-26s %8s %8s %11s %11s %11s %11s %7s\n", "router", "streams",
+  out << absl::StrFormat("  %-26s %8s %8s %11s %11s %11s %11s %11s %7s\n", "router", "streams",
                          "threads", "RSS/stream", "added p50", "added p99", "requests/s",
-                         "failed");
+                         "CPU/request", "failed");
   for (const std::string& spec : c.router_binaries) {
     const size_t eq = spec.find('=');
     const std::string label = eq == std::string::npos ? spec : spec.substr(0, eq);
@@ -273,26 +286,30 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
     auto stubs = Stubs<rl::v1::Router>(router->address(), 8);
     {
       Sampler sampler(*router);
+      const double cpu0 = router->CpuMicros();
       ASSIGN_OR_RETURN(std::vector<double> seq, Sequential(*stubs[0], req, c.requests));
+      const double cpu = (router->CpuMicros() - cpu0) / (c.requests + 50);
       sampler.Stop();
-      out << absl::StrFormat("  %-26s %8s %8d %11s %8.0f us %8.0f us %11s %7d\n", label,
-                             "1 (seq)", sampler.peak_threads(), "-",
+      out << absl::StrFormat("  %-26s %8s %8d %11s %8.0f us %8.0f us %11s %8.0f us %7d\n",
+                             label, "1 (seq)", sampler.peak_threads(), "-",
                              Percentile(seq, 0.5) - Percentile(direct_seq, 0.5),
-                             Percentile(seq, 0.99) - Percentile(direct_seq, 0.99), "-", 0);
+                             Percentile(seq, 0.99) - Percentile(direct_seq, 0.99), "-", cpu, 0);
     }
     for (size_t i = 0; i < c.streams.size(); ++i) {
       const int s = c.streams[i];
       std::this_thread::sleep_for(std::chrono::milliseconds(500));  // idle threads wind down
       const int64_t idle_rss = router->Status().second;
       Sampler sampler(*router);
+      const double cpu0 = router->CpuMicros();
       LoadResult r = ClosedLoop(stubs, req, s, s * c.rounds);
+      const double cpu = (router->CpuMicros() - cpu0) / static_cast<double>(r.us.size());
       sampler.Stop();
       out << absl::StrFormat(
-          "  %-26s %8d %8d %8.1f KiB %8.0f us %8.0f us %11.0f %7d\n", label, s,
+          "  %-26s %8d %8d %8.1f KiB %8.0f us %8.0f us %11.0f %8.0f us %7d\n", label, s,
           sampler.peak_threads(),
           static_cast<double>(sampler.peak_rss_kb() - idle_rss) / s,
           Percentile(r.us, 0.5) - Percentile(direct[i].us, 0.5),
-          Percentile(r.us, 0.99) - Percentile(direct[i].us, 0.99), r.us.size() / r.seconds,
+          Percentile(r.us, 0.99) - Percentile(direct[i].us, 0.99), r.us.size() / r.seconds, cpu,
           r.failed);
       out.flush();
     }
