@@ -4,7 +4,9 @@
 #include <iostream>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "bench/router/cache_bench.h"
 #include "bench/router/latency_bench.h"
 #include "common/flags.h"
@@ -30,7 +32,26 @@ int main(int argc, char** argv) {
   flags.Int("concurrency", &latency.concurrency, "latency: streams for the throughput run");
   flags.Int("throughput-requests", &latency.throughput_requests, "latency: requests in the throughput run");
   flags.Int("workers", &latency.num_workers, "latency: fast workers behind the router");
+  flags.StringList("router-binary", &latency.router_binaries,
+                   "latency: LABEL=PATH of an rl-router binary to run side by side (repeatable; "
+                   "e.g. before=OLD/rl-router after=build/bin/rl-router)");
+  std::vector<std::string> streams;
+  flags.StringList("streams", &streams,
+                   "latency: concurrent streams of the side-by-side runs (repeatable; default "
+                   "1000 and 10000)");
+  flags.Int("rounds", &latency.rounds, "latency: requests per stream in the side-by-side runs");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
+  if (!streams.empty()) {
+    latency.streams.clear();
+    for (const std::string& s : streams) {
+      int n = 0;
+      if (!absl::SimpleAtoi(s, &n) || n < 1 || n > 100000) {
+        std::cerr << "router_bench: --streams: '" << s << "' is not in [1, 100000]\n";
+        return 2;
+      }
+      latency.streams.push_back(n);
+    }
+  }
   if (!cache_config.workload_path.empty()) {
     if (absl::Status s = rl::bench::RunCacheBench(cache_config, std::cout); !s.ok()) {
       std::cerr << "router_bench: " << s.message() << "\n";

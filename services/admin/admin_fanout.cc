@@ -107,7 +107,10 @@ void AdminFanout::Prepare(Ctx* caller, grpc::ClientContext* ctx,
 grpc::ServerUnaryReactor* AdminFanout::Run(Ctx* c, std::function<absl::Status()> fn) {
   if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishUnary(c, s);
   grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
-  std::thread([reactor, fn = std::move(fn)] { reactor->Finish(ToGrpcStatus(fn())); }).detach();
+  if (!options_.executor->Submit(
+          [reactor, fn = std::move(fn)] { reactor->Finish(ToGrpcStatus(fn())); })) {
+    reactor->Finish(ToGrpcStatus(options_.executor->BusyError()));
+  }
   return reactor;
 }
 
@@ -559,7 +562,10 @@ class TensorFanoutReactor final
  public:
   using Apply =
       std::function<absl::Status(const std::vector<rl::v1::UpdateWeightsFromTensorRequest>&)>;
-  explicit TensorFanoutReactor(Apply apply) : apply_(std::move(apply)) { StartRead(&msg_); }
+  TensorFanoutReactor(Apply apply, BoundedExecutor* executor)
+      : apply_(std::move(apply)), executor_(executor) {
+    StartRead(&msg_);
+  }
 
   void OnReadDone(bool ok) override {
     if (ok) {
@@ -567,12 +573,15 @@ class TensorFanoutReactor final
       StartRead(&msg_);
       return;
     }
-    std::thread([this] { Finish(ToGrpcStatus(apply_(messages_))); }).detach();
+    if (!executor_->Submit([this] { Finish(ToGrpcStatus(apply_(messages_))); })) {
+      Finish(ToGrpcStatus(executor_->BusyError()));
+    }
   }
   void OnDone() override { delete this; }
 
  private:
   Apply apply_;
+  BoundedExecutor* executor_;
   rl::v1::UpdateWeightsFromTensorRequest msg_;
   std::vector<rl::v1::UpdateWeightsFromTensorRequest> messages_;
 };
@@ -610,7 +619,8 @@ AdminFanout::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
               return writer->Finish();
             },
             resp);
-      });
+      },
+      options_.executor);
 }
 
 grpc::ServerUnaryReactor* AdminFanout::GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest* req,

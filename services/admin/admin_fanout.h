@@ -29,7 +29,8 @@
 //
 // The caller's `authorization` header is forwarded to the workers (catch-up uses
 // `worker_admin_key`). InitWeightsUpdateGroup gives the i-th live worker (sorted by address)
-// rank rank_offset + i, so one call forms the whole group. A successful weight update advances
+// rank rank_offset + i, so one call forms the whole group. Each call's work runs on the
+// router's bounded admin executor (FanoutOptions::executor), never on a thread of its own. A successful weight update advances
 // the text cache's current version (which drives its GC). Thread-safe.
 #pragma once
 
@@ -45,6 +46,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
+#include "common/bounded_executor.h"
 #include "rl/v1/admin.grpc.pb.h"
 #include "services/router/cache/text_cache.h"
 #include "services/router/worker_pool.h"
@@ -59,6 +61,9 @@ struct FanoutOptions {
   std::chrono::milliseconds load_timeout{600000};
   // Bearer key for calls the router makes on its own (catch-up); empty: none.
   std::string worker_admin_key;
+  // Runs every call's blocking work (required; bounded: a full executor answers
+  // RESOURCE_EXHAUSTED).
+  BoundedExecutor* executor = nullptr;
 };
 
 // One worker's answer to a read-only broadcast.

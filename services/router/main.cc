@@ -41,6 +41,16 @@ int main(int argc, char** argv) {
             "failed checks before a worker is dead");
   flags.Int("health-successes", &c.health_success_threshold,
             "passed checks before a dead worker is live");
+  flags.Int("max-in-flight", &c.max_in_flight,
+            "generations running at once; more wait in fair per-client queues");
+  flags.Int("max-queued", &c.max_queued,
+            "generations waiting for a slot; beyond, RESOURCE_EXHAUSTED at once");
+  flags.Int("max-stream-buffer-bytes", &c.max_stream_buffer_bytes,
+            "bytes queued for a client that does not read its stream before it is cancelled");
+  flags.Int("blocking-threads", &c.blocking_threads,
+            "threads for tokenizing long prompts and cache inserts");
+  flags.Int("admin-threads", &c.admin_threads,
+            "threads for admin fan-out, AddWorker checks and Abort forwarding");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error|off");
   if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
   if (absl::Status s = rl::InitLogging(c.log_level); !s.ok()) {

@@ -17,8 +17,8 @@ namespace {
 constexpr int kForwardTries = 40;
 constexpr std::chrono::milliseconds kForwardPause{50};
 constexpr std::chrono::seconds kForwardDeadline{10};
-// Each Router.Abort forwards on a thread of its own: at most this many at once, the rest are
-// refused (RESOURCE_EXHAUSTED) so a burst of aborts cannot grow the router's threads unbounded.
+// Router.Abort forwards on the admin executor: at most this many at once, the rest are refused
+// (RESOURCE_EXHAUSTED) so a burst of aborts cannot crowd out the admin calls queued there.
 constexpr int kMaxAbortsInFlight = 64;
 
 absl::StatusOr<int32_t> ForwardAbort(Worker& worker, const rl::v1::AbortRequest& request,
@@ -93,14 +93,17 @@ grpc::ServerUnaryReactor* RouterService::Abort(grpc::CallbackServerContext* cont
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Forwarding is a network round trip per worker: off the callback thread.
-  std::thread([this, reactor, req = *request, response,
-               authorization = AuthorizationHeader(*context)] {
-    absl::StatusOr<int32_t> n = AbortRequests(req, authorization);
-    if (n.ok()) response->set_num_aborted(*n);
-    // Before Finish: once the call is finished the server (and this service) may be gone.
+  if (!options_.admin->Submit([this, reactor, req = *request, response,
+                               authorization = AuthorizationHeader(*context)] {
+        absl::StatusOr<int32_t> n = AbortRequests(req, authorization);
+        if (n.ok()) response->set_num_aborted(*n);
+        // Before Finish: once the call is finished the server (and this service) may be gone.
+        aborts_in_flight_.fetch_sub(1);
+        reactor->Finish(ToGrpcStatus(n.status()));
+      })) {
     aborts_in_flight_.fetch_sub(1);
-    reactor->Finish(ToGrpcStatus(n.status()));
-  }).detach();
+    reactor->Finish(ToGrpcStatus(options_.admin->BusyError()));
+  }
   return reactor;
 }
 

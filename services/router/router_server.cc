@@ -26,6 +26,16 @@ absl::Status Validate(const RouterConfig& c) {
   if (c.health_timeout_ms < 1) return bad("health-timeout-ms", "must be >= 1");
   if (c.health_failure_threshold < 1) return bad("health-failures", "must be >= 1");
   if (c.health_success_threshold < 1) return bad("health-successes", "must be >= 1");
+  if (c.max_in_flight < 1 || c.max_in_flight > 1000000)
+    return bad("max-in-flight", "must be in [1, 1000000]");
+  if (c.max_queued < 0 || c.max_queued > 1000000)
+    return bad("max-queued", "must be in [0, 1000000]");
+  if (c.max_stream_buffer_bytes < 1024)
+    return bad("max-stream-buffer-bytes", "must be >= 1024");
+  if (c.blocking_threads < 1 || c.blocking_threads > 64)
+    return bad("blocking-threads", "must be in [1, 64]");
+  if (c.admin_threads < 1 || c.admin_threads > 64)
+    return bad("admin-threads", "must be in [1, 64]");
   RETURN_IF_ERROR(ValidateRequestLimits(c.limits));
   for (const std::string& w : c.workers) {
     if (absl::Status s = CheckAddress(w, c.limits); !s.ok()) return Annotate(s, "--worker");
@@ -51,19 +61,29 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   RETURN_IF_ERROR(s->pool_->AddAll(config.workers));
   s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
   s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
-  RetryOptions retry;
-  retry.max_attempts = config.max_attempts;
-  retry.backoff = std::chrono::milliseconds(config.retry_backoff_ms);
-  retry.hold_wait = std::chrono::milliseconds(config.hold_wait_ms);
-  s->router_service_ = std::make_unique<RouterService>(s->pool_.get(), s->cache_.get(),
-                                                       s->tokenizer_.get(), s->data_auth_.get(),
-                                                       s->admin_auth_.get(), &s->metrics_, retry);
-  s->router_service_->set_limits(config.limits);
+  // Every in-flight generation has at most one blocking task queued at a time.
+  s->blocking_ = std::make_unique<BoundedExecutor>(
+      "rl-blocking", config.blocking_threads, static_cast<size_t>(config.max_in_flight) + 64);
+  s->admin_executor_ = std::make_unique<BoundedExecutor>("rl-admin", config.admin_threads, 256);
+  RouterServiceOptions service;
+  service.retry.max_attempts = config.max_attempts;
+  service.retry.backoff = std::chrono::milliseconds(config.retry_backoff_ms);
+  service.retry.hold_wait = std::chrono::milliseconds(config.hold_wait_ms);
+  service.limits = config.limits;
+  service.admission.max_in_flight = config.max_in_flight;
+  service.admission.max_queued = config.max_queued;
+  service.max_stream_buffer_bytes = config.max_stream_buffer_bytes;
+  service.blocking = s->blocking_.get();
+  service.admin = s->admin_executor_.get();
+  s->router_service_ = std::make_unique<RouterService>(
+      s->pool_.get(), s->cache_.get(), s->tokenizer_.get(), s->data_auth_.get(),
+      s->admin_auth_.get(), &s->metrics_, service);
   admin::FanoutOptions fanout;
   fanout.lock_timeout = std::chrono::milliseconds(config.admin_lock_timeout_ms);
   fanout.control_timeout = std::chrono::milliseconds(config.admin_call_timeout_ms);
   fanout.load_timeout = std::chrono::milliseconds(config.admin_load_timeout_ms);
   fanout.worker_admin_key = config.admin_api_key;
+  fanout.executor = s->admin_executor_.get();
   s->admin_service_ = std::make_unique<admin::AdminFanout>(s->pool_.get(), s->cache_.get(),
                                                            s->admin_auth_.get(), fanout);
   ServerOptions options;
@@ -84,6 +104,10 @@ void RouterServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (grpc_) grpc_->Shutdown();
+  // No call is taken any more: let the generations wind down, then run what is queued.
+  if (router_service_) router_service_->WaitForGenerations();
+  blocking_.reset();
+  admin_executor_.reset();
   if (metrics_http_) metrics_http_->Stop();
 }
 

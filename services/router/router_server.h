@@ -43,6 +43,12 @@ struct RouterConfig {
   int health_timeout_ms = 2000;
   int health_failure_threshold = 2;
   int health_success_threshold = 1;
+  // Data plane: admission, flow control and the blocking pool (router_service.h).
+  int max_in_flight = 4096;
+  int max_queued = 16384;
+  int64_t max_stream_buffer_bytes = 4 << 20;
+  int blocking_threads = 2;
+  int admin_threads = 8;
   std::string log_level = "info";
 };
 
@@ -64,6 +70,8 @@ class RouterServer {
   RouterConfig config_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<TextCache> cache_;
+  std::unique_ptr<BoundedExecutor> blocking_;
+  std::unique_ptr<BoundedExecutor> admin_executor_;
   std::unique_ptr<WorkerPool> pool_;
   MetricsRegistry metrics_;
   std::unique_ptr<BearerAuth> admin_auth_;

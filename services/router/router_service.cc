@@ -1,442 +1,338 @@
 #include "services/router/router_service.h"
 
 #include <algorithm>
-#include <cmath>
-#include <deque>
-#include <limits>
-#include <set>
-#include <thread>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
-#include "common/tokenizer/stream_decoder.h"
-#include "spdlog/spdlog.h"
+#include "common/write_queue_reactor.h"
+#include "grpcpp/alarm.h"
 
 namespace rl::router {
 namespace {
 
-constexpr float kUnknownLogprob = std::numeric_limits<float>::quiet_NaN();
+using rl::v1::GenerateResponse;
 
-// The prompt as the model will see it: cached tokens reused exactly plus the new ones.
-// input_ids prompts fill `ids` only.
-struct Prompt : ResolvedPrompt {
-  bool from_text = false;
+class RouterGenerateReactor;
+
+// One worker call of one attempt; the reactor holds it (shared) until the call is done.
+class WorkerCall final : public grpc::ClientReadReactor<GenerateResponse> {
+ public:
+  WorkerCall(RouterGenerateReactor* parent, Worker* worker, rl::v1::GenerateRequest request,
+             const std::optional<std::string>& authorization)
+      : parent_(parent), worker_(worker), request_(std::move(request)) {
+    if (authorization) ctx_.AddMetadata("authorization", *authorization);
+  }
+
+  void Start() {
+    // Cancelled by the pool when it marks the worker dead (worker_pool.h).
+    guard_.emplace(worker_, &ctx_);
+    worker_->worker_stub().async()->Generate(&ctx_, &request_, this);
+    AddHold();  // released when reading stops: a message may be handled off this call's thread
+    StartRead(&msg_);
+    StartCall();
+  }
+  // After a message was handled: reads the next one, or stops reading (and cancels the call).
+  void ReadNext() { StartRead(&msg_); }
+  void StopReading() {
+    ctx_.TryCancel();
+    RemoveHold();
+  }
+  void Cancel() { ctx_.TryCancel(); }
+
+  void OnReadDone(bool ok) override;
+  void OnDone(const grpc::Status& s) override;
+
+ private:
+  RouterGenerateReactor* parent_;
+  Worker* worker_;
+  grpc::ClientContext ctx_;
+  std::optional<CallGuard> guard_;  // destroyed before ctx_
+  rl::v1::GenerateRequest request_;
+  GenerateResponse msg_;
 };
 
-absl::StatusOr<Prompt> ResolvePrompt(const rl::v1::GenerateRequest& req, TextCache* cache,
-                                     const tokenizer::Tokenizer* tok, SeamCounters* counters) {
-  Prompt p;
-  if (req.prompt_case() == rl::v1::GenerateRequest::kInputIds) {
-    p.ids.assign(req.input_ids().ids().begin(), req.input_ids().ids().end());
-    if (p.ids.empty()) return absl::InvalidArgumentError("input_ids: must not be empty");
-    return p;
+// The client id for fair admission: the rl-client-id header, else the peer.
+absl::StatusOr<std::string> ClientKey(const grpc::CallbackServerContext& context) {
+  const auto& md = context.client_metadata();
+  auto it = md.find(kClientIdHeader);
+  if (it == md.end()) return context.peer();
+  if (it->second.size() > kMaxClientIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(kClientIdHeader, ": ", it->second.size(),
+                                                   " bytes is more than ", kMaxClientIdBytes));
   }
-  if (req.prompt_case() != rl::v1::GenerateRequest::kText) {
-    return absl::InvalidArgumentError("prompt: set text or input_ids");
-  }
-  ASSIGN_OR_RETURN(ResolvedPrompt r, ResolveTextPrompt(req.text(), *cache, *tok, counters));
-  static_cast<ResolvedPrompt&>(p) = std::move(r);
-  p.from_text = true;
-  if (p.ids.empty()) return absl::InvalidArgumentError("text: encodes to no token");
-  return p;
+  return absl::StrCat("id:", absl::string_view(it->second.data(), it->second.size()));
 }
 
-// Per-output-token weight versions from the final's run-length segments; every token gets
-// the final's weight_version when the segments do not cover the output exactly.
-std::vector<int64_t> OutputVersions(const rl::v1::GenerateFinal& f) {
-  std::vector<int64_t> out;
-  for (const rl::v1::VersionSegment& seg : f.weight_version_segments()) {
-    if (seg.num_tokens() < 0 || out.size() + static_cast<size_t>(seg.num_tokens()) >
-                                  static_cast<size_t>(f.output_ids_size())) {
-      out.clear();
-      break;
-    }
-    out.insert(out.end(), static_cast<size_t>(seg.num_tokens()), seg.weight_version());
-  }
-  if (out.size() != static_cast<size_t>(f.output_ids_size())) {
-    out.assign(static_cast<size_t>(f.output_ids_size()), f.weight_version());
-  }
-  return out;
-}
-
-// One Router.Generate stream: a thread runs the worker call (with retries) and feeds a write
-// queue; gRPC's reference and the thread's reference keep the object alive.
-class RouterGenerateReactor final : public grpc::ServerWriteReactor<rl::v1::GenerateResponse> {
+// One Router.Generate stream: admission, then the Generation's steps driven by worker call
+// reactions and alarms. References: gRPC's, and the producer's, held by whichever step is
+// pending (admission wait, blocking task, alarm, worker call) and dropped in Done.
+class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
+                                    public Admission::Waiter {
  public:
   RouterGenerateReactor(RouterService* svc, grpc::CallbackServerContext* context,
-                        const rl::v1::GenerateRequest& request, const BearerAuth* auth)
-      : svc_(svc), request_(request) {
-    absl::Status s = auth->Check(*context);
-    if (s.ok()) {
-      if (svc_->tokenizer() == nullptr) {
-        s = absl::FailedPreconditionError("the router has no tokenizer");
-      } else if (s = CheckGenerateRequest(request_, svc_->limits()); s.ok()) {
-        absl::StatusOr<Prompt> prompt =
-            absl::StartsWith(request_.request_id(), kRouterRequestIdPrefix)
-                ? absl::InvalidArgumentError(absl::StrCat(
-                      "request_id: the prefix '", kRouterRequestIdPrefix,
-                      "' is reserved for ids the router assigns (leave request_id empty "
-                      "to get one)"))
-                : ResolvePrompt(request_, svc_->cache(), svc_->tokenizer(),
-                                svc_->seam_counters());
-        if (prompt.ok()) {
-          prompt_ = *std::move(prompt);
-          s = CheckPromptTokens(static_cast<int64_t>(prompt_.ids.size()), svc_->limits());
-        } else {
-          s = prompt.status();
-        }
-      }
-    }
-    if (!s.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        thread_ref_ = false;
-        finished_ = true;
-      }
-      Finish(ToGrpcStatus(s));
+                        const rl::v1::GenerateRequest& request)
+      : WriteQueueReactor(svc->options().max_stream_buffer_bytes), svc_(svc), request_(request) {
+    svc_->EnterGeneration();
+    absl::Status s = svc_->data_auth()->Check(*context);
+    if (s.ok()) s = CheckGenerateRequest(request_, svc_->env()->limits);
+    absl::StatusOr<std::string> client = s.ok() ? ClientKey(*context) : s;
+    if (!client.ok()) {
+      EndAndRelease(client.status(), /*holds_slot=*/false);
       return;
     }
+    client_ = *std::move(client);
     authorization_ = AuthorizationHeader(*context);
-    request_id_ = request_.request_id().empty() ? RequestTable::NewId() : request_.request_id();
-    request_handle_ = svc_->requests()->Add(request_id_);
-    svc_->requests_total->Inc();
-    svc_->in_flight->Add(1);
-    std::thread([this] { Run(); }).detach();
-  }
-
-  void OnWriteDone(bool ok) override {
     {
       absl::MutexLock lock(&mu_);
-      writing_ = false;
-      if (!ok) Cancel();
+      state_ = State::kQueued;
     }
-    Pump();
+    absl::StatusOr<Admission::Result> admitted = svc_->admission()->Admit(client_, this);
+    if (!admitted.ok()) {
+      {
+        absl::MutexLock lock(&mu_);
+        state_ = State::kDone;
+      }
+      svc_->rejected_total->Inc();
+      EndAndRelease(admitted.status(), /*holds_slot=*/false);
+      return;
+    }
+    if (*admitted == Admission::Result::kAdmitted) {
+      {
+        absl::MutexLock lock(&mu_);
+        state_ = State::kRunning;
+      }
+      Begin();
+    }
   }
 
-  void OnCancel() override {
+  void Admitted(const absl::Status& status) override {
+    bool gone;
     {
       absl::MutexLock lock(&mu_);
-      Cancel();
+      state_ = status.ok() ? State::kRunning : State::kDone;
+      gone = gone_;
     }
-    Pump();
+    if (!status.ok()) {
+      svc_->rejected_total->Inc();
+      EndAndRelease(status, /*holds_slot=*/false);
+    } else if (gone) {
+      EndAndRelease(absl::CancelledError("client cancelled"), /*holds_slot=*/true);
+    } else {
+      // Called from another generation's Release: begin on the pool, so a chain of requests
+      // that end at once never nests on one stack.
+      absl::AnyInvocable<void() &&> begin = [this] { Begin(); };
+      if (!svc_->options().blocking->Submit(std::move(begin))) std::move(begin)();
+    }
   }
 
-  void OnDone() override {
-    bool last;
+  ~RouterGenerateReactor() override {
+    generation_.reset();  // its RequestTable handle points into the service
+    alarm_.reset();
+    svc_->LeaveGeneration();  // the service may be gone after this
+  }
+
+  void OnWorkerMessage(std::shared_ptr<WorkerCall> call, GenerateResponse msg) {
+    if (!generation_->FinalBlocks(msg)) {
+      HandleMessage(call, std::move(msg));
+      return;
+    }
+    // The cache insert: off the callback thread (inline only when the pool is full).
+    absl::AnyInvocable<void() &&> task = [this, call, msg = std::move(msg)]() mutable {
+      HandleMessage(call, std::move(msg));
+    };
+    if (!svc_->options().blocking->Submit(std::move(task))) std::move(task)();
+  }
+
+  void OnWorkerCallDone(const grpc::Status& s, std::optional<std::string> pool_reason) {
+    std::shared_ptr<WorkerCall> call;
     {
       absl::MutexLock lock(&mu_);
-      grpc_ref_ = false;
-      last = !thread_ref_;
+      call = std::move(call_);
     }
-    if (last) delete this;
+    generation_->EndAttempt(FromGrpcStatus(s), std::move(pool_reason));
+    call.reset();  // may delete the WorkerCall, whose OnDone is still on the stack: nothing
+                   // of it is touched after this
+    Step();
+  }
+
+  std::shared_ptr<WorkerCall> current_call() {
+    absl::MutexLock lock(&mu_);
+    return call_;
   }
 
  private:
-  void Cancel() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    cancelled_ = true;
-    if (worker_ctx_ != nullptr) worker_ctx_->TryCancel();
-  }
+  enum class State { kNew, kQueued, kRunning, kDone };
 
-  void Push(rl::v1::GenerateResponse msg) {
+  void OnClientGone(const grpc::Status& why) override {
+    if (why.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) svc_->overflows_total->Inc();
+    bool withdrawn = false;
+    std::shared_ptr<WorkerCall> call;
     {
       absl::MutexLock lock(&mu_);
-      queue_.push_back(std::move(msg));
-      sent_any_ = true;
-    }
-    Pump();
-  }
-
-  void Pump() {
-    enum { kNothing, kWrite, kFinish } action = kNothing;
-    grpc::Status status;
-    {
-      absl::MutexLock lock(&mu_);
-      if (finished_ || writing_) return;
-      if (cancelled_ && !done_) {
-        // Wait for the worker call to wind down; Run() finishes the stream.
-      } else if (!queue_.empty() && !cancelled_) {
-        current_ = std::move(queue_.front());
-        queue_.pop_front();
-        writing_ = true;
-        action = kWrite;
-      } else if (done_) {
-        finished_ = true;
-        action = kFinish;
-        status = cancelled_ ? grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled")
-                            : final_status_;
+      gone_ = true;
+      if (state_ == State::kQueued && svc_->admission()->Withdraw(client_, this)) {
+        state_ = State::kDone;
+        withdrawn = true;
       }
+      if (generation_ != nullptr) generation_->Cancel();
+      call = call_;
     }
-    if (action == kWrite) StartWrite(&current_);
-    if (action == kFinish) Finish(status);
+    if (call != nullptr) call->Cancel();
+    if (withdrawn) EndAndRelease(absl::CancelledError("client cancelled"), false);
   }
 
-  // Worker thread body: attempts with backoff, then marks the stream done.
-  void Run() {
-    absl::Status status = RunAttempts();
-    request_handle_ = RequestTable::Handle();
-    svc_->in_flight->Add(-1);
-    if (!status.ok()) svc_->failures_total->Inc();
-    {
-      absl::MutexLock lock(&mu_);
-      done_ = true;
-      final_status_ = ToGrpcStatus(status);
+  // Admitted: resolve the prompt here, or on the blocking pool when it is long.
+  void Begin() {
+    if (!Generation::PromptBlocks(request_)) {
+      Resolve();
+      return;
     }
-    Pump();
-    bool last;
-    {
-      absl::MutexLock lock(&mu_);
-      thread_ref_ = false;
-      last = !grpc_ref_;
+    if (!svc_->options().blocking->Submit([this] { Resolve(); })) {
+      EndAndRelease(svc_->options().blocking->BusyError(), /*holds_slot=*/true);
     }
-    if (last) delete this;
   }
 
-  absl::Status RunAttempts() {
-    const RetryOptions& retry = svc_->retry();
-    std::set<std::string> tried;
-    std::chrono::milliseconds backoff = retry.backoff;
-    absl::Status last = absl::UnavailableError("no live, enabled, serving worker");
-    const auto hold_deadline = std::chrono::steady_clock::now() + retry.hold_wait;
-    for (int attempt = 1; attempt <= retry.max_attempts; ++attempt) {
-      {
-        absl::MutexLock lock(&mu_);
-        if (cancelled_) return absl::CancelledError("client cancelled");
-      }
-      if (request_handle_.aborted()) return absl::AbortedError("aborted by Router.Abort");
-      if (attempt > 1) {
-        svc_->retries_total->Inc();
-        std::this_thread::sleep_for(backoff);
-        backoff = std::min(backoff * 2, retry.max_backoff);
-      }
-      Lease lease = PickWorker(tried);
-      // An admin broadcast has the workers out of routing: wait for it (not an attempt).
-      while (!lease && svc_->pool()->held() && std::chrono::steady_clock::now() < hold_deadline) {
+  void Resolve() {
+    absl::StatusOr<std::unique_ptr<Generation>> g = Generation::Create(request_, svc_->env());
+    if (!g.ok()) {
+      EndAndRelease(g.status(), /*holds_slot=*/true);
+      return;
+    }
+    svc_->requests_total->Inc();
+    svc_->in_flight->Add(1);
+    {
+      absl::MutexLock lock(&mu_);
+      generation_ = *std::move(g);
+      if (gone_) generation_->Cancel();
+    }
+    Step();
+  }
+
+  // Does what the generation says next.
+  void Step() {
+    Generation::Step step = generation_->Next();
+    switch (step.kind) {
+      case Generation::Step::Kind::kCall: {
+        auto call = std::make_shared<WorkerCall>(this, step.worker, generation_->WorkerRequest(),
+                                                 authorization_);
+        bool gone;
         {
           absl::MutexLock lock(&mu_);
-          if (cancelled_) return absl::CancelledError("client cancelled");
+          call_ = call;
+          gone = gone_;
         }
-        if (request_handle_.aborted()) return absl::AbortedError("aborted by Router.Abort");
-        std::this_thread::sleep_for(retry.hold_poll);
-        lease = PickWorker(tried);
+        call->Start();
+        if (gone) call->Cancel();
+        return;
       }
-      if (!lease) {
-        last = absl::UnavailableError("no live, enabled, serving worker");
-        continue;
-      }
-      tried.insert(lease->address());
-      bool retriable = false;
-      last = Attempt(lease, attempt, attempt == retry.max_attempts, &retriable);
-      if (last.ok() || !retriable) return last;
-      spdlog::info("retrying request on another worker after: {}", std::string(last.message()));
+      case Generation::Step::Kind::kWait:
+        // A fresh alarm per wait: the one whose callback runs now may be destroyed here.
+        alarm_ = std::make_unique<grpc::Alarm>();
+        alarm_->Set(std::chrono::system_clock::now() + step.wait, [this](bool) { Step(); });
+        return;
+      case Generation::Step::Kind::kDone:
+        svc_->in_flight->Add(-1);
+        if (!step.status.ok()) svc_->failures_total->Inc();
+        EndAndRelease(step.status, /*holds_slot=*/true);
+        return;
     }
-    return last;
   }
 
-  // A worker not tried yet, else any routable one (every worker was tried); empty when none.
-  Lease PickWorker(const std::set<std::string>& tried) {
-    Lease lease = svc_->pool()->Pick(tried);
-    if (!lease) lease = svc_->pool()->Pick();
-    return lease;
-  }
-
-  // One worker call. Sets `retriable` when nothing reached the client and the failure may go
-  // away on another worker (UNAVAILABLE, or the worker aborted the request). On the last
-  // attempt a worker abort is passed on as the final message (partial output kept).
-  absl::Status Attempt(Lease& lease, int attempt, bool last_attempt, bool* retriable) {
-    rl::v1::GenerateRequest req = request_;
-    req.clear_text();
-    req.mutable_input_ids()->mutable_ids()->Assign(prompt_.ids.begin(), prompt_.ids.end());
-    req.set_return_logprob(true);  // the cache keeps rollout logprobs
-    req.set_stream(true);
-    req.clear_return_trajectory();
-    req.set_request_id(request_id_);
-    request_handle_.SetWorker(lease->address());
-    grpc::ClientContext ctx;
-    if (authorization_) ctx.AddMetadata("authorization", *authorization_);
-    {
-      absl::MutexLock lock(&mu_);
-      if (cancelled_) return absl::CancelledError("client cancelled");
-      worker_ctx_ = &ctx;
-    }
-    const int n = req.sampling_params().has_n() ? req.sampling_params().n() : 1;
-    std::vector<Completion> completions(static_cast<size_t>(std::max(n, 1)));
-    for (Completion& c : completions) c.decoder.emplace(*svc_->tokenizer(), false);
-    for (Completion& c : completions) (void)c.decoder->Prime(prompt_.ids);  // context only
-    const bool stream = !request_.has_stream() || request_.stream();
-    // Cancelled by the pool when it marks the worker dead (worker_pool.h).
-    CallGuard guard(lease.get(), &ctx);
-    auto reader = lease->worker_stub().Generate(&ctx, req);
-    rl::v1::GenerateResponse msg;
-    bool aborted_before_output = false;
-    size_t num_finals = 0;
-    while (reader->Read(&msg)) {
-      if (msg.index() < 0 || msg.index() >= static_cast<int>(completions.size())) continue;
-      Completion& c = completions[static_cast<size_t>(msg.index())];
-      if (msg.has_chunk()) {
-        rl::v1::GenerateChunk* chunk = msg.mutable_chunk();
-        for (int32_t id : chunk->token_ids()) {
-          auto delta = c.decoder->Step(id);
-          AppendCompletionDelta(delta.ok() ? *delta : "", &c.text, &c.ends);
-        }
-        if (!stream) continue;
-        chunk->set_text(c.text.substr(c.streamed_bytes));
-        c.streamed_bytes = c.text.size();
-        if (!request_.return_logprob()) chunk->clear_logprobs();
-        Push(std::move(msg));
-        continue;
-      }
-      if (!msg.has_final()) continue;
-      rl::v1::GenerateFinal* f = msg.mutable_final();
-      bool sent;
-      {
-        absl::MutexLock lock(&mu_);
-        sent = sent_any_;
-      }
-      // An abort the worker chose is retried (unless this was the last attempt, whose final
-      // is returned as is); one asked for through Router.Abort is final.
-      if (f->finish_reason() == rl::v1::FINISH_REASON_ABORT && !sent && !last_attempt &&
-          !request_handle_.aborted()) {
-        aborted_before_output = true;
-        ctx.TryCancel();
+  void HandleMessage(const std::shared_ptr<WorkerCall>& call, GenerateResponse msg) {
+    std::vector<GenerateResponse> out;
+    bool go_on = generation_->OnMessage(std::move(msg), &out);
+    for (GenerateResponse& m : out) {
+      if (!Enqueue(std::move(m))) {
+        go_on = false;
         break;
       }
-      CompleteFinal(lease, attempt, c, f);
-      ++num_finals;
-      if (stream && c.streamed_bytes < c.text.size()) {
-        rl::v1::GenerateResponse tail;
-        tail.set_request_id(msg.request_id());
-        tail.set_index(msg.index());
-        tail.mutable_chunk()->set_text(c.text.substr(c.streamed_bytes));
-        c.streamed_bytes = c.text.size();
-        Push(std::move(tail));
-      }
-      Push(std::move(msg));
     }
-    grpc::Status s = reader->Finish();
-    request_handle_.SetWorker("");
-    {
-      absl::MutexLock lock(&mu_);
-      worker_ctx_ = nullptr;
-      if (cancelled_) return absl::CancelledError("client cancelled");
-      *retriable = !sent_any_;
+    if (go_on) {
+      call->ReadNext();
+    } else {
+      call->StopReading();
     }
-    if (aborted_before_output) return absl::AbortedError("the worker aborted the request");
-    // Every completion got its final message: the request is done, whatever happened to the
-    // call after that (e.g. the pool cancelled it because the worker was just marked dead).
-    if (num_finals == completions.size()) return absl::OkStatus();
-    if (!s.ok() && guard.cancelled_by_pool()) {
-      // The pool knows already: not reported as a failure again.
-      return absl::UnavailableError(absl::StrCat(
-          "worker ", lease->address(), " was marked dead mid-generation (", guard.reason(), ")",
-          *retriable ? "" : "; output was already streamed, so it is not retried"));
-    }
-    if (s.error_code() == grpc::StatusCode::UNAVAILABLE) svc_->pool()->ReportFailure(lease.get());
-    if (s.ok()) return absl::OkStatus();
-    if (s.error_code() != grpc::StatusCode::UNAVAILABLE) *retriable = false;
-    return FromGrpcStatus(s);
   }
 
-  struct Completion {
-    std::optional<tokenizer::StreamDecoder> decoder;
-    std::string text;            // completion text decoded in the prompt's context
-    std::vector<uint32_t> ends;  // per output token, byte end within `text`
-    size_t streamed_bytes = 0;
-  };
-
-  // Finishes the final message: in-context text, router fields, the cache insert and the
-  // trajectory.
-  void CompleteFinal(Lease& lease, int attempt, Completion& c, rl::v1::GenerateFinal* f) {
-    auto rest = c.decoder->Flush();
-    if (rest.ok()) c.text += *rest;
-    std::fill(c.ends.begin() + static_cast<std::ptrdiff_t>(PendingFrom(c.ends)), c.ends.end(),
-              static_cast<uint32_t>(c.text.size()));
-    f->set_text(c.text);
-    f->set_worker(lease->address());
-    f->set_attempts(attempt);
-    svc_->pool()->ReportVersion(lease.get(), f->weight_version());
-    const int num_out = f->output_ids_size();
-    std::vector<int32_t> tokens = prompt_.ids;
-    tokens.insert(tokens.end(), f->output_ids().begin(), f->output_ids().end());
-    std::vector<uint8_t> mask = prompt_.mask;
-    mask.resize(prompt_.ids.size(), 0);
-    mask.insert(mask.end(), static_cast<size_t>(num_out), 1);
-    std::vector<float> logprobs = prompt_.logprobs;
-    logprobs.resize(prompt_.ids.size(), kUnknownLogprob);
-    for (int i = 0; i < num_out; ++i) {
-      logprobs.push_back(i < f->output_logprobs_size() ? f->output_logprobs(i).logprob()
-                                                       : kUnknownLogprob);
-    }
-    // Cached tokens keep their versions; new prompt tokens get the version at dispatch.
-    std::vector<int64_t> versions = prompt_.versions;
-    versions.resize(prompt_.ids.size(), f->dispatch_weight_version());
-    const std::vector<int64_t> out_versions = OutputVersions(*f);
-    versions.insert(versions.end(), out_versions.begin(), out_versions.end());
-    if (prompt_.from_text && f->finish_reason() != rl::v1::FINISH_REASON_ABORT && num_out > 0 &&
-        static_cast<int>(c.ends.size()) == num_out) {
-      const std::string full = request_.text() + c.text;
-      std::vector<uint32_t> ends = prompt_.ends;
-      const uint32_t base = static_cast<uint32_t>(request_.text().size());
-      for (uint32_t e : c.ends) ends.push_back(base + e);
-      absl::Status s =
-          svc_->cache()->Insert(full, tokens, ends, mask, logprobs, f->weight_version(), versions);
-      if (!s.ok()) spdlog::warn("text cache insert failed: {}", std::string(s.message()));
-    }
-    if (request_.return_trajectory()) {
-      rl::v1::Trajectory* t = f->mutable_trajectory();
-      t->mutable_tokens()->Assign(tokens.begin(), tokens.end());
-      for (uint8_t m : mask) t->add_loss_mask(m);
-      t->mutable_rollout_logp()->Assign(logprobs.begin(), logprobs.end());
-      t->set_weight_version(f->weight_version());
-      t->mutable_token_weight_versions()->Assign(versions.begin(), versions.end());
-    }
-    if (!request_.return_logprob()) {
-      f->clear_output_logprobs();
-      f->clear_prompt_logprobs();
-    }
+  // The end of the producer's work: frees the admission slot when held, ends the stream with
+  // `status` (after what is queued) and drops the producer's reference.
+  void EndAndRelease(const absl::Status& status, bool holds_slot) {
+    if (holds_slot) svc_->admission()->Release();
+    EndStream(status);
+    Unref();
   }
 
   RouterService* svc_;
   const rl::v1::GenerateRequest request_;
-  Prompt prompt_;
+  std::string client_;
   std::optional<std::string> authorization_;
-  std::string request_id_;  // the client's, or one the router made up
-  RequestTable::Handle request_handle_;
+  std::unique_ptr<grpc::Alarm> alarm_;  // the pending wait (producer's steps only)
 
   absl::Mutex mu_;
-  std::deque<rl::v1::GenerateResponse> queue_ ABSL_GUARDED_BY(mu_);
-  rl::v1::GenerateResponse current_;
-  grpc::ClientContext* worker_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;
-  bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
-  bool sent_any_ ABSL_GUARDED_BY(mu_) = false;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
-  bool grpc_ref_ ABSL_GUARDED_BY(mu_) = true;
-  bool thread_ref_ ABSL_GUARDED_BY(mu_) = true;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kNew;
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Generation> generation_;  // set once under mu_, then stepped by the producer
+  std::shared_ptr<WorkerCall> call_ ABSL_GUARDED_BY(mu_);
 };
+
+void WorkerCall::OnReadDone(bool ok) {
+  if (!ok) {
+    RemoveHold();
+    return;
+  }
+  parent_->OnWorkerMessage(parent_->current_call(), std::move(msg_));
+}
+
+void WorkerCall::OnDone(const grpc::Status& s) {
+  std::optional<std::string> pool_reason;
+  if (!s.ok() && guard_->cancelled_by_pool()) pool_reason = guard_->reason();
+  guard_.reset();  // while the attempt's lease still keeps the worker alive
+  parent_->OnWorkerCallDone(s, std::move(pool_reason));
+}
 
 }  // namespace
 
 RouterService::RouterService(WorkerPool* pool, TextCache* cache,
                              const tokenizer::Tokenizer* tokenizer, const BearerAuth* data_auth,
                              const BearerAuth* admin_auth, MetricsRegistry* metrics,
-                             RetryOptions retry)
+                             const RouterServiceOptions& options)
     : pool_(pool),
       cache_(cache),
       tokenizer_(tokenizer),
       data_auth_(data_auth),
       admin_auth_(admin_auth),
       metrics_(metrics),
-      retry_(retry) {
+      options_(options),
+      admission_(options.admission) {
+  env_.workers = pool;
+  env_.cache = cache;
+  env_.tokenizer = tokenizer;
+  env_.seam_counters = &seam_counters_;
+  env_.requests = &requests_;
+  env_.limits = options.limits;
+  env_.retry = options.retry;
   requests_total = metrics->GetCounter("rl_router_requests_total", "Generate requests accepted.");
   retries_total = metrics->GetCounter("rl_router_retries_total", "Generate attempts retried.");
   failures_total =
       metrics->GetCounter("rl_router_failures_total", "Generate requests that failed.");
   in_flight = metrics->GetGauge("rl_router_in_flight_requests", "Generate requests in flight.");
+  env_.retries_total = retries_total;
+  rejected_total = metrics->GetCounter(
+      "rl_router_rejected_total",
+      "Generate requests refused RESOURCE_EXHAUSTED by admission (--max-in-flight, --max-queued).");
+  overflows_total = metrics->GetCounter(
+      "rl_router_stream_overflows_total",
+      "Generate streams cancelled because the client did not read (--max-stream-buffer-bytes).");
+  Admission* admission = &admission_;
+  metrics->SetGaugeCallback("rl_router_admission_queued",
+                            "Generate requests waiting for an in-flight slot.", {},
+                            [admission] { return double(admission->queued()); });
   struct CacheGauge {
     const char* name;
     const char* help;
@@ -488,9 +384,27 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
                             [pool] { return pool->VersionMismatch() ? 1.0 : 0.0; });
 }
 
+RouterService::~RouterService() { WaitForGenerations(); }
+
+void RouterService::EnterGeneration() {
+  absl::MutexLock lock(&live_mu_);
+  ++live_generations_;
+}
+
+void RouterService::LeaveGeneration() {
+  absl::MutexLock lock(&live_mu_);
+  --live_generations_;
+}
+
+void RouterService::WaitForGenerations() {
+  absl::MutexLock lock(&live_mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(live_mu_) { return live_generations_ == 0; };
+  live_mu_.Await(absl::Condition(&none));
+}
+
 grpc::ServerWriteReactor<rl::v1::GenerateResponse>* RouterService::Generate(
     grpc::CallbackServerContext* context, const rl::v1::GenerateRequest* request) {
-  return new RouterGenerateReactor(this, context, *request, data_auth_);
+  return new RouterGenerateReactor(this, context, *request);
 }
 
 grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
@@ -547,11 +461,13 @@ grpc::ServerUnaryReactor* RouterService::AddWorker(grpc::CallbackServerContext* 
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Add checks the worker once (a network round trip): off the callback thread.
-  std::thread([this, reactor, address = request->address(), response] {
-    absl::Status s = pool_->Add(address);
-    if (s.ok()) pool_->FillList(response);
-    reactor->Finish(ToGrpcStatus(s));
-  }).detach();
+  if (!options_.admin->Submit([this, reactor, address = request->address(), response] {
+        absl::Status s = pool_->Add(address);
+        if (s.ok()) pool_->FillList(response);
+        reactor->Finish(ToGrpcStatus(s));
+      })) {
+    reactor->Finish(ToGrpcStatus(options_.admin->BusyError()));
+  }
   return reactor;
 }
 

@@ -1,19 +1,16 @@
-// rl.v1.Router: the trainers' entry point. Generate resolves a text prompt with
-// ResolveTextPrompt (cache/prompt_resolver.h: cached generated tokens and the turns they
-// extend reused exactly, the rest encoded as the full text would be, decode(tokens) == text
-// checked), streams the worker's output with text deltas decoded in the context of the prompt,
-// and inserts the trajectory (prompt tokens mask 0, generated tokens mask 1 with their
-// logprobs and per-token weight versions) under the response's weight version.
-// When every attempt ended in a worker abort, the last attempt's final message (finish reason
-// abort, partial output, attempts) is returned, not an error.
+// rl.v1.Router: the trainers' entry point. Generate runs a Generation (generation.h: prompt
+// resolution through the text cache, attempts and retries, the hold during admin broadcasts,
+// the trajectory insert) on the gRPC callback API at both ends: the client's stream is a
+// WriteQueueReactor, each worker call a ClientReadReactor, retry backoffs gRPC alarms, so no
+// thread waits on a stream. The blocking work left (tokenizing long prompts, cache inserts) runs
+// on a small fixed pool (`blocking`); admin paths that wait on workers (AddWorker, Abort
+// forwarding) run on the bounded admin executor.
 //
-// Retries: a generation that fails UNAVAILABLE, or that a worker aborts, before anything was
-// sent to the client is retried with exponential backoff on another live worker (any worker
-// once all were tried), at most `max_attempts` times; after the first streamed message a
-// failure is reported, never silently replayed. Finding no routable worker while an admin
-// broadcast holds the pool (pause, weight update, group init) is not an attempt: the request
-// waits for the broadcast to end, up to `hold_wait`, so a weight sync loses no request.
-// Thread-safe. Generate runs its worker call on a thread of its own per request.
+// Admission (admission.h): at most --max-in-flight generations run, --max-queued more wait in
+// fair per-client queues (client: the `rl-client-id` header, else the peer), the rest are
+// refused RESOURCE_EXHAUSTED at once. Flow control: a client that does not read its stream has
+// at most --max-stream-buffer-bytes queued for it; beyond, its stream ends RESOURCE_EXHAUSTED
+// and the worker call is cancelled (the worker aborts the request). Thread-safe.
 #pragma once
 
 #include <atomic>
@@ -23,30 +20,39 @@
 #include <string>
 
 #include "common/auth.h"
+#include "common/bounded_executor.h"
 #include "common/request_limits.h"
 #include "common/metrics.h"
 #include "common/tokenizer/tokenizer.h"
 #include "rl/v1/router.grpc.pb.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/admission.h"
+#include "services/router/generation.h"
 #include "services/router/request_table.h"
 #include "services/router/worker_pool.h"
 
 namespace rl::router {
 
-struct RetryOptions {
-  int max_attempts = 3;
-  std::chrono::milliseconds backoff{50};
-  std::chrono::milliseconds max_backoff{2000};
-  std::chrono::milliseconds hold_wait{300000};
-  std::chrono::milliseconds hold_poll{20};
+// The metadata header that names a client for fair admission (else its peer address).
+inline constexpr char kClientIdHeader[] = "rl-client-id";
+inline constexpr size_t kMaxClientIdBytes = 128;
+
+struct RouterServiceOptions {
+  RetryOptions retry;
+  RequestLimits limits;  // the --max-* request limits (checked before tokenization)
+  AdmissionOptions admission;
+  int64_t max_stream_buffer_bytes = 4 << 20;
+  BoundedExecutor* blocking = nullptr;  // tokenization of long prompts, cache inserts
+  BoundedExecutor* admin = nullptr;     // AddWorker checks, Abort forwarding
 };
 
 class RouterService final : public rl::v1::Router::CallbackService {
  public:
   RouterService(WorkerPool* pool, TextCache* cache, const tokenizer::Tokenizer* tokenizer,
                 const BearerAuth* data_auth, const BearerAuth* admin_auth, MetricsRegistry* metrics,
-                RetryOptions retry);
+                const RouterServiceOptions& options);
+  ~RouterService() override;  // waits for the generations still winding down
 
   grpc::ServerWriteReactor<rl::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const rl::v1::GenerateRequest* request) override;
@@ -80,18 +86,21 @@ class RouterService final : public rl::v1::Router::CallbackService {
   void FillMetrics(rl::v1::GetMetricsResponse* out) const;
 
   // Shared with the Generate reactor.
-  WorkerPool* pool() const { return pool_; }
-  TextCache* cache() const { return cache_; }
-  const tokenizer::Tokenizer* tokenizer() const { return tokenizer_; }
-  const RetryOptions& retry() const { return retry_; }
-  SeamCounters* seam_counters() const { return &seam_counters_; }
-  // The --max-* request limits (checked before tokenization); set once before serving.
-  void set_limits(const RequestLimits& limits) { limits_ = limits; }
-  const RequestLimits& limits() const { return limits_; }
+  const GenerationEnv* env() const { return &env_; }
+  const RouterServiceOptions& options() const { return options_; }
+  const BearerAuth* data_auth() const { return data_auth_; }
+  Admission* admission() { return &admission_; }
   RequestTable* requests() { return &requests_; }
+  // Generate streams alive (their reactors exist); WaitForGenerations blocks until none is
+  // (after the server stopped taking calls: each winds down within a retry backoff).
+  void EnterGeneration();
+  void LeaveGeneration();
+  void WaitForGenerations();
   Counter* requests_total;
   Counter* retries_total;
   Counter* failures_total;
+  Counter* rejected_total;
+  Counter* overflows_total;
   Gauge* in_flight;
 
  private:
@@ -101,11 +110,15 @@ class RouterService final : public rl::v1::Router::CallbackService {
   const BearerAuth* data_auth_;
   const BearerAuth* admin_auth_;
   MetricsRegistry* metrics_;
-  RetryOptions retry_;
+  const RouterServiceOptions options_;
+  const RequestLimits& limits_ = options_.limits;
   mutable SeamCounters seam_counters_;
-  RequestLimits limits_;
   RequestTable requests_;
-  // Router.Abort calls forwarding on their own thread now (bounded by kMaxAbortsInFlight).
+  Admission admission_;
+  GenerationEnv env_;
+  absl::Mutex live_mu_;
+  int live_generations_ ABSL_GUARDED_BY(live_mu_) = 0;
+  // Router.Abort calls forwarding now (bounded by kMaxAbortsInFlight).
   std::atomic<int> aborts_in_flight_{0};
 };
 

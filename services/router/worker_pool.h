@@ -147,7 +147,20 @@ class Lease {
   std::shared_ptr<Worker> worker_;
 };
 
-class WorkerPool {
+// Where a generation's attempts get their worker (generation.h): the pool in the router, a
+// fake in tests.
+class WorkerSource {
+ public:
+  virtual ~WorkerSource() = default;
+  // A routable worker not in `exclude`; an empty lease when none.
+  virtual Lease Pick(const std::set<std::string>& exclude) = 0;
+  // True while an admin broadcast holds the pool (see WorkerPool::BeginHold).
+  virtual bool held() const = 0;
+  virtual void ReportFailure(Worker* w) = 0;
+  virtual void ReportVersion(Worker* w, int64_t version) = 0;
+};
+
+class WorkerPool final : public WorkerSource {
  public:
   // Called (from the health thread or a reporting thread) with a live worker that is behind a
   // replayable fleet version, or that has just come back live (its pause state may differ from
@@ -156,7 +169,7 @@ class WorkerPool {
   using CatchUpHandler = std::function<void(std::shared_ptr<Worker>)>;
 
   explicit WorkerPool(const PoolOptions& options);
-  ~WorkerPool();  // stops the health thread
+  ~WorkerPool() override;  // stops the health thread
 
   // Adds (idempotent) and checks the worker once before returning; InvalidArgument for an
   // address that is not HOST:PORT.
@@ -173,14 +186,15 @@ class WorkerPool {
   // Marks a worker's health as (not) serving right away; the next health check refreshes it.
   void SetServing(const std::string& address, bool serving);
   // A routable worker not in `exclude`, round-robin; an empty lease when none.
-  Lease Pick(const std::set<std::string>& exclude = {});
+  Lease Pick(const std::set<std::string>& exclude) override;
+  Lease Pick() { return Pick({}); }
 
   // Holds: an admin broadcast that takes workers out of routing for its duration holds the pool
   // (BeginHold / EndHold, nested). While held, a request that finds no routable worker waits for
   // the broadcast to end instead of failing (router_service.h).
   void BeginHold() { holds_.fetch_add(1); }
   void EndHold() { holds_.fetch_sub(1); }
-  bool held() const { return holds_.load() > 0; }
+  bool held() const override { return holds_.load() > 0; }
   // Takes one worker out of routing for an admin call (true) or gives it back (false).
   void SetHeld(Worker* w, bool held);
   // Disables a worker whose weights may be partial; the reason shows in ListWorkers until an
@@ -196,12 +210,12 @@ class WorkerPool {
 
   // A call to `w` failed with UNAVAILABLE: not routed until the next health check passes (it
   // may be restarting, at another weight version); dead after `failure_threshold` of them.
-  void ReportFailure(Worker* w);
+  void ReportFailure(Worker* w) override;
   // `w` missed an admin deadline or hangs: dead now (its calls are cancelled); health checks
   // bring it back once it answers again.
   void MarkDead(Worker* w, const std::string& reason);
   // `w` reported weight `version` (responses, admin results).
-  void ReportVersion(Worker* w, int64_t version);
+  void ReportVersion(Worker* w, int64_t version) override;
   // Checks one worker now (health + version), as the health thread does.
   void Probe(const std::shared_ptr<Worker>& w);
   // Runs one health round now, workers concurrently (tests; the thread does this every

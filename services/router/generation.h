@@ -1,0 +1,161 @@
+// Generation: the domain logic of one routed Router.Generate, apart from gRPC streams and
+// threads, so any driver (the router's callback reactor, a test) steps it the same way.
+//
+// Create() checks the request and resolves its prompt: a text prompt through
+// ResolveTextPrompt (cache/prompt_resolver.h: cached generated tokens and the turns they extend
+// reused exactly, the rest encoded as the full text would be, decode(tokens) == text checked),
+// then registers the request id in the RequestTable (Router.Abort finds it there).
+//
+// Attempts: the driver calls Next() and does what the Step says: kCall (call the leased worker
+// with WorkerRequest(), feed every response to OnMessage, then EndAttempt with the call's
+// status), kWait (call Next() again after `wait`: a retry backoff, or a poll while an admin
+// broadcast holds the pool) or kDone (the generation is over with `status`). A generation that
+// fails UNAVAILABLE, or that a worker aborts, before anything was sent to the client is retried
+// with exponential backoff on another live worker (any worker once all were tried), at most
+// `max_attempts` times; after the first forwarded message a failure is reported, never silently
+// replayed. Finding no routable worker while an admin broadcast holds the pool (pause, weight
+// update, group init) is not an attempt: the request waits for the broadcast to end, up to
+// `hold_wait`, so a weight sync loses no request (polling the pool every `hold_poll`, doubled
+// per poll up to 8x, so thousands of waiting requests cost little). When every attempt ended in a worker abort,
+// the last attempt's final message (finish reason abort, partial output, attempts) is returned,
+// not an error. A request aborted through Router.Abort is not retried.
+//
+// Messages: OnMessage decodes text deltas in the context of the prompt and, on a final message,
+// completes it (in-context text, worker, attempts, trajectory: prompt tokens mask 0, generated
+// tokens mask 1 with their logprobs and per-token weight versions) and inserts the trajectory
+// into the text cache under the response's weight version. Only a final of a text prompt
+// blocks (the cache insert): FinalBlocks() says so, so a driver can run it off its callback
+// thread.
+//
+// Not thread-safe: one driver steps it, one call at a time (calls may come from different
+// threads when ordered by the driver). Cost per message: the stream decode of its tokens.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/metrics.h"
+#include "common/request_limits.h"
+#include "common/tokenizer/stream_decoder.h"
+#include "common/tokenizer/tokenizer.h"
+#include "rl/v1/router.pb.h"
+#include "rl/v1/worker.pb.h"
+#include "services/router/cache/prompt_resolver.h"
+#include "services/router/cache/text_cache.h"
+#include "services/router/request_table.h"
+#include "services/router/worker_pool.h"
+
+namespace rl::router {
+
+struct RetryOptions {
+  int max_attempts = 3;
+  std::chrono::milliseconds backoff{50};
+  std::chrono::milliseconds max_backoff{2000};
+  std::chrono::milliseconds hold_wait{300000};
+  std::chrono::milliseconds hold_poll{20};
+};
+
+// What every generation shares; pointers outlive the generations. `retries_total` may be null.
+struct GenerationEnv {
+  WorkerSource* workers = nullptr;
+  TextCache* cache = nullptr;
+  const tokenizer::Tokenizer* tokenizer = nullptr;
+  SeamCounters* seam_counters = nullptr;
+  RequestTable* requests = nullptr;
+  RequestLimits limits;
+  RetryOptions retry;
+  Counter* retries_total = nullptr;
+};
+
+// The prompt as the model will see it: cached tokens reused exactly plus the new ones.
+// input_ids prompts fill `ids` only.
+struct Prompt : ResolvedPrompt {
+  bool from_text = false;
+};
+
+class Generation {
+ public:
+  struct Step {
+    enum class Kind { kCall, kWait, kDone };
+    Kind kind = Kind::kDone;
+    Worker* worker = nullptr;             // kCall: the worker to call (leased until EndAttempt)
+    std::chrono::milliseconds wait{0};    // kWait: call Next() again after this
+    absl::Status status;                  // kDone
+  };
+
+  // Checks `request` (the --max-* limits, a reserved request id prefix, the prompt) and
+  // resolves its prompt; InvalidArgument / FailedPrecondition naming the problem. Blocks for
+  // the tokenization of a text prompt (O(prompt bytes)).
+  static absl::StatusOr<std::unique_ptr<Generation>> Create(const rl::v1::GenerateRequest& request,
+                                                            const GenerationEnv* env);
+  // True when resolving `request`'s prompt is worth running off a callback thread.
+  static bool PromptBlocks(const rl::v1::GenerateRequest& request);
+
+  const std::string& request_id() const { return request_id_; }
+  const Prompt& prompt() const { return prompt_; }
+  // Whether anything was handed to the client (no retry after that).
+  bool sent_any() const { return sent_any_; }
+
+  // What to do next (see the header comment). After kDone, Next() returns the same again.
+  Step Next();
+
+  // kCall: the request for the leased worker (input ids, logprobs on, streaming, the request
+  // id); starts the attempt (its decoders) and tells the RequestTable where the request runs.
+  rl::v1::GenerateRequest WorkerRequest();
+  // Whether OnMessage(msg) runs a cache insert (a final of a text prompt).
+  bool FinalBlocks(const rl::v1::GenerateResponse& msg) const;
+  // One worker response: appends what the client gets to `out` (none, one, or a text tail and
+  // the final). Returns false when the attempt should stop now (the worker aborted the request
+  // before any output: cancel the call, it is retried).
+  bool OnMessage(rl::v1::GenerateResponse msg, std::vector<rl::v1::GenerateResponse>* out);
+  // The worker call ended with `status`; `pool_reason` is set when the pool cancelled it
+  // (the worker was marked dead). kDone when the generation is over, else Next() goes on.
+  void EndAttempt(const absl::Status& status, std::optional<std::string> pool_reason);
+  // The client went away: Next() returns kDone CANCELLED. Thread-safe (any thread, any time).
+  void Cancel() { cancelled_.store(true); }
+
+ private:
+  Generation(const rl::v1::GenerateRequest& request, const GenerationEnv* env)
+      : env_(env), request_(request) {}
+  Lease PickWorker();
+  void CompleteFinal(size_t index, rl::v1::GenerateFinal* f);
+
+  struct Completion {
+    std::optional<tokenizer::StreamDecoder> decoder;
+    std::string text;            // completion text decoded in the prompt's context
+    std::vector<uint32_t> ends;  // per output token, byte end within `text`
+    size_t streamed_bytes = 0;
+  };
+  enum class Phase { kStartAttempt, kPick, kInCall, kDone };
+
+  const GenerationEnv* env_;
+  const rl::v1::GenerateRequest request_;
+  Prompt prompt_;
+  std::string request_id_;  // the client's, or one the router made up
+  RequestTable::Handle request_handle_;
+
+  Phase phase_ = Phase::kStartAttempt;
+  std::atomic<bool> cancelled_{false};
+  bool sent_any_ = false;
+  int attempt_ = 0;
+  std::set<std::string> tried_;
+  std::chrono::milliseconds backoff_{0};
+  std::chrono::milliseconds hold_poll_{0};  // doubles per poll of one hold, up to 8x
+  std::chrono::steady_clock::time_point hold_deadline_;
+  absl::Status last_;
+  absl::Status done_status_;
+  // The current attempt.
+  Lease lease_;
+  std::vector<Completion> completions_;
+  size_t num_finals_ = 0;
+  bool aborted_before_output_ = false;
+};
+
+}  // namespace rl::router
