@@ -70,6 +70,7 @@ struct LoadResult {
   std::vector<double> us;  // per request
   double seconds = 0;
   int failed = 0;
+  std::string first_error;
 };
 
 // `streams` calls kept in flight (each one that ends starts the next) until `total` ran, on
@@ -95,7 +96,11 @@ LoadResult ClosedLoop(const std::vector<std::unique_ptr<Stub>>& stubs,
           start_one();  // before this one counts as done: `st` lives until the last is counted
           absl::MutexLock lock(&st.mu);
           st.result.us.push_back(us);
-          if (!s.ok() || !final_seen) ++st.result.failed;
+          if (!s.ok() || !final_seen) {
+            if (st.result.failed++ == 0) {
+              st.result.first_error = absl::StrFormat("%d: %s", s.error_code(), s.error_message());
+            }
+          }
           ++st.done;
         },
         "", true, std::chrono::seconds(300));
@@ -272,8 +277,11 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
     const size_t eq = spec.find('=');
     const std::string label = eq == std::string::npos ? spec : spec.substr(0, eq);
     const std::string binary = eq == std::string::npos ? spec : spec.substr(eq + 1);
+    // The fake workers share the bench's cores with thousands of client streams: health checks
+    // get slack so an overloaded bench host does not make the router mark them dead.
     std::vector<std::string> args = {"--tokenizer", c.tokenizer_dir, "--port", "0",
-                                     "--log-level", "error"};
+                                     "--log-level", "error", "--health-timeout-ms", "30000",
+                                     "--health-failures", "100"};
     for (const std::string& w : workers) {
       args.push_back("--worker");
       args.push_back(w);
@@ -311,14 +319,16 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
           Percentile(r.us, 0.5) - Percentile(direct[i].us, 0.5),
           Percentile(r.us, 0.99) - Percentile(direct[i].us, 0.99), r.us.size() / r.seconds, cpu,
           r.failed);
+      if (r.failed > 0) out << "    first failure: " << r.first_error << "\n";
       out.flush();
     }
   }
   for (size_t i = 0; i < c.streams.size(); ++i) {
-    out << absl::StrFormat("  %-26s %8d %8s %11s p50 %5.0f us p99 %5.0f us %11.0f\n",
+    out << absl::StrFormat("  %-26s %8d %8s %11s p50 %5.0f us p99 %5.0f us %11.0f %7d\n",
                            "(direct to a worker)", c.streams[i], "-", "-",
                            Percentile(direct[i].us, 0.5), Percentile(direct[i].us, 0.99),
-                           direct[i].us.size() / direct[i].seconds);
+                           direct[i].us.size() / direct[i].seconds, direct[i].failed);
+    if (direct[i].failed > 0) out << "    first failure: " << direct[i].first_error << "\n";
   }
   return absl::OkStatus();
 }
