@@ -222,12 +222,14 @@ class ElasticTaskQueue final : public httplib::TaskQueue {
   void enqueue(std::function<void()> fn) override {
     std::unique_lock<std::mutex> lock(mu_);
     jobs_.push_back(std::move(fn));
-    if (idle_ > 0) {
+    // Every queued task needs a thread of its own: an idle one or one starting up.
+    if (jobs_.size() <= static_cast<size_t>(idle_ + starting_)) {
       cv_.notify_one();
       return;
     }
     if (num_threads_ < max_threads_) {
       ++num_threads_;
+      ++starting_;
       std::thread([this] { Work(); }).detach();
       return;
     }
@@ -253,6 +255,7 @@ class ElasticTaskQueue final : public httplib::TaskQueue {
  private:
   void Work() {
     std::unique_lock<std::mutex> lock(mu_);
+    --starting_;
     for (;;) {
       ++idle_;
       const bool got = cv_.wait_for(lock, std::chrono::seconds(10), [&] {
@@ -284,7 +287,8 @@ class ElasticTaskQueue final : public httplib::TaskQueue {
   std::condition_variable done_;
   std::deque<std::function<void()>> jobs_;
   int num_threads_ = 0;
-  int idle_ = 0;
+  int idle_ = 0;      // threads waiting for a task
+  int starting_ = 0;  // threads spawned that have not looked for a task yet
   bool shutting_down_ = false;
 };
 
