@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -173,6 +174,11 @@ class BoundedServer final : public httplib::Server {
   BoundedServer(const HttpServerOptions& options, std::shared_ptr<ConnectionTable> table)
       : options_(options), table_(std::move(table)) {}
 
+  // httplib 0.11 listens with a backlog of 5: a burst of connections then overflows the
+  // kernel's accept queue and new SYNs (a liveness probe's too) are dropped, to be retried only
+  // a second later. listen() on a listening socket just updates the backlog.
+  bool SetBacklog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
+
  private:
   bool process_and_close_socket(socket_t sock) override {
     table_->Add(sock);
@@ -216,12 +222,14 @@ class ElasticTaskQueue final : public httplib::TaskQueue {
   void enqueue(std::function<void()> fn) override {
     std::unique_lock<std::mutex> lock(mu_);
     jobs_.push_back(std::move(fn));
-    if (idle_ > 0) {
+    // Every queued task needs a thread of its own: an idle one or one starting up.
+    if (jobs_.size() <= static_cast<size_t>(idle_ + starting_)) {
       cv_.notify_one();
       return;
     }
     if (num_threads_ < max_threads_) {
       ++num_threads_;
+      ++starting_;
       std::thread([this] { Work(); }).detach();
       return;
     }
@@ -247,6 +255,7 @@ class ElasticTaskQueue final : public httplib::TaskQueue {
  private:
   void Work() {
     std::unique_lock<std::mutex> lock(mu_);
+    --starting_;
     for (;;) {
       ++idle_;
       const bool got = cv_.wait_for(lock, std::chrono::seconds(10), [&] {
@@ -278,7 +287,8 @@ class ElasticTaskQueue final : public httplib::TaskQueue {
   std::condition_variable done_;
   std::deque<std::function<void()>> jobs_;
   int num_threads_ = 0;
-  int idle_ = 0;
+  int idle_ = 0;      // threads waiting for a task
+  int starting_ = 0;  // threads spawned that have not looked for a task yet
   bool shutting_down_ = false;
 };
 
@@ -288,10 +298,11 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
     const std::string& host, int port, const MetricsRegistry* registry,
     const HttpServerOptions& options) {
   if (options.min_threads < 1 || options.max_connections < options.min_threads ||
-      options.max_pending < 1 || options.keep_alive_max_requests < 1) {
+      options.max_pending < 1 || options.keep_alive_max_requests < 1 ||
+      options.listen_backlog < 1) {
     return absl::InvalidArgumentError(
-        "metrics: need 1 <= min_threads <= max_connections, max_pending >= 1 and "
-        "keep_alive_max_requests >= 1");
+        "metrics: need 1 <= min_threads <= max_connections, and max_pending, "
+        "keep_alive_max_requests and listen_backlog >= 1");
   }
   std::unique_ptr<MetricsHttpServer> s(new MetricsHttpServer());
   s->connections_ = std::make_shared<ConnectionTable>();
@@ -320,6 +331,10 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
                               : (srv.bind_to_port(host, port) ? port : -1);
   if (bound <= 0) {
     return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", host, ":", port));
+  }
+  if (!static_cast<BoundedServer&>(srv).SetBacklog(options.listen_backlog)) {
+    return absl::InternalError(absl::StrCat("metrics: listen backlog ", options.listen_backlog,
+                                            ": ", std::strerror(errno)));
   }
   s->port_ = bound;
   httplib::Server* raw = s->server_.get();

@@ -13,8 +13,9 @@
 //   beyond the cap closes the OLDEST open one, so a flood of slow or idle connections can never
 //   keep a new request (a probe) waiting: it is served at once, and the flood only evicts itself.
 //   Accepted connections waiting for a thread are bounded too (`max_pending`); past that the
-//   listener stops accepting until one is taken (the rest wait in the kernel's backlog, which
-//   holds no descriptor of this process). Open descriptors: at most max_connections +
+//   listener stops accepting until one is taken (the rest wait in the kernel's accept queue of
+//   `listen_backlog`, which holds no descriptor of this process; httplib's own backlog of 5
+//   dropped the SYNs of a burst, a probe's included). Open descriptors: at most max_connections +
 //   max_pending + 1 + the listener.
 #pragma once
 
@@ -40,6 +41,7 @@ struct HttpServerOptions {
   int min_threads = 2;
   int max_connections = 128;
   int max_pending = 16;
+  int listen_backlog = 1024;  // the kernel's accept queue (capped by net.core.somaxconn)
   size_t max_payload_bytes = 4096;
 };
 
