@@ -185,22 +185,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 
 }  // namespace
 
-bool ModelConfig::IsMoeLayer(int64_t layer) const {
-  if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
-  for (int64_t d : mlp_only_layers) {
-    if (d == layer) return false;
-  }
-  return (layer + 1) % decoder_sparse_step == 0;
-}
-
-std::vector<int64_t> ModelConfig::MoeLayers() const {
-  std::vector<int64_t> out;
-  for (int64_t l = 0; l < num_hidden_layers; ++l) {
-    if (IsMoeLayer(l)) out.push_back(l);
-  }
-  return out;
-}
-
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   RETURN_IF_ERROR(CheckJsonDepth(json_text, kMaxJsonDepth, "config.json"));
   Json j = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);

@@ -56,9 +56,21 @@ struct ModelConfig {
   std::vector<int64_t> mlp_only_layers;
 
   bool IsMoe() const { return num_experts > 0; }
-  bool IsMoeLayer(int64_t layer) const;
+  bool IsMoeLayer(int64_t layer) const {
+    if (num_experts <= 0 || decoder_sparse_step <= 0) return false;
+    for (int64_t d : mlp_only_layers) {
+      if (d == layer) return false;
+    }
+    return (layer + 1) % decoder_sparse_step == 0;
+  }
   // The sparse layers in order (the `layers` axis of routed-experts exports).
-  std::vector<int64_t> MoeLayers() const;
+  std::vector<int64_t> MoeLayers() const {
+    std::vector<int64_t> out;
+    for (int64_t l = 0; l < num_hidden_layers; ++l) {
+      if (IsMoeLayer(l)) out.push_back(l);
+    }
+    return out;
+  }
   std::string torch_dtype;      // "float32", "bfloat16", "float16" as stored
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;  // -1: none

@@ -321,6 +321,64 @@ int DestroyGroup(const Options& o, const Client& c) {
   return PrintAdminResponse(o, c.admin()->DestroyWeightsUpdateGroup(&ctx, req, &resp), resp);
 }
 
+// Every bucket line on stdin (as `rl-weight-sender --plan-only` prints them) into `buckets`.
+absl::Status ReadBuckets(google::protobuf::RepeatedPtrField<rl::v1::WeightBucket>* buckets) {
+  for (std::string line; std::getline(std::cin, line);) {
+    if (line.find("\"names\"") == std::string::npos) continue;  // ready / summary lines
+    auto specs = weight_sync::ParseBucketJson(line);
+    if (!specs.ok()) return Annotate(specs.status(), absl::StrCat("bucket ", buckets->size()));
+    rl::v1::WeightBucket* b = buckets->Add();
+    for (const auto& s : *specs) {
+      b->add_names(s.name);
+      b->add_dtypes(s.dtype);
+      b->add_shapes()->mutable_dims()->Assign(s.shape.begin(), s.shape.end());
+    }
+  }
+  if (buckets->empty()) return absl::InvalidArgumentError("no bucket line on stdin");
+  return absl::OkStatus();
+}
+
+// Two-phase receive: prepare-weights posts the receive of the buckets read from stdin (answers
+// once every worker listens), complete-weights applies them after the trainer broadcast;
+// receive-weights does both in one call while the trainer broadcasts.
+int PrepareWeights(const Options& o, const Client& c) {
+  if (o.group_name.empty()) return Fail(o, Usage("prepare-weights --group-name G < buckets"));
+  rl::v1::PrepareWeightsUpdateRequest req;
+  req.set_group_name(o.group_name);
+  if (absl::Status s = ReadBuckets(req.mutable_buckets()); !s.ok()) return Fail(o, s);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::AdminResponse resp;
+  return PrintAdminResponse(o, c.admin()->PrepareWeightsUpdate(&ctx, req, &resp), resp);
+}
+
+int CompleteWeights(const Options& o, const Client& c) {
+  if (o.group_name.empty()) return Fail(o, Usage("complete-weights --group-name G"));
+  rl::v1::CompleteWeightsUpdateRequest req;
+  req.set_group_name(o.group_name);
+  if (o.version >= 0) req.set_weight_version(o.version);
+  req.set_abort_all_requests(o.abort_all);
+  req.set_keep_pause(o.keep_pause);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::AdminResponse resp;
+  return PrintAdminResponse(o, c.admin()->CompleteWeightsUpdate(&ctx, req, &resp), resp);
+}
+
+int ReceiveWeights(const Options& o, const Client& c) {
+  if (o.group_name.empty()) return Fail(o, Usage("receive-weights --group-name G < buckets"));
+  rl::v1::ReceiveWeightsRequest req;
+  req.set_group_name(o.group_name);
+  if (absl::Status s = ReadBuckets(req.mutable_buckets()); !s.ok()) return Fail(o, s);
+  if (o.version >= 0) req.set_weight_version(o.version);
+  req.set_abort_all_requests(o.abort_all);
+  req.set_keep_pause(o.keep_pause);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::AdminResponse resp;
+  return PrintAdminResponse(o, c.admin()->ReceiveWeights(&ctx, req, &resp), resp);
+}
+
 int UpdateWeights(const Options& o, const Client& c) {
   if (o.distributed) return UpdateWeightsDistributed(o, c);
   if (o.from_disk.empty()) return Fail(o, Usage("update-weights --from-disk DIR | --distributed"));
@@ -477,6 +535,9 @@ int Run(const Options& o, const std::vector<std::string>& args) {
   if (cmd == "weights-checker") return WeightsChecker(o, c);
   if (cmd == "init-group") return InitGroup(o, c);
   if (cmd == "destroy-group") return DestroyGroup(o, c);
+  if (cmd == "prepare-weights") return PrepareWeights(o, c);
+  if (cmd == "complete-weights") return CompleteWeights(o, c);
+  if (cmd == "receive-weights") return ReceiveWeights(o, c);
   if (cmd == "model-info") {
     rl::v1::GetModelInfoResponse resp;
     return Print<rl::v1::GetModelInfoResponse>(

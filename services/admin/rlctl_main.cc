@@ -25,6 +25,9 @@ constexpr char kCommands[] = R"(Commands:
                  per stdin line, as rl-weight-sender prints them)
   init-group --master-address A --master-port P --world-size N --group-name G [--rank-offset R]
              [--backend tcp|nccl] [--group-timeout-ms T]      destroy-group --group-name G
+  prepare-weights --group-name G   (bucket JSON lines on stdin, e.g. rl-weight-sender --plan-only)
+  complete-weights --group-name G [--version N] [--abort-all] [--keep-pause]
+  receive-weights --group-name G [--version N] [--abort-all] [--keep-pause]   (buckets on stdin)
   weights-checker --action snapshot|reset_tensors|compare|checksum
   list-weights      model-info      server-info      metrics      health
   workers list | add ADDR | remove ADDR | enable ADDR | disable ADDR

@@ -132,3 +132,67 @@ def test_distributed_update_through_the_router_with_the_sender_tool(start_worker
     finally:
         sender.kill()
         router.stop()
+
+
+def _sender(group, plan_only=False):
+    args = [str(BUILD / "bin" / "rl-weight-sender"), "--checkpoint", str(DATA / "stories260K-bf16"),
+            "--bucket-mb", "0.2", "--group-name", group, "--timeout-s", "60"]
+    if plan_only:
+        return subprocess.run(args + ["--plan-only"], capture_output=True, text=True, timeout=60)
+    return subprocess.Popen(args + ["--listen", "127.0.0.1:0", "--world-size", "3"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_phase_and_single_call_receive_with_the_sender_tool(start_worker):
+    """rl-weight-sender against rlctl prepare-weights / complete-weights (two-phase) and
+    receive-weights (single call) through the router: both workers apply every bucket only at
+    complete / at the end of the call, and serve the bf16 checkpoint afterwards."""
+    workers = [start_worker("--kv-cache-gb", "0.02") for _ in range(2)]
+    router = start_router(workers)
+    rlctl = [str(BUILD / "bin" / "rlctl"), "--target", router.address, "--json"]
+    golden = [432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426, 338, 401, 396, 267, 337,
+              410, 408, 419, 292]
+    senders = []
+    try:
+        for group, mode in (("g1", "two-phase"), ("g2", "single")):
+            plan = _sender(group, plan_only=True)
+            assert plan.returncode == 0, plan.stderr
+            assert plan.stdout.count('"names"') >= 2
+            sender = _sender(group)
+            senders.append(sender)
+            ready = sender.stdout.readline()
+            assert ready.startswith("listening on "), ready
+            port = ready.split(":")[-1].strip()
+            init = subprocess.run(rlctl + ["init-group", "--master-address", "127.0.0.1",
+                                           "--master-port", port, "--world-size", "3",
+                                           "--group-name", group],
+                                  capture_output=True, text=True, timeout=120)
+            assert init.returncode == 0, init.stdout + init.stderr
+            c = Client(router.address)
+            before = c.model_info().weight_version
+            if mode == "two-phase":
+                prep = subprocess.run(rlctl + ["prepare-weights", "--group-name", group],
+                                      input=plan.stdout, capture_output=True, text=True,
+                                      timeout=120)
+                assert prep.returncode == 0, prep.stdout + prep.stderr
+                assert json.loads(prep.stdout)["ready"]
+                assert sender.wait(timeout=120) == 0, sender.stderr.read()
+                assert c.model_info().weight_version == before  # received, not applied
+                done = subprocess.run(rlctl + ["complete-weights", "--group-name", group],
+                                      capture_output=True, text=True, timeout=120)
+            else:
+                done = subprocess.run(rlctl + ["receive-weights", "--group-name", group],
+                                      input=plan.stdout, capture_output=True, text=True,
+                                      timeout=120)
+                assert sender.wait(timeout=120) == 0, sender.stderr.read()
+            assert done.returncode == 0, done.stdout + done.stderr
+            assert json.loads(done.stdout)["success"]
+            assert c.model_info().weight_version == before + 1
+            f = c.generate(text="Once upon a time", max_new_tokens=20, temperature=0.0)
+            assert list(f.output_ids) == golden
+            subprocess.run(rlctl + ["destroy-group", "--group-name", group], capture_output=True,
+                           text=True, timeout=60)
+    finally:
+        for s in senders:
+            s.kill()
+        router.stop()
