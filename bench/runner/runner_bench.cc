@@ -13,6 +13,7 @@
 // 1,16,64,256 and 256-token prompts by default, and the nominal bf16 peak for the prefill.
 // For MoE models the bound counts the experts each decode step actually routed to.
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -47,6 +48,14 @@ using rl::model::SequenceInput;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
+}
+
+// CPU time of the whole process (every thread; spinning pool workers count): on a shared
+// machine, with --threads 1, a figure that other processes do not inflate.
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 // Peak resident set (VmHWM) in MiB; mapped weight pages count once touched.
@@ -255,6 +264,7 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     in.return_routing = moe_layers > 0;
     double touched = 0;  // (layer, expert) pairs read, summed over the timed steps
     const auto t1 = Clock::now();
+    const double cpu1 = ProcessCpuSeconds();
     for (int step = 0; step < o.decode_steps; ++step) {
       if (!r.Forward(in, &out).ok()) return 1;
       if (moe_layers > 0) touched += DistinctExperts(out, moe_layers, c.num_experts_per_tok);
@@ -265,6 +275,7 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
       }
     }
     const double decode_s = Seconds(t1, Clock::now());
+    const double decode_cpu_s = ProcessCpuSeconds() - cpu1;
     const double prefill_tps = batch * o.prompt_len / prefill_s;
     const double step_s = decode_s / o.decode_steps;
     // Bound: one step reads the weights once and every sequence's KV (mean context).
@@ -276,9 +287,10 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     const double bound_step_s = step_bytes / bandwidth;
     std::printf(
         "batch %3d: prefill %10.1f tok/s (%d x %d tokens, %.1f TFLOP/s)   decode %10.1f "
-        "tok/s (%.3f ms/step; bound %.3f ms = %.0f%%)\n",
+        "tok/s (%.3f ms/step; bound %.3f ms = %.0f%%; CPU %.3f ms/step)\n",
         batch, prefill_tps, batch, o.prompt_len, 2.0 * params * prefill_tps / 1e12, batch / step_s,
-        1e3 * step_s, 1e3 * bound_step_s, 100.0 * bound_step_s / step_s);
+        1e3 * step_s, 1e3 * bound_step_s, 100.0 * bound_step_s / step_s,
+        1e3 * decode_cpu_s / o.decode_steps);
     if (moe_layers > 0) {
       std::printf(
           "           experts touched per decode step: %.1f of %lld (layer, expert) pairs = "

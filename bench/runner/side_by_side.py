@@ -25,7 +25,7 @@ import sys
 
 BATCH_LINE = re.compile(
     r"batch\s+(\d+): prefill\s+([\d.]+) tok/s .*?decode\s+([\d.]+) tok/s "
-    r"\(([\d.]+) ms/step; bound ([\d.]+) ms = (\d+)%\)")
+    r"\(([\d.]+) ms/step; bound ([\d.]+) ms = (\d+)%")
 READ_LINE = re.compile(r"read bandwidth \((\d+) threads.*?: ([\d.]+) GB/s read")
 
 

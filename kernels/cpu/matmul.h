@@ -5,9 +5,10 @@
 // Batch invariance: every y[i][j] is one dot product over k with a fixed order (SIMD lanes in
 // index order, fixed horizontal sum, scalar tail, then + bias), whatever m, the tiling or the
 // thread count. Work is split over output columns only; the k reduction is never split.
-// Cost: m·n·k FMAs. One row of x (batch-1 decode) streams W once, 8 rows of W per pass (4 on
-// AVX2) with a software prefetch one pass ahead; more rows go in 8 × 3 register tiles
-// (4 × 3 on AVX2) over column slabs of W kept in L2, W widened in registers.
+// Cost: m·n·k FMAs. Register tiles of 6 × 4 (rows of x × rows of W; 4 × 3 on AVX2), then
+// 4-, 2- and 1-row tiles for the rest (a 1- or 2-row tile takes 8 rows of W, 4 on AVX2), over
+// column slabs of W kept in L2; W is widened in registers and prefetched one tile ahead, so
+// decode at batch 1-2 streams it once at about the read-only stream rate.
 #pragma once
 
 #include <cstdint>

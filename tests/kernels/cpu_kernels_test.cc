@@ -7,6 +7,7 @@
 
 #include "common/model_io/dtype.h"
 #include "gtest/gtest.h"
+#include "hwy/targets.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/matmul.h"
@@ -86,43 +87,53 @@ TEST(VecOpsTest, XorWordsMatchesScalar) {
 
 class MatmulTest : public ::testing::TestWithParam<DType> {};
 
+// Every SIMD target compiled in and supported here (AVX-512 and AVX2 use different tiles).
 TEST_P(MatmulTest, MatchesReferenceAndIsBatchInvariant) {
   const DType dtype = GetParam();
   ThreadPool pool(2);
-  for (auto [n, k] : {std::pair<int64_t, int64_t>{1, 1}, {5, 7}, {13, 64}, {37, 172}, {64, 513}}) {
-    const int64_t max_m = 17;  // 8-row, 4-row and 1-row tiles, with and without widening
-    auto x = Random(static_cast<size_t>(max_m * k), 3);
-    std::vector<float> w_stored, b_stored;
-    auto w = Store(Random(static_cast<size_t>(n * k), 4, 0.1f), dtype, &w_stored);
-    auto bias = Store(Random(static_cast<size_t>(n), 5), dtype, &b_stored);
-    std::vector<float> row0;  // row 0 computed with m = 1, 1 thread
-    for (int64_t m = 1; m <= max_m; ++m) {
-      for (bool with_pool : {false, true}) {
-        std::vector<float> y(static_cast<size_t>(m * n), -1.0f);
-        MatmulParams p;
-        p.x = x.data();
-        p.w = w.data();
-        p.w_dtype = dtype;
-        p.bias = bias.data();
-        p.bias_dtype = dtype;
-        p.y = y.data();
-        p.m = m;
-        p.n = n;
-        p.k = k;
-        ASSERT_TRUE(p.Validate().ok());
-        Matmul(p, with_pool ? &pool : nullptr);
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t j = 0; j < n; ++j) {
-            double ref = b_stored[j];
-            for (int64_t t = 0; t < k; ++t) {
-              ref += static_cast<double>(x[i * k + t]) * w_stored[j * k + t];
+  struct ResetTargets {  // back to the best target, also when an assertion returns early
+    ~ResetTargets() { hwy::SetSupportedTargetsForTest(0); }
+  } reset;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    for (auto [n, k] :
+         {std::pair<int64_t, int64_t>{1, 1}, {5, 7}, {13, 64}, {37, 172}, {64, 513}}) {
+      const int64_t max_m = 17;  // 6-, 4- and 1-row tiles (AVX-512), 4- and 1-row (AVX2)
+      auto x = Random(static_cast<size_t>(max_m * k), 3);
+      std::vector<float> w_stored, b_stored;
+      auto w = Store(Random(static_cast<size_t>(n * k), 4, 0.1f), dtype, &w_stored);
+      auto bias = Store(Random(static_cast<size_t>(n), 5), dtype, &b_stored);
+      std::vector<float> row0;  // row 0 computed with m = 1, 1 thread
+      for (int64_t m = 1; m <= max_m; ++m) {
+        for (bool with_pool : {false, true}) {
+          std::vector<float> y(static_cast<size_t>(m * n), -1.0f);
+          MatmulParams p;
+          p.x = x.data();
+          p.w = w.data();
+          p.w_dtype = dtype;
+          p.bias = bias.data();
+          p.bias_dtype = dtype;
+          p.y = y.data();
+          p.m = m;
+          p.n = n;
+          p.k = k;
+          ASSERT_TRUE(p.Validate().ok());
+          Matmul(p, with_pool ? &pool : nullptr);
+          for (int64_t i = 0; i < m; ++i) {
+            for (int64_t j = 0; j < n; ++j) {
+              double ref = b_stored[j];
+              for (int64_t t = 0; t < k; ++t) {
+                ref += static_cast<double>(x[i * k + t]) * w_stored[j * k + t];
+              }
+              ASSERT_NEAR(y[i * n + j], ref, 1e-4 * (1 + std::abs(ref)))
+                  << m << " " << n << " " << k;
             }
-            ASSERT_NEAR(y[i * n + j], ref, 1e-4 * (1 + std::abs(ref))) << m << " " << n << " " << k;
           }
+          if (row0.empty()) row0.assign(y.begin(), y.begin() + n);
+          // Every row of x is row (i % ...) — compare row 0's bits across m and threads.
+          EXPECT_EQ(std::memcmp(y.data(), row0.data(), n * sizeof(float)), 0) << "m=" << m;
         }
-        if (row0.empty()) row0.assign(y.begin(), y.begin() + n);
-        // Every row of x is row (i % ...) — compare row 0's bits across m and threads.
-        EXPECT_EQ(std::memcmp(y.data(), row0.data(), n * sizeof(float)), 0) << "m=" << m;
       }
     }
   }
@@ -168,8 +179,7 @@ TEST(MatmulGroupTest, BitIdenticalToSeparateMatmuls) {
     ASSERT_TRUE(ValidateMatmulGroup(group).ok());
     MatmulGroup(group, &pool);
     for (size_t i = 0; i < widths.size(); ++i) {
-      EXPECT_EQ(std::memcmp(alone[i].data(), grouped[i].data(), alone[i].size() * sizeof(float)),
-                0)
+      EXPECT_EQ(std::memcmp(alone[i].data(), grouped[i].data(), alone[i].size() * sizeof(float)), 0)
           << "m=" << m << " matmul " << i;
     }
     group[1].m = m + 1;
