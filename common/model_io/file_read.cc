@@ -57,6 +57,12 @@ class SparePool {
     return data;
   }
 
+  void DropAll() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Spare& s : spares_) ::munmap(s.data, s.capacity);
+    spares_.clear();
+  }
+
   void Give(uint8_t* data, size_t capacity) {
     (void)::madvise(data, capacity, MADV_FREE);
     std::lock_guard<std::mutex> lock(mu_);
@@ -173,6 +179,8 @@ void ReserveSpareBuffers(absl::Span<const size_t> sizes) {
     SparePool::Get().Give(data, size);
   }
 }
+
+void DropSpareBuffers() { SparePool::Get().DropAll(); }
 
 OwnedFile::~OwnedFile() {
   if (data_ == nullptr) return;

@@ -68,6 +68,9 @@ inline constexpr int kMaxJsonDepth = 64;
 // memory instead of faulting fresh pages in. Best effort (a failed allocation reserves less).
 void ReserveSpareBuffers(absl::Span<const size_t> sizes);
 
+// Unmaps every spare buffer (a worker releasing its memory: ReleaseMemory).
+void DropSpareBuffers();
+
 // Reads a small text file (config.json, index files) with the checks of OwnedFile::Read.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path,
                                           int64_t max_bytes = kMaxJsonFileBytes);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/model_io/dtype.h"
+#include "common/model_io/file_read.h"
 #include "common/model_io/model_config.h"
 #include "common/model_io/safetensors.h"
 #include "common/status.h"
@@ -190,6 +191,8 @@ absl::Status SleepableRunner::Release() {
     spilled_ = true;
   }
   inner_.reset();
+  // The weights' read buffers went to the spare pool: give them back to the system too.
+  model_io::DropSpareBuffers();
   return absl::OkStatus();
 }
 

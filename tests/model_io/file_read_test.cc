@@ -2,9 +2,11 @@
 // pool hands a released buffer to the next read of about its size with that file's bytes only.
 #include "common/model_io/file_read.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -95,6 +97,27 @@ TEST(FileReadTest, ReservedSpareServesTheFirstRead) {
   ASSERT_TRUE(fc.ok()) << fc.status();
   EXPECT_EQ((*fc)->bytes().size(), size);
   EXPECT_TRUE(AllBytesAre(**fc, 'c'));
+}
+
+TEST(FileReadTest, DroppedSparesAreUnmapped) {
+  const size_t size = (size_t{11} << 20) + 5;
+  const std::string d = WriteFile("d", size, 'd');
+  uint8_t* first = nullptr;
+  {
+    auto fd = OwnedFile::Read(d, int64_t{1} << 30);
+    ASSERT_TRUE(fd.ok()) << fd.status();
+    first = const_cast<uint8_t*>((*fd)->bytes().data());
+  }
+  unsigned char resident = 0;
+  // Released: kept as a spare, still mapped.
+  EXPECT_EQ(mincore(first, 4096, &resident), 0);
+  DropSpareBuffers();
+  // Gone from the process (mincore fails with ENOMEM on an unmapped range).
+  EXPECT_EQ(mincore(first, 4096, &resident), -1);
+  EXPECT_EQ(errno, ENOMEM);
+  auto again = OwnedFile::Read(d, int64_t{1} << 30);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(AllBytesAre(**again, 'd'));
 }
 
 TEST(FileReadTest, JsonDepthIsBoundedOutsideStrings) {
