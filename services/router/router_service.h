@@ -104,6 +104,10 @@ class RouterService final : public rl::v1::Router::CallbackService {
   Gauge* in_flight;
 
  private:
+  // RetrieveFromText with tokenize_remainder: the prompt a Generate of `text` would send.
+  absl::Status ResolveForRetrieve(const std::string& text,
+                                  rl::v1::RetrieveFromTextResponse* response);
+
   WorkerPool* pool_;
   TextCache* cache_;
   const tokenizer::Tokenizer* tokenizer_;
