@@ -125,12 +125,6 @@ class WriteQueueReactor : public grpc::ServerWriteReactor<Response> {
     Pump();
   }
 
-  // True once the client went away (the producer may stop early).
-  bool client_gone() const {
-    absl::MutexLock lock(&mu_);
-    return gone_;
-  }
-
  private:
   // Starts the next write, or finishes the call when everything is written (or the client is
   // gone). Safe from any thread while a reference is held.
@@ -164,7 +158,7 @@ class WriteQueueReactor : public grpc::ServerWriteReactor<Response> {
 
   const int64_t max_buffered_bytes_;
   std::atomic<int> refs_{2};  // gRPC's and the producer's
-  mutable absl::Mutex mu_;
+  absl::Mutex mu_;
   std::deque<std::pair<Response, int64_t>> queue_ ABSL_GUARDED_BY(mu_);
   Response current_;               // the message being written
   int64_t current_bytes_ ABSL_GUARDED_BY(mu_) = 0;

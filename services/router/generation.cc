@@ -13,8 +13,6 @@ namespace rl::router {
 namespace {
 
 constexpr float kUnknownLogprob = std::numeric_limits<float>::quiet_NaN();
-// Text prompts longer than this are tokenized off the callback threads.
-constexpr size_t kInlinePromptBytes = 2048;
 
 absl::StatusOr<Prompt> ResolvePrompt(const rl::v1::GenerateRequest& req, TextCache* cache,
                                      const tokenizer::Tokenizer* tok, SeamCounters* counters) {

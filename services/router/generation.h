@@ -54,6 +54,9 @@
 
 namespace rl::router {
 
+// Text prompts longer than this are tokenized off gRPC's callback threads.
+inline constexpr size_t kInlinePromptBytes = 2048;
+
 struct RetryOptions {
   int max_attempts = 3;
   std::chrono::milliseconds backoff{50};

@@ -419,28 +419,22 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
                                     " bytes is more than --max-prompt-bytes (",
                                     limits_.max_prompt_bytes, ")")));
   }
-  rl::v1::Trajectory* t = response->mutable_trajectory();
   if (request->tokenize_remainder()) {
-    // The tokens a Generate of this text would send: one cache lookup, one hit or miss.
     if (tokenizer_ == nullptr)
       return FinishUnary(context, absl::FailedPreconditionError("no tokenizer"));
-    absl::StatusOr<ResolvedPrompt> r =
-        ResolveTextPrompt(request->text(), *cache_, *tokenizer_, &seam_counters_);
-    if (!r.ok()) return FinishUnary(context, r.status());
-    const int64_t current = cache_->GetStats().current_version;
-    std::vector<int64_t> versions = r->versions;
-    versions.resize(r->ids.size(), current);
-    t->mutable_tokens()->Assign(r->ids.begin(), r->ids.end());
-    for (uint8_t m : r->mask) t->add_loss_mask(m);
-    t->mutable_rollout_logp()->Assign(r->logprobs.begin(), r->logprobs.end());
-    t->mutable_token_weight_versions()->Assign(versions.begin(), versions.end());
-    int64_t newest = 0;
-    for (int64_t v : versions) newest = std::max(newest, v);
-    t->set_weight_version(newest);
-    response->set_matched_bytes(r->cached_tokens > 0 ? r->ends[r->cached_tokens - 1] : 0);
-    response->set_cached_tokens(r->cached_tokens);
-    return FinishUnary(context, absl::OkStatus());
+    if (request->text().size() <= kInlinePromptBytes) {
+      return FinishUnary(context, ResolveForRetrieve(request->text(), response));
+    }
+    // A long text's tokenization runs on the blocking pool, off the callback thread.
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    if (!options_.blocking->Submit([this, reactor, request, response] {
+          reactor->Finish(ToGrpcStatus(ResolveForRetrieve(request->text(), response)));
+        })) {
+      reactor->Finish(ToGrpcStatus(options_.blocking->BusyError()));
+    }
+    return reactor;
   }
+  rl::v1::Trajectory* t = response->mutable_trajectory();
   CacheRetrieval r = cache_->Retrieve(request->text());
   t->mutable_tokens()->Assign(r.tokens.begin(), r.tokens.end());
   for (uint8_t m : r.loss_mask) t->add_loss_mask(m);
@@ -450,6 +444,26 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
   response->set_matched_bytes(static_cast<int64_t>(r.matched_bytes));
   response->set_cached_tokens(static_cast<int32_t>(r.tokens.size()));
   return FinishUnary(context, absl::OkStatus());
+}
+
+absl::Status RouterService::ResolveForRetrieve(const std::string& text,
+                                              rl::v1::RetrieveFromTextResponse* response) {
+  // The tokens a Generate of this text would send: one cache lookup, one hit or miss.
+  ASSIGN_OR_RETURN(ResolvedPrompt r, ResolveTextPrompt(text, *cache_, *tokenizer_, &seam_counters_));
+  const int64_t current = cache_->GetStats().current_version;
+  std::vector<int64_t> versions = r.versions;
+  versions.resize(r.ids.size(), current);
+  rl::v1::Trajectory* t = response->mutable_trajectory();
+  t->mutable_tokens()->Assign(r.ids.begin(), r.ids.end());
+  for (uint8_t m : r.mask) t->add_loss_mask(m);
+  t->mutable_rollout_logp()->Assign(r.logprobs.begin(), r.logprobs.end());
+  t->mutable_token_weight_versions()->Assign(versions.begin(), versions.end());
+  int64_t newest = 0;
+  for (int64_t v : versions) newest = std::max(newest, v);
+  t->set_weight_version(newest);
+  response->set_matched_bytes(r.cached_tokens > 0 ? r.ends[r.cached_tokens - 1] : 0);
+  response->set_cached_tokens(r.cached_tokens);
+  return absl::OkStatus();
 }
 
 grpc::ServerUnaryReactor* RouterService::AddWorker(grpc::CallbackServerContext* context,

@@ -21,13 +21,13 @@
 
 #include "common/auth.h"
 #include "common/bounded_executor.h"
-#include "common/request_limits.h"
 #include "common/metrics.h"
+#include "common/request_limits.h"
 #include "common/tokenizer/tokenizer.h"
 #include "rl/v1/router.grpc.pb.h"
+#include "services/router/admission.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
-#include "services/router/admission.h"
 #include "services/router/generation.h"
 #include "services/router/request_table.h"
 #include "services/router/worker_pool.h"
@@ -104,6 +104,10 @@ class RouterService final : public rl::v1::Router::CallbackService {
   Gauge* in_flight;
 
  private:
+  // RetrieveFromText with tokenize_remainder: the prompt a Generate of `text` would send.
+  absl::Status ResolveForRetrieve(const std::string& text,
+                                  rl::v1::RetrieveFromTextResponse* response);
+
   WorkerPool* pool_;
   TextCache* cache_;
   const tokenizer::Tokenizer* tokenizer_;

@@ -245,5 +245,28 @@ TEST_F(RouterLoadTest, AClientThatStopsReadingIsCutOffAndTheWorkerRequestCancell
       << tally.last_exhausted();
 }
 
+TEST_F(RouterLoadTest, LongTextPromptsAndRetrievesRunOnTheBlockingPool) {
+  Start(FakeWorkerOptions{}, RouterConfig{}, /*num_workers=*/1);
+  auto stub = NewStub();
+  std::string text;
+  while (text.size() <= 3 * kInlinePromptBytes) text += "Once upon a time there was a girl. ";
+  rl::v1::GenerateRequest req;
+  req.set_text(text);
+  Tally tally;
+  for (int i = 0; i < 8; ++i) {
+    RouterCall::Start(stub.get(), req, tally.Callback(), "", true, std::chrono::seconds(60));
+  }
+  ASSERT_TRUE(tally.Wait(8));
+  EXPECT_EQ(tally.ok(), 8);
+  grpc::ClientContext ctx;
+  rl::v1::RetrieveFromTextRequest retrieve;
+  retrieve.set_text(text);
+  retrieve.set_tokenize_remainder(true);
+  rl::v1::RetrieveFromTextResponse resp;
+  ASSERT_TRUE(stub->RetrieveFromText(&ctx, retrieve, &resp).ok());
+  EXPECT_GT(resp.trajectory().tokens_size(), 100);
+  EXPECT_EQ(resp.trajectory().tokens_size(), resp.trajectory().loss_mask_size());
+}
+
 }  // namespace
 }  // namespace rl::router
