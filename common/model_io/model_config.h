@@ -1,6 +1,6 @@
 // ModelConfig: the architecture of a decoder-only transformer in Hugging Face layout, parsed
-// from config.json (Llama 1/2/3, Qwen2, Qwen3, Qwen3-MoE). Every field the runner needs is explicit and
-// validated at parse time; unknown architectures are an error naming the value.
+// from config.json (Llama 1/2/3, Qwen2, Qwen3, Qwen3-MoE). Every field the runner needs is explicit
+// and validated at parse time; unknown architectures are an error naming the value.
 #pragma once
 
 #include <cstdint>

@@ -121,8 +121,8 @@ absl::Status MoeExperts(const MoeExpertsParams& p, ThreadPool* pool, MoeScratch*
   }
   int64_t max_rows = 0;
   for (int64_t e = 0; e < p.num_experts; ++e) {
-    max_rows = std::max(max_rows, s->begin[static_cast<size_t>(e + 1)] -
-                                      s->begin[static_cast<size_t>(e)]);
+    max_rows =
+        std::max(max_rows, s->begin[static_cast<size_t>(e + 1)] - s->begin[static_cast<size_t>(e)]);
   }
   s->x.resize(static_cast<size_t>(max_rows * hidden));
   s->gate.resize(static_cast<size_t>(max_rows * inter));

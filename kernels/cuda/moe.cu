@@ -11,8 +11,8 @@ constexpr int kThreads = 128;
 // One thread per token: softmax in float32 (max, exp, sum in index order, times 1 / sum), then
 // k passes of "largest remaining weight, lowest index on equal weights".
 __global__ void MoeRouteKernel(const float* __restrict__ logits, int32_t* __restrict__ ids,
-                               float* __restrict__ weights, int64_t num_tokens,
-                               int64_t num_experts, int64_t top_k, bool norm) {
+                               float* __restrict__ weights, int64_t num_tokens, int64_t num_experts,
+                               int64_t top_k, bool norm) {
   const int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (t >= num_tokens) return;
   const float* row = logits + t * num_experts;

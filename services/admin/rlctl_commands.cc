@@ -485,7 +485,8 @@ int Abort(const Options& o, const Client& c) {
 
 int MakeModel(const Options& o) {
   if (o.arch.empty() || o.size.empty() || o.out.empty()) {
-    return Fail(o, Usage("make-model --arch llama|qwen2|qwen3|qwen3_moe --size tiny|0.5b|1b|8b --out DIR"));
+    return Fail(
+        o, Usage("make-model --arch llama|qwen2|qwen3|qwen3_moe --size tiny|0.5b|1b|8b --out DIR"));
   }
   model_io::MakeModelOptions m;
   m.arch = o.arch;

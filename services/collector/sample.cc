@@ -44,8 +44,8 @@ absl::Status FillRouting(const rl::v1::RoutedExperts& r, SampleRecord* record) {
     if (d < 0) return absl::InvalidArgumentError("routed_experts: negative dim");
     n *= d;
   }
-  if (r.start_pos() < 0 ||
-      r.start_pos() + static_cast<int64_t>(r.shape(0)) > static_cast<int64_t>(record->tokens.size())) {
+  if (r.start_pos() < 0 || r.start_pos() + static_cast<int64_t>(r.shape(0)) >
+                               static_cast<int64_t>(record->tokens.size())) {
     return absl::InvalidArgumentError(
         absl::StrCat("routed_experts: tokens [", r.start_pos(), ", ", r.start_pos() + r.shape(0),
                      ") beyond the sample's ", record->tokens.size(), " tokens"));

@@ -166,18 +166,20 @@ std::string EncodeShard(const std::vector<SampleRecord>& records) {
     size_t elem;
     const void* data;
   };
-  std::vector<Out> cols = {{"offsets", "I64", static_cast<int64_t>(offsets.size()), 8, offsets.data()},
-                           {"weight_versions", "I64", t, 8, versions.data()}};
+  std::vector<Out> cols = {
+      {"offsets", "I64", static_cast<int64_t>(offsets.size()), 8, offsets.data()},
+      {"weight_versions", "I64", t, 8, versions.data()}};
   if (routed) {
-    cols.push_back({"routed_offsets", "I64", static_cast<int64_t>(rc.offsets.size()), 8,
-                    rc.offsets.data()});
+    cols.push_back(
+        {"routed_offsets", "I64", static_cast<int64_t>(rc.offsets.size()), 8, rc.offsets.data()});
   }
   cols.push_back({"tokens", "I32", t, 4, tokens.data()});
   cols.push_back({"rollout_logprobs", "F32", t, 4, logprobs.data()});
   if (routed) {
-    cols.push_back({"routed_experts", "I32", static_cast<int64_t>(rc.ids.size()), 4, rc.ids.data()});
-    cols.push_back({"expert_weights", "F32", static_cast<int64_t>(rc.weights.size()), 4,
-                    rc.weights.data()});
+    cols.push_back(
+        {"routed_experts", "I32", static_cast<int64_t>(rc.ids.size()), 4, rc.ids.data()});
+    cols.push_back(
+        {"expert_weights", "F32", static_cast<int64_t>(rc.weights.size()), 4, rc.weights.data()});
   }
   cols.push_back({"loss_mask", "U8", t, 1, mask.data()});
   Json header = Json::object();

@@ -236,14 +236,16 @@ absl::StatusOr<std::vector<std::vector<model::TensorInfo>>> BucketsFrom(
   std::vector<std::vector<model::TensorInfo>> out;
   for (int b = 0; b < in.size(); ++b) {
     const rl::v1::WeightBucket& bucket = in[b];
-    if (bucket.names_size() != bucket.dtypes_size() || bucket.names_size() != bucket.shapes_size()) {
+    if (bucket.names_size() != bucket.dtypes_size() ||
+        bucket.names_size() != bucket.shapes_size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "buckets[", b, "]: names/dtypes/shapes lengths differ (", bucket.names_size(), "/",
           bucket.dtypes_size(), "/", bucket.shapes_size(), ")"));
     }
     std::vector<model::TensorInfo>& specs = out.emplace_back();
     for (int i = 0; i < bucket.names_size(); ++i) {
-      specs.push_back({bucket.names(i), bucket.dtypes(i),
+      specs.push_back({bucket.names(i),
+                       bucket.dtypes(i),
                        {bucket.shapes(i).dims().begin(), bucket.shapes(i).dims().end()}});
     }
   }
@@ -269,8 +271,9 @@ grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
   });
 }
 
-grpc::ServerUnaryReactor* AdminService::ReceiveWeights(
-    Ctx* c, const rl::v1::ReceiveWeightsRequest* req, rl::v1::AdminResponse* resp) {
+grpc::ServerUnaryReactor* AdminService::ReceiveWeights(Ctx* c,
+                                                       const rl::v1::ReceiveWeightsRequest* req,
+                                                       rl::v1::AdminResponse* resp) {
   return RunAsync(c, auth_, [this, req, resp]() -> absl::Status {
     ASSIGN_OR_RETURN(auto buckets, BucketsFrom(req->buckets()));
     UpdatePolicy policy;

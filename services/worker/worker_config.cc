@@ -43,8 +43,8 @@ absl::Status Validate(const WorkerConfig& c) {
   if (c.weight_version < 0) return bad("weight-version", "must be >= 0");
   if (!c.rl_on_policy_target.empty() && c.rl_on_policy_target != "xorl" &&
       c.rl_on_policy_target != "xorl-batch-invariant") {
-    return bad("rl-on-policy-target", absl::StrCat("'", c.rl_on_policy_target,
-                                                   "' is not xorl or xorl-batch-invariant"));
+    return bad("rl-on-policy-target",
+               absl::StrCat("'", c.rl_on_policy_target, "' is not xorl or xorl-batch-invariant"));
   }
   if (absl::Status s = ValidateRequestLimits(c.limits); !s.ok()) return s;
   return absl::OkStatus();

@@ -633,7 +633,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::PrepareWeightsUpdate(
 }
 
 absl::StatusOr<AdminOutcome> WorkerServer::CompleteWeightsUpdate(const std::string& group_name,
-                                                                  const UpdatePolicy& policy) {
+                                                                 const UpdatePolicy& policy) {
   std::unique_ptr<PendingReceive> p;
   {
     absl::MutexLock lock(&mu_);
@@ -647,12 +647,13 @@ absl::StatusOr<AdminOutcome> WorkerServer::CompleteWeightsUpdate(const std::stri
   }
   p->thread.join();  // bounded by the group's stall timeout
   if (!p->status.ok()) {
-    return Annotate(p->status, "complete_weights_update: the prepared receive failed (nothing "
-                               "was applied)");
+    return Annotate(p->status,
+                    "complete_weights_update: the prepared receive failed (nothing "
+                    "was applied)");
   }
-  return RunSelfPausingUpdate(
-      "complete_weights_update", policy,
-      [&](model::ModelRunner& runner) { return ApplyStaged(runner, p->tensors); });
+  return RunSelfPausingUpdate("complete_weights_update", policy, [&](model::ModelRunner& runner) {
+    return ApplyStaged(runner, p->tensors);
+  });
 }
 
 absl::StatusOr<AdminOutcome> WorkerServer::ReceiveWeights(

@@ -135,9 +135,9 @@ class WorkerServer {
   absl::StatusOr<AdminOutcome> CompleteWeightsUpdate(const std::string& group_name,
                                                      const UpdatePolicy& policy);
   // Single call: pause (retract) → receive `buckets` → apply atomically → resume.
-  absl::StatusOr<AdminOutcome> ReceiveWeights(
-      const std::string& group_name, std::vector<std::vector<model::TensorInfo>> buckets,
-      const UpdatePolicy& policy);
+  absl::StatusOr<AdminOutcome> ReceiveWeights(const std::string& group_name,
+                                              std::vector<std::vector<model::TensorInfo>> buckets,
+                                              const UpdatePolicy& policy);
   absl::StatusOr<std::vector<model::TensorInfo>> ListWeights();
   enum class CheckerAction { kSnapshot, kResetTensors, kCompare, kChecksum };
   absl::StatusOr<CheckerResult> CheckWeights(CheckerAction action);

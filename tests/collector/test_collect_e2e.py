@@ -298,3 +298,38 @@ def test_loader_rejects_files_that_are_not_trajectories(tmp_path):
         (tmp_path / name).write_bytes(body)
         with pytest.raises(ValueError, match=name):
             load_trajectories(tmp_path / name)
+
+
+def test_routed_experts_reach_the_shards_and_the_loader(tmp_path):
+    """R3 end to end: a tiny Qwen3-MoE worker with --enable-return-routed-experts behind a
+    router, rl-collect --return-routed-experts, and load_trajectories(...).routing(i): every
+    sample has ids [prompt + response - 1, 2 MoE layers, top-4] in range and weights that sum
+    to 1 per token (norm_topk_prob)."""
+    from rlfleet import load_trajectories
+    from conftest import Server
+    model = tmp_path / "moe"
+    subprocess.run([str(BIN / "rlctl"), "make-model", "--arch", "qwen3_moe", "--size", "tiny",
+                    "--out", str(model)], check=True, capture_output=True, timeout=60)
+    worker = Server([str(BIN / "rl-worker"), "--model", str(model), "--port", "0",
+                     "--kv-cache-gb", "0.02", "--enable-return-routed-experts"])
+    router = Server([str(BIN / "rl-router"), "--tokenizer", str(model), "--port", "0",
+                     "--worker", worker.address, "--health-interval-ms", "100"])
+    try:
+        prompts = tmp_path / "p.jsonl"
+        with open(prompts, "w") as f:
+            for i in range(6):
+                f.write(json.dumps({"index": i, "input_ids": [5 + i, 17, 300, 42]}) + "\n")
+        out = tmp_path / "out"
+        run_collect(collect_cmd(router.address, prompts, out, "--return-routed-experts",
+                                max_new_tokens=6))
+        t = load_trajectories(out)
+        assert len(t) == 6 * N and all(t.ok)
+        for i in range(len(t)):
+            start, ids, w = t.routing(i)
+            n_tokens = int(t.offsets[i + 1] - t.offsets[i]) - 1
+            assert start == 0 and ids.shape == (n_tokens, 2, 4)
+            assert ids.min() >= 0 and ids.max() < 16
+            np.testing.assert_allclose(w.sum(axis=-1), 1.0, rtol=1e-5)
+    finally:
+        router.stop()
+        worker.stop()

@@ -20,8 +20,7 @@ constexpr int64_t kSlots = 512;
 class EngineMoeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (std::filesystem::temp_directory_path() /
-            absl::StrCat("rl_engine_moe_", ::getpid()))
+    dir_ = (std::filesystem::temp_directory_path() / absl::StrCat("rl_engine_moe_", ::getpid()))
                .string();
     model_io::MakeModelOptions mo;
     mo.arch = "qwen3_moe";

@@ -1,6 +1,8 @@
 // The CPU MoE kernels: routing equals torch's softmax + topk (including torch's order among equal
 // weights, and NaN rows), norm_topk_prob, the grouped expert MLP against a plain per-token
 // reference in double, batch invariance of a token's output, and bad expert ids refused.
+#include "kernels/cpu/moe.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -9,7 +11,6 @@
 
 #include "common/model_io/dtype.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu/moe.h"
 
 namespace rl::kernels::cpu {
 namespace {
@@ -162,10 +163,9 @@ TEST_F(MoeExpertsTest, ATokensOutputDoesNotDependOnTheBatch) {
   ThreadPool pool(3);
   MoeScratch scratch;
   std::vector<float> all(kTokens * kHidden);
-  ASSERT_TRUE(
-      MoeExperts(Params(x_.data(), ids_.data(), weights_.data(), all.data(), kTokens), &pool,
-                 &scratch)
-          .ok());
+  ASSERT_TRUE(MoeExperts(Params(x_.data(), ids_.data(), weights_.data(), all.data(), kTokens),
+                         &pool, &scratch)
+                  .ok());
   for (int64_t t = 0; t < kTokens; ++t) {
     std::vector<float> one(kHidden);
     ASSERT_TRUE(MoeExperts(Params(x_.data() + t * kHidden, ids_.data() + t * kTopK,
@@ -183,18 +183,18 @@ TEST_F(MoeExpertsTest, BadExpertIdsAreRefused) {
   std::vector<float> y(kTokens * kHidden, 7.0f);
   std::vector<int32_t> bad = ids_;
   bad[3] = kExperts;
-  absl::Status s =
-      MoeExperts(Params(x_.data(), bad.data(), weights_.data(), y.data(), kTokens), &pool, &scratch);
+  absl::Status s = MoeExperts(Params(x_.data(), bad.data(), weights_.data(), y.data(), kTokens),
+                              &pool, &scratch);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(y[0], 7.0f);  // nothing written
   bad[3] = -1;
   EXPECT_FALSE(
       MoeExperts(Params(x_.data(), bad.data(), weights_.data(), y.data(), kTokens), &pool, &scratch)
           .ok());
-  EXPECT_FALSE(Params(x_.data(), ids_.data(), weights_.data(), const_cast<float*>(x_.data()),
-                      kTokens)
-                   .Validate()
-                   .ok());
+  EXPECT_FALSE(
+      Params(x_.data(), ids_.data(), weights_.data(), const_cast<float*>(x_.data()), kTokens)
+          .Validate()
+          .ok());
 }
 
 }  // namespace

@@ -100,15 +100,14 @@ TEST(ModelConfigTest, ParsesQwen3MoeAndRoundTrips) {
 }
 
 TEST(ModelConfigTest, Qwen3MoeFieldsAreBounded) {
-  for (auto [from, to, field] : {std::tuple{"\"num_experts_per_tok\": 8",
-                                            "\"num_experts_per_tok\": 129", "num_experts_per_tok"},
-                                 {"\"num_experts\": 128", "\"num_experts\": 100000", "num_experts"},
-                                 {"\"num_experts\": 128", "\"num_experts\": 0", "num_experts"},
-                                 {"\"mlp_only_layers\": []", "\"mlp_only_layers\": [48]",
-                                  "mlp_only_layers"},
-                                 {"\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 0",
-                                  "decoder_sparse_step"},
-                                 {"\"moe_intermediate_size\": 768,", "", "moe_intermediate_size"}}) {
+  for (auto [from, to, field] :
+       {std::tuple{"\"num_experts_per_tok\": 8", "\"num_experts_per_tok\": 129",
+                   "num_experts_per_tok"},
+        {"\"num_experts\": 128", "\"num_experts\": 100000", "num_experts"},
+        {"\"num_experts\": 128", "\"num_experts\": 0", "num_experts"},
+        {"\"mlp_only_layers\": []", "\"mlp_only_layers\": [48]", "mlp_only_layers"},
+        {"\"decoder_sparse_step\": 1", "\"decoder_sparse_step\": 0", "decoder_sparse_step"},
+        {"\"moe_intermediate_size\": 768,", "", "moe_intermediate_size"}}) {
     std::string j = kQwen3Moe;
     j.replace(j.find(from), std::string(from).size(), to);
     auto c = ParseModelConfig(j);

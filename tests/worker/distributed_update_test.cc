@@ -164,8 +164,8 @@ TEST_F(DistributedUpdateTest, ReceiveWeightsIsOneCall) {
   AddBuckets(*buckets, &req);
   req.set_keep_pause(true);
   rl::v1::AdminResponse resp;
-  auto call = std::async(std::launch::async,
-                         [&] { return Call(&Stub::ReceiveWeights, req, &resp); });
+  auto call =
+      std::async(std::launch::async, [&] { return Call(&Stub::ReceiveWeights, req, &resp); });
   ASSERT_TRUE(BroadcastAll(sender_.get(), *buckets).ok());
   grpc::Status s = call.get();
   ASSERT_TRUE(s.ok()) << s.error_message();

@@ -70,9 +70,9 @@ TEST_F(RoutedExpertsTest, FinalMessageCarriesTheRoutingOfEveryToken) {
   model::ForwardOutput out;
   ASSERT_TRUE((*runner)->Forward(in, &out).ok());
   const size_t skip = 2 * 2 * 4;
-  EXPECT_EQ(std::memcmp(r.expert_ids().data(), out.routed_experts.data() + skip,
-                        r.expert_ids().size()),
-            0);
+  EXPECT_EQ(
+      std::memcmp(r.expert_ids().data(), out.routed_experts.data() + skip, r.expert_ids().size()),
+      0);
   EXPECT_EQ(std::memcmp(r.expert_weights().data(), out.routed_weights.data() + skip,
                         r.expert_weights().size()),
             0);

@@ -47,6 +47,24 @@ class Trajectories:
     status: list[str]
     finish_reason: list[str]
     metadata: list[dict]
+    # R3 (shards from rl-collect --return-routed-experts; None otherwise): sample i's routing is
+    # routed_experts[routed_offsets[i]:routed_offsets[i+1]], shaped routed_shape[i] =
+    # [tokens, MoE layers, top_k] for the tokens from position routed_start[i] on.
+    routed_offsets: Optional[np.ndarray] = None   # int64 [N+1]
+    routed_experts: Optional[np.ndarray] = None   # int32 [R]
+    expert_weights: Optional[np.ndarray] = None   # float32 [R] or [0]
+    routed_start: Optional[list[int]] = None
+    routed_shape: Optional[list[list[int]]] = None
+
+    def routing(self, i: int):
+        """(start position, expert ids [tokens, layers, top_k], weights or None) of sample i;
+        None when the file has no routing or the sample none."""
+        if self.routed_offsets is None or not self.routed_shape[i]:
+            return None
+        b, e = self.routed_offsets[i], self.routed_offsets[i + 1]
+        shape = tuple(self.routed_shape[i])
+        w = self.expert_weights[b:e].reshape(shape) if len(self.expert_weights) else None
+        return self.routed_start[i], self.routed_experts[b:e].reshape(shape), w
 
     def __len__(self) -> int:
         return len(self.index)
@@ -221,7 +239,30 @@ def load_trajectories(path: Union[str, Path]) -> Trajectories:
             (n and (off[0] != 0 or off[-1] != t or np.any(np.diff(off) < 0))) or \
             (not n and list(off) != [0]):
         raise bad("offsets do not tile the token columns")
+    routed = {}
+    if "routed_offsets" in header:
+        for name, dtype in (("routed_offsets", "I64"), ("routed_experts", "I32"),
+                            ("expert_weights", "F32")):
+            t = header.get(name)
+            if t is None or t.get("dtype") != dtype or len(t.get("shape", [])) != 1:
+                raise bad(f"tensor {name} missing or not a 1-D {dtype}")
+            b, e = t["data_offsets"]
+            npd = np.dtype(_DTYPES[dtype])
+            if not (0 <= b <= e <= len(body)) or (e - b) != t["shape"][0] * npd.itemsize:
+                raise bad(f"tensor {name} has bad offsets")
+            routed[name] = np.frombuffer(body[b:e], dtype=npd).copy()
+        try:
+            routed["routed_start"] = json.loads(meta["routed_start"])
+            routed["routed_shape"] = json.loads(meta["routed_shape"])
+        except (KeyError, ValueError) as e:
+            raise bad("routed_start / routed_shape metadata missing or not JSON") from e
+        ro = routed["routed_offsets"]
+        if len(ro) != n + 1 or len(routed["routed_start"]) != n or \
+                len(routed["routed_shape"]) != n or (n and (ro[0] != 0 or ro[-1] !=
+                                                            len(routed["routed_experts"]))):
+            raise bad("routed columns do not match the samples")
     return Trajectories(
+        **routed,
         offsets=off, tokens=cols["tokens"], loss_mask=cols["loss_mask"],
         rollout_logprobs=cols["rollout_logprobs"], weight_versions=cols["weight_versions"],
         index=np.array(scal["index"], dtype=np.int64), sample=np.array(scal["sample"], dtype=np.int32),

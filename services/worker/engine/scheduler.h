@@ -162,8 +162,7 @@ class Scheduler {
   void ProcessEntry(const BatchEntry& entry, const float* rows, int64_t num_rows, int64_t now_us);
   // Appends the routing of the entry's not yet recorded positions (R3); the entry's tokens
   // start at token `first_token` of the step's output.
-  void RecordRouting(const BatchEntry& entry, const model::ForwardOutput& out,
-                     int64_t first_token);
+  void RecordRouting(const BatchEntry& entry, const model::ForwardOutput& out, int64_t first_token);
   double LogprobTemperature(const Sequence& seq) const;
   bool CheckStop(Sequence* seq, int32_t token, FinishReason* reason) const;
   void Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_t now_us);

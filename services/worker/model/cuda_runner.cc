@@ -217,8 +217,8 @@ class CudaBackend final : public Backend {
     const int64_t n = p.num_tokens;
     const int64_t nk = n * p.top_k;
     RETURN_IF_ERROR(BindDevice(device_));
-    RETURN_IF_ERROR(RL_GPU_STATUS(cudaMemsetAsync(
-        p.y, 0, static_cast<size_t>(n * p.hidden) * sizeof(float), stream_)));
+    RETURN_IF_ERROR(RL_GPU_STATUS(
+        cudaMemsetAsync(p.y, 0, static_cast<size_t>(n * p.hidden) * sizeof(float), stream_)));
     if (n == 0) return absl::OkStatus();
     std::vector<int32_t> ids(static_cast<size_t>(nk));
     std::vector<float> weights(static_cast<size_t>(nk));
@@ -241,7 +241,8 @@ class CudaBackend final : public Backend {
     std::vector<float> row_weights(static_cast<size_t>(nk));
     std::vector<int64_t> fill(begin.begin(), begin.end() - 1);
     for (int64_t i = 0; i < nk; ++i) {
-      const size_t at = static_cast<size_t>(fill[static_cast<size_t>(ids[static_cast<size_t>(i)])]++);
+      const size_t at =
+          static_cast<size_t>(fill[static_cast<size_t>(ids[static_cast<size_t>(i)])]++);
       rows[at] = static_cast<int32_t>(i / p.top_k);
       row_weights[at] = weights[static_cast<size_t>(i)];
     }
@@ -282,9 +283,8 @@ class CudaBackend final : public Backend {
       mm.n = p.hidden;
       mm.k = p.intermediate;
       RETURN_IF_ERROR(Matmul(mm));
-      RETURN_IF_ERROR(RL_GPU_STATUS(kg::LaunchMoeCombine(moe_out_.f32(), moe_rows_.i32() + b,
-                                                         moe_weights_.f32() + b, m, p.hidden, p.y,
-                                                         stream_)));
+      RETURN_IF_ERROR(RL_GPU_STATUS(kg::LaunchMoeCombine(
+          moe_out_.f32(), moe_rows_.i32() + b, moe_weights_.f32() + b, m, p.hidden, p.y, stream_)));
     }
     return absl::OkStatus();
   }
@@ -376,8 +376,8 @@ class CudaModelRunner final : public ModelRunner {
     bo.batch_invariant = o.batch_invariant;
     ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::Create(bo));
     r->backend_ = std::move(backend);
-    ASSIGN_OR_RETURN(r->device_, MirrorWeights(*r->host_, r->backend_.get(), o.fp32_lm_head,
-                                                   o.fp32_router));
+    ASSIGN_OR_RETURN(r->device_,
+                     MirrorWeights(*r->host_, r->backend_.get(), o.fp32_lm_head, o.fp32_router));
 
     const int64_t per_slot = Transformer::KvBytesPerSlot(r->config_, kv_dtype);
     int64_t slots = o.num_kv_slots;

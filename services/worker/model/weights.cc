@@ -73,7 +73,8 @@ int64_t Weights::NonExpertBytesPerToken() const {
   int64_t total = BytesPerToken();
   for (const LayerWeights& l : layers_) {
     for (size_t e = 0; e < l.expert_gate.size(); ++e) {
-      total -= l.expert_gate[e]->num_bytes + l.expert_up[e]->num_bytes + l.expert_down[e]->num_bytes;
+      total -=
+          l.expert_gate[e]->num_bytes + l.expert_up[e]->num_bytes + l.expert_down[e]->num_bytes;
     }
   }
   return total;
@@ -180,9 +181,12 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(model_io::Checkpo
       const int64_t inter = c.moe_intermediate_size;
       for (int64_t e = 0; e < c.num_experts; ++e) {
         const std::string ep = absl::StrCat(p, "mlp.experts.", e, ".");
-        ASSIGN_OR_RETURN(const WeightTensor* g, need(ep + "gate_proj.weight", {inter, c.hidden_size}));
-        ASSIGN_OR_RETURN(const WeightTensor* u, need(ep + "up_proj.weight", {inter, c.hidden_size}));
-        ASSIGN_OR_RETURN(const WeightTensor* d, need(ep + "down_proj.weight", {c.hidden_size, inter}));
+        ASSIGN_OR_RETURN(const WeightTensor* g,
+                         need(ep + "gate_proj.weight", {inter, c.hidden_size}));
+        ASSIGN_OR_RETURN(const WeightTensor* u,
+                         need(ep + "up_proj.weight", {inter, c.hidden_size}));
+        ASSIGN_OR_RETURN(const WeightTensor* d,
+                         need(ep + "down_proj.weight", {c.hidden_size, inter}));
         for (const WeightTensor* t : {g, u, d}) {
           const DType want = lw.expert_gate.empty() ? g->dtype : lw.expert_gate[0]->dtype;
           if (t->dtype != want) {

@@ -56,10 +56,10 @@ struct LayerWeights {
   const WeightTensor* down_proj = nullptr;   // [hidden, intermediate]
   // MoE layers (config.IsMoeLayer): the router ("mlp.gate") and num_experts experts, every
   // expert tensor in one dtype (checked at load; updates keep the held dtype).
-  const WeightTensor* router = nullptr;                  // [num_experts, hidden]
-  std::vector<const WeightTensor*> expert_gate;          // [moe_intermediate, hidden] each
-  std::vector<const WeightTensor*> expert_up;            // [moe_intermediate, hidden] each
-  std::vector<const WeightTensor*> expert_down;          // [hidden, moe_intermediate] each
+  const WeightTensor* router = nullptr;          // [num_experts, hidden]
+  std::vector<const WeightTensor*> expert_gate;  // [moe_intermediate, hidden] each
+  std::vector<const WeightTensor*> expert_up;    // [moe_intermediate, hidden] each
+  std::vector<const WeightTensor*> expert_down;  // [hidden, moe_intermediate] each
 };
 
 class Weights {
