@@ -331,6 +331,8 @@ TEST(RouterAbortRetryTest, LastAttemptsAbortIsReturnedWithItsPartialOutput) {
     (*router)->Shutdown();
     for (auto& w : workers) w->Shutdown();
   }
+}
+
 // A stand-in worker: gRPC health SERVING, GetLoad answered, and every Abort held open until
 // Release(): Router.Abort calls forwarded to it stay in flight.
 class HoldingAbortWorker final : public rl::v1::Worker::CallbackService {
@@ -382,7 +384,7 @@ class HoldingAbortWorker final : public rl::v1::Worker::CallbackService {
   bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// Router.Abort forwards on a thread per call, at most 64 at once (kMaxAbortsInFlight in
+// Router.Abort forwards on the admin executor, at most 64 at once (kMaxAbortsInFlight in
 // router_abort.cc): the 65th is refused with RESOURCE_EXHAUSTED without reaching a worker, and
 // the slots come back when the forwarded calls finish.
 TEST(RouterAbortCapTest, SixtyFifthAbortInFlightIsRefusedAndSlotsComeBack) {
