@@ -6,6 +6,7 @@
 #include <set>
 
 #include "common/status.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/engine/engine_test_util.h"
 
@@ -558,11 +559,15 @@ TEST(EngineTest, WeightUpdateRunsOnTheEngineThread) {
   EXPECT_GE(c.result("a").num_retractions, 1);
   // A blocking call from the engine thread is refused instead of deadlocking.
   absl::Status inner;
+  absl::Notification inner_done;  // the callback's result, published after it is written
   RequestCallbacks cb;
-  cb.on_finish = [&](GenerateResult) { inner = fe.engine->Pause(PauseMode::kInPlace); };
+  cb.on_finish = [&](GenerateResult) {
+    inner = fe.engine->Pause(PauseMode::kInPlace);
+    inner_done.Notify();
+  };
   ASSERT_TRUE(fe.engine->Submit(Greedy("cb", prompt, 1), cb).ok());
   ASSERT_TRUE(fe.engine->RunOnEngineThread([](EngineContext&) { return absl::OkStatus(); }).ok());
-  while (fe.engine->GetServerInfo().num_finished < 2) std::this_thread::yield();
+  ASSERT_TRUE(inner_done.WaitForNotificationWithTimeout(absl::Seconds(60)));
   EXPECT_EQ(inner.code(), absl::StatusCode::kFailedPrecondition);
   ExpectNoLeak(*fe.engine);
 }

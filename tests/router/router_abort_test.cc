@@ -396,6 +396,9 @@ TEST(RouterAbortCapTest, SixtyFifthAbortInFlightIsRefusedAndSlotsComeBack) {
   ASSERT_TRUE(worker.ok()) << worker.status();
   RouterConfig config;
   config.workers.push_back((*worker)->address());
+  // One admin thread per allowed abort, so all 64 reach the worker at once (with fewer, the
+  // accepted ones wait on the executor: still in flight, still counted against the cap).
+  config.admin_threads = kCap;
   auto router = testing::StartTestRouter(config);
   ASSERT_TRUE(router.ok()) << router.status();
   auto stub = rl::v1::Router::NewStub(
