@@ -411,6 +411,19 @@ absl::Status ValidateTensors(const std::vector<model::TensorInfo>& held,
   return absl::OkStatus();
 }
 
+// Validates and applies staged tensors (ValidateTensors first, so nothing changes on error).
+absl::Status ApplyStaged(model::ModelRunner& runner, const std::vector<NamedTensor>& tensors) {
+  std::vector<const model::TensorInfo*> infos;
+  std::vector<int64_t> sizes;
+  for (const NamedTensor& t : tensors) {
+    infos.push_back(&t.info);
+    sizes.push_back(static_cast<int64_t>(t.bytes.size()));
+  }
+  RETURN_IF_ERROR(ValidateTensors(runner.ListWeights(), infos, sizes));
+  for (const NamedTensor& t : tensors) RETURN_IF_ERROR(runner.UpdateWeight(t.info, t.bytes));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromTensors(
@@ -418,17 +431,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromTensors(
   if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
   return RunWeightUpdate(
       "update_weights_from_tensor", policy,
-      [&](model::ModelRunner& runner) -> absl::Status {
-        std::vector<const model::TensorInfo*> infos;
-        std::vector<int64_t> sizes;
-        for (const NamedTensor& t : tensors) {
-          infos.push_back(&t.info);
-          sizes.push_back(static_cast<int64_t>(t.bytes.size()));
-        }
-        RETURN_IF_ERROR(ValidateTensors(runner.ListWeights(), infos, sizes));
-        for (const NamedTensor& t : tensors) RETURN_IF_ERROR(runner.UpdateWeight(t.info, t.bytes));
-        return absl::OkStatus();
-      },
+      [&](model::ModelRunner& runner) { return ApplyStaged(runner, tensors); },
       /*failure_keeps_pause=*/false);
 }
 
@@ -556,18 +559,6 @@ absl::Status ReceiveBuckets(weight_sync::WeightReceiver* receiver,
   return absl::OkStatus();
 }
 
-// Validates and applies staged tensors (ValidateTensors first, so nothing changes on error).
-absl::Status ApplyStaged(model::ModelRunner& runner, const std::vector<NamedTensor>& tensors) {
-  std::vector<const model::TensorInfo*> infos;
-  std::vector<int64_t> sizes;
-  for (const NamedTensor& t : tensors) {
-    infos.push_back(&t.info);
-    sizes.push_back(static_cast<int64_t>(t.bytes.size()));
-  }
-  RETURN_IF_ERROR(ValidateTensors(runner.ListWeights(), infos, sizes));
-  for (const NamedTensor& t : tensors) RETURN_IF_ERROR(runner.UpdateWeight(t.info, t.bytes));
-  return absl::OkStatus();
-}
 
 }  // namespace
 
