@@ -24,9 +24,14 @@ class RouterGenerateReactor;
 class WorkerCall final : public grpc::ClientReadReactor<GenerateResponse> {
  public:
   WorkerCall(RouterGenerateReactor* parent, Worker* worker, rl::v1::GenerateRequest request,
-             const std::optional<std::string>& authorization)
+             const std::optional<std::string>& authorization, int64_t min_weight_version)
       : parent_(parent), worker_(worker), request_(std::move(request)) {
     if (authorization) ctx_.AddMetadata("authorization", *authorization);
+    // A worker restarted faster than the health checks notice refuses instead of serving its
+    // start-up weights (worker_service.cc).
+    if (min_weight_version >= 0) {
+      ctx_.AddMetadata("rl-min-weight-version", std::to_string(min_weight_version));
+    }
   }
 
   void Start() {
@@ -220,7 +225,8 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     switch (step.kind) {
       case Generation::Step::Kind::kCall: {
         auto call = std::make_shared<WorkerCall>(this, step.worker, generation_->WorkerRequest(),
-                                                 authorization_);
+                                                 authorization_,
+                                                 svc_->pool()->fleet_weights().version);
         bool gone;
         {
           absl::MutexLock lock(&mu_);

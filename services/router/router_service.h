@@ -87,6 +87,7 @@ class RouterService final : public rl::v1::Router::CallbackService {
 
   // Shared with the Generate reactor.
   const GenerationEnv* env() const { return &env_; }
+  WorkerPool* pool() const { return pool_; }
   const RouterServiceOptions& options() const { return options_; }
   const BearerAuth* data_auth() const { return data_auth_; }
   Admission* admission() { return &admission_; }

@@ -4,6 +4,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
@@ -19,6 +20,23 @@ namespace {
 
 // One rl.v1.Worker Generate stream: translates the request and the engine's chunks; lifetime
 // and the write queue are EngineStreamReactor's.
+// The router sends `rl-min-weight-version` (the fleet's recorded version): a worker below it
+// (restarted at its start-up weights before the router noticed) refuses with UNAVAILABLE, so
+// the router retries elsewhere and catches it up, instead of serving older weights.
+absl::Status CheckMinWeightVersion(const grpc::CallbackServerContext& context, int64_t version) {
+  const auto& md = context.client_metadata();
+  auto it = md.find("rl-min-weight-version");
+  if (it == md.end()) return absl::OkStatus();
+  long long min = 0;  // NOLINT(runtime/int): SimpleAtoi has no int64_t overload on this Abseil
+  if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &min)) {
+    return absl::InvalidArgumentError("rl-min-weight-version: not an integer");
+  }
+  if (version >= min) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("this worker serves weight version ", version,
+                                             ", older than the fleet's ", min,
+                                             " (restarted?); route elsewhere"));
+}
+
 class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateResponse> {
  public:
   GenerateReactor(WorkerServer* server, const BearerAuth* auth, grpc::CallbackServerContext* context,
@@ -32,6 +50,7 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
   absl::Status Start(const BearerAuth* auth, grpc::CallbackServerContext* context,
                      const rl::v1::GenerateRequest& request) {
     RETURN_IF_ERROR(auth->Check(*context));
+    RETURN_IF_ERROR(CheckMinWeightVersion(*context, server_->weight_version()));
     // Every client-sized field is bounded before tokenization or any per-sample allocation.
     RETURN_IF_ERROR(CheckGenerateRequest(request, server_->limits(), server_->context_len()));
     std::vector<int32_t> ids;

@@ -137,7 +137,10 @@ def test_hung_worker_streams_are_cancelled_and_retried(tmp_path):
 
 
 def test_restarted_worker_is_caught_up_before_it_is_routed(tmp_path):
-    fleet = Fleet(tmp_path, 2, "--health-interval-ms", "100")
+    # One failed check marks the killed worker dead, before its replacement can be listening
+    # (the router learns of a restart only through a failed check: a restart faster than
+    # --health-failures checks goes unseen until GetLoad reports the old version; see README).
+    fleet = Fleet(tmp_path, 2, "--health-interval-ms", "100", "--health-failures", "1")
     w0 = fleet.workers[0]
     try:
         r = fleet.client.update_weights_from_disk(str(DATA / "stories260K"), weight_version=7)

@@ -55,6 +55,27 @@ TEST_F(WorkerServiceTest, GreedyIdsMatchTheGolden) {
   EXPECT_EQ(text, f.text());
 }
 
+// The router's `rl-min-weight-version` (the fleet's recorded version): a worker below it
+// (restarted at its start-up weights) refuses with UNAVAILABLE; at or above it, it serves.
+TEST_F(WorkerServiceTest, MinWeightVersionFromTheRouterIsEnforced) {
+  const int64_t version = ServerInfo().weight_version();
+  auto run = [&](const std::string& min) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("rl-min-weight-version", min);
+    auto reader = worker_->Generate(&ctx, Greedy(kPromptIds, 2));
+    rl::v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    return reader->Finish();
+  };
+  grpc::Status s = run(std::to_string(version + 1));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("older than the fleet's"), std::string::npos)
+      << s.error_message();
+  EXPECT_TRUE(run(std::to_string(version)).ok());
+  EXPECT_EQ(run("seven").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(WorkerServiceTest, TextPromptIsTokenized) {
   rl::v1::GenerateRequest req = Greedy({}, 20);
   req.set_text("Once upon a time");
