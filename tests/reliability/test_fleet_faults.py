@@ -137,9 +137,9 @@ def test_hung_worker_streams_are_cancelled_and_retried(tmp_path):
 
 
 def test_restarted_worker_is_caught_up_before_it_is_routed(tmp_path):
-    # One failed check marks the killed worker dead, before its replacement can be listening
-    # (the router learns of a restart only through a failed check: a restart faster than
-    # --health-failures checks goes unseen until GetLoad reports the old version; see README).
+    # One failed check marks the killed worker dead, usually before its replacement listens; a
+    # restart faster than that is refused by the worker itself (rl-min-weight-version), so no
+    # output comes from its start-up weights either way.
     fleet = Fleet(tmp_path, 2, "--health-interval-ms", "100", "--health-failures", "1")
     w0 = fleet.workers[0]
     try:
