@@ -541,9 +541,13 @@ absl::StatusOr<CollectSummary> RunCollect(const CollectConfig& config,
       buffer.push_back(std::move(rec));
     };
     auto last_result = Clock::now();
+    bool cancelled_in_flight = false;
     const auto idle = std::chrono::milliseconds(config.idle_flush_ms);
     while (received < tasks.size() && status.ok()) {
-      if (dispatcher.Stopping()) dispatcher.CancelInFlight();
+      if (dispatcher.Stopping() && !cancelled_in_flight) {
+        dispatcher.CancelInFlight();  // later calls see the stop under the lock and never start
+        cancelled_in_flight = true;
+      }
       const auto deadline =
           std::min(Clock::now() + std::chrono::milliseconds(100), last_result + idle);
       std::optional<Result> r = queue.PopUntil(deadline);

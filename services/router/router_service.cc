@@ -226,7 +226,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
       case Generation::Step::Kind::kCall: {
         auto call = std::make_shared<WorkerCall>(this, step.worker, generation_->WorkerRequest(),
                                                  authorization_,
-                                                 svc_->pool()->fleet_weights().version);
+                                                 svc_->pool()->fleet_version());
         bool gone;
         {
           absl::MutexLock lock(&mu_);

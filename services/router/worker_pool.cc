@@ -400,6 +400,11 @@ FleetWeights WorkerPool::fleet_weights() const {
   return fleet_;
 }
 
+int64_t WorkerPool::fleet_version() const {
+  absl::MutexLock lock(&mu_);
+  return fleet_.version;
+}
+
 bool WorkerPool::Behind(Worker* w) const {
   absl::MutexLock lock(&mu_);
   return BehindLocked(*w);

@@ -227,6 +227,8 @@ class WorkerPool final : public WorkerSource {
 
   void SetFleetWeights(const FleetWeights& fleet);
   FleetWeights fleet_weights() const;
+  // The recorded fleet version alone (-1 when none), without copying the source: per request.
+  int64_t fleet_version() const;
   // True when `w` is reachable-or-not but reports a version older than the fleet's.
   bool Behind(Worker* w) const;
   void SetCatchUpHandler(CatchUpHandler handler);
