@@ -5,7 +5,17 @@
 // runner: LoadWeightsFromDisk (open + validate + read into owned memory + atomic swap), and the same followed by a
 // pass that reads every weight byte (so any lazily loaded page is really loaded). Prints GB/s for
 // both; the second is the honest "loaded" figure.
+//
+// Side by side, each round also times the zero-copy path the worker used before weights were
+// owned (issue 15): mmap every shard and read every weight byte through the mapping, so the
+// pages are really in memory (what the first forward pass after such an update paid). That
+// path is unsafe (a rewritten checkpoint changes the served weights, a truncated one faults) and
+// is only a reference here.
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -54,6 +64,31 @@ void WarmPageCache(const std::string& dir) {
     while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0) {
     }
   }
+}
+
+// The pre-issue-15 reference: maps every shard read-only and reads one byte per 64 through the
+// mapping (the same pass as the owned path's check below), then unmaps. Returns the byte sum
+// (so the reads are not optimised away); -1 when a file cannot be mapped.
+int64_t MmapAndReadEveryByte(const std::string& dir) {
+  uint64_t sum = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    if (e.path().extension() != ".safetensors") continue;
+    const int fd = ::open(e.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    struct stat st;
+    if (::fstat(fd, &st) != 0 || st.st_size <= 0) {
+      ::close(fd);
+      return -1;
+    }
+    const size_t size = static_cast<size_t>(st.st_size);
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) return -1;
+    const auto* bytes = static_cast<const uint8_t*>(p);
+    for (size_t i = 0; i < size; i += 64) sum += bytes[i];
+    ::munmap(p, size);
+  }
+  return static_cast<int64_t>(sum >> 1);
 }
 
 }  // namespace
@@ -114,10 +149,24 @@ int main(int argc, char** argv) {
       for (size_t i = 0; i < b.size(); i += 64) sum += b[i];
     });
     const double all_s = std::chrono::duration<double>(Clock::now() - t0).count();
+    const double all_cpu = CpuSeconds() - cpu0;
     std::cout << absl::StrFormat(
         "round %d: swap %.3f s (%.1f GB/s); swap + read every weight byte %.3f s (%.2f GB/s) "
         "[swap: %.3f CPU s, %d page faults; byte sum %u]\n",
         r + 1, swap_s, bytes / 1e9 / swap_s, all_s, bytes / 1e9 / all_s, cpu_s, faults, sum);
+    const double ref_cpu0 = CpuSeconds();
+    const auto ref_t0 = Clock::now();
+    const int64_t ref_sum = MmapAndReadEveryByte(model_dir);
+    if (ref_sum < 0) {
+      std::cerr << "cannot map the checkpoint's shards for the reference pass\n";
+      return 1;
+    }
+    const double ref_s = std::chrono::duration<double>(Clock::now() - ref_t0).count();
+    const double ref_cpu = CpuSeconds() - ref_cpu0;
+    std::cout << absl::StrFormat(
+        "         reference (old zero-copy path): mmap + read every weight byte %.3f s "
+        "(%.3f CPU s; byte sum %d); owned (%.3f CPU s) / reference: %.2fx wall, %.2fx CPU\n",
+        ref_s, ref_cpu, ref_sum * 2, all_cpu, all_s / ref_s, all_cpu / ref_cpu);
   }
   return 0;
 }
