@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -29,10 +30,10 @@ const char* FileKind(mode_t mode) {
   return "not a regular file";
 }
 
-// Mappings of released files kept for the next reads (see file_read.h). Each spare is
-// MADV_FREE'd: the kernel may take its pages back under memory pressure (a later read then
-// faults fresh zero pages in, as for new memory); otherwise they are reused with no page fault
-// and no zeroing.
+// Mappings of released files kept for the next reads (see file_read.h). In reclaimable mode
+// each spare is MADV_FREE'd: the kernel may take its pages back under memory pressure (a later
+// read then faults fresh zero pages in, as for new memory); otherwise they are reused with no
+// page fault and no zeroing.
 class SparePool {
  public:
   static SparePool& Get() {
@@ -63,8 +64,10 @@ class SparePool {
     spares_.clear();
   }
 
+  void SetReclaimable(bool reclaimable) { reclaimable_.store(reclaimable); }
+
   void Give(uint8_t* data, size_t capacity) {
-    (void)::madvise(data, capacity, MADV_FREE);
+    if (reclaimable_.load()) (void)::madvise(data, capacity, MADV_FREE);
     std::lock_guard<std::mutex> lock(mu_);
     spares_.push_back({data, capacity});
     while (spares_.size() > kMaxSpareBuffers) {
@@ -78,6 +81,7 @@ class SparePool {
     uint8_t* data;
     size_t capacity;
   };
+  std::atomic<bool> reclaimable_{false};
   std::mutex mu_;
   std::deque<Spare> spares_;  // oldest first
 };
@@ -181,6 +185,8 @@ void ReserveSpareBuffers(absl::Span<const size_t> sizes) {
 }
 
 void DropSpareBuffers() { SparePool::Get().DropAll(); }
+
+void SetSpareBuffersReclaimable(bool reclaimable) { SparePool::Get().SetReclaimable(reclaimable); }
 
 OwnedFile::~OwnedFile() {
   if (data_ == nullptr) return;

@@ -10,10 +10,12 @@
 // Memory: fresh buffers are anonymous 4 KiB pages, filled by a few threads in parallel (page
 // cache -> memory is bound by one core's fault and copy rate). A released buffer of at least
 // kMinSpareBytes is not unmapped but kept as a spare (at most kMaxSpareBuffers, oldest dropped
-// first) and marked MADV_FREE, so the kernel can reclaim it under memory pressure like cache;
-// the next read of a file of about its size (a weight update: the same shard layout) reuses it
-// with no page fault and no zeroing. Steady-state resident memory of a process that updates its
-// weights is therefore up to two copies, the second one reclaimable.
+// first); the next read of a file of about its size (a weight update: the same shard layout)
+// reuses it with no page fault and no zeroing. Steady-state resident memory of a process that
+// updates its weights is therefore up to two copies. SetSpareBuffersReclaimable(true) marks
+// spares MADV_FREE, so the kernel can reclaim them under memory pressure like cache; but writing
+// into such pages again costs about twice the plain copy (measured: 0.30 vs 0.16 CPU s per GB
+// read from the page cache), so it is off by default.
 //
 // Also: a cheap nesting-depth check for JSON texts, run before a parser sees them.
 // Thread-safe (no shared state).
@@ -70,6 +72,10 @@ void ReserveSpareBuffers(absl::Span<const size_t> sizes);
 
 // Unmaps every spare buffer (a worker releasing its memory: ReleaseMemory).
 void DropSpareBuffers();
+
+// Whether spares given back from now on are marked MADV_FREE (reclaimable under memory pressure,
+// slower to refill); default false. Process-wide.
+void SetSpareBuffersReclaimable(bool reclaimable);
 
 // Reads a small text file (config.json, index files) with the checks of OwnedFile::Read.
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path,

@@ -6,6 +6,7 @@
 #include "common/auth.h"
 #include "common/flags.h"
 #include "common/logging.h"
+#include "common/model_io/file_read.h"
 #include "common/request_limits.h"
 #include "common/server_runner.h"
 #include "services/worker/worker_server.h"
@@ -46,9 +47,13 @@ int main(int argc, char** argv) {
   flags.String("kv-cache-dtype", &config.kv_cache_dtype,
                "auto (cpu: float32, cuda: bfloat16) | float32 | bfloat16 (cuda only)");
   flags.Bool("no-reserve-update-buffers", &config.no_update_buffers,
-             "do not reserve a spare (reclaimable) copy of the checkpoint's read buffers at "
-             "startup: less host memory, but the first UpdateWeightsFromDisk faults fresh pages "
-             "in (about 2x slower than later ones)");
+             "do not reserve a spare copy of the checkpoint's read buffers at startup: less host "
+             "memory, but the first UpdateWeightsFromDisk faults fresh pages in (about 2x slower "
+             "than later ones)");
+  flags.Bool("reclaimable-update-buffers", &config.reclaimable_update_buffers,
+             "mark the spare read buffers MADV_FREE, so the kernel can reclaim that second copy "
+             "of the checkpoint under memory pressure; refilling them makes each "
+             "UpdateWeightsFromDisk about 2x slower");
   flags.Bool("disable-cuda-graph", &config.disable_cuda_graph,
              "cuda: run decode steps eagerly instead of replaying captured CUDA graphs");
   flags.Int("threads", &config.num_threads, "compute threads (0: all cores)");
@@ -68,6 +73,7 @@ int main(int argc, char** argv) {
     std::cerr << "rl-worker: " << s.message() << "\n";
     return 2;
   }
+  rl::model_io::SetSpareBuffersReclaimable(config.reclaimable_update_buffers);
   auto server = rl::worker::WorkerServer::Start(config);
   if (!server.ok()) {
     std::cerr << "rl-worker: " << server.status().message() << "\n";

@@ -89,6 +89,24 @@ TEST(FileReadTest, ReleasedBufferIsReusedWithTheNextFilesBytesOnly) {
   EXPECT_TRUE(AllBytesAre(**small, 's'));
 }
 
+TEST(FileReadTest, ReclaimableSpareIsReusedWithTheNextFilesBytes) {
+  SetSpareBuffersReclaimable(true);
+  const size_t size = (size_t{13} << 20) + 77;
+  const std::string e = WriteFile("e", size, 'e');
+  const std::string f = WriteFile("f", size, 'f');
+  const uint8_t* e_data = nullptr;
+  {
+    auto fe = OwnedFile::Read(e, int64_t{1} << 30);
+    ASSERT_TRUE(fe.ok()) << fe.status();
+    e_data = (*fe)->bytes().data();
+  }  // given back MADV_FREE'd: the kernel may drop its pages, which then read as zeros
+  auto ff = OwnedFile::Read(f, int64_t{1} << 30);
+  SetSpareBuffersReclaimable(false);
+  ASSERT_TRUE(ff.ok()) << ff.status();
+  EXPECT_EQ((*ff)->bytes().data(), e_data);
+  EXPECT_TRUE(AllBytesAre(**ff, 'f'));
+}
+
 TEST(FileReadTest, ReservedSpareServesTheFirstRead) {
   const size_t size = (size_t{9} << 20) + 333;
   ReserveSpareBuffers({size, 100});  // the second is below kMinSpareBytes: skipped
