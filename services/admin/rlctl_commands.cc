@@ -114,6 +114,18 @@ int PrintAdminResponse(const Options& o, const grpc::Status& status,
   return rc == 0 && !r.success() ? 1 : rc;
 }
 
+// One Admin call answered with an AdminResponse: calls `method` of the Admin stub with `req`
+// under the client's deadline and key, prints the answer, returns the exit code.
+template <typename Request>
+int AdminCall(const Options& o, const Client& c, const Request& req,
+              grpc::Status (rl::v1::Admin::Stub::*method)(grpc::ClientContext*, const Request&,
+                                                          rl::v1::AdminResponse*)) {
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::AdminResponse resp;
+  return PrintAdminResponse(o, (c.admin().get()->*method)(&ctx, req, &resp), resp);
+}
+
 absl::StatusOr<std::vector<int32_t>> ParseIds(const std::string& text) {
   std::vector<int32_t> ids;
   for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
@@ -305,20 +317,14 @@ int InitGroup(const Options& o, const Client& c) {
   req.set_backend(o.group_backend == "nccl" ? rl::v1::GROUP_BACKEND_NCCL
                                             : rl::v1::GROUP_BACKEND_TCP);
   req.set_timeout_ms(o.group_timeout_ms);
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  rl::v1::AdminResponse resp;
-  return PrintAdminResponse(o, c.admin()->InitWeightsUpdateGroup(&ctx, req, &resp), resp);
+  return AdminCall(o, c, req, &rl::v1::Admin::Stub::InitWeightsUpdateGroup);
 }
 
 int DestroyGroup(const Options& o, const Client& c) {
   if (o.group_name.empty()) return Fail(o, Usage("destroy-group --group-name G"));
   rl::v1::DestroyWeightsUpdateGroupRequest req;
   req.set_group_name(o.group_name);
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  rl::v1::AdminResponse resp;
-  return PrintAdminResponse(o, c.admin()->DestroyWeightsUpdateGroup(&ctx, req, &resp), resp);
+  return AdminCall(o, c, req, &rl::v1::Admin::Stub::DestroyWeightsUpdateGroup);
 }
 
 // Every bucket line on stdin (as `rl-weight-sender --plan-only` prints them) into `buckets`.
@@ -346,10 +352,7 @@ int PrepareWeights(const Options& o, const Client& c) {
   rl::v1::PrepareWeightsUpdateRequest req;
   req.set_group_name(o.group_name);
   if (absl::Status s = ReadBuckets(req.mutable_buckets()); !s.ok()) return Fail(o, s);
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  rl::v1::AdminResponse resp;
-  return PrintAdminResponse(o, c.admin()->PrepareWeightsUpdate(&ctx, req, &resp), resp);
+  return AdminCall(o, c, req, &rl::v1::Admin::Stub::PrepareWeightsUpdate);
 }
 
 int CompleteWeights(const Options& o, const Client& c) {
@@ -359,10 +362,7 @@ int CompleteWeights(const Options& o, const Client& c) {
   if (o.version >= 0) req.set_weight_version(o.version);
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  rl::v1::AdminResponse resp;
-  return PrintAdminResponse(o, c.admin()->CompleteWeightsUpdate(&ctx, req, &resp), resp);
+  return AdminCall(o, c, req, &rl::v1::Admin::Stub::CompleteWeightsUpdate);
 }
 
 int ReceiveWeights(const Options& o, const Client& c) {
@@ -373,10 +373,7 @@ int ReceiveWeights(const Options& o, const Client& c) {
   if (o.version >= 0) req.set_weight_version(o.version);
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  rl::v1::AdminResponse resp;
-  return PrintAdminResponse(o, c.admin()->ReceiveWeights(&ctx, req, &resp), resp);
+  return AdminCall(o, c, req, &rl::v1::Admin::Stub::ReceiveWeights);
 }
 
 int UpdateWeights(const Options& o, const Client& c) {
@@ -388,11 +385,7 @@ int UpdateWeights(const Options& o, const Client& c) {
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);
   req.set_flush_cache(!o.no_flush);
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  rl::v1::AdminResponse resp;
-  const grpc::Status status = c.admin()->UpdateWeightsFromDisk(&ctx, req, &resp);
-  return PrintAdminResponse(o, status, resp);
+  return AdminCall(o, c, req, &rl::v1::Admin::Stub::UpdateWeightsFromDisk);
 }
 
 int Pause(const Options& o, const Client& c) {
@@ -404,10 +397,7 @@ int Pause(const Options& o, const Client& c) {
   if (it == kModes.end()) return Fail(o, Usage("pause --mode abort|in_place|retract"));
   rl::v1::PauseGenerationRequest req;
   req.set_mode(it->second);
-  grpc::ClientContext ctx;
-  c.Prepare(&ctx);
-  rl::v1::AdminResponse resp;
-  return PrintAdminResponse(o, c.admin()->PauseGeneration(&ctx, req, &resp), resp);
+  return AdminCall(o, c, req, &rl::v1::Admin::Stub::PauseGeneration);
 }
 
 int WeightsChecker(const Options& o, const Client& c) {
@@ -513,24 +503,20 @@ int Run(const Options& o, const std::vector<std::string>& args) {
   Client c(o);
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
-  rl::v1::AdminResponse admin_resp;
   if (cmd == "generate") return Generate(o, c);
   if (cmd == "pause") return Pause(o, c);
   if (cmd == "continue") {
-    return PrintAdminResponse(
-        o, c.admin()->ContinueGeneration(&ctx, rl::v1::ContinueGenerationRequest(), &admin_resp),
-        admin_resp);
+    return AdminCall(o, c, rl::v1::ContinueGenerationRequest(),
+                     &rl::v1::Admin::Stub::ContinueGeneration);
   }
   if (cmd == "flush") {
-    return PrintAdminResponse(
-        o, c.admin()->FlushCache(&ctx, rl::v1::FlushCacheRequest(), &admin_resp), admin_resp);
+    return AdminCall(o, c, rl::v1::FlushCacheRequest(), &rl::v1::Admin::Stub::FlushCache);
   }
-  if (cmd == "release-memory" || cmd == "resume-memory") {
-    const grpc::Status st =
-        cmd == "release-memory"
-            ? c.admin()->ReleaseMemory(&ctx, rl::v1::ReleaseMemoryRequest(), &admin_resp)
-            : c.admin()->ResumeMemory(&ctx, rl::v1::ResumeMemoryRequest(), &admin_resp);
-    return PrintAdminResponse(o, st, admin_resp);
+  if (cmd == "release-memory") {
+    return AdminCall(o, c, rl::v1::ReleaseMemoryRequest(), &rl::v1::Admin::Stub::ReleaseMemory);
+  }
+  if (cmd == "resume-memory") {
+    return AdminCall(o, c, rl::v1::ResumeMemoryRequest(), &rl::v1::Admin::Stub::ResumeMemory);
   }
   if (cmd == "update-weights") return UpdateWeights(o, c);
   if (cmd == "weights-checker") return WeightsChecker(o, c);
