@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -12,6 +13,9 @@
 #include "services/worker/worker_server.h"
 
 int main(int argc, char** argv) {
+  // Debian builds Abseil without NDEBUG, which leaves its debug-only lock-order (deadlock)
+  // detection on: a graph update on every first lock and destruction of a mutex. Tests keep it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   rl::BlockTerminationSignals();
   rl::worker::WorkerConfig config;
   rl::FlagSet flags("rl-worker");
