@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
   flags.Int("blocking-threads", &c.blocking_threads,
             "threads for tokenizing long prompts and cache inserts");
   flags.Int("admin-threads", &c.admin_threads,
-            "threads for admin fan-out, AddWorker checks and Abort forwarding");
+            "threads that wait on admin broadcasts (one each) and AddWorker checks");
   flags.String("log-level", &c.log_level, "trace|debug|info|warn|error|off");
   if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
   if (absl::Status s = rl::InitLogging(c.log_level); !s.ok()) {

@@ -3,9 +3,9 @@
 // Each worker has a channel and stubs, a health state (live | dead), an operator `enabled` flag
 // (routing only; admin broadcasts still reach disabled live workers), a per-broadcast hold, an
 // exact in-flight count, the weight version it last reported and a registry of the calls the
-// router has open to it. A health thread checks every worker each interval, concurrently on at
-// most 32 threads (one round costs one health timeout for up to 32 workers): gRPC health
-// + GetLoad for the version. `failure_threshold` consecutive failures mark it dead,
+// router has open to it. A health thread checks every worker each interval, all at once with
+// asynchronous calls (a round costs one health timeout at most, and no thread per worker): gRPC
+// health + GetLoad for the version. `failure_threshold` consecutive failures mark it dead,
 // `success_threshold` consecutive successes bring it back. Data-plane UNAVAILABLE errors count
 // as failures too. Marking a worker dead cancels (TryCancel) every call registered on it, so
 // no stream waits on a hung or vanished worker.
@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/channel.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/client_context.h"
 #include "rl/v1/admin.grpc.pb.h"
 #include "rl/v1/router.pb.h"
@@ -218,7 +219,10 @@ class WorkerPool final : public WorkerSource {
   void ReportVersion(Worker* w, int64_t version) override;
   // Checks one worker now (health + version), as the health thread does.
   void Probe(const std::shared_ptr<Worker>& w);
-  // Runs one health round now, workers concurrently (tests; the thread does this every
+  // Probe without waiting: both calls asynchronous, `done` runs (on a gRPC thread) once the
+  // outcome is applied. The pool must outlive it.
+  void ProbeAsync(const std::shared_ptr<Worker>& w, std::function<void()> done);
+  // Runs one health round now, every worker at once (tests; the thread does this every
   // interval).
   void CheckAll();
   // The newest weight version among live workers (-1 when none is live).
@@ -235,7 +239,10 @@ class WorkerPool final : public WorkerSource {
   void FinishSync(Worker* w);
 
  private:
-  void CheckOne(const std::shared_ptr<Worker>& w);
+  // Applies one health check's outcome (status, health answer, GetLoad answer).
+  void ApplyCheck(const std::shared_ptr<Worker>& w, const grpc::Status& s,
+                  const grpc::health::v1::HealthCheckResponse& health,
+                  const rl::v1::GetLoadResponse& load, bool version_known);
   void HealthLoop();
   int64_t CurrentVersionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BehindLocked(const Worker& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
