@@ -55,6 +55,13 @@ Worker::Worker(std::string address) : address_(std::move(address)) {
   channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
   worker_stub_ = rl::v1::Worker::NewStub(channel_);
   admin_stub_ = rl::v1::Admin::NewStub(channel_);
+  data_stubs_.push_back(rl::v1::Worker::NewStub(channel_));
+  for (int i = 1; i < kDataChannels; ++i) {
+    grpc::ChannelArguments data_args = args;
+    data_args.SetInt("rl-data-channel", i);  // a connection of its own
+    data_stubs_.push_back(rl::v1::Worker::NewStub(
+        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), data_args)));
+  }
 }
 
 void Worker::CancelCalls(const std::string& reason) {

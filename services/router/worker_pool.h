@@ -65,11 +65,21 @@ struct FleetWeights {
 
 class CallGuard;
 
+// Data-plane channels per worker (Worker::data_stub).
+inline constexpr int kDataChannels = 4;
+
 class Worker {
  public:
   explicit Worker(std::string address);
   const std::string& address() const { return address_; }
   rl::v1::Worker::Stub& worker_stub() { return *worker_stub_; }
+  // For Generate calls: one of kDataChannels channels in turn (the first is worker_stub's).
+  // Each channel has its own connection and its own callback completion queue, whose
+  // bookkeeping (Debian's gRPC is built without NDEBUG: a linear scan of every pending
+  // operation per completion) then covers a fraction of the streams.
+  rl::v1::Worker::Stub& data_stub() {
+    return *data_stubs_[next_data_.fetch_add(1, std::memory_order_relaxed) % data_stubs_.size()];
+  }
   rl::v1::Admin::Stub& admin_stub() { return *admin_stub_; }
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   int32_t in_flight() const { return in_flight_.load(); }
@@ -85,6 +95,8 @@ class Worker {
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rl::v1::Worker::Stub> worker_stub_;
+  std::vector<std::unique_ptr<rl::v1::Worker::Stub>> data_stubs_;  // [0] shares channel_
+  std::atomic<uint32_t> next_data_{0};
   std::unique_ptr<rl::v1::Admin::Stub> admin_stub_;
   std::atomic<int32_t> in_flight_{0};
   std::atomic<int64_t> served_{0};
