@@ -74,9 +74,10 @@ class Worker {
   const std::string& address() const { return address_; }
   rl::v1::Worker::Stub& worker_stub() { return *worker_stub_; }
   // For Generate calls: one of kDataChannels channels in turn (the first is worker_stub's).
-  // Each channel has its own connection and its own callback completion queue, whose
-  // bookkeeping (Debian's gRPC is built without NDEBUG: a linear scan of every pending
-  // operation per completion) then covers a fraction of the streams.
+  // Each channel has its own HTTP/2 connection (processed by one thread at a time) and its own
+  // callback completion queue, whose bookkeeping in Debian's gRPC (built without NDEBUG: a
+  // linear scan of the queue's pending operations per completion) then covers a fraction of
+  // the streams.
   rl::v1::Worker::Stub& data_stub() {
     return *data_stubs_[next_data_.fetch_add(1, std::memory_order_relaxed) % data_stubs_.size()];
   }
