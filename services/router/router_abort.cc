@@ -71,7 +71,9 @@ class AbortForward {
       return;
     }
     calls_ = std::make_unique<Call[]>(workers_.size());
-    pending_.store(static_cast<int>(workers_.size()));
+    // One more than the calls: the loop's own, so a callback run early cannot end (and delete)
+    // this before every call has started.
+    pending_.store(static_cast<int>(workers_.size()) + 1);
     for (size_t i = 0; i < workers_.size(); ++i) {
       Call* c = &calls_[i];
       Prepare(&c->ctx);
@@ -81,6 +83,7 @@ class AbortForward {
                                                   if (pending_.fetch_sub(1) == 1) EndAll();
                                                 });
     }
+    if (pending_.fetch_sub(1) == 1) EndAll();
   }
 
   void EndAll() {
