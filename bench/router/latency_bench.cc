@@ -136,8 +136,8 @@ std::vector<std::unique_ptr<typename Service::Stub>> Stubs(const std::string& ad
 class RouterProcess {
  public:
   static absl::StatusOr<std::unique_ptr<RouterProcess>> Start(const std::string& binary,
-                                                             const std::vector<std::string>& args,
-                                                             const std::vector<int>& cpus) {
+                                                              const std::vector<std::string>& args,
+                                                              const std::vector<int>& cpus) {
     int out[2];
     if (pipe(out) != 0) return absl::InternalError("pipe failed");
     const pid_t pid = fork();
@@ -278,8 +278,8 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
     out << "  routers pinned to CPUs " << absl::StrJoin(c.router_cpus, ",") << "\n";
   }
   out << absl::StrFormat("  %-26s %8s %8s %11s %11s %11s %11s %11s %7s %9s %7s\n", "router",
-                         "streams", "threads", "RSS/stream", "added p50", "added p99",
-                         "requests/s", "CPU/request", "busy", "req/s/core", "failed");
+                         "streams", "threads", "RSS/stream", "added p50", "added p99", "requests/s",
+                         "CPU/request", "busy", "req/s/core", "failed");
   for (const std::string& spec : c.router_binaries) {
     const size_t eq = spec.find('=');
     const std::string label = eq == std::string::npos ? spec : spec.substr(0, eq);
@@ -312,8 +312,8 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
           "  %-26s %8s %8d %11s %8.0f us %8.0f us %11s %8.0f us %6.0f%% %10.0f %7d\n", label,
           "1 (seq)", sampler.peak_threads(), "-",
           Percentile(seq, 0.5) - Percentile(direct_seq, 0.5),
-          Percentile(seq, 0.99) - Percentile(direct_seq, 0.99), "-", cpu,
-          100 * cpu_total / wall, 1e6 / cpu, 0);
+          Percentile(seq, 0.99) - Percentile(direct_seq, 0.99), "-", cpu, 100 * cpu_total / wall,
+          1e6 / cpu, 0);
     }
     for (size_t i = 0; i < c.streams.size(); ++i) {
       const int s = c.streams[i];
@@ -326,9 +326,8 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
       const double cpu = cpu_total / static_cast<double>(r.us.size());
       sampler.Stop();
       out << absl::StrFormat(
-          "  %-26s %8d %8d %8.1f KiB %8.0f us %8.0f us %11.0f %8.0f us %6.0f%% %10.0f %7d\n",
-          label, s, sampler.peak_threads(),
-          static_cast<double>(sampler.peak_rss_kb() - idle_rss) / s,
+          "  %-26s %8d %8d %8.1f KiB %8.0f us %8.0f us %11.0f %8.0f us %6.0f%% %10.0f %7d\n", label,
+          s, sampler.peak_threads(), static_cast<double>(sampler.peak_rss_kb() - idle_rss) / s,
           Percentile(r.us, 0.5) - Percentile(direct[i].us, 0.5),
           Percentile(r.us, 0.99) - Percentile(direct[i].us, 0.99), r.us.size() / r.seconds, cpu,
           100 * cpu_total / (r.seconds * 1e6), 1e6 / cpu, r.failed);

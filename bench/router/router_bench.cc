@@ -50,8 +50,7 @@ int main(int argc, char** argv) {
                    "pin this process (clients, fake workers, in-process router) to these CPUs "
                    "(e.g. 0)");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
-  auto cpu_list = [](const char* flag, const std::vector<std::string>& in,
-                     std::vector<int>* out) {
+  auto cpu_list = [](const char* flag, const std::vector<std::string>& in, std::vector<int>* out) {
     for (const std::string& s : in) {
       for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
         int cpu = 0;

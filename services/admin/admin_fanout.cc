@@ -32,8 +32,7 @@ void CallOwning(router::Worker& w, AsyncMethod<Req, rl::v1::AdminResponse> metho
 }
 
 // Replays a buffered client stream of tensor chunks to one worker; deletes itself when done.
-class TensorWriter final
-    : public grpc::ClientWriteReactor<rl::v1::UpdateWeightsFromTensorRequest> {
+class TensorWriter final : public grpc::ClientWriteReactor<rl::v1::UpdateWeightsFromTensorRequest> {
  public:
   TensorWriter(const std::vector<rl::v1::UpdateWeightsFromTensorRequest>* messages,
                std::function<void(grpc::Status)> done)
@@ -203,9 +202,9 @@ void AdminFanout::EndOwnCall() {
   own_call_ = nullptr;
 }
 
-void AdminFanout::StartOne(const Plan& plan, Ctx* caller,
-                           const std::shared_ptr<router::Worker>& w, size_t index,
-                           const WorkerCall& call, Call* c, std::function<void()> finished) {
+void AdminFanout::StartOne(const Plan& plan, Ctx* caller, const std::shared_ptr<router::Worker>& w,
+                           size_t index, const WorkerCall& call, Call* c,
+                           std::function<void()> finished) {
   const std::chrono::milliseconds timeout = Timeout(plan.deadline);
   c->deadline = std::chrono::system_clock::now() + timeout;
   Prepare(caller, &c->ctx, timeout);
@@ -505,18 +504,18 @@ absl::Status AdminFanout::ReconcilePause(const std::shared_ptr<router::Worker>& 
 
 // ---- the Admin calls ----
 
-#define RL_FANOUT_UNARY(Method, Request, ...)                                                    \
-  grpc::ServerUnaryReactor* AdminFanout::Method(Ctx* c, const rl::v1::Request* req,              \
-                                                rl::v1::AdminResponse* resp) {                   \
-    return Run(c, [this, c, req, resp] {                                                         \
-      Plan plan{__VA_ARGS__};                                                                    \
-      plan.what = #Method;                                                                       \
-      return Broadcast(                                                                          \
-          plan, c,                                                                               \
-          [req](router::Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,  \
-                Done done) { w.admin_stub().async()->Method(ctx, req, r, std::move(done)); },    \
-          resp);                                                                                 \
-    });                                                                                          \
+#define RL_FANOUT_UNARY(Method, Request, ...)                                                  \
+  grpc::ServerUnaryReactor* AdminFanout::Method(Ctx* c, const rl::v1::Request* req,            \
+                                                rl::v1::AdminResponse* resp) {                 \
+    return Run(c, [this, c, req, resp] {                                                       \
+      Plan plan{__VA_ARGS__};                                                                  \
+      plan.what = #Method;                                                                     \
+      return Broadcast(                                                                        \
+          plan, c,                                                                             \
+          [req](router::Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r, \
+                Done done) { w.admin_stub().async()->Method(ctx, req, r, std::move(done)); },  \
+          resp);                                                                               \
+    });                                                                                        \
   }
 
 RL_FANOUT_UNARY(PauseGeneration, PauseGenerationRequest, .hold = true, .sets_paused = true)
@@ -582,8 +581,8 @@ grpc::ServerUnaryReactor* AdminFanout::FanOutReceive(
     plan.sets_paused = req->keep_pause();
     return Broadcast(
         plan, c,
-        [req, method](router::Worker& w, size_t, grpc::ClientContext* ctx,
-                      rl::v1::AdminResponse* r, Done done) {
+        [req, method](router::Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
+                      Done done) {
           (w.admin_stub().async()->*method)(ctx, req, r, std::move(done));
         },
         resp);
@@ -592,8 +591,7 @@ grpc::ServerUnaryReactor* AdminFanout::FanOutReceive(
 
 grpc::ServerUnaryReactor* AdminFanout::CompleteWeightsUpdate(
     Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
-  return FanOutReceive(c, req, resp, "CompleteWeightsUpdate",
-                       &AsyncAdmin::CompleteWeightsUpdate);
+  return FanOutReceive(c, req, resp, "CompleteWeightsUpdate", &AsyncAdmin::CompleteWeightsUpdate);
 }
 
 grpc::ServerUnaryReactor* AdminFanout::ReceiveWeights(Ctx* c,

@@ -125,17 +125,16 @@ class AbortForward {
     calls_ = std::make_unique<Call[]>(1);
     Call* c = &calls_[0];
     Prepare(&c->ctx);
-    workers_[0]->worker_stub().async()->Abort(&c->ctx, &request_, &c->response,
-                                              [this, c](grpc::Status s) {
-                                                if (!s.ok()) {
-                                                  Finish(Annotate(FromGrpcStatus(s),
-                                                                  absl::StrCat("worker ", address_)));
-                                                } else if (c->response.num_aborted() > 0) {
-                                                  Finish(c->response.num_aborted());
-                                                } else {
-                                                  Pause();
-                                                }
-                                              });
+    workers_[0]->worker_stub().async()->Abort(
+        &c->ctx, &request_, &c->response, [this, c](grpc::Status s) {
+          if (!s.ok()) {
+            Finish(Annotate(FromGrpcStatus(s), absl::StrCat("worker ", address_)));
+          } else if (c->response.num_aborted() > 0) {
+            Finish(c->response.num_aborted());
+          } else {
+            Pause();
+          }
+        });
   }
 
   void Pause() {

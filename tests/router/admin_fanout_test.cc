@@ -8,8 +8,6 @@
 //   a router with a single admin thread: each completes within a generous deadline (the
 //   forwarding holds no thread).
 // Every wait is bounded (deadlines on calls, at most 60 s per wait). No timed assertions.
-#include <dirent.h>
-
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -29,17 +27,9 @@
 namespace rl::router {
 namespace {
 
+using testing::CountThreads;
 using testing::FakeAdmin;
 using testing::HoldingWorker;
-
-int CountThreads() {
-  int n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
 
 // Waits (bounded) until the router lists `n` live workers.
 bool WaitLive(rl::v1::Router::Stub* stub, int n) {
