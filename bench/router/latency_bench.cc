@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/server_runner.h"
@@ -134,12 +136,14 @@ std::vector<std::unique_ptr<typename Service::Stub>> Stubs(const std::string& ad
 class RouterProcess {
  public:
   static absl::StatusOr<std::unique_ptr<RouterProcess>> Start(const std::string& binary,
-                                                             const std::vector<std::string>& args) {
+                                                              const std::vector<std::string>& args,
+                                                              const std::vector<int>& cpus) {
     int out[2];
     if (pipe(out) != 0) return absl::InternalError("pipe failed");
     const pid_t pid = fork();
     if (pid < 0) return absl::InternalError("fork failed");
     if (pid == 0) {
+      if (!cpus.empty() && !PinToCpus(cpus).ok()) _exit(126);
       dup2(out[1], 1);
       const int null = open("/dev/null", O_WRONLY);
       dup2(null, 2);
@@ -270,9 +274,12 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
       "\nside by side: rl-router processes, %d fake workers, %d-token completions, %d requests "
       "per stream\n",
       c.num_workers, c.completion_tokens, c.rounds);
-  out << absl::StrFormat("  %-26s %8s %8s %11s %11s %11s %11s %11s %7s\n", "router", "streams",
-                         "threads", "RSS/stream", "added p50", "added p99", "requests/s",
-                         "CPU/request", "failed");
+  if (!c.router_cpus.empty()) {
+    out << "  routers pinned to CPUs " << absl::StrJoin(c.router_cpus, ",") << "\n";
+  }
+  out << absl::StrFormat("  %-26s %8s %8s %11s %11s %11s %11s %11s %7s %9s %7s\n", "router",
+                         "streams", "threads", "RSS/stream", "added p50", "added p99", "requests/s",
+                         "CPU/request", "busy", "req/s/core", "failed");
   for (const std::string& spec : c.router_binaries) {
     const size_t eq = spec.find('=');
     const std::string label = eq == std::string::npos ? spec : spec.substr(0, eq);
@@ -290,18 +297,23 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
       args.push_back("--max-in-flight");
       args.push_back(std::to_string(max_streams));
     }
-    ASSIGN_OR_RETURN(auto router, RouterProcess::Start(binary, args));
+    ASSIGN_OR_RETURN(auto router, RouterProcess::Start(binary, args, c.router_cpus));
     auto stubs = Stubs<rl::v1::Router>(router->address(), 8);
     {
       Sampler sampler(*router);
       const double cpu0 = router->CpuMicros();
+      const auto t0 = Clock::now();
       ASSIGN_OR_RETURN(std::vector<double> seq, Sequential(*stubs[0], req, c.requests));
-      const double cpu = (router->CpuMicros() - cpu0) / (c.requests + 50);
+      const double wall = std::chrono::duration<double, std::micro>(Clock::now() - t0).count();
+      const double cpu_total = router->CpuMicros() - cpu0;
+      const double cpu = cpu_total / (c.requests + 50);
       sampler.Stop();
-      out << absl::StrFormat("  %-26s %8s %8d %11s %8.0f us %8.0f us %11s %8.0f us %7d\n",
-                             label, "1 (seq)", sampler.peak_threads(), "-",
-                             Percentile(seq, 0.5) - Percentile(direct_seq, 0.5),
-                             Percentile(seq, 0.99) - Percentile(direct_seq, 0.99), "-", cpu, 0);
+      out << absl::StrFormat(
+          "  %-26s %8s %8d %11s %8.0f us %8.0f us %11s %8.0f us %6.0f%% %10.0f %7d\n", label,
+          "1 (seq)", sampler.peak_threads(), "-",
+          Percentile(seq, 0.5) - Percentile(direct_seq, 0.5),
+          Percentile(seq, 0.99) - Percentile(direct_seq, 0.99), "-", cpu, 100 * cpu_total / wall,
+          1e6 / cpu, 0);
     }
     for (size_t i = 0; i < c.streams.size(); ++i) {
       const int s = c.streams[i];
@@ -310,15 +322,15 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
       Sampler sampler(*router);
       const double cpu0 = router->CpuMicros();
       LoadResult r = ClosedLoop(stubs, req, s, s * c.rounds);
-      const double cpu = (router->CpuMicros() - cpu0) / static_cast<double>(r.us.size());
+      const double cpu_total = router->CpuMicros() - cpu0;
+      const double cpu = cpu_total / static_cast<double>(r.us.size());
       sampler.Stop();
       out << absl::StrFormat(
-          "  %-26s %8d %8d %8.1f KiB %8.0f us %8.0f us %11.0f %8.0f us %7d\n", label, s,
-          sampler.peak_threads(),
-          static_cast<double>(sampler.peak_rss_kb() - idle_rss) / s,
+          "  %-26s %8d %8d %8.1f KiB %8.0f us %8.0f us %11.0f %8.0f us %6.0f%% %10.0f %7d\n", label,
+          s, sampler.peak_threads(), static_cast<double>(sampler.peak_rss_kb() - idle_rss) / s,
           Percentile(r.us, 0.5) - Percentile(direct[i].us, 0.5),
           Percentile(r.us, 0.99) - Percentile(direct[i].us, 0.99), r.us.size() / r.seconds, cpu,
-          r.failed);
+          100 * cpu_total / (r.seconds * 1e6), 1e6 / cpu, r.failed);
       if (r.failed > 0) out << "    first failure: " << r.first_error << "\n";
       out.flush();
     }
@@ -334,6 +346,23 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
 }
 
 }  // namespace
+
+absl::Status PinToCpus(const std::vector<int>& cpus) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int n = static_cast<int>(sysconf(_SC_NPROCESSORS_CONF));
+  for (int cpu : cpus) {
+    if (cpu < 0 || cpu >= n || cpu >= CPU_SETSIZE) {
+      return absl::InvalidArgumentError(absl::StrFormat("CPU %d: not in [0, %d)", cpu, n));
+    }
+    CPU_SET(cpu, &set);
+  }
+  if (sched_setaffinity(0, sizeof(set), &set) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("CPUs %s: sched_setaffinity failed", absl::StrJoin(cpus, ",")));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status RunLatencyBench(const LatencyBenchConfig& c, std::ostream& out) {
   std::vector<std::unique_ptr<FakeWorker>> services;

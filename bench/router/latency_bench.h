@@ -9,7 +9,11 @@
 //    in front of the same fake workers; for low load (sequential) and for each count in
 //    `streams` (that many streams kept in flight by asynchronous clients, closed loop):
 //    the router process's peak thread count, RSS growth per stream, p50 / p99 latency added over
-//    calling the worker directly at the same concurrency, and requests/s.
+//    calling the worker directly at the same concurrency, requests/s, the router's CPU time per
+//    request, how busy it kept its cores (CPU time / wall time, 100% = one core) and the
+//    requests/s one router core sustains at that CPU cost (1e6 / CPU us per request).
+//    `router_cpus` pins the router processes to those CPUs (run the bench itself pinned to the
+//    others, `bench_cpus`, so the two do not compete for cores).
 #pragma once
 
 #include <ostream>
@@ -31,7 +35,11 @@ struct LatencyBenchConfig {
   std::vector<std::string> router_binaries;
   std::vector<int> streams = {1000, 10000};
   int rounds = 3;  // requests per stream in the concurrency runs
+  std::vector<int> router_cpus;  // empty: not pinned
 };
+
+// Pins the calling thread, and so every thread it starts later, to `cpus`.
+absl::Status PinToCpus(const std::vector<int>& cpus);
 
 absl::Status RunLatencyBench(const LatencyBenchConfig& config, std::ostream& out);
 

@@ -1,12 +1,15 @@
 // router_bench: router benchmarks. The text-cache part (cache_bench.h) replays a multi-turn
 // workload through TextCache; the router-vs-direct latency part belongs next to it, in its own
 // file, selected by its own flags.
+#include <sched.h>
+
 #include <iostream>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "bench/router/cache_bench.h"
 #include "bench/router/latency_bench.h"
 #include "common/flags.h"
@@ -40,7 +43,38 @@ int main(int argc, char** argv) {
                    "latency: concurrent streams of the side-by-side runs (repeatable; default "
                    "1000 and 10000)");
   flags.Int("rounds", &latency.rounds, "latency: requests per stream in the side-by-side runs");
+  std::vector<std::string> router_cpus, bench_cpus;
+  flags.StringList("router-cpus", &router_cpus,
+                   "latency: pin the side-by-side rl-router processes to these CPUs (e.g. 1)");
+  flags.StringList("bench-cpus", &bench_cpus,
+                   "pin this process (clients, fake workers, in-process router) to these CPUs "
+                   "(e.g. 0)");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
+  auto cpu_list = [](const char* flag, const std::vector<std::string>& in, std::vector<int>* out) {
+    for (const std::string& s : in) {
+      for (absl::string_view part : absl::StrSplit(s, ',', absl::SkipEmpty())) {
+        int cpu = 0;
+        if (!absl::SimpleAtoi(part, &cpu) || cpu < 0 || cpu >= CPU_SETSIZE) {
+          std::cerr << "router_bench: --" << flag << ": '" << part << "' is not a CPU number\n";
+          return false;
+        }
+        out->push_back(cpu);
+      }
+    }
+    return true;
+  };
+  std::vector<int> bench_cpu_ids;
+  if (!cpu_list("router-cpus", router_cpus, &latency.router_cpus) ||
+      !cpu_list("bench-cpus", bench_cpus, &bench_cpu_ids)) {
+    return 2;
+  }
+  if (!bench_cpu_ids.empty()) {
+    // Before any thread starts: every later thread inherits the mask.
+    if (absl::Status s = rl::bench::PinToCpus(bench_cpu_ids); !s.ok()) {
+      std::cerr << "router_bench: --bench-cpus: " << s.message() << "\n";
+      return 2;
+    }
+  }
   if (!streams.empty()) {
     latency.streams.clear();
     for (const std::string& s : streams) {

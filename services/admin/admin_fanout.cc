@@ -1,9 +1,10 @@
 #include "services/admin/admin_fanout.h"
 
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
@@ -19,19 +20,64 @@ std::string CodeName(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
 
-// Runs fn(worker, index) for every worker in parallel and returns the results in order.
-template <typename T>
-std::vector<T> ForEachParallel(
-    const std::vector<std::shared_ptr<router::Worker>>& workers,
-    const std::function<T(const std::shared_ptr<router::Worker>&, size_t)>& fn) {
-  std::vector<T> out(workers.size());
-  std::vector<std::thread> threads;
-  threads.reserve(workers.size());
-  for (size_t i = 0; i < workers.size(); ++i) {
-    threads.emplace_back([&, i] { out[i] = fn(workers[i], i); });
+// Starts `method` with a request the call owns until its callback.
+template <typename Req>
+void CallOwning(router::Worker& w, AsyncMethod<Req, rl::v1::AdminResponse> method, Req req,
+                grpc::ClientContext* ctx, rl::v1::AdminResponse* out,
+                std::function<void(grpc::Status)> done) {
+  auto owned = std::make_shared<Req>(std::move(req));
+  (w.admin_stub().async()->*method)(
+      ctx, owned.get(), out,
+      [owned, done = std::move(done)](grpc::Status s) { done(std::move(s)); });
+}
+
+// Replays a buffered client stream of tensor chunks to one worker; deletes itself when done.
+class TensorWriter final : public grpc::ClientWriteReactor<rl::v1::UpdateWeightsFromTensorRequest> {
+ public:
+  TensorWriter(const std::vector<rl::v1::UpdateWeightsFromTensorRequest>* messages,
+               std::function<void(grpc::Status)> done)
+      : messages_(messages), done_(std::move(done)) {}
+
+  void Start(router::Worker& w, grpc::ClientContext* ctx, rl::v1::AdminResponse* resp) {
+    w.admin_stub().async()->UpdateWeightsFromTensor(ctx, resp, this);
+    WriteNext();
+    StartCall();
   }
-  for (auto& t : threads) t.join();
-  return out;
+  // A failed write ends the call; OnDone reports why.
+  void OnWriteDone(bool ok) override {
+    if (ok) WriteNext();
+  }
+  void OnDone(const grpc::Status& s) override {
+    done_(s);
+    delete this;
+  }
+
+ private:
+  void WriteNext() {
+    if (next_ < messages_->size()) {
+      StartWrite(&(*messages_)[next_++]);
+    } else {
+      StartWritesDone();
+    }
+  }
+
+  const std::vector<rl::v1::UpdateWeightsFromTensorRequest>* messages_;
+  std::function<void(grpc::Status)> done_;
+  size_t next_ = 0;
+};
+
+// The router's own pause (retract) and continue of one worker (catch-up, rejoin).
+void PauseRetract(router::Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* out,
+                  std::function<void(grpc::Status)> done) {
+  rl::v1::PauseGenerationRequest req;
+  req.set_mode(rl::v1::PAUSE_MODE_RETRACT);
+  CallOwning(w, &AsyncAdmin::PauseGeneration, std::move(req), ctx, out, std::move(done));
+}
+
+void Continue(router::Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* out,
+              std::function<void(grpc::Status)> done) {
+  CallOwning(w, &AsyncAdmin::ContinueGeneration, rl::v1::ContinueGenerationRequest(), ctx, out,
+             std::move(done));
 }
 
 // The worker refused the call before changing anything.
@@ -78,20 +124,32 @@ std::chrono::milliseconds AdminFanout::Timeout(Deadline d) const {
   return d == Deadline::kControl ? options_.control_timeout : options_.load_timeout;
 }
 
+struct AdminFanout::Call {
+  grpc::ClientContext ctx;
+  std::optional<router::CallGuard> guard;  // destroyed before ctx
+  std::chrono::system_clock::time_point deadline;
+  Result result;
+};
+
 template <typename Req, typename Resp>
 std::vector<Reply<Resp>> AdminFanout::Gather(Ctx* caller, const Req& req,
-                                             StubMethod<Req, Resp> method) const {
+                                             AsyncMethod<Req, Resp> method) const {
   const auto targets = pool_->LiveWorkers();
-  return ForEachParallel<Reply<Resp>>(targets,
-                                      [&](const std::shared_ptr<router::Worker>& w, size_t) {
-                                        Reply<Resp> r;
-                                        r.worker = w->address();
-                                        grpc::ClientContext ctx;
-                                        Prepare(caller, &ctx, options_.control_timeout);
-                                        router::CallGuard guard(w.get(), &ctx);
-                                        r.status = (w->admin_stub().*method)(&ctx, req, &r.resp);
-                                        return r;
-                                      });
+  std::vector<Reply<Resp>> out(targets.size());
+  auto calls = std::make_unique<Call[]>(targets.size());
+  absl::BlockingCounter pending(static_cast<int>(targets.size()));
+  for (size_t i = 0; i < targets.size(); ++i) {
+    out[i].worker = targets[i]->address();
+    Prepare(caller, &calls[i].ctx, options_.control_timeout);
+    calls[i].guard.emplace(targets[i].get(), &calls[i].ctx);
+    (targets[i]->admin_stub().async()->*method)(&calls[i].ctx, &req, &out[i].resp,
+                                                [r = &out[i], &pending](grpc::Status s) {
+                                                  r->status = std::move(s);
+                                                  pending.DecrementCount();
+                                                });
+  }
+  pending.Wait();
+  return out;
 }
 
 void AdminFanout::Prepare(Ctx* caller, grpc::ClientContext* ctx,
@@ -144,43 +202,60 @@ void AdminFanout::EndOwnCall() {
   own_call_ = nullptr;
 }
 
+void AdminFanout::StartOne(const Plan& plan, Ctx* caller, const std::shared_ptr<router::Worker>& w,
+                           size_t index, const WorkerCall& call, Call* c,
+                           std::function<void()> finished) {
+  const std::chrono::milliseconds timeout = Timeout(plan.deadline);
+  c->deadline = std::chrono::system_clock::now() + timeout;
+  Prepare(caller, &c->ctx, timeout);
+  c->guard.emplace(w.get(), &c->ctx);
+  call(*w, index, &c->ctx, &c->result.resp,
+       [this, &plan, w, c, timeout, finished = std::move(finished)](grpc::Status s) {
+         Result& r = c->result;
+         r.status = std::move(s);
+         const bool by_pool = c->guard->cancelled_by_pool();
+         const std::string reason = by_pool ? c->guard->reason() : "";
+         c->guard.reset();
+         if (r.status.ok()) {
+           // nothing to judge
+         } else if (by_pool) {
+           r.status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                   absl::StrCat("the worker was marked dead during the call (",
+                                                reason, "); call cancelled"));
+           r.left_out = true;
+         } else if (r.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
+                    std::chrono::system_clock::now() >= c->deadline) {
+           // The router's deadline, not an error the worker returned.
+           const std::string why = absl::StrCat(plan.what, " missed its per-worker deadline of ",
+                                                timeout.count(), " ms");
+           pool_->MarkDead(w.get(), why);
+           r.status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                   absl::StrCat(why, "; marked dead and left out"));
+           r.left_out = true;
+         } else if (r.status.error_code() == grpc::StatusCode::UNAVAILABLE) {
+           pool_->ReportFailure(w.get());
+         }
+         finished();
+       });
+}
+
 AdminFanout::Result AdminFanout::CallOne(const Plan& plan, Ctx* caller,
                                          const std::shared_ptr<router::Worker>& w, size_t index,
                                          const WorkerCall& call) {
-  Result r;
-  const std::chrono::milliseconds timeout = Timeout(plan.deadline);
-  const auto deadline = std::chrono::system_clock::now() + timeout;
-  grpc::ClientContext ctx;
-  Prepare(caller, &ctx, timeout);
-  if (caller == nullptr && !BeginOwnCall(&ctx)) {
-    r.status = grpc::Status(grpc::StatusCode::CANCELLED, "the router is shutting down");
-    return r;
+  Call c;
+  if (caller == nullptr && !BeginOwnCall(&c.ctx)) {
+    c.result.status = grpc::Status(grpc::StatusCode::CANCELLED, "the router is shutting down");
+    return std::move(c.result);
   }
-  router::CallGuard guard(w.get(), &ctx);
-  r.status = call(*w, index, ctx, &r.resp);
+  absl::Notification done;
+  StartOne(plan, caller, w, index, call, &c, [&done] { done.Notify(); });
+  done.WaitForNotification();
   if (caller == nullptr) EndOwnCall();
-  if (r.status.ok()) return r;
-  if (guard.cancelled_by_pool()) {
-    r.status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                            absl::StrCat("the worker was marked dead during the call (",
-                                         guard.reason(), "); call cancelled"));
-    r.left_out = true;
-  } else if (r.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED &&
-             std::chrono::system_clock::now() >= deadline) {
-    // The router's deadline, not an error the worker returned.
-    const std::string why =
-        absl::StrCat(plan.what, " missed its per-worker deadline of ", timeout.count(), " ms");
-    pool_->MarkDead(w.get(), why);
-    r.status = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                            absl::StrCat(why, "; marked dead and left out"));
-    r.left_out = true;
-  } else if (r.status.error_code() == grpc::StatusCode::UNAVAILABLE) {
-    pool_->ReportFailure(w.get());
-  }
-  return r;
+  return std::move(c.result);
 }
 
-void AdminFanout::Settle(const Plan& plan, const std::shared_ptr<router::Worker>& w, Result* r) {
+void AdminFanout::Settle(const Plan& plan, const std::shared_ptr<router::Worker>& w, Result* r,
+                         std::function<void()> settled) {
   const grpc::StatusCode code = r->status.error_code();
   if (r->status.ok()) {
     pool_->ReportVersion(w.get(), r->resp.weight_version());
@@ -212,10 +287,17 @@ void AdminFanout::Settle(const Plan& plan, const std::shared_ptr<router::Worker>
   const bool reachable =
       r->status.ok() || !r->left_out ||
       (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED);
+  auto release = [this, hold = plan.hold, w, settled = std::move(settled)] {
+    if (hold) pool_->SetHeld(w.get(), false);
+    settled();
+  };
   // Refresh serving state and version before the worker is routed again (a health check may
   // have seen NOT_SERVING mid-call; a worker put to sleep is not serving).
-  if ((plan.hold || (plan.probe && r->status.ok())) && reachable) pool_->Probe(w);
-  if (plan.hold) pool_->SetHeld(w.get(), false);
+  if ((plan.hold || (plan.probe && r->status.ok())) && reachable) {
+    pool_->ProbeAsync(w, std::move(release));
+  } else {
+    release();
+  }
 }
 
 absl::Status AdminFanout::Broadcast(const Plan& plan, Ctx* caller, const WorkerCall& call,
@@ -237,19 +319,23 @@ absl::Status AdminFanout::Broadcast(const Plan& plan, Ctx* caller, const WorkerC
     pool_->BeginHold();
     for (const auto& w : targets) pool_->SetHeld(w.get(), true);
   }
-  std::vector<Result> results =
-      ForEachParallel<Result>(targets, [&](const std::shared_ptr<router::Worker>& w, size_t i) {
-        Result r = CallOne(plan, caller, w, i, call);
-        Settle(plan, w, &r);  // at once: this worker routes again while others still work
-        return r;
-      });
+  auto calls = std::make_unique<Call[]>(targets.size());
+  absl::BlockingCounter pending(static_cast<int>(targets.size()));
+  for (size_t i = 0; i < targets.size(); ++i) {
+    StartOne(plan, caller, targets[i], i, call, &calls[i],
+             [this, &plan, &pending, w = targets[i], r = &calls[i].result] {
+               // At once: this worker routes again while others still work.
+               Settle(plan, w, r, [&pending] { pending.DecrementCount(); });
+             });
+  }
+  pending.Wait();
   if (plan.hold) pool_->EndHold();
   bool all_ok = !targets.empty();
   bool all_ready = !targets.empty();  // PrepareWeightsUpdate: posted everywhere
   bool any_ok = false;
   int64_t version = -1;
   for (size_t i = 0; i < targets.size(); ++i) {
-    const Result& r = results[i];
+    const Result& r = calls[i].result;
     rl::v1::WorkerResult* out = resp->add_results();
     out->set_worker(targets[i]->address());
     out->set_success(r.status.ok());
@@ -361,35 +447,25 @@ absl::Status AdminFanout::CatchUp(const std::shared_ptr<router::Worker>& w) {
       return absl::Status(static_cast<absl::StatusCode>(r.status.error_code()),
                           absl::StrCat(plan.what, ": ", r.status.error_message()));
     };
-    Result r = CallOne(
-        plan, nullptr, w, 0,
-        [](router::Worker& worker, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* out) {
-          rl::v1::PauseGenerationRequest req;
-          req.set_mode(rl::v1::PAUSE_MODE_RETRACT);
-          return worker.admin_stub().PauseGeneration(&ctx, req, out);
-        });
+    Result r = CallOne(plan, nullptr, w, 0, &PauseRetract);
     RETURN_IF_ERROR(check(r));
     plan.what = "catch-up UpdateWeightsFromDisk";
     plan.deadline = Deadline::kLoad;
     r = CallOne(plan, nullptr, w, 0,
-                [&fleet](router::Worker& worker, size_t, grpc::ClientContext& ctx,
-                         rl::v1::AdminResponse* out) {
+                [&fleet](router::Worker& worker, size_t, grpc::ClientContext* ctx,
+                         rl::v1::AdminResponse* out, Done done) {
                   rl::v1::UpdateWeightsFromDiskRequest req;
                   req.set_model_path(fleet.path);
                   req.set_weight_version(fleet.version);
                   req.set_keep_pause(true);
-                  return worker.admin_stub().UpdateWeightsFromDisk(&ctx, req, out);
+                  CallOwning(worker, &AsyncAdmin::UpdateWeightsFromDisk, std::move(req), ctx, out,
+                             std::move(done));
                 });
     RETURN_IF_ERROR(check(r));
     if (!fleet_paused) {
       plan.what = "catch-up ContinueGeneration";
       plan.deadline = Deadline::kControl;
-      r = CallOne(
-          plan, nullptr, w, 0,
-          [](router::Worker& worker, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* out) {
-            return worker.admin_stub().ContinueGeneration(&ctx, rl::v1::ContinueGenerationRequest(),
-                                                          out);
-          });
+      r = CallOne(plan, nullptr, w, 0, &Continue);
       RETURN_IF_ERROR(check(r));
     }
     pool_->Probe(w);  // version and serving state fresh before it is routed
@@ -419,17 +495,7 @@ absl::Status AdminFanout::ReconcilePause(const std::shared_ptr<router::Worker>& 
   // fleet: e.g. a pause that reached it late, or a continue it never got.
   Plan plan;
   plan.what = fleet_paused ? "rejoin PauseGeneration" : "rejoin ContinueGeneration";
-  Result r = CallOne(plan, nullptr, w, 0,
-                     [fleet_paused](router::Worker& worker, size_t, grpc::ClientContext& ctx,
-                                    rl::v1::AdminResponse* out) {
-                       if (!fleet_paused) {
-                         return worker.admin_stub().ContinueGeneration(
-                             &ctx, rl::v1::ContinueGenerationRequest(), out);
-                       }
-                       rl::v1::PauseGenerationRequest req;
-                       req.set_mode(rl::v1::PAUSE_MODE_RETRACT);
-                       return worker.admin_stub().PauseGeneration(&ctx, req, out);
-                     });
+  Result r = CallOne(plan, nullptr, w, 0, fleet_paused ? &PauseRetract : &Continue);
   if (!r.status.ok()) return FromGrpcStatus(r.status);
   spdlog::info("{} rejoined {}; matched the fleet's pause state", w->address(),
                fleet_paused ? "running" : "paused");
@@ -438,19 +504,18 @@ absl::Status AdminFanout::ReconcilePause(const std::shared_ptr<router::Worker>& 
 
 // ---- the Admin calls ----
 
-#define RL_FANOUT_UNARY(Method, Request, ...)                                                    \
-  grpc::ServerUnaryReactor* AdminFanout::Method(Ctx* c, const rl::v1::Request* req,              \
-                                                rl::v1::AdminResponse* resp) {                   \
-    return Run(c, [this, c, req, resp] {                                                         \
-      Plan plan{__VA_ARGS__};                                                                    \
-      plan.what = #Method;                                                                       \
-      return Broadcast(                                                                          \
-          plan, c,                                                                               \
-          [req](router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) { \
-            return w.admin_stub().Method(&ctx, *req, r);                                         \
-          },                                                                                     \
-          resp);                                                                                 \
-    });                                                                                          \
+#define RL_FANOUT_UNARY(Method, Request, ...)                                                  \
+  grpc::ServerUnaryReactor* AdminFanout::Method(Ctx* c, const rl::v1::Request* req,            \
+                                                rl::v1::AdminResponse* resp) {                 \
+    return Run(c, [this, c, req, resp] {                                                       \
+      Plan plan{__VA_ARGS__};                                                                  \
+      plan.what = #Method;                                                                     \
+      return Broadcast(                                                                        \
+          plan, c,                                                                             \
+          [req](router::Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r, \
+                Done done) { w.admin_stub().async()->Method(ctx, req, r, std::move(done)); },  \
+          resp);                                                                               \
+    });                                                                                        \
   }
 
 RL_FANOUT_UNARY(PauseGeneration, PauseGenerationRequest, .hold = true, .sets_paused = true)
@@ -491,8 +556,9 @@ grpc::ServerUnaryReactor* AdminFanout::UpdateWeightsFromDisk(
     }
     return Broadcast(
         plan, c,
-        [&mine](router::Worker& w, size_t, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
-          return w.admin_stub().UpdateWeightsFromDisk(&ctx, mine, r);
+        [&mine](router::Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
+                Done done) {
+          w.admin_stub().async()->UpdateWeightsFromDisk(ctx, &mine, r, std::move(done));
         },
         resp);
   });
@@ -503,8 +569,7 @@ grpc::ServerUnaryReactor* AdminFanout::UpdateWeightsFromDisk(
 template <typename Request>
 grpc::ServerUnaryReactor* AdminFanout::FanOutReceive(
     Ctx* c, const Request* req, rl::v1::AdminResponse* resp, const char* what,
-    grpc::Status (rl::v1::Admin::Stub::*method)(grpc::ClientContext*, const Request&,
-                                                rl::v1::AdminResponse*)) {
+    AsyncMethod<Request, rl::v1::AdminResponse> method) {
   return Run(c, [this, c, req, resp, what, method] {
     Plan plan;
     plan.what = what;
@@ -516,22 +581,23 @@ grpc::ServerUnaryReactor* AdminFanout::FanOutReceive(
     plan.sets_paused = req->keep_pause();
     return Broadcast(
         plan, c,
-        [req, method](router::Worker& w, size_t, grpc::ClientContext& ctx,
-                      rl::v1::AdminResponse* r) { return (w.admin_stub().*method)(&ctx, *req, r); },
+        [req, method](router::Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
+                      Done done) {
+          (w.admin_stub().async()->*method)(ctx, req, r, std::move(done));
+        },
         resp);
   });
 }
 
 grpc::ServerUnaryReactor* AdminFanout::CompleteWeightsUpdate(
     Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
-  return FanOutReceive(c, req, resp, "CompleteWeightsUpdate",
-                       &rl::v1::Admin::Stub::CompleteWeightsUpdate);
+  return FanOutReceive(c, req, resp, "CompleteWeightsUpdate", &AsyncAdmin::CompleteWeightsUpdate);
 }
 
 grpc::ServerUnaryReactor* AdminFanout::ReceiveWeights(Ctx* c,
                                                       const rl::v1::ReceiveWeightsRequest* req,
                                                       rl::v1::AdminResponse* resp) {
-  return FanOutReceive(c, req, resp, "ReceiveWeights", &rl::v1::Admin::Stub::ReceiveWeights);
+  return FanOutReceive(c, req, resp, "ReceiveWeights", &AsyncAdmin::ReceiveWeights);
 }
 
 // Each worker joins as its own rank: the i-th live worker (by address) gets rank_offset + i.
@@ -545,10 +611,12 @@ grpc::ServerUnaryReactor* AdminFanout::InitWeightsUpdateGroup(
     plan.partial = Partial::kGroup;
     return Broadcast(
         plan, c,
-        [req](router::Worker& w, size_t i, grpc::ClientContext& ctx, rl::v1::AdminResponse* r) {
+        [req](router::Worker& w, size_t i, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
+              Done done) {
           rl::v1::InitWeightsUpdateGroupRequest mine = *req;
           mine.set_rank_offset(req->rank_offset() + static_cast<int32_t>(i));
-          return w.admin_stub().InitWeightsUpdateGroup(&ctx, mine, r);
+          CallOwning(w, &AsyncAdmin::InitWeightsUpdateGroup, std::move(mine), ctx, r,
+                     std::move(done));
         },
         resp);
   });
@@ -609,14 +677,9 @@ AdminFanout::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
         plan.sets_paused = !messages.empty() && messages.front().keep_pause();
         return Broadcast(
             plan, c,
-            [&messages](router::Worker& w, size_t, grpc::ClientContext& ctx,
-                        rl::v1::AdminResponse* r) {
-              auto writer = w.admin_stub().UpdateWeightsFromTensor(&ctx, r);
-              for (const auto& m : messages) {
-                if (!writer->Write(m)) break;
-              }
-              writer->WritesDone();
-              return writer->Finish();
+            [&messages](router::Worker& w, size_t, grpc::ClientContext* ctx,
+                        rl::v1::AdminResponse* r, Done done) {
+              (new TensorWriter(&messages, std::move(done)))->Start(w, ctx, r);
             },
             resp);
       },
@@ -626,7 +689,7 @@ AdminFanout::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
 grpc::ServerUnaryReactor* AdminFanout::GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest* req,
                                                     rl::v1::GetModelInfoResponse* resp) {
   return Run(c, [this, c, req, resp]() -> absl::Status {
-    const auto replies = Gather(c, *req, &rl::v1::Admin::Stub::GetModelInfo);
+    const auto replies = Gather(c, *req, &AsyncAdmin::GetModelInfo);
     if (replies.empty()) return absl::UnavailableError("GetModelInfo: no live worker");
     bool have = false;
     for (const auto& r : replies) {
@@ -649,7 +712,7 @@ grpc::ServerUnaryReactor* AdminFanout::GetServerInfo(Ctx* c,
                                                      rl::v1::GetServerInfoResponse* resp) {
   return Run(c, [this, c, req, resp]() -> absl::Status {
     // Totals over the workers; paused when any worker is.
-    for (const auto& r : Gather(c, *req, &rl::v1::Admin::Stub::GetServerInfo)) {
+    for (const auto& r : Gather(c, *req, &AsyncAdmin::GetServerInfo)) {
       if (!r.status.ok()) continue;
       const auto& info = r.resp;
       resp->set_paused(resp->paused() || info.paused());
@@ -684,7 +747,7 @@ grpc::ServerUnaryReactor* AdminFanout::WeightsChecker(Ctx* c,
                                                       const rl::v1::WeightsCheckerRequest* req,
                                                       rl::v1::WeightsCheckerResponse* resp) {
   return Run(c, [this, c, req, resp]() -> absl::Status {
-    const auto replies = Gather(c, *req, &rl::v1::Admin::Stub::WeightsChecker);
+    const auto replies = Gather(c, *req, &AsyncAdmin::WeightsChecker);
     if (replies.empty()) return absl::UnavailableError("WeightsChecker: no live worker");
     bool all_ok = true;
     for (const auto& r : replies) {

@@ -1,5 +1,7 @@
-// rl.v1.Admin on the router: every call is broadcast to the live workers (in parallel, each
-// with a per-worker deadline) and answered with one result per worker.
+// rl.v1.Admin on the router: every call is broadcast to the live workers (all at once, each
+// with a per-worker deadline) and answered with one result per worker. Worker calls use the
+// asynchronous (callback) client API: a broadcast over N workers costs one waiting thread of
+// the admin executor, not N threads.
 //
 // One admin lock serializes the calls that change fleet state (pause, continue, flush, weight
 // updates, group init/update/destroy, sleep/wake) and the catch-up of rejoining workers; a
@@ -29,9 +31,10 @@
 //
 // The caller's `authorization` header is forwarded to the workers (catch-up uses
 // `worker_admin_key`). InitWeightsUpdateGroup gives the i-th live worker (sorted by address)
-// rank rank_offset + i, so one call forms the whole group. Each call's work runs on the
-// router's bounded admin executor (FanoutOptions::executor), never on a thread of its own. A successful weight update advances
-// the text cache's current version (which drives its GC). Thread-safe.
+// rank rank_offset + i, so one call forms the whole group. Each call's waiting runs on the
+// router's bounded admin executor (FanoutOptions::executor), never on a thread of its own. A
+// successful weight update advances the text cache's current version (which drives its GC).
+// Thread-safe.
 #pragma once
 
 #include <chrono>
@@ -74,8 +77,11 @@ struct Reply {
   Resp resp;
 };
 
+// A unary Admin method of the asynchronous (callback) client API.
+using AsyncAdmin = rl::v1::Admin::StubInterface::async_interface;
 template <typename Req, typename Resp>
-using StubMethod = grpc::Status (rl::v1::Admin::Stub::*)(grpc::ClientContext*, const Req&, Resp*);
+using AsyncMethod = void (AsyncAdmin::*)(grpc::ClientContext*, const Req*, Resp*,
+                                         std::function<void(grpc::Status)>);
 
 class AdminFanout final : public rl::v1::Admin::CallbackService {
  public:
@@ -143,35 +149,48 @@ class AdminFanout final : public rl::v1::Admin::CallbackService {
     // Non-empty: only these workers (resync), live or not.
     std::vector<std::string> only;
   };
-  // (worker, its index among the targets sorted by address, context, response).
-  using WorkerCall = std::function<grpc::Status(router::Worker&, size_t, grpc::ClientContext&,
-                                                rl::v1::AdminResponse*)>;
+  // Called with a call's status, once (on a gRPC thread).
+  using Done = std::function<void(grpc::Status)>;
+  // Starts one asynchronous call: (worker, its index among the targets sorted by address,
+  // context, response, done). The request must live until `done`.
+  using WorkerCall = std::function<void(router::Worker&, size_t, grpc::ClientContext*,
+                                        rl::v1::AdminResponse*, Done)>;
   struct Result {
     grpc::Status status;
     rl::v1::AdminResponse resp;
     bool left_out = false;
   };
-  // Takes the admin lock (bounded wait), calls `call` on every target in parallel, settles each
-  // worker's routing as soon as its call ends and fills `resp` with one result per worker.
+  struct Call;  // one worker's call in flight (admin_fanout.cc)
+  // Takes the admin lock (bounded wait), starts `call` on every target at once (asynchronous
+  // calls: no thread per worker; the calling thread waits for all), settles each worker's
+  // routing as soon as its call ends and fills `resp` with one result per worker.
   // CompleteWeightsUpdate / ReceiveWeights: the same plan, another stub method.
   template <typename Request>
-  grpc::ServerUnaryReactor* FanOutReceive(
-      Ctx* c, const Request* req, rl::v1::AdminResponse* resp, const char* what,
-      grpc::Status (rl::v1::Admin::Stub::*method)(grpc::ClientContext*, const Request&,
-                                                  rl::v1::AdminResponse*));
+  grpc::ServerUnaryReactor* FanOutReceive(Ctx* c, const Request* req, rl::v1::AdminResponse* resp,
+                                          const char* what,
+                                          AsyncMethod<Request, rl::v1::AdminResponse> method);
   absl::Status Broadcast(const Plan& plan, Ctx* caller, const WorkerCall& call,
                          rl::v1::AdminResponse* resp);
-  // One call with its deadline, registered on the worker (cancelled if it is marked dead).
+  // Starts one call with its deadline, registered on the worker (cancelled if it is marked
+  // dead); `finished` runs once the outcome is in `c->result` (a missed deadline marks the
+  // worker dead). `plan`, `c` and `w` must outlive it.
+  void StartOne(const Plan& plan, Ctx* caller, const std::shared_ptr<router::Worker>& w,
+                size_t index, const WorkerCall& call, Call* c, std::function<void()> finished);
+  // StartOne, waited for (catch-up: one worker at a time).
   Result CallOne(const Plan& plan, Ctx* caller, const std::shared_ptr<router::Worker>& w,
                  size_t index, const WorkerCall& call);
-  // Applies one worker's outcome to the pool (versions, death, partial weights, routing).
-  void Settle(const Plan& plan, const std::shared_ptr<router::Worker>& w, Result* r);
+  // Applies one worker's outcome to the pool (versions, death, partial weights, routing);
+  // `settled` runs once the worker is routed again (after an asynchronous health probe where
+  // the plan wants one).
+  void Settle(const Plan& plan, const std::shared_ptr<router::Worker>& w, Result* r,
+              std::function<void()> settled);
   absl::Status LockAdmin(const char* what);
   void UnlockAdmin();
   grpc::ServerUnaryReactor* Run(Ctx* c, std::function<absl::Status()> fn);
-  // Calls `method` on every live worker in parallel (read-only calls: no admin lock).
+  // Calls `method` on every live worker at once and waits for all (read-only calls: no admin
+  // lock).
   template <typename Req, typename Resp>
-  std::vector<Reply<Resp>> Gather(Ctx* caller, const Req& req, StubMethod<Req, Resp> method) const;
+  std::vector<Reply<Resp>> Gather(Ctx* caller, const Req& req, AsyncMethod<Req, Resp> method) const;
   // Deadline and authorization for a call to a worker (`caller` may be null: the router's own).
   void Prepare(Ctx* caller, grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
   std::chrono::milliseconds Timeout(Deadline d) const;

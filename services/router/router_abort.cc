@@ -1,11 +1,15 @@
 // Router.Abort: one in-flight request by id, forwarded to the worker that holds it, or every
 // request on every live worker (abort_all, admin key). Kept apart from router_service.cc.
+#include <atomic>
 #include <chrono>
-#include <thread>
+#include <functional>
+#include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "grpcpp/alarm.h"
 #include "services/router/router_service.h"
 #include "spdlog/spdlog.h"
 
@@ -17,58 +21,152 @@ namespace {
 constexpr int kForwardTries = 40;
 constexpr std::chrono::milliseconds kForwardPause{50};
 constexpr std::chrono::seconds kForwardDeadline{10};
-// Router.Abort forwards on the admin executor: at most this many at once, the rest are refused
-// (RESOURCE_EXHAUSTED) so a burst of aborts cannot crowd out the admin calls queued there.
+// Router.Abort calls forwarding at once: at most this many, the rest are refused
+// (RESOURCE_EXHAUSTED), so a burst of aborts cannot grow the router's memory without bound.
 constexpr int kMaxAbortsInFlight = 64;
 
-absl::StatusOr<int32_t> ForwardAbort(Worker& worker, const rl::v1::AbortRequest& request,
-                                     const std::optional<std::string>& authorization) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + kForwardDeadline);
-  if (authorization) ctx.AddMetadata("authorization", *authorization);
-  rl::v1::AbortResponse response;
-  RETURN_IF_ERROR(FromGrpcStatus(worker.worker_stub().Abort(&ctx, request, &response)));
-  return response.num_aborted();
-}
+// One Router.Abort being forwarded, on the asynchronous client API: worker calls and the pauses
+// between tries (gRPC alarms) hold no thread, so an abort storm against a hung worker delays
+// nothing else (admin broadcasts run on the admin executor). Deletes itself after `done`.
+class AbortForward {
+ public:
+  using Done = std::function<void(absl::StatusOr<int32_t>)>;
+  AbortForward(RouterService* svc, const rl::v1::AbortRequest& request,
+               std::optional<std::string> authorization, Done done)
+      : svc_(svc),
+        request_(request),
+        authorization_(std::move(authorization)),
+        done_(std::move(done)) {}
+
+  void Start() {
+    if (request_.abort_all()) {
+      StartAll();
+    } else {
+      TryOne();
+    }
+  }
+
+ private:
+  // One forwarded call: context, answer, outcome.
+  struct Call {
+    grpc::ClientContext ctx;
+    rl::v1::AbortResponse response;
+    grpc::Status status;
+  };
+
+  void Prepare(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(std::chrono::system_clock::now() + kForwardDeadline);
+    if (authorization_) ctx->AddMetadata("authorization", *authorization_);
+  }
+
+  // abort_all: every live worker gets it, also past one that fails; the first failure (in
+  // address order) is returned, else the total.
+  void StartAll() {
+    svc_->requests()->MarkAllAborted();
+    request_.Clear();
+    request_.set_abort_all(true);
+    workers_ = svc_->pool()->LiveWorkers();
+    if (workers_.empty()) {
+      Finish(0);
+      return;
+    }
+    calls_ = std::make_unique<Call[]>(workers_.size());
+    // One more than the calls: the loop's own, so a callback run early cannot end (and delete)
+    // this before every call has started.
+    pending_.store(static_cast<int>(workers_.size()) + 1);
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      Call* c = &calls_[i];
+      Prepare(&c->ctx);
+      workers_[i]->worker_stub().async()->Abort(&c->ctx, &request_, &c->response,
+                                                [this, c](grpc::Status s) {
+                                                  c->status = std::move(s);
+                                                  if (pending_.fetch_sub(1) == 1) EndAll();
+                                                });
+    }
+    if (pending_.fetch_sub(1) == 1) EndAll();
+  }
+
+  void EndAll() {
+    int32_t total = 0;
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const Call& c = calls_[i];
+      if (!c.status.ok()) {
+        Finish(Annotate(FromGrpcStatus(c.status), absl::StrCat("worker ", workers_[i]->address())));
+        return;
+      }
+      total += c.response.num_aborted();
+    }
+    Finish(total);
+  }
+
+  // One request by id: forwarded to the worker that holds it now, repeated (kForwardTries,
+  // kForwardPause apart) while the worker reports nothing aborted.
+  void TryOne() {
+    if (tries_ == kForwardTries) {
+      spdlog::warn("Router.Abort: worker never reported request '{}' aborted",
+                   request_.request_id());
+      Finish(0);
+      return;
+    }
+    ++tries_;
+    absl::StatusOr<std::string> address = svc_->requests()->MarkAborted(request_.request_id());
+    // Between two attempts: the mark alone stops the request.
+    if (!address.ok() || address->empty()) {
+      Finish(address.ok() ? absl::StatusOr<int32_t>(0) : address.status());
+      return;
+    }
+    std::shared_ptr<Worker> worker = svc_->pool()->Find(*address);
+    if (worker == nullptr) {
+      Finish(0);
+      return;
+    }
+    address_ = *std::move(address);
+    workers_.assign(1, std::move(worker));
+    calls_ = std::make_unique<Call[]>(1);
+    Call* c = &calls_[0];
+    Prepare(&c->ctx);
+    workers_[0]->worker_stub().async()->Abort(
+        &c->ctx, &request_, &c->response, [this, c](grpc::Status s) {
+          if (!s.ok()) {
+            Finish(Annotate(FromGrpcStatus(s), absl::StrCat("worker ", address_)));
+          } else if (c->response.num_aborted() > 0) {
+            Finish(c->response.num_aborted());
+          } else {
+            Pause();
+          }
+        });
+  }
+
+  void Pause() {
+    // A fresh alarm per pause: the one whose callback runs now may be destroyed here.
+    alarm_ = std::make_unique<grpc::Alarm>();
+    alarm_->Set(std::chrono::system_clock::now() + kForwardPause, [this](bool) { TryOne(); });
+  }
+
+  void Finish(absl::StatusOr<int32_t> n) {
+    Done done = std::move(done_);
+    delete this;
+    done(std::move(n));
+  }
+
+  RouterService* svc_;
+  rl::v1::AbortRequest request_;
+  const std::optional<std::string> authorization_;
+  Done done_;
+  std::vector<std::shared_ptr<Worker>> workers_;  // the calls' targets, kept alive
+  std::unique_ptr<Call[]> calls_;
+  std::atomic<int> pending_{0};
+  int tries_ = 0;
+  std::string address_;
+  std::unique_ptr<grpc::Alarm> alarm_;
+};
 
 }  // namespace
 
-absl::StatusOr<int32_t> RouterService::AbortRequests(
-    const rl::v1::AbortRequest& request, const std::optional<std::string>& authorization) {
-  if (request.abort_all()) {
-    requests_.MarkAllAborted();
-    int32_t total = 0;
-    rl::v1::AbortRequest all;
-    all.set_abort_all(true);
-    // Every live worker gets it, also past one that fails; the first failure is returned.
-    absl::Status first_error;
-    for (const std::shared_ptr<Worker>& w : pool_->LiveWorkers()) {
-      absl::StatusOr<int32_t> n = ForwardAbort(*w, all, authorization);
-      if (n.ok()) {
-        total += *n;
-      } else if (first_error.ok()) {
-        first_error = Annotate(n.status(), absl::StrCat("worker ", w->address()));
-      }
-    }
-    RETURN_IF_ERROR(first_error);
-    return total;
-  }
-  const std::string& id = request.request_id();
-  for (int attempt = 0; attempt < kForwardTries; ++attempt) {
-    ASSIGN_OR_RETURN(std::string address, requests_.MarkAborted(id));
-    // Between two attempts: the mark alone stops the request.
-    if (address.empty()) return 0;
-    std::shared_ptr<Worker> worker = pool_->Find(address);
-    if (worker == nullptr) return 0;
-    rl::v1::AbortRequest one;
-    one.set_request_id(id);
-    absl::StatusOr<int32_t> n = ForwardAbort(*worker, one, authorization);
-    if (!n.ok()) return Annotate(n.status(), absl::StrCat("worker ", address));
-    if (*n > 0) return *n;
-    std::this_thread::sleep_for(kForwardPause);
-  }
-  spdlog::warn("Router.Abort: worker never reported request '{}' aborted", id);
-  return 0;
+void RouterService::AbortRequests(const rl::v1::AbortRequest& request,
+                                  std::optional<std::string> authorization,
+                                  std::function<void(absl::StatusOr<int32_t>)> done) {
+  (new AbortForward(this, request, std::move(authorization), std::move(done)))->Start();
 }
 
 grpc::ServerUnaryReactor* RouterService::Abort(grpc::CallbackServerContext* context,
@@ -92,18 +190,14 @@ grpc::ServerUnaryReactor* RouterService::Abort(grpc::CallbackServerContext* cont
                                     " aborts are in flight already; retry shortly")));
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // Forwarding is a network round trip per worker: off the callback thread.
-  if (!options_.admin->Submit([this, reactor, req = *request, response,
-                               authorization = AuthorizationHeader(*context)] {
-        absl::StatusOr<int32_t> n = AbortRequests(req, authorization);
-        if (n.ok()) response->set_num_aborted(*n);
-        // Before Finish: once the call is finished the server (and this service) may be gone.
-        aborts_in_flight_.fetch_sub(1);
-        reactor->Finish(ToGrpcStatus(n.status()));
-      })) {
-    aborts_in_flight_.fetch_sub(1);
-    reactor->Finish(ToGrpcStatus(options_.admin->BusyError()));
-  }
+  AbortRequests(*request, AuthorizationHeader(*context),
+                [this, reactor, response](absl::StatusOr<int32_t> n) {
+                  if (n.ok()) response->set_num_aborted(*n);
+                  // Before Finish: once the call is finished the server (and this service) may
+                  // be gone.
+                  aborts_in_flight_.fetch_sub(1);
+                  reactor->Finish(ToGrpcStatus(n.status()));
+                });
   return reactor;
 }
 

@@ -37,7 +37,7 @@ class WorkerCall final : public grpc::ClientReadReactor<GenerateResponse> {
   void Start() {
     // Cancelled by the pool when it marks the worker dead (worker_pool.h).
     guard_.emplace(worker_, &ctx_);
-    worker_->worker_stub().async()->Generate(&ctx_, &request_, this);
+    worker_->data_stub().async()->Generate(&ctx_, &request_, this);
     AddHold();  // released when reading stops: a message may be handled off this call's thread
     StartRead(&msg_);
     StartCall();

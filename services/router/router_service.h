@@ -3,8 +3,8 @@
 // the trajectory insert) on the gRPC callback API at both ends: the client's stream is a
 // WriteQueueReactor, each worker call a ClientReadReactor, retry backoffs gRPC alarms, so no
 // thread waits on a stream. The blocking work left (tokenizing long prompts, cache inserts) runs
-// on a small fixed pool (`blocking`); admin paths that wait on workers (AddWorker, Abort
-// forwarding) run on the bounded admin executor.
+// on a small fixed pool (`blocking`); AddWorker's check of the new worker runs on the bounded
+// admin executor. Router.Abort forwarding is asynchronous too (router_abort.cc).
 //
 // Admission (admission.h): at most --max-in-flight generations run, --max-queued more wait in
 // fair per-client queues (client: the `rl-client-id` header, else the peer), the rest are
@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -44,7 +45,7 @@ struct RouterServiceOptions {
   AdmissionOptions admission;
   int64_t max_stream_buffer_bytes = 4 << 20;
   BoundedExecutor* blocking = nullptr;  // tokenization of long prompts, cache inserts
-  BoundedExecutor* admin = nullptr;     // AddWorker checks, Abort forwarding
+  BoundedExecutor* admin = nullptr;     // AddWorker checks
 };
 
 class RouterService final : public rl::v1::Router::CallbackService {
@@ -78,9 +79,10 @@ class RouterService final : public rl::v1::Router::CallbackService {
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
                                   const rl::v1::AbortRequest* request,
                                   rl::v1::AbortResponse* response) override;
-  // Router.Abort's work (blocking: forwards to workers); returns the number aborted.
-  absl::StatusOr<int32_t> AbortRequests(const rl::v1::AbortRequest& request,
-                                        const std::optional<std::string>& authorization);
+  // Router.Abort's work: forwards to the workers with asynchronous calls (no thread waits) and
+  // calls `done` with the number aborted (on a gRPC thread, or inline when nothing is sent).
+  void AbortRequests(const rl::v1::AbortRequest& request, std::optional<std::string> authorization,
+                     std::function<void(absl::StatusOr<int32_t>)> done);
 
   // Router + cache figures (also rendered into the Prometheus registry).
   void FillMetrics(rl::v1::GetMetricsResponse* out) const;

@@ -5,6 +5,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/notification.h"
 #include "common/status.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
@@ -14,7 +16,7 @@
 namespace rl::router {
 namespace {
 
-// Runs fn(0..n-1) on at most kMaxProbeThreads threads: blocking health / add checks proceed
+// Runs fn(0..n-1) on at most kMaxProbeThreads threads: blocking add checks (start-up) proceed
 // concurrently without one thread per worker (the pool size is an admin input).
 constexpr size_t kMaxProbeThreads = 32;
 
@@ -53,6 +55,13 @@ Worker::Worker(std::string address) : address_(std::move(address)) {
   channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
   worker_stub_ = rl::v1::Worker::NewStub(channel_);
   admin_stub_ = rl::v1::Admin::NewStub(channel_);
+  data_stubs_.push_back(rl::v1::Worker::NewStub(channel_));
+  for (int i = 1; i < kDataChannels; ++i) {
+    grpc::ChannelArguments data_args = args;
+    data_args.SetInt("rl-data-channel", i);  // a connection of its own
+    data_stubs_.push_back(rl::v1::Worker::NewStub(
+        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), data_args)));
+  }
 }
 
 void Worker::CancelCalls(const std::string& reason) {
@@ -148,7 +157,7 @@ absl::Status WorkerPool::Add(const std::string& address) {
   }
   spdlog::info("worker {} added", address);
   // Let a freshly added worker serve at once when it is healthy.
-  for (int i = 0; i < options_.success_threshold; ++i) CheckOne(w);
+  for (int i = 0; i < options_.success_threshold; ++i) Probe(w);
   return absl::OkStatus();
 }
 
@@ -439,30 +448,63 @@ void WorkerPool::MaybeCatchUp(const std::shared_ptr<Worker>& w) {
   if (!handled) FinishSync(w.get());
 }
 
-void WorkerPool::Probe(const std::shared_ptr<Worker>& w) { CheckOne(w); }
+void WorkerPool::Probe(const std::shared_ptr<Worker>& w) {
+  absl::Notification done;
+  ProbeAsync(w, [&done] { done.Notify(); });
+  done.WaitForNotification();
+}
 
-void WorkerPool::CheckOne(const std::shared_ptr<Worker>& w) {
-  const auto deadline = std::chrono::system_clock::now() + options_.health_timeout;
-  grpc::health::v1::HealthCheckResponse health;
+namespace {
+
+// One health check in flight: gRPC health, then GetLoad for the version, both asynchronous.
+struct ProbeCall {
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_stub;
   grpc::ClientContext hctx;
-  hctx.set_deadline(deadline);
-  auto health_stub = grpc::health::v1::Health::NewStub(w->channel());
-  grpc::Status s = health_stub->Check(&hctx, grpc::health::v1::HealthCheckRequest(), &health);
-  // NOT_SERVING (asleep, or a weight update in progress) is not a failure of the process: the
-  // worker keeps its state; only unreachable workers die.
+  grpc::health::v1::HealthCheckRequest hreq;
+  grpc::health::v1::HealthCheckResponse health;
+  grpc::ClientContext lctx;
+  rl::v1::GetLoadRequest lreq;
   rl::v1::GetLoadResponse load;
-  bool version_known = true;
-  if (s.ok()) {
-    grpc::ClientContext lctx;
-    lctx.set_deadline(deadline);
-    s = w->worker_stub().GetLoad(&lctx, rl::v1::GetLoadRequest(), &load);
-    // A data-plane key may guard GetLoad; the process is reachable all the same.
-    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-        s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
-      s = grpc::Status::OK;
-      version_known = false;
-    }
-  }
+};
+
+}  // namespace
+
+void WorkerPool::ProbeAsync(const std::shared_ptr<Worker>& w, std::function<void()> done) {
+  const auto deadline = std::chrono::system_clock::now() + options_.health_timeout;
+  auto call = std::make_shared<ProbeCall>();
+  call->health_stub = grpc::health::v1::Health::NewStub(w->channel());
+  call->hctx.set_deadline(deadline);
+  call->lctx.set_deadline(deadline);
+  auto finish = [this, w, call, done = std::move(done)](grpc::Status s, bool version_known) {
+    ApplyCheck(w, s, call->health, call->load, version_known);
+    done();
+  };
+  call->health_stub->async()->Check(
+      &call->hctx, &call->hreq, &call->health,
+      [w, call, finish = std::move(finish)](grpc::Status s) mutable {
+        // NOT_SERVING (asleep, or a weight update in progress) is not a failure of the process:
+        // the worker keeps its state; only unreachable workers die.
+        if (!s.ok()) {
+          finish(std::move(s), true);
+          return;
+        }
+        w->worker_stub().async()->GetLoad(
+            &call->lctx, &call->lreq, &call->load,
+            [finish = std::move(finish)](grpc::Status s) mutable {
+              // A data-plane key may guard GetLoad; the process is reachable all the same.
+              if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+                  s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+                finish(grpc::Status::OK, false);
+                return;
+              }
+              finish(std::move(s), true);
+            });
+      });
+}
+
+void WorkerPool::ApplyCheck(const std::shared_ptr<Worker>& w, const grpc::Status& s,
+                            const grpc::health::v1::HealthCheckResponse& health,
+                            const rl::v1::GetLoadResponse& load, bool version_known) {
   {
     absl::MutexLock lock(&mu_);
     if (w->removed_) return;
@@ -504,8 +546,11 @@ void WorkerPool::CheckAll() {
     absl::MutexLock lock(&mu_);
     all = workers_;
   }
-  // Concurrently: a round costs one health timeout at most for up to kMaxProbeThreads workers.
-  ForEachConcurrently(all.size(), [&](size_t i) { CheckOne(all[i]); });
+  // All at once, asynchronously: a round costs one health timeout at most, on no thread of its
+  // own.
+  absl::BlockingCounter pending(static_cast<int>(all.size()));
+  for (const auto& w : all) ProbeAsync(w, [&pending] { pending.DecrementCount(); });
+  pending.Wait();
 }
 
 void WorkerPool::HealthLoop() {

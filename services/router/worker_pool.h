@@ -3,9 +3,9 @@
 // Each worker has a channel and stubs, a health state (live | dead), an operator `enabled` flag
 // (routing only; admin broadcasts still reach disabled live workers), a per-broadcast hold, an
 // exact in-flight count, the weight version it last reported and a registry of the calls the
-// router has open to it. A health thread checks every worker each interval, concurrently on at
-// most 32 threads (one round costs one health timeout for up to 32 workers): gRPC health
-// + GetLoad for the version. `failure_threshold` consecutive failures mark it dead,
+// router has open to it. A health thread checks every worker each interval, all at once with
+// asynchronous calls (a round costs one health timeout at most, and no thread per worker): gRPC
+// health + GetLoad for the version. `failure_threshold` consecutive failures mark it dead,
 // `success_threshold` consecutive successes bring it back. Data-plane UNAVAILABLE errors count
 // as failures too. Marking a worker dead cancels (TryCancel) every call registered on it, so
 // no stream waits on a hung or vanished worker.
@@ -36,6 +36,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "rl/v1/admin.grpc.pb.h"
@@ -64,11 +65,22 @@ struct FleetWeights {
 
 class CallGuard;
 
+// Data-plane channels per worker (Worker::data_stub).
+inline constexpr int kDataChannels = 4;
+
 class Worker {
  public:
   explicit Worker(std::string address);
   const std::string& address() const { return address_; }
   rl::v1::Worker::Stub& worker_stub() { return *worker_stub_; }
+  // For Generate calls: one of kDataChannels channels in turn (the first is worker_stub's).
+  // Each channel has its own HTTP/2 connection (processed by one thread at a time) and its own
+  // callback completion queue, whose bookkeeping in Debian's gRPC (built without NDEBUG: a
+  // linear scan of the queue's pending operations per completion) then covers a fraction of
+  // the streams.
+  rl::v1::Worker::Stub& data_stub() {
+    return *data_stubs_[next_data_.fetch_add(1, std::memory_order_relaxed) % data_stubs_.size()];
+  }
   rl::v1::Admin::Stub& admin_stub() { return *admin_stub_; }
   std::shared_ptr<grpc::Channel> channel() const { return channel_; }
   int32_t in_flight() const { return in_flight_.load(); }
@@ -84,6 +96,8 @@ class Worker {
   const std::string address_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<rl::v1::Worker::Stub> worker_stub_;
+  std::vector<std::unique_ptr<rl::v1::Worker::Stub>> data_stubs_;  // [0] shares channel_
+  std::atomic<uint32_t> next_data_{0};
   std::unique_ptr<rl::v1::Admin::Stub> admin_stub_;
   std::atomic<int32_t> in_flight_{0};
   std::atomic<int64_t> served_{0};
@@ -218,7 +232,10 @@ class WorkerPool final : public WorkerSource {
   void ReportVersion(Worker* w, int64_t version) override;
   // Checks one worker now (health + version), as the health thread does.
   void Probe(const std::shared_ptr<Worker>& w);
-  // Runs one health round now, workers concurrently (tests; the thread does this every
+  // Probe without waiting: both calls asynchronous, `done` runs (on a gRPC thread) once the
+  // outcome is applied. The pool must outlive it.
+  void ProbeAsync(const std::shared_ptr<Worker>& w, std::function<void()> done);
+  // Runs one health round now, every worker at once (tests; the thread does this every
   // interval).
   void CheckAll();
   // The newest weight version among live workers (-1 when none is live).
@@ -235,7 +252,10 @@ class WorkerPool final : public WorkerSource {
   void FinishSync(Worker* w);
 
  private:
-  void CheckOne(const std::shared_ptr<Worker>& w);
+  // Applies one health check's outcome (status, health answer, GetLoad answer).
+  void ApplyCheck(const std::shared_ptr<Worker>& w, const grpc::Status& s,
+                  const grpc::health::v1::HealthCheckResponse& health,
+                  const rl::v1::GetLoadResponse& load, bool version_known);
   void HealthLoop();
   int64_t CurrentVersionLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool BehindLocked(const Worker& w) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

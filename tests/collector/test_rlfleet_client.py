@@ -1,14 +1,18 @@
 """The rlfleet package against a real router: typed sync / asyncio / streaming results with
 every request field (top_logprobs_num, logprob_start_len, logprobs_at_temperature_one,
 ignore_eos), the same flags on `rlctl generate`, and prompt-set preparation with the model's
-chat template feeding rl-collect."""
+chat template feeding rl-collect; the `client_id` option's header."""
 
 import asyncio
 import json
 import os
 import subprocess
 import sys
+from concurrent import futures
 from pathlib import Path
+
+import grpc
+import pytest
 
 from conftest import BIN
 
@@ -126,3 +130,50 @@ def test_prepare_prompts_with_the_chat_template_then_collect(fleet, tmp_path):
     t = load_trajectories(out)
     assert t.index.tolist() == [10, 11, 12] and all(s == "ok" for s in t.status)
     assert [m["answer"] for m in t.metadata] == ["0", "1", "2"]
+
+
+# client_id: the router's fair admission keys on the header (tests/python/test_client_id.py shows
+# it against a real router); here, that rlfleet's clients send it.
+class _Recorder(grpc.GenericRpcHandler):
+    """Records every call's metadata and refuses the call."""
+
+    def __init__(self):
+        self.metadata = []
+
+    def service(self, details):
+        self.metadata.append(dict(details.invocation_metadata))
+
+        def refuse(request, context):
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "recorder")
+
+        return grpc.unary_stream_rpc_method_handler(refuse)
+
+
+def test_rlfleet_clients_send_the_client_id_header():
+    from rlfleet import AsyncClient
+    from rlfleet import Client as FleetClient
+    recorder = _Recorder()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[recorder])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    target = f"127.0.0.1:{port}"
+    try:
+        with FleetClient(target, client_id="trainer-a", timeout=10) as c:
+            with pytest.raises(grpc.RpcError):
+                c.generate(text="x", max_new_tokens=1)
+
+        async def run_async():
+            async with AsyncClient(target, client_id="trainer-b", timeout=10) as c:
+                with pytest.raises(grpc.RpcError):
+                    await c.generate(text="x", max_new_tokens=1)
+
+        asyncio.run(run_async())
+        with FleetClient(target, timeout=10) as c:
+            with pytest.raises(grpc.RpcError):
+                c.generate(text="x", max_new_tokens=1)
+    finally:
+        server.stop(None)
+    assert [m.get("rl-client-id") for m in recorder.metadata] == ["trainer-a", "trainer-b", None]
+    for bad in ("x" * 129, "tab\there", "na\u00efve"):
+        with pytest.raises(ValueError):
+            FleetClient(target, client_id=bad)

@@ -175,6 +175,44 @@ def test_other_options_render_valid_manifests():
     assert len([a for a in container(docs, "Deployment")["args"] if a.startswith("--worker")]) == 3
 
 
+# The router's data-plane values and the flags they set.
+ROUTER_FLAGS = {"maxInFlight": "max-in-flight", "maxQueued": "max-queued",
+                "maxStreamBufferBytes": "max-stream-buffer-bytes",
+                "blockingThreads": "blocking-threads", "adminThreads": "admin-threads"}
+
+
+def binary_defaults(binary):
+    """{flag: default} from `BINARY --help` in the build tree."""
+    path = Path(os.environ.get("RL_BUILD_DIR", ROOT / "build")) / "bin" / binary
+    assert path.exists(), f"{path} is not built (build it, or set RL_BUILD_DIR)"
+    out = subprocess.run([str(path), "--help"], capture_output=True, text=True, timeout=60,
+                         check=True).stdout
+    defaults = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if parts and parts[0].startswith("--") and line.endswith(")") and "(default: " in line:
+            defaults[parts[0][2:]] = line.rsplit("(default: ", 1)[1][:-1]
+    return defaults
+
+
+def test_router_admission_and_thread_flags():
+    router = values_default()["router"]
+    # The chart's defaults are the binary's.
+    defaults = binary_defaults("rl-router")
+    for key, flag in ROUTER_FLAGS.items():
+        assert str(router[key]) == defaults[flag], (key, router[key], defaults[flag])
+    args = container(render(), "Deployment")["args"]
+    for key, flag in ROUTER_FLAGS.items():
+        assert f"--{flag}={router[key]}" in args, (flag, args)
+    custom = {"maxInFlight": 64, "maxQueued": 0, "maxStreamBufferBytes": 68719476736,
+              "blockingThreads": 4, "adminThreads": 1}
+    docs = render({"router": custom})
+    validate_all(docs)
+    args = container(docs, "Deployment")["args"]
+    for key, flag in ROUTER_FLAGS.items():
+        assert f"--{flag}={custom[key]}" in args, (flag, args)
+
+
 @pytest.mark.parametrize("bad", [
     {"worker": {"replicas": 0}},
     {"worker": {"replicas": "two"}},
@@ -182,6 +220,11 @@ def test_other_options_render_valid_manifests():
     {"worker": {"gpuMemoryFraction": 1.5}},
     {"image": {"pullPolicy": "Sometimes"}},
     {"router": {"port": 70000}},
+    {"router": {"maxInFlight": 0}},
+    {"router": {"maxQueued": -1}},
+    {"router": {"maxStreamBufferBytes": 512}},
+    {"router": {"blockingThreads": 65}},
+    {"router": {"adminThreads": 0}},
 ])
 def test_bad_values_are_refused_by_the_schema(bad):
     schema = json.loads((CHART / "values.schema.json").read_text())

@@ -1,5 +1,6 @@
 // In-process test doubles for router load tests and bench/router: a fake rl.v1.Worker that
-// answers Generate from the callback API (optionally after a delay, with many chunks), and an
+// answers Generate from the callback API (optionally after a delay, with many chunks), a hung
+// worker (HoldingWorker) and an Admin service that answers or holds (FakeAdmin), and an
 // asynchronous Generate caller (ClientReadReactor), so thousands of streams need no thread each.
 #pragma once
 
@@ -9,9 +10,13 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/grpcpp.h"
+#include "rl/v1/admin.grpc.pb.h"
 #include "rl/v1/router.grpc.pb.h"
 #include "rl/v1/worker.grpc.pb.h"
 
@@ -130,6 +135,8 @@ class AsyncGenerate final : public grpc::ClientReadReactor<rl::v1::GenerateRespo
     StartRead(&msg_);
     RemoveHold();
   }
+  // Cancels the call; only while it is known not to be done (the object deletes itself then).
+  void Cancel() { ctx_.TryCancel(); }
   void OnReadDone(bool ok) override {
     if (!ok) return;
     final_seen_ |= msg_.has_final();
@@ -149,6 +156,116 @@ class AsyncGenerate final : public grpc::ClientReadReactor<rl::v1::GenerateRespo
   Done done_;
   bool read_;
   bool final_seen_ = false;
+};
+
+// Unary calls held open until Release() (then answered OK, after `on_release` filled the
+// response), or answered at once once released. Bounded waits (60 s).
+template <typename Resp>
+class HeldCalls {
+ public:
+  grpc::ServerUnaryReactor* Take(grpc::CallbackServerContext* ctx, Resp* resp) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    absl::MutexLock lock(&mu_);
+    ++calls_;
+    if (released_) {
+      reactor->Finish(grpc::Status::OK);
+    } else {
+      held_.push_back({reactor, resp});
+    }
+    return reactor;
+  }
+  bool WaitHeld(size_t n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return held_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(60));
+  }
+  int calls() {
+    absl::MutexLock lock(&mu_);
+    return calls_;
+  }
+  void Release(const std::function<void(Resp*)>& on_release = nullptr) {
+    absl::MutexLock lock(&mu_);
+    released_ = true;
+    for (auto& [reactor, resp] : held_) {
+      if (on_release) on_release(resp);
+      reactor->Finish(grpc::Status::OK);
+    }
+    held_.clear();
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::pair<grpc::ServerUnaryReactor*, Resp*>> held_ ABSL_GUARDED_BY(mu_);
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A hung worker: gRPC health SERVING (the server's), GetLoad answered, every Generate held open
+// until the caller cancels it, every Abort held until `aborts.Release()` (then answered
+// num_aborted 1): Router.Abort calls forwarded to it stay in flight.
+class HoldingWorker final : public rl::v1::Worker::CallbackService {
+ public:
+  grpc::ServerWriteReactor<rl::v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext*, const rl::v1::GenerateRequest*) override {
+    generates.fetch_add(1);
+    return new HeldStream();
+  }
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* ctx, const rl::v1::GetLoadRequest*,
+                                    rl::v1::GetLoadResponse*) override {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* ctx, const rl::v1::AbortRequest*,
+                                  rl::v1::AbortResponse* resp) override {
+    return aborts.Take(ctx, resp);
+  }
+  void Release() {
+    aborts.Release([](rl::v1::AbortResponse* r) { r->set_num_aborted(1); });
+  }
+
+  std::atomic<int> generates{0};
+  HeldCalls<rl::v1::AbortResponse> aborts;
+
+ private:
+  class HeldStream final : public grpc::ServerWriteReactor<rl::v1::GenerateResponse> {
+    void OnCancel() override { Finish(grpc::Status::CANCELLED); }
+    void OnDone() override { delete this; }
+  };
+};
+
+// A worker's Admin service for broadcast tests: FlushCache, PauseGeneration and
+// ContinueGeneration answered OK at once, or FlushCache held until `flushes.Release()` when
+// `hold_flush`.
+class FakeAdmin final : public rl::v1::Admin::CallbackService {
+ public:
+  explicit FakeAdmin(bool hold_flush = false) {
+    if (!hold_flush) flushes.Release();
+  }
+  grpc::ServerUnaryReactor* FlushCache(grpc::CallbackServerContext* ctx,
+                                       const rl::v1::FlushCacheRequest*,
+                                       rl::v1::AdminResponse* resp) override {
+    return flushes.Take(ctx, resp);
+  }
+  grpc::ServerUnaryReactor* PauseGeneration(grpc::CallbackServerContext* ctx,
+                                            const rl::v1::PauseGenerationRequest*,
+                                            rl::v1::AdminResponse*) override {
+    return Ok(ctx);
+  }
+  grpc::ServerUnaryReactor* ContinueGeneration(grpc::CallbackServerContext* ctx,
+                                               const rl::v1::ContinueGenerationRequest*,
+                                               rl::v1::AdminResponse*) override {
+    return Ok(ctx);
+  }
+
+  HeldCalls<rl::v1::AdminResponse> flushes;
+
+ private:
+  static grpc::ServerUnaryReactor* Ok(grpc::CallbackServerContext* ctx) {
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
 };
 
 }  // namespace rl::router::testing

@@ -19,6 +19,7 @@
 #include "rl/v1/worker.grpc.pb.h"
 #include "services/router/request_table.h"
 #include "services/router/router_server.h"
+#include "tests/router/fake_worker.h"
 #include "tests/router/router_test_util.h"
 #include "tests/worker/worker_test_util.h"
 
@@ -333,72 +334,20 @@ TEST(RouterAbortRetryTest, LastAttemptsAbortIsReturnedWithItsPartialOutput) {
   }
 }
 
-// A stand-in worker: gRPC health SERVING, GetLoad answered, and every Abort held open until
-// Release(): Router.Abort calls forwarded to it stay in flight.
-class HoldingAbortWorker final : public rl::v1::Worker::CallbackService {
- public:
-  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* context,
-                                    const rl::v1::GetLoadRequest*,
-                                    rl::v1::GetLoadResponse*) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
-  }
-
-  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
-                                  const rl::v1::AbortRequest*, rl::v1::AbortResponse*) override {
-    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-    absl::MutexLock lock(&mu_);
-    ++calls_;
-    if (released_) {
-      reactor->Finish(grpc::Status::OK);
-    } else {
-      held_.push_back(reactor);
-    }
-    return reactor;
-  }
-
-  // Waits (bounded) until `n` Abort calls are held.
-  bool WaitHeld(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto enough = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return held_.size() >= n; };
-    return mu_.AwaitWithTimeout(absl::Condition(&enough), absl::Seconds(60));
-  }
-
-  int calls() {
-    absl::MutexLock lock(&mu_);
-    return calls_;
-  }
-
-  void Release() {
-    absl::MutexLock lock(&mu_);
-    released_ = true;
-    for (grpc::ServerUnaryReactor* r : held_) r->Finish(grpc::Status::OK);
-    held_.clear();
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<grpc::ServerUnaryReactor*> held_ ABSL_GUARDED_BY(mu_);
-  int calls_ ABSL_GUARDED_BY(mu_) = 0;
-  bool released_ ABSL_GUARDED_BY(mu_) = false;
-};
-
-// Router.Abort forwards on the admin executor, at most 64 at once (kMaxAbortsInFlight in
+// Router.Abort forwards asynchronously, at most 64 at once (kMaxAbortsInFlight in
 // router_abort.cc): the 65th is refused with RESOURCE_EXHAUSTED without reaching a worker, and
 // the slots come back when the forwarded calls finish.
 TEST(RouterAbortCapTest, SixtyFifthAbortInFlightIsRefusedAndSlotsComeBack) {
   constexpr int kCap = 64;
-  HoldingAbortWorker fake;
+  testing::HoldingWorker fake;
   ServerOptions so;
   so.drain = std::chrono::milliseconds(100);
   auto worker = GrpcServer::Start(so, {&fake});
   ASSERT_TRUE(worker.ok()) << worker.status();
   RouterConfig config;
   config.workers.push_back((*worker)->address());
-  // One admin thread per allowed abort, so all 64 reach the worker at once (with fewer, the
-  // accepted ones wait on the executor: still in flight, still counted against the cap).
-  config.admin_threads = kCap;
+  // Forwarding holds no thread: all 64 reach the worker at once with a single admin thread.
+  config.admin_threads = 1;
   auto router = testing::StartTestRouter(config);
   ASSERT_TRUE(router.ok()) << router.status();
   auto stub = rl::v1::Router::NewStub(
@@ -433,7 +382,7 @@ TEST(RouterAbortCapTest, SixtyFifthAbortInFlightIsRefusedAndSlotsComeBack) {
       done.fetch_add(1);
     });
   }
-  ASSERT_TRUE(fake.WaitHeld(kCap)) << fake.calls() << " aborts reached the worker";
+  ASSERT_TRUE(fake.aborts.WaitHeld(kCap)) << fake.aborts.calls() << " aborts reached the worker";
 
   // Every slot is taken: one more is refused at once and never forwarded.
   {
@@ -443,7 +392,7 @@ TEST(RouterAbortCapTest, SixtyFifthAbortInFlightIsRefusedAndSlotsComeBack) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
     EXPECT_NE(s.error_message().find("64 aborts are in flight"), std::string::npos)
         << s.error_message();
-    EXPECT_EQ(fake.calls(), kCap);
+    EXPECT_EQ(fake.aborts.calls(), kCap);
   }
 
   fake.Release();
@@ -461,7 +410,7 @@ TEST(RouterAbortCapTest, SixtyFifthAbortInFlightIsRefusedAndSlotsComeBack) {
     rl::v1::AbortResponse resp;
     grpc::Status s = stub->Abort(&ctx, all, &resp);
     EXPECT_TRUE(s.ok()) << s.error_message();
-    EXPECT_EQ(fake.calls(), kCap + 1);
+    EXPECT_EQ(fake.aborts.calls(), kCap + 1);
   }
   (*router)->Shutdown();
   (*worker)->Shutdown();

@@ -11,8 +11,6 @@
 //   passed; when it reads again it gets what its transport held, then RESOURCE_EXHAUSTED naming
 //   --max-stream-buffer-bytes.
 // Every wait is bounded (deadlines on calls, at most 60 s per wait).
-#include <dirent.h>
-
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -26,24 +24,17 @@
 #include "gtest/gtest.h"
 #include "services/router/router_server.h"
 #include "tests/router/fake_worker.h"
+#include "tests/router/router_test_util.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router {
 namespace {
 
 using testing::AsyncGenerate;
+using testing::CountThreads;
 using testing::FakeWorker;
 using testing::FakeWorkerOptions;
 using RouterCall = AsyncGenerate<rl::v1::Router::Stub>;
-
-int CountThreads() {
-  int n = 0;
-  if (DIR* d = opendir("/proc/self/task")) {
-    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
-    closedir(d);
-  }
-  return n;
-}
 
 // Counts finished calls; Wait blocks (bounded) until `n` are done.
 class Tally {

@@ -1,6 +1,9 @@
 // Test helpers for the router tests: a tiny in-process rl-worker (stories260K) and an rl-router
-// over a list of workers, both on 127.0.0.1:0, with fast health checks and retries.
+// over a list of workers, both on 127.0.0.1:0, with fast health checks and retries; the
+// process's thread count.
 #pragma once
+
+#include <dirent.h>
 
 #include <memory>
 
@@ -9,6 +12,16 @@
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router::testing {
+
+// Threads of this process now (/proc/self/task).
+inline int CountThreads() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
 
 // An rl-worker on stories260K (or `model`), port 0, a small KV cache and one thread; other
 // fields of `wc` are kept.

@@ -60,14 +60,22 @@ pb = _load()
 
 
 class Client:
-    """Blocking client for a worker or the router. Every call raises grpc.RpcError on failure."""
+    """Blocking client for a worker or the router. Every call raises grpc.RpcError on failure.
+    `client_id` (printable ASCII, at most 128 bytes) names this client to the router's fair
+    admission (the `rl-client-id` header); without it the router shares by connection."""
 
-    def __init__(self, target: str, api_key: str | None = None, timeout: float = 120.0):
+    def __init__(self, target: str, api_key: str | None = None, timeout: float = 120.0,
+                 client_id: str | None = None):
         import grpc
         self.channel = grpc.insecure_channel(target, options=[
             ("grpc.max_receive_message_length", 512 << 20),
             ("grpc.max_send_message_length", 512 << 20)])
         self.metadata = [("authorization", f"Bearer {api_key}")] if api_key else []
+        if client_id:
+            if not client_id.isascii() or not client_id.isprintable() or len(client_id) > 128:
+                raise ValueError(f"client_id: {client_id!r} must be printable ASCII of at most "
+                                 "128 bytes")
+            self.metadata.append(("rl-client-id", client_id))
         self.timeout = timeout
         self.admin = pb["admin_pb2_grpc"].AdminStub(self.channel)
         self.worker = pb["worker_pb2_grpc"].WorkerStub(self.channel)

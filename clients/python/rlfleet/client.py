@@ -21,8 +21,21 @@ _PAUSE_MODES = {"abort": admin_pb2.PAUSE_MODE_ABORT, "in_place": admin_pb2.PAUSE
                 "retract": admin_pb2.PAUSE_MODE_RETRACT}
 
 
-def _metadata(api_key: Optional[str]):
-    return [("authorization", f"Bearer {api_key}")] if api_key else []
+# The router's fair admission keys on this header (else on the connection's peer address).
+CLIENT_ID_HEADER = "rl-client-id"
+MAX_CLIENT_ID_BYTES = 128
+
+
+def _metadata(api_key: Optional[str], client_id: Optional[str] = None):
+    md = [("authorization", f"Bearer {api_key}")] if api_key else []
+    if client_id:
+        if not client_id.isascii() or not client_id.isprintable():
+            raise ValueError(f"client_id: {client_id!r} must be printable ASCII")
+        if len(client_id) > MAX_CLIENT_ID_BYTES:
+            raise ValueError(f"client_id: {len(client_id)} bytes is more than "
+                             f"{MAX_CLIENT_ID_BYTES}")
+        md.append((CLIENT_ID_HEADER, client_id))
+    return md
 
 
 def _collect(messages) -> Union[GenerateResult, list[GenerateResult]]:
@@ -45,12 +58,15 @@ def _update_request(path, weight_version, abort_all_requests, keep_pause, flush_
 
 
 class Client:
-    """Blocking client. `via="router"` (default) or `"worker"` picks the data-plane service."""
+    """Blocking client. `via="router"` (default) or `"worker"` picks the data-plane service.
+    `client_id` (printable ASCII, at most 128 bytes) names this client to the router's fair
+    admission (the `rl-client-id` header on every call); without it the router shares by
+    connection, so clients behind one proxy or in one process share one queue."""
 
     def __init__(self, target: str, api_key: Optional[str] = None, timeout: float = 120.0,
-                 via: str = "router"):
+                 via: str = "router", client_id: Optional[str] = None):
         self.channel = grpc.insecure_channel(target, options=_OPTIONS)
-        self.metadata = _metadata(api_key)
+        self.metadata = _metadata(api_key, client_id)
         self.timeout = timeout
         self.via = via
         self.admin = admin_pb2_grpc.AdminStub(self.channel)
@@ -134,12 +150,12 @@ class Client:
 
 
 class AsyncClient:
-    """asyncio client (grpc.aio) with the same methods as Client, as coroutines."""
+    """asyncio client (grpc.aio) with the same methods and options as Client, as coroutines."""
 
     def __init__(self, target: str, api_key: Optional[str] = None, timeout: float = 120.0,
-                 via: str = "router"):
+                 via: str = "router", client_id: Optional[str] = None):
         self.channel = grpc.aio.insecure_channel(target, options=_OPTIONS)
-        self.metadata = _metadata(api_key)
+        self.metadata = _metadata(api_key, client_id)
         self.timeout = timeout
         self.via = via
         self.admin = admin_pb2_grpc.AdminStub(self.channel)
