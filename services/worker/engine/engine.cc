@@ -137,6 +137,7 @@ Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& 
     so.routing_width = so.routing_layers * so.routing_top_k;
   }
   scheduler_ = std::make_unique<Scheduler>(so, decoder_.get());
+  sampler_ = Sampler(SamplerOptions{config_.vocab_size, config_.eos_token_ids});
   scheduler_->set_weight_version(options.initial_weight_version);
   {
     absl::MutexLock lock(&mu_);
@@ -354,8 +355,9 @@ void Engine::Step() {
   ScheduledBatch batch = scheduler_->Schedule(NowUs());
   if (batch.empty()) return;
   absl::Status status = runner_->Forward(batch.input, &forward_out_);
+  if (status.ok()) status = sampler_.Sample(batch, &forward_out_, &sampled_);
   if (status.ok()) {
-    scheduler_->Update(batch, forward_out_, NowUs());
+    scheduler_->Update(batch, &sampled_, NowUs());
   } else {
     scheduler_->FailBatch(batch, status, NowUs());
   }

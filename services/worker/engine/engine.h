@@ -2,7 +2,8 @@
 // them on a single engine thread:
 //
 //   loop: run queued commands → batch = scheduler.Schedule() → runner.Forward(batch)
-//         → scheduler.Update(batch, out) → publish a ServerInfo snapshot
+//         → sampler.Sample(batch, logits) → scheduler.Update(batch, tokens)
+//         → publish a ServerInfo snapshot
 //
 // Every public method may be called from any thread. Commands reach the engine thread through
 // a mutex + condition-variable queue; the blocking ones (Pause, Continue, FlushCache, Abort,
@@ -37,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/model_io/model_config.h"
 #include "services/worker/engine/request.h"
+#include "services/worker/engine/sampler.h"
 #include "services/worker/engine/scheduler.h"
 #include "services/worker/engine/text_decoder.h"
 #include "services/worker/model/model_runner.h"
@@ -195,7 +197,9 @@ class Engine {
   std::unique_ptr<model::ModelRunner> runner_;
   std::unique_ptr<TextDecoder> decoder_;
   std::unique_ptr<Scheduler> scheduler_;
+  Sampler sampler_;
   model::ForwardOutput forward_out_;
+  SampledBatch sampled_;
   bool paused_ = false;
   PauseMode pause_mode_ = PauseMode::kNone;
   int64_t num_steps_ = 0;

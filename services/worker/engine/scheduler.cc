@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "services/worker/engine/sampler.h"
 
 namespace rl::engine {
 namespace {
@@ -394,11 +395,6 @@ ScheduledBatch Scheduler::Schedule(int64_t now_us) {
 // ---------------------------------------------------------------------------------------------
 // Outputs
 
-double Scheduler::LogprobTemperature(const Sequence& seq) const {
-  const double t = seq.params().temperature;
-  return (t == 0.0 || seq.request().logprobs_at_temperature_one) ? 1.0 : t;
-}
-
 bool Scheduler::CheckStop(Sequence* seq, int32_t token, FinishReason* reason) const {
   const SamplingParams& p = seq->params();
   const int32_t out_len = seq->output_len();
@@ -436,24 +432,12 @@ bool Scheduler::CheckStop(Sequence* seq, int32_t token, FinishReason* reason) co
   return false;
 }
 
-void Scheduler::ProcessEntry(const BatchEntry& entry, const float* rows, int64_t num_rows,
-                             int64_t now_us) {
+void Scheduler::ProcessEntry(const BatchEntry& entry, SampledEntry* sampled, int64_t now_us) {
   Sequence* seq = entry.seq;
   const GenerateRequest& r = seq->request();
   const SamplingParams& p = seq->params();
-  const int64_t vocab = options_.vocab_size;
   seq->num_computed = entry.start + entry.count;
-
-  if (!seq->prompt_logprobs_done && entry.logits == model::LogitsMode::kAll) {
-    const int64_t first = std::max(r.logprob_start_len, 1);
-    for (int64_t i = 0; i < num_rows; ++i) {
-      const int64_t target = entry.start + i + 1;
-      if (target < first || target >= seq->prompt_len) continue;
-      seq->prompt_logprobs.push_back(sampler_.Logprob(rows + i * vocab, vocab,
-                                                      LogprobTemperature(*seq),
-                                                      seq->tokens[target], r.top_logprobs_num));
-    }
-  }
+  for (TokenLogprob& lp : sampled->prompt_logprobs) seq->prompt_logprobs.push_back(std::move(lp));
   if (seq->num_computed >= seq->prompt_len) seq->prompt_logprobs_done = true;
   if (entry.count > 1) CacheUnfinished(seq);
   if (seq->remaining() > 0) return;  // more prefill chunks to go
@@ -462,37 +446,20 @@ void Scheduler::ProcessEntry(const BatchEntry& entry, const float* rows, int64_t
     Finish(seq, FinishReason{FinishKind::kLength, -1, "", ""}, /*cache_kv=*/true, now_us);
     return;
   }
-  if (num_rows == 0) {
+  if (sampled->token < 0) {
     Finish(seq, FinishReason{FinishKind::kAbort, -1, "", "internal: no logits for sampling"},
            /*cache_kv=*/false, now_us);
     return;
   }
-  const float* last = rows + (num_rows - 1) * vocab;
-  std::vector<int32_t> banned;
-  if (seq->output_len() < p.min_new_tokens) {
-    if (!p.ignore_eos) banned = options_.eos_token_ids;
-    banned.insert(banned.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
-  }
-  SampleInput in;
-  in.logits = last;
-  in.vocab = vocab;
-  in.params = &p;
-  in.all_tokens = seq->tokens;
-  in.output_counts = &seq->output_counts;
-  in.banned = banned;
-  in.seed = seq->seed;
-  in.step = seq->output_len();
-  const int32_t token = sampler_.Sample(in);
+  const int32_t token = sampled->token;
 
   OutputChunk chunk;
   chunk.id = r.id;
   chunk.index = seq->index;
   chunk.token_ids.push_back(token);
-  if (r.return_logprob) {
-    TokenLogprob lp =
-        sampler_.Logprob(last, vocab, LogprobTemperature(*seq), token, r.top_logprobs_num);
-    chunk.logprobs.push_back(lp);
-    seq->output_logprobs.push_back(std::move(lp));
+  if (r.return_logprob && sampled->logprob.has_value()) {
+    chunk.logprobs.push_back(*sampled->logprob);
+    seq->output_logprobs.push_back(*std::move(sampled->logprob));
   }
   seq->tokens.push_back(token);
   if (seq->version_segments.empty() ||
@@ -509,31 +476,17 @@ void Scheduler::ProcessEntry(const BatchEntry& entry, const float* rows, int64_t
   if (CheckStop(seq, token, &reason)) Finish(seq, std::move(reason), /*cache_kv=*/true, now_us);
 }
 
-void Scheduler::Update(const ScheduledBatch& batch, const model::ForwardOutput& out,
-                       int64_t now_us) {
-  const int64_t vocab = options_.vocab_size;
+void Scheduler::Update(const ScheduledBatch& batch, SampledBatch* sampled, int64_t now_us) {
   const size_t n = batch.entries.size();
-  bool shape_ok = out.vocab_size == vocab && out.row_begin.size() == n + 1 &&
-                  out.row_begin[0] == 0 &&
-                  static_cast<int64_t>(out.logits.size()) == out.row_begin[n] * vocab;
-  for (size_t i = 0; shape_ok && i < n; ++i) {
-    const int64_t rows = out.row_begin[i + 1] - out.row_begin[i];
-    const BatchEntry& e = batch.entries[i];
-    const int64_t expected = e.logits == model::LogitsMode::kAll    ? e.count
-                             : e.logits == model::LogitsMode::kLast ? 1
-                                                                    : 0;
-    shape_ok = rows == expected;
-  }
-  if (!shape_ok) {
-    FailBatch(batch, absl::InternalError("model runner returned logits of the wrong shape"),
-              now_us);
+  if (sampled->entries.size() != n) {
+    FailBatch(batch, absl::InternalError("sampler returned the wrong number of entries"), now_us);
     return;
   }
   int64_t total_tokens = 0;
   for (const BatchEntry& e : batch.entries) total_tokens += e.count;
   const int64_t width = options_.routing_width;
   if (batch.input.return_routing &&
-      static_cast<int64_t>(out.routed_experts.size()) != total_tokens * width) {
+      static_cast<int64_t>(sampled->routed_experts.size()) != total_tokens * width) {
     FailBatch(batch, absl::InternalError("model runner returned routing of the wrong shape"),
               now_us);
     return;
@@ -541,15 +494,14 @@ void Scheduler::Update(const ScheduledBatch& batch, const model::ForwardOutput& 
   int64_t token = 0;
   for (size_t i = 0; i < n; ++i) {
     const BatchEntry& e = batch.entries[i];
-    if (batch.input.return_routing) RecordRouting(e, out, token);
+    if (batch.input.return_routing) RecordRouting(e, *sampled, token);
     token += e.count;
-    ProcessEntry(e, out.logits.data() + out.row_begin[i] * vocab,
-                 out.row_begin[i + 1] - out.row_begin[i], now_us);
+    ProcessEntry(e, &sampled->entries[i], now_us);
   }
   RemoveFinished(/*include_waiting=*/false);
 }
 
-void Scheduler::RecordRouting(const BatchEntry& e, const model::ForwardOutput& out,
+void Scheduler::RecordRouting(const BatchEntry& e, const SampledBatch& out,
                               int64_t first_token) {
   Sequence* seq = e.seq;
   if (!seq->request().return_routed_experts) return;

@@ -3,7 +3,8 @@
 //
 //   ScheduledBatch batch = scheduler.Schedule();
 //   runner.Forward(batch.input, &out);
-//   scheduler.Update(batch, out);
+//   sampler.Sample(batch, &out, &sampled);
+//   scheduler.Update(batch, &sampled);
 //
 // Schedule() gives every running sequence with one uncomputed token (decode) a slot first,
 // retracting the newest running sequences back to the waiting queue when KV runs out (their
@@ -12,8 +13,8 @@
 // a req_to_token row limit and a KV reservation for future decode tokens (new_token_ratio).
 // A waiting sequence whose prefix is being prefilled by another sequence right now waits one
 // step so it reuses that prefix from the cache (this is how n > 1 forks the prompt's KV).
-// Update() samples, streams outputs, and finishes sequences on EOS / stop ids / stop strings /
-// max_new_tokens, returning their KV to the radix cache.
+// Update() applies the sampled tokens, streams outputs, and finishes sequences on EOS / stop
+// ids / stop strings / max_new_tokens, returning their KV to the radix cache.
 //
 // Invariant (checked by CheckInvariants): free pages + radix-cache pages + pages owned by
 // running sequences == all pages, and rows in use == running sequences.
@@ -29,14 +30,13 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "services/worker/engine/batch.h"
 #include "services/worker/engine/kv_pool.h"
 #include "services/worker/engine/radix_cache.h"
 #include "services/worker/engine/req_to_token.h"
 #include "services/worker/engine/request.h"
-#include "services/worker/engine/sampler.h"
 #include "services/worker/engine/sequence.h"
 #include "services/worker/engine/text_decoder.h"
-#include "services/worker/model/model_runner.h"
 
 namespace rl::engine {
 
@@ -84,22 +84,6 @@ struct SchedulerStats {
   int64_t generated_tokens = 0;
 };
 
-// One sequence's share of a step.
-struct BatchEntry {
-  Sequence* seq = nullptr;
-  int64_t start = 0;  // first position processed this step
-  int64_t count = 0;  // tokens processed this step
-  model::LogitsMode logits = model::LogitsMode::kNone;
-};
-
-struct ScheduledBatch {
-  std::vector<BatchEntry> entries;
-  model::ForwardInput input;  // entries[i] ↔ input.seqs[i]
-  int32_t num_decode = 0;
-  int64_t num_prefill_tokens = 0;
-  bool empty() const { return entries.empty(); }
-};
-
 class Scheduler {
  public:
   Scheduler(const SchedulerOptions& options, const TextDecoder* decoder);
@@ -114,8 +98,9 @@ class Scheduler {
 
   // Picks the next step's work and allocates its KV. Empty only when there is no work.
   ScheduledBatch Schedule(int64_t now_us);
-  // Consumes the runner's output for `batch`: samples, streams, finishes.
-  void Update(const ScheduledBatch& batch, const model::ForwardOutput& out, int64_t now_us);
+  // Applies the sampling stage's result for `batch` (its prompt logprobs and routing are moved
+  // out): appends tokens, streams, finishes.
+  void Update(const ScheduledBatch& batch, SampledBatch* sampled, int64_t now_us);
   // The forward pass failed: every sequence of `batch` finishes with kAbort and `error`, its
   // KV (now unspecified) freed without caching.
   void FailBatch(const ScheduledBatch& batch, const absl::Status& error, int64_t now_us);
@@ -159,11 +144,10 @@ class Scheduler {
   void AddEntry(ScheduledBatch* batch, Sequence* seq, int64_t count);
 
   // Output helpers.
-  void ProcessEntry(const BatchEntry& entry, const float* rows, int64_t num_rows, int64_t now_us);
+  void ProcessEntry(const BatchEntry& entry, SampledEntry* sampled, int64_t now_us);
   // Appends the routing of the entry's not yet recorded positions (R3); the entry's tokens
   // start at token `first_token` of the step's output.
-  void RecordRouting(const BatchEntry& entry, const model::ForwardOutput& out, int64_t first_token);
-  double LogprobTemperature(const Sequence& seq) const;
+  void RecordRouting(const BatchEntry& entry, const SampledBatch& sampled, int64_t first_token);
   bool CheckStop(Sequence* seq, int32_t token, FinishReason* reason) const;
   void Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_t now_us);
   // Drops finished sequences from the running batch (and the waiting queue when asked).
@@ -174,7 +158,6 @@ class Scheduler {
   KvPool pool_;
   ReqToTokenPool req_to_token_;
   RadixCache tree_;
-  Sampler sampler_;
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order: newest last
