@@ -9,6 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/model_io/dtype.h"
 #include "common/status.h"
 #include "services/worker/admin_service.h"
@@ -128,6 +130,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
       SleepableRunner::Create([runner_options, make_runner] { return make_runner(runner_options); },
                               spill_dir, config.model_path));
   s->runner_ = runner.get();
+  s->stream_executor_ = std::make_unique<BoundedExecutor>("rl-stream", 1, kMaxStreamTasks);
   engine::EngineOptions engine_options;
   engine_options.max_running_requests = config.max_running_requests;
   engine_options.chunked_prefill_size = config.chunked_prefill_tokens;
@@ -245,6 +248,11 @@ void WorkerServer::RecordFinished(const engine::GenerateResult& r) {
     per_token_seconds_->Observe((r.timings.total_us - r.timings.ttft_us) / 1e6 /
                                 (r.completion_tokens - 1));
   }
+}
+
+void WorkerServer::RunOnStreamThread(absl::AnyInvocable<void() &&> task) {
+  // Submit moves from `task` only when it accepts it.
+  while (!stream_executor_->Submit(std::move(task))) absl::SleepFor(absl::Microseconds(100));
 }
 
 std::string WorkerServer::NextRequestId() { return NewServerRequestId(); }

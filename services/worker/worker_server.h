@@ -23,9 +23,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
+#include "common/bounded_executor.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/model_io/model_config.h"
@@ -111,6 +113,12 @@ class WorkerServer {
   const BearerAuth& admin_auth() const { return *admin_auth_; }
   MetricsRegistry& metrics() { return metrics_; }
   void RecordFinished(const engine::GenerateResult& result);
+  // Runs `task` on the stream thread: the work an engine callback hands over so the engine
+  // thread does not do it (decoding text, building protobufs, queueing writes). One thread, so
+  // tasks run in submission order (a stream's chunks stay in order). When kMaxStreamTasks are
+  // queued the caller waits for room: backpressure on the engine, never an unbounded queue.
+  void RunOnStreamThread(absl::AnyInvocable<void() &&> task);
+  static constexpr size_t kMaxStreamTasks = 1 << 16;
 
   // ---- control plane ----
   absl::StatusOr<AdminOutcome> Pause(engine::PauseMode mode);
@@ -176,6 +184,8 @@ class WorkerServer {
   std::string backend_name_;
   int64_t num_parameters_ = 0;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  // Destroyed after engine_ (whose shutdown still delivers finals to it), before tokenizer_.
+  std::unique_ptr<BoundedExecutor> stream_executor_;
   SleepableRunner* runner_ = nullptr;  // owned by engine_; touched on the engine thread only
   std::unique_ptr<engine::Engine> engine_;
   WeightsChecker checker_;  // engine thread only

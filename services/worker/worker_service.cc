@@ -78,7 +78,7 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
     ASSIGN_OR_RETURN(engine::GenerateRequest req, ToEngineRequest(request, id_, std::move(ids)));
     const int n = req.sampling.n;
     ExpectCompletions(n);
-    if (tok != nullptr) {
+    if (tok != nullptr && !request.skip_detokenize()) {
       // Completion text is decoded in the prompt's context and never repeats the prompt; that
       // context is only the prompt's last few ids (DecodeContextStart), not a copy of it all.
       const size_t context_start = tokenizer::DecodeContextStart(*tok, req.input_ids);
@@ -90,15 +90,24 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
         (void)decoders_.back().Prime(prompt_ids_);
       }
     }
+    // The engine thread only hands its outputs over; text and protobufs are made on the
+    // stream thread. Its FIFO keeps a completion's chunks before its final, and every task of
+    // this reactor runs before the last CompleteOne drops the producer's reference.
     engine::RequestCallbacks callbacks;
-    callbacks.on_output = [this](const engine::OutputChunk& chunk) { OnOutput(chunk); };
-    callbacks.on_finish = [this](engine::GenerateResult result) { OnFinish(std::move(result)); };
+    if (stream_) {
+      callbacks.on_output = [this](const engine::OutputChunk& chunk) {
+        server_->RunOnStreamThread([this, chunk]() { OnOutput(chunk); });
+      };
+    }
+    callbacks.on_finish = [this](engine::GenerateResult result) {
+      server_->RunOnStreamThread(
+          [this, result = std::move(result)]() mutable { OnFinish(std::move(result)); });
+    };
     return server_->Submit(std::move(req), std::move(callbacks));
   }
 
-  // Engine thread.
+  // Stream thread.
   void OnOutput(const engine::OutputChunk& chunk) {
-    if (!stream_) return;
     rl::v1::GenerateResponse msg;
     msg.set_request_id(id_);
     msg.set_index(chunk.index);
@@ -112,7 +121,7 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
     Enqueue(std::move(msg));
   }
 
-  // Engine thread.
+  // Stream thread.
   void OnFinish(engine::GenerateResult result) {
     server_->RecordFinished(result);
     rl::v1::GenerateResponse tail;
@@ -141,7 +150,8 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
   }
 
   bool stream_ = true;
-  std::vector<tokenizer::StreamDecoder> decoders_;  // engine thread only
+  // Empty with skip_detokenize (or no tokenizer): no text is decoded at all.
+  std::vector<tokenizer::StreamDecoder> decoders_;  // stream thread only
   std::vector<int32_t> prompt_ids_;                 // the prompt's tail: the decoders' context
 
 };

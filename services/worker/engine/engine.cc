@@ -69,7 +69,11 @@ void EngineContext::set_weight_version(int64_t version) {
   engine_->scheduler_->set_weight_version(version);
 }
 
-ServerInfo EngineContext::info() const { return engine_->BuildInfo(); }
+ServerInfo EngineContext::info() const {
+  ServerInfo info = engine_->BuildInfo();
+  info.running_ids = engine_->scheduler_->RunningIds();
+  return info;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Engine
@@ -142,6 +146,7 @@ Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& 
   {
     absl::MutexLock lock(&mu_);
     snapshot_ = BuildInfo();
+    published_running_epoch_ = scheduler_->running_epoch();
   }
   thread_ = std::thread([this] { Loop(); });
   thread_id_.store(thread_.get_id());
@@ -375,7 +380,6 @@ ServerInfo Engine::BuildInfo() const {
   info.pause_mode = pause_mode_;
   info.backend = runner_->backend_name();
   info.num_running = st.num_running;
-  info.running_ids = std::move(st.running_ids);
   info.num_waiting = st.num_waiting;
   info.has_chunked_prefill = st.has_chunked_prefill;
   info.kv_tokens_total = st.total_kv_tokens;
@@ -399,9 +403,18 @@ ServerInfo Engine::BuildInfo() const {
 }
 
 void Engine::PublishSnapshot() {
+  // The counters are copied every step; the running ids (one string per running sequence)
+  // only when the running batch changed since the last snapshot.
   ServerInfo info = BuildInfo();
+  const int64_t epoch = scheduler_->running_epoch();
+  const bool ids_changed = epoch != published_running_epoch_;
+  if (ids_changed) {
+    info.running_ids = scheduler_->RunningIds();
+    published_running_epoch_ = epoch;
+  }
   {
     absl::MutexLock lock(&mu_);
+    if (!ids_changed) info.running_ids.swap(snapshot_.running_ids);
     snapshot_ = std::move(info);
   }
   while (!deferred_finishes_.empty()) {

@@ -69,6 +69,8 @@ struct EngineOptions {
 };
 
 // A snapshot of the engine, published by the engine thread after every step and command.
+// Publishing copies the counters; running_ids is rebuilt only when a sequence joined or left
+// the running batch (so a decode step with nothing admitted or finished copies no string).
 struct ServerInfo {
   bool paused = false;
   PauseMode pause_mode = PauseMode::kNone;
@@ -172,7 +174,7 @@ class Engine {
   void Loop();
   void Step();
   bool CanStep() const;
-  // Publishes the post-step ServerInfo, then delivers the finish callbacks of that step, so a
+  // Publishes the post-step ServerInfo (running ids only when they changed), then delivers the finish callbacks of that step, so a
   // client that has its final message never reads an older snapshot (GetServerInfo, gauges).
   void PublishSnapshot();
   ServerInfo BuildInfo() const;
@@ -203,6 +205,7 @@ class Engine {
   bool paused_ = false;
   PauseMode pause_mode_ = PauseMode::kNone;
   int64_t num_steps_ = 0;
+  int64_t published_running_epoch_ = 0;  // scheduler running_epoch() of snapshot_'s ids
   std::string invariant_error_;
   std::vector<std::function<void()>> deferred_finishes_;  // delivered by PublishSnapshot
 

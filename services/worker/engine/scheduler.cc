@@ -164,6 +164,7 @@ void Scheduler::Retract(std::unique_ptr<Sequence> seq) {
 void Scheduler::RetractNewest() {
   std::unique_ptr<Sequence> victim = std::move(running_.back());
   running_.pop_back();
+  ++running_epoch_;
   Retract(std::move(victim));
   int64_t decoded = 0, max_new = 0;
   for (const auto& s : running_) {
@@ -182,6 +183,7 @@ void Scheduler::RetractAll() {
   while (!running_.empty()) {
     std::unique_ptr<Sequence> seq = std::move(running_.back());
     running_.pop_back();
+    ++running_epoch_;
     Retract(std::move(seq));
   }
 }
@@ -358,6 +360,7 @@ ScheduledBatch Scheduler::BuildOnce(int64_t now_us) {
     if (!TryAdmit(seq, budget, &chunk)) break;
     if (seq->first_scheduled_us < 0) seq->first_scheduled_us = now_us;
     running_.push_back(std::move(*it));
+    ++running_epoch_;
     it = waiting_.erase(it);
     AddEntry(&batch, seq, chunk);
     in_flight.push_back(seq);
@@ -576,7 +579,9 @@ void Scheduler::Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_
 void Scheduler::RemoveFinished(bool include_waiting) {
   if (finished_.empty()) return;
   auto done = [](const std::unique_ptr<Sequence>& s) { return s->finished; };
+  const size_t before = running_.size();
   running_.erase(std::remove_if(running_.begin(), running_.end(), done), running_.end());
+  if (running_.size() != before) ++running_epoch_;
   if (include_waiting) {
     waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), done), waiting_.end());
   }
@@ -611,14 +616,19 @@ int32_t Scheduler::AbortAll(const std::string& message, int64_t now_us) {
   return count;
 }
 
+std::vector<std::string> Scheduler::RunningIds() const {
+  std::vector<std::string> ids;
+  ids.reserve(running_.size());
+  for (const auto& s : running_) {
+    ids.push_back(s->index == 0 ? s->request().id : absl::StrCat(s->request().id, "#", s->index));
+  }
+  return ids;
+}
+
 SchedulerStats Scheduler::Stats() const {
   SchedulerStats st;
   st.num_running = static_cast<int32_t>(running_.size());
-  for (const auto& s : running_) {
-    st.running_ids.push_back(s->index == 0 ? s->request().id
-                                           : absl::StrCat(s->request().id, "#", s->index));
-    st.has_chunked_prefill |= s->remaining() > 1;
-  }
+  for (const auto& s : running_) st.has_chunked_prefill |= s->remaining() > 1;
   st.num_waiting = static_cast<int32_t>(waiting_.size());
   st.total_kv_tokens = pool_.total_tokens();
   st.available_kv_tokens = pool_.available_tokens();

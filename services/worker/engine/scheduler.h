@@ -62,9 +62,9 @@ struct SchedulerOptions {
   int64_t routing_top_k = 0;
 };
 
+// Counters only: O(1) to copy whatever the batch size (the running ids are RunningIds()).
 struct SchedulerStats {
   int32_t num_running = 0;
-  std::vector<std::string> running_ids;
   int32_t num_waiting = 0;
   int64_t total_kv_tokens = 0;
   int64_t available_kv_tokens = 0;  // free pages * page_size
@@ -120,6 +120,11 @@ class Scheduler {
   int64_t weight_version() const { return weight_version_; }
 
   SchedulerStats Stats() const;
+  // "id" or "id#index" of every running sequence, admission order. O(running).
+  std::vector<std::string> RunningIds() const;
+  // Changes whenever a sequence joins or leaves the running batch: RunningIds() is the same
+  // list as long as it does not.
+  int64_t running_epoch() const { return running_epoch_; }
   // OK when the page accounting invariant holds; INTERNAL naming the mismatch otherwise.
   absl::Status CheckInvariants() const;
 
@@ -162,6 +167,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order: newest last
   std::vector<Sequence*> finished_;                 // finished during the current call
+  int64_t running_epoch_ = 0;
   int64_t weight_version_ = 0;
 
   double new_token_ratio_;
