@@ -31,9 +31,8 @@
 
 #include "absl/status/status.h"
 #include "services/worker/engine/batch.h"
-#include "services/worker/engine/kv_pool.h"
-#include "services/worker/engine/radix_cache.h"
-#include "services/worker/engine/req_to_token.h"
+#include "services/worker/engine/kv_cache_manager.h"
+#include "services/worker/engine/output_processor.h"
 #include "services/worker/engine/request.h"
 #include "services/worker/engine/sequence.h"
 #include "services/worker/engine/text_decoder.h"
@@ -129,13 +128,7 @@ class Scheduler {
   absl::Status CheckInvariants() const;
 
  private:
-  // KV bookkeeping.
-  bool EnsureFreePages(int64_t num_pages);
-  int64_t PagesToGrow(const Sequence& seq, int64_t new_len) const;
-  bool Grow(Sequence* seq, int64_t new_len);
-  void AppendOwnPages(const Sequence& seq, std::vector<int32_t>* pages) const;
-  void ReleaseKv(Sequence* seq, bool cache);
-  void CacheUnfinished(Sequence* seq);
+  // Retraction.
   void Retract(std::unique_ptr<Sequence> seq);
   void RetractNewest();
 
@@ -150,19 +143,13 @@ class Scheduler {
 
   // Output helpers.
   void ProcessEntry(const BatchEntry& entry, SampledEntry* sampled, int64_t now_us);
-  // Appends the routing of the entry's not yet recorded positions (R3); the entry's tokens
-  // start at token `first_token` of the step's output.
-  void RecordRouting(const BatchEntry& entry, const SampledBatch& sampled, int64_t first_token);
-  bool CheckStop(Sequence* seq, int32_t token, FinishReason* reason) const;
   void Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_t now_us);
   // Drops finished sequences from the running batch (and the waiting queue when asked).
   void RemoveFinished(bool include_waiting);
 
   SchedulerOptions options_;
-  const TextDecoder* decoder_;
-  KvPool pool_;
-  ReqToTokenPool req_to_token_;
-  RadixCache tree_;
+  KvCacheManager kv_;
+  OutputProcessor output_;
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order: newest last
@@ -173,13 +160,9 @@ class Scheduler {
   double new_token_ratio_;
   double new_token_ratio_decay_;
   int64_t forward_ct_decode_ = 0;
-  int64_t num_finished_ = 0;
-  int64_t num_aborted_ = 0;
   int64_t num_retractions_ = 0;
   int64_t cache_hit_tokens_ = 0;
   int64_t prompt_tokens_ = 0;
-  int64_t generated_tokens_ = 0;
-  std::vector<int32_t> scratch_pages_;
 };
 
 }  // namespace rl::engine
