@@ -6,7 +6,10 @@ flips every other round so neither always runs on a warmer machine), both with t
 engine_bench flags (default: the no_prefix scenario only, 256 concurrent requests on the made
 tiny Llama). Prints, per binary, the min and median over rounds of the output tokens/s and of
 the engine thread's CPU time per engine step (CLOCK_THREAD_CPUTIME_ID of the engine thread, a
-figure a shared machine disturbs much less than wall time), then the after/before ratios.
+figure a shared machine disturbs much less than wall time) and of the engine thread's whole CPU
+time for the run (ms/step x steps: the requests arrive while the engine already runs, so the
+number of steps varies a little from run to run, while the tokens are fixed), then the
+after/before ratios.
 
   python3 bench/engine/compare.py --before /work/engine_bench.before \\
       --after build/bench/engine/engine_bench --rounds 5 -- --requests 256 --output 64
@@ -53,23 +56,26 @@ def main():
         order = ["before", "after"] if r % 2 == 0 else ["after", "before"]
         for which in order:
             tok_s, ms_step, steps = run(getattr(args, which), args.flags, args.timeout)
-            res[which].append((tok_s, ms_step))
+            res[which].append((tok_s, ms_step, ms_step * steps / 1e3))
             print(f"round {r + 1} {which:6s}: {tok_s:10.1f} out tok/s  {ms_step:8.4f} engine "
-                  f"CPU ms/step  ({steps} steps)", flush=True)
+                  f"CPU ms/step  ({steps} steps, {ms_step * steps / 1e3:.3f} engine CPU s)",
+                  flush=True)
     print(f"\n{'':8s} {'out tok/s best':>14s} {'median':>10s} {'eng ms/step best':>16s} "
-          f"{'median':>10s}")
+          f"{'median':>10s} {'eng CPU s best':>15s} {'median':>10s}")
     summary = {}
     for which in ("before", "after"):
         tok = [x[0] for x in res[which]]
         ms = [x[1] for x in res[which]]
+        cpu = [x[2] for x in res[which]]
         # Best throughput is the max; best CPU time is the min.
-        summary[which] = (max(tok), statistics.median(tok), min(ms), statistics.median(ms))
+        summary[which] = (max(tok), statistics.median(tok), min(ms), statistics.median(ms),
+                          min(cpu), statistics.median(cpu))
         print(f"{which:8s} {max(tok):14.1f} {statistics.median(tok):10.1f} {min(ms):16.4f} "
-              f"{statistics.median(ms):10.4f}")
+              f"{statistics.median(ms):10.4f} {min(cpu):15.3f} {statistics.median(cpu):10.3f}")
     b, a = summary["before"], summary["after"]
     print(f"{'after/before':>12s}: best tok/s x{a[0] / b[0]:.3f}, median tok/s "
           f"x{a[1] / b[1]:.3f}, best ms/step x{a[2] / b[2]:.3f}, median ms/step "
-          f"x{a[3] / b[3]:.3f}")
+          f"x{a[3] / b[3]:.3f}, best engine CPU s x{a[4] / b[4]:.3f}, median x{a[5] / b[5]:.3f}")
 
 
 if __name__ == "__main__":
