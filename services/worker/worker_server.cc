@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/model_io/dtype.h"
 #include "common/status.h"
+#include "common/tokenizer/stream_decoder.h"
 #include "services/worker/admin_service.h"
 #include "services/worker/model/cpu_model_runner.h"
 #include "services/worker/model/cuda_runner.h"
@@ -26,7 +27,8 @@
 namespace rl::worker {
 namespace {
 
-// The engine's view of the tokenizer, for stop strings.
+// The engine's view of the tokenizer, for stop strings: the completion's text as the client
+// sees it (decoded in the prompt's context, a character split across tokens held back).
 class TokenizerTextDecoder final : public engine::TextDecoder {
  public:
   explicit TokenizerTextDecoder(const tokenizer::Tokenizer* tok) : tok_(tok) {}
@@ -34,8 +36,25 @@ class TokenizerTextDecoder final : public engine::TextDecoder {
     auto text = tok_->Decode(ids, /*skip_special_tokens=*/false);
     return text.ok() ? *std::move(text) : std::string();
   }
+  std::unique_ptr<Stream> NewStream(absl::Span<const int32_t> prompt) const override {
+    auto stream = std::make_unique<TokenStream>(*tok_);
+    const size_t start = tokenizer::DecodeContextStart(*tok_, prompt);
+    // An id outside the tokenizer leaves the stream unprimed (the engine validated the ids
+    // against the model, whose embedding table may be padded).
+    (void)stream->decoder.Prime(prompt.subspan(start));
+    return stream;
+  }
 
  private:
+  struct TokenStream final : Stream {
+    explicit TokenStream(const tokenizer::Tokenizer& tok)
+        : decoder(tok, /*skip_special_tokens=*/false) {}
+    std::string Step(int32_t id) override {
+      auto text = decoder.Step(id);
+      return text.ok() ? *std::move(text) : std::string();
+    }
+    tokenizer::StreamDecoder decoder;
+  };
   const tokenizer::Tokenizer* tok_;
 };
 

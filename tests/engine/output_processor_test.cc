@@ -134,6 +134,67 @@ TEST(OutputProcessorTest, StopStringsMatchAcrossTokens) {
   EXPECT_FALSE(blind.Append(g.seq.get(), &d, 0, 0).has_value());
 }
 
+// A decoder with cross-token state: a token's letter is held back until the next token (like
+// a character split across tokens), and Decode must not be called once per step.
+class HoldingDecoder final : public TextDecoder {
+ public:
+  std::string Decode(absl::Span<const int32_t> ids) const override {
+    ++decode_calls;
+    return std::string(ids.size(), '?');
+  }
+  std::unique_ptr<Stream> NewStream(absl::Span<const int32_t> prompt) const override {
+    ++streams;
+    EXPECT_EQ(prompt.size(), 3u);  // the prompt is the context
+    struct Holding final : Stream {
+      std::string Step(int32_t id) override {
+        std::string out = held;
+        held = std::string(1, static_cast<char>('a' + id % 26));
+        return out;
+      }
+      std::string held;
+    };
+    return std::make_unique<Holding>();
+  }
+  mutable int decode_calls = 0;
+  mutable int streams = 0;
+};
+
+TEST(OutputProcessorTest, StopStringsUseTheIncrementalTextOnly) {
+  SamplingParams p;
+  p.stop = {"bc"};
+  Harness h(p);
+  HoldingDecoder decoder;
+  OutputProcessor out(OutputProcessorOptions{{}}, &decoder);
+  // Text made final: "" after b, "b" after c, "bc" after d: the stop matches at token d.
+  SampledEntry b = Token(1), c = Token(2), d = Token(3);
+  EXPECT_FALSE(out.Append(h.seq.get(), &b, 0, 0).has_value());
+  EXPECT_FALSE(out.Append(h.seq.get(), &c, 0, 0).has_value());
+  std::optional<FinishReason> stop = out.Append(h.seq.get(), &d, 0, 0);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->matched_stop, "bc");
+  EXPECT_EQ(decoder.decode_calls, 0);
+  EXPECT_EQ(decoder.streams, 1);
+  EXPECT_LE(h.seq->stop_tail.size(), 1u);  // only what a stop string may still end in
+}
+
+TEST(OutputProcessorTest, StopStringMadeBeforeMinNewTokensMatchesWhenAllowed) {
+  SamplingParams p;
+  p.stop = {"ab"};
+  p.min_new_tokens = 4;
+  Harness h(p);
+  LetterDecoder decoder;
+  OutputProcessor out(OutputProcessorOptions{{}}, &decoder);
+  const int32_t tokens[] = {0, 1, 5, 6};  // "ab" done at token 2, allowed from token 4
+  for (int i = 0; i < 3; ++i) {
+    SampledEntry e = Token(tokens[i]);
+    EXPECT_FALSE(out.Append(h.seq.get(), &e, 0, 0).has_value()) << i;
+  }
+  SampledEntry last = Token(tokens[3]);
+  std::optional<FinishReason> stop = out.Append(h.seq.get(), &last, 0, 0);
+  ASSERT_TRUE(stop.has_value());
+  EXPECT_EQ(stop->matched_stop, "ab");
+}
+
 TEST(OutputProcessorTest, RecordsRoutingOncePerPositionAndAbortsCount) {
   Harness h(SamplingParams{});
   h.group->request.return_routed_experts = true;

@@ -55,8 +55,8 @@ TEST_F(WorkerServiceTest, GreedyIdsMatchTheGolden) {
   EXPECT_EQ(text, f.text());
 }
 
-// skip_detokenize (what the router sends): the same ids, logprobs and stop decisions, and no
-// text decoded on the worker, in chunks or in the final message.
+// skip_detokenize (what the router sends): the same ids and logprobs, and no text decoded on
+// the worker, in chunks or in the final message.
 TEST_F(WorkerServiceTest, SkipDetokenizeSendsIdsWithoutText) {
   rl::v1::GenerateRequest req = Greedy(kPromptIds, 20);
   req.set_skip_detokenize(true);
@@ -73,7 +73,10 @@ TEST_F(WorkerServiceTest, SkipDetokenizeSendsIdsWithoutText) {
     streamed.insert(streamed.end(), c.token_ids().begin(), c.token_ids().end());
   }
   EXPECT_EQ(streamed, kGoldenIds);
-  // Stop strings still end the completion at the same token as with text.
+}
+
+// Stop strings still end a skip_detokenize completion at the same token as with text.
+TEST_F(WorkerServiceTest, SkipDetokenizeKeepsStopStrings) {
   rl::v1::GenerateRequest with_text = Greedy(kPromptIds, 20);
   with_text.mutable_sampling_params()->add_stop("little");
   rl::v1::GenerateFinal a;
@@ -161,6 +164,20 @@ TEST_F(WorkerServiceTest, StopStringEndsTheCompletion) {
   EXPECT_EQ(f.finish_reason(), rl::v1::FINISH_REASON_STOP);
   EXPECT_EQ(f.matched_stop(), "little");
   EXPECT_LT(f.completion_tokens(), 20);
+}
+
+// A stop string spanning several tokens (with their leading spaces) stops at the token that
+// completes it; the text (not trimmed) ends there.
+TEST_F(WorkerServiceTest, StopStringSpanningTokens) {
+  rl::v1::GenerateRequest req = Greedy(kPromptIds, 20);
+  req.mutable_sampling_params()->add_stop(" girl named");
+  rl::v1::GenerateFinal f;
+  ASSERT_TRUE(Generate(req, &f).ok());
+  EXPECT_EQ(f.finish_reason(), rl::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(f.matched_stop(), " girl named");
+  EXPECT_EQ(f.text(), ", there was a little girl named");
+  EXPECT_EQ(std::vector<int32_t>(f.output_ids().begin(), f.output_ids().end()),
+            std::vector<int32_t>(kGoldenIds.begin(), kGoldenIds.begin() + f.output_ids_size()));
 }
 
 TEST_F(WorkerServiceTest, InvalidRequestsNameTheField) {

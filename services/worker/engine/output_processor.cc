@@ -35,7 +35,32 @@ std::optional<FinishReason> OutputProcessor::Append(Sequence* seq, SampledEntry*
   ++generated_tokens_;
   if (seq->first_token_us < 0) seq->first_token_us = now_us;
   if (seq->group->callbacks.on_output) seq->group->callbacks.on_output(chunk);
-  return CheckStop(*seq, token);
+  AppendStopText(seq, token);
+  std::optional<FinishReason> stop = CheckStop(*seq, token);
+  TrimStopText(seq);
+  return stop;
+}
+
+void OutputProcessor::AppendStopText(Sequence* seq, int32_t token) const {
+  const SamplingParams& p = seq->params();
+  if (p.stop.empty() || decoder_ == nullptr) return;
+  if (seq->stop_stream == nullptr) {
+    seq->stop_stream = decoder_->NewStream(
+        absl::MakeConstSpan(seq->tokens.data(), static_cast<size_t>(seq->prompt_len)));
+  }
+  seq->stop_tail += seq->stop_stream->Step(token);
+}
+
+void OutputProcessor::TrimStopText(Sequence* seq) const {
+  const SamplingParams& p = seq->params();
+  if (p.stop.empty() || decoder_ == nullptr) return;
+  size_t max_len = 0;
+  for (const std::string& s : p.stop) max_len = std::max(max_len, s.size());
+  // Once stop strings are looked for, a match must end in text still to come: keep the last
+  // max_len - 1 bytes. Before min_new_tokens, text already made may still hold a whole stop
+  // string matched at the first eligible token: keep a window like the old decoded one.
+  const size_t keep = seq->output_len() >= p.min_new_tokens ? max_len - 1 : 4 * max_len + 8;
+  if (seq->stop_tail.size() > keep) seq->stop_tail.erase(0, seq->stop_tail.size() - keep);
 }
 
 std::optional<FinishReason> OutputProcessor::CheckStop(const Sequence& seq, int32_t token) const {
@@ -47,15 +72,12 @@ std::optional<FinishReason> OutputProcessor::CheckStop(const Sequence& seq, int3
       return FinishReason{FinishKind::kStop, token, "", ""};
     }
     if (!p.stop.empty() && decoder_ != nullptr) {
-      size_t max_len = 0;
-      for (const std::string& s : p.stop) max_len = std::max(max_len, s.size());
-      const int64_t window = std::min<int64_t>(out_len, 4 * static_cast<int64_t>(max_len) + 8);
-      const std::string text = decoder_->Decode(
-          absl::MakeConstSpan(seq.tokens.data() + seq.tokens.size() - window, window));
+      // Earliest match in the tail: the text made final by this token, after the bytes kept
+      // from before (a stop string may span tokens).
       size_t best_pos = std::string::npos;
       const std::string* best = nullptr;
       for (const std::string& s : p.stop) {
-        const size_t pos = text.find(s);
+        const size_t pos = seq.stop_tail.find(s);
         if (pos != std::string::npos && (best == nullptr || pos < best_pos)) {
           best_pos = pos;
           best = &s;

@@ -5,8 +5,10 @@
 // delivers the final GenerateResult. No KV, no policy: the scheduler frees the KV of a finished
 // sequence and then calls Finish.
 //
-// Stop strings are matched on the decoded completion (a TextDecoder; without one stop strings
-// are never matched, and ValidateRequest rejects them). Thread safety: none; engine thread.
+// Stop strings are matched on the completion's text as a TextDecoder::Stream makes it, one
+// token at a time (no window is decoded again per step); the text searched is the new text plus
+// the last (longest stop string - 1) bytes before it. Without a decoder stop strings are never
+// matched (ValidateRequest rejects them). Thread safety: none; engine thread.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +41,7 @@ class OutputProcessor {
   std::optional<FinishReason> Append(Sequence* seq, SampledEntry* sampled,
                                      int64_t weight_version, int64_t now_us);
   // Why `seq` stops after its latest token `token`, if it does.
+  // Stop strings are looked for in seq.stop_tail (see AppendStopText).
   std::optional<FinishReason> CheckStop(const Sequence& seq, int32_t token) const;
   // Appends the routing of the entry's positions not recorded yet; the entry's tokens start at
   // token `first_token` of the step's routing arrays.
@@ -52,6 +55,11 @@ class OutputProcessor {
   int64_t num_aborted() const { return num_aborted_; }
 
  private:
+  // Stop strings: feeds `token` to the sequence's text stream and appends the text it made
+  // final to seq->stop_tail; TrimStopText then drops what no stop string can still end in.
+  void AppendStopText(Sequence* seq, int32_t token) const;
+  void TrimStopText(Sequence* seq) const;
+
   OutputProcessorOptions options_;
   const TextDecoder* decoder_;
   int64_t generated_tokens_ = 0;
