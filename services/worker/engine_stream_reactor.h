@@ -17,14 +17,14 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/write_queue_reactor.h"
-#include "services/worker/worker_server.h"
+#include "services/worker/generate_host.h"
 
 namespace rl::worker {
 
 template <typename Response>
 class EngineStreamReactor : public WriteQueueReactor<Response> {
  protected:
-  explicit EngineStreamReactor(WorkerServer* server) : server_(server) {}
+  explicit EngineStreamReactor(GenerateHost* server) : server_(server) {}
   ~EngineStreamReactor() override = default;
 
   void OnClientGone(const grpc::Status& why) override {
@@ -66,7 +66,7 @@ class EngineStreamReactor : public WriteQueueReactor<Response> {
     this->Unref();
   }
 
-  WorkerServer* server_;
+  GenerateHost* server_;
   std::string id_;
 
  private:

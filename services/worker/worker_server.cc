@@ -770,24 +770,11 @@ absl::StatusOr<AdminOutcome> WorkerServer::ResumeMemory() {
 }
 
 void WorkerServer::FillModelInfo(rl::v1::GetModelInfoResponse* out) const {
-  const model_io::ModelConfig& c = model_config_;
+  ToProto(model_config_, out);
   out->set_model_path(config_.model_path);
-  out->set_architecture(c.architecture_name);
-  out->set_model_type(c.model_type);
-  out->set_vocab_size(c.vocab_size);
-  out->set_hidden_size(c.hidden_size);
-  out->set_intermediate_size(c.intermediate_size);
-  out->set_num_hidden_layers(c.num_hidden_layers);
-  out->set_num_attention_heads(c.num_attention_heads);
-  out->set_num_key_value_heads(c.num_key_value_heads);
-  out->set_head_dim(c.head_dim);
-  out->set_max_position_embeddings(c.max_position_embeddings);
-  out->set_dtype(c.torch_dtype);
   out->set_weight_version(weight_version());
   out->set_backend(backend_name_);
   out->set_num_parameters(num_parameters_);
-  out->set_tie_word_embeddings(c.tie_word_embeddings);
-  for (int32_t id : c.eos_token_ids) out->add_eos_token_ids(id);
   out->set_config_json(config_json_);
 }
 

@@ -13,7 +13,6 @@
 #include "common/tokenizer/stream_decoder.h"
 #include "services/worker/engine_stream_reactor.h"
 #include "services/worker/proto_convert.h"
-#include "services/worker/worker_server.h"
 
 namespace rl::worker {
 namespace {
@@ -39,7 +38,7 @@ absl::Status CheckMinWeightVersion(const grpc::CallbackServerContext& context, i
 
 class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateResponse> {
  public:
-  GenerateReactor(WorkerServer* server, const BearerAuth* auth, grpc::CallbackServerContext* context,
+  GenerateReactor(GenerateHost* server, const BearerAuth* auth, grpc::CallbackServerContext* context,
                   const rl::v1::GenerateRequest& request)
       : EngineStreamReactor(server) {
     absl::Status s = Start(auth, context, request);
