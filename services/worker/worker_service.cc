@@ -89,24 +89,12 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
         (void)decoders_.back().Prime(prompt_ids_);
       }
     }
-    // The engine thread only hands its outputs over; text and protobufs are made on the
-    // stream thread. Its FIFO keeps a completion's chunks before its final, and every task of
-    // this reactor runs before the last CompleteOne drops the producer's reference.
-    engine::RequestCallbacks callbacks;
-    if (stream_) {
-      callbacks.on_output = [this](const engine::OutputChunk& chunk) {
-        server_->RunOnStreamThread([this, chunk]() { OnOutput(chunk); });
-      };
-    }
-    callbacks.on_finish = [this](engine::GenerateResult result) {
-      server_->RunOnStreamThread(
-          [this, result = std::move(result)]() mutable { OnFinish(std::move(result)); });
-    };
+    engine::RequestCallbacks callbacks = StreamThreadCallbacks(stream_);
     return server_->Submit(std::move(req), std::move(callbacks));
   }
 
   // Stream thread.
-  void OnOutput(const engine::OutputChunk& chunk) {
+  void OnEngineOutput(const engine::OutputChunk& chunk) override {
     rl::v1::GenerateResponse msg;
     msg.set_request_id(id_);
     msg.set_index(chunk.index);
@@ -121,7 +109,7 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
   }
 
   // Stream thread.
-  void OnFinish(engine::GenerateResult result) {
+  void OnEngineFinish(engine::GenerateResult result) override {
     server_->RecordFinished(result);
     rl::v1::GenerateResponse tail;
     bool have_tail = false;
