@@ -2,6 +2,7 @@
 //
 //   engine_bench [--model DIR] [--requests 256] [--prompt 128] [--output 128] [--prefix 512]
 //                [--threads N] [--page-size 16] [--chunk 2048]
+//                [--scenarios no_prefix,distinct_prefix,shared_prefix,control]
 //
 // Without --model it writes the maker's tiny Llama (seed 1, context 1024) to a temp folder.
 // Scenarios, each with `requests` concurrent requests of `prompt` unique tokens + `output`
@@ -12,6 +13,12 @@
 // then, with the requests of a fresh batch decoding, the latency of pause(in_place),
 // continue, pause(retract) and continue, and the time until the retracted batch has produced
 // its next token again (re-prefill).
+//
+// Every throughput row also reports the engine thread's own CPU time (CLOCK_THREAD_CPUTIME_ID
+// of the engine thread, read through pthread_getcpuclockid) per engine step: a figure that a
+// shared, noisy machine disturbs much less than wall time. The CPU runner's worker threads are
+// not counted (the engine thread's share of the forward pass is). bench/engine/compare.py runs
+// two engine_bench binaries alternately and prints both side by side.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -19,12 +26,15 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <pthread.h>
 #include <string>
+#include <time.h>
 #include <unistd.h>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/model_io/model_maker.h"
@@ -49,6 +59,11 @@ struct Flags {
   int threads = 0;
   int page_size = 16;
   int chunk = 2048;
+  std::string scenarios_csv = "no_prefix,distinct_prefix,shared_prefix,control";
+  std::vector<std::string> scenarios;
+  bool Wants(const std::string& name) const {
+    return std::find(scenarios.begin(), scenarios.end(), name) != scenarios.end();
+  }
 };
 
 // Parses argv with the project's flag parser: --help prints the usage, unknown flags and bad
@@ -63,7 +78,17 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
   flags.Int("threads", &f->threads, "CPU threads (0: all)");
   flags.Int("page-size", &f->page_size, "KV page size in tokens");
   flags.Int("chunk", &f->chunk, "chunked prefill tokens");
+  flags.String("scenarios", &f->scenarios_csv,
+               "comma-separated scenarios: no_prefix, distinct_prefix, shared_prefix, control");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return exit;
+  f->scenarios = absl::StrSplit(f->scenarios_csv, ',', absl::SkipEmpty());
+  for (const std::string& name : f->scenarios) {
+    if (name != "no_prefix" && name != "distinct_prefix" && name != "shared_prefix" &&
+        name != "control") {
+      std::fprintf(stderr, "engine_bench: --scenarios: unknown scenario '%s'\n", name.c_str());
+      return 2;
+    }
+  }
   for (const auto& [name, v] : {std::pair<const char*, int>{"requests", f->requests},
                                 {"prompt", f->prompt}, {"output", f->output},
                                 {"page-size", f->page_size}, {"chunk", f->chunk}}) {
@@ -167,6 +192,25 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const Flags& f, int64_t num_k
 
 enum class Prefix { kNone, kDistinct, kShared };
 
+// The CPU-time clock of the engine's thread, read from any thread.
+absl::StatusOr<clockid_t> EngineThreadClock(Engine& engine) {
+  clockid_t clock{};
+  int rc = 0;
+  absl::Status s = engine.RunOnEngineThread([&](EngineContext&) {
+    rc = pthread_getcpuclockid(pthread_self(), &clock);
+    return absl::OkStatus();
+  });
+  if (!s.ok()) return s;
+  if (rc != 0) return absl::InternalError(absl::StrCat("pthread_getcpuclockid: error ", rc));
+  return clock;
+}
+
+double CpuSeconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
 int RunThroughput(const Flags& f, const char* name, Prefix prefix) {
   const int prefix_len = prefix == Prefix::kNone ? 0 : f.prefix;
   const int64_t slots = static_cast<int64_t>(f.requests) * (prefix_len + f.prompt + f.output) +
@@ -188,7 +232,14 @@ int RunThroughput(const Flags& f, const char* name, Prefix prefix) {
     p.insert(p.end(), own.begin(), own.end());
     requests.push_back(MakeRequest(absl::StrCat(name, i), std::move(p), f.output, i));
   }
+  absl::StatusOr<clockid_t> clock = EngineThreadClock(**engine);
+  if (!clock.ok()) {
+    std::fprintf(stderr, "engine_bench: %s\n", clock.status().ToString().c_str());
+    return 1;
+  }
+  const int64_t steps_before = (*engine)->GetServerInfo().num_steps;
   Tracker t;
+  const double cpu_start = CpuSeconds(*clock);
   const Clock::time_point start = Clock::now();
   for (GenerateRequest& r : requests) {
     absl::Status s = (*engine)->Submit(std::move(r), t.Callbacks());
@@ -199,11 +250,14 @@ int RunThroughput(const Flags& f, const char* name, Prefix prefix) {
   }
   t.WaitFinished(f.requests);
   const double secs = Seconds(start, Clock::now());
+  const double cpu = CpuSeconds(*clock) - cpu_start;
   const ServerInfo info = (*engine)->GetServerInfo();
-  std::printf("%-16s %8d %10.2f %12.1f %14.1f %12lld %10.3f\n", name, f.requests,
+  const int64_t steps = info.num_steps - steps_before;
+  std::printf("%-16s %8d %10.2f %12.1f %14.1f %12lld %10.3f %8lld %14.4f\n", name, f.requests,
               f.requests / secs, t.tokens() / secs,
               static_cast<double>(info.prompt_tokens) / secs,
-              static_cast<long long>(info.cache_hit_tokens), secs);
+              static_cast<long long>(info.cache_hit_tokens), secs,
+              static_cast<long long>(steps), steps > 0 ? cpu * 1e3 / steps : 0.0);
   std::fflush(stdout);
   return 0;
 }
@@ -294,12 +348,18 @@ int Main(int argc, char** argv) {
               "page %d, chunk %d, threads %d\n\n",
               f.model.c_str(), f.requests, f.prompt, f.output, f.prefix, f.page_size, f.chunk,
               f.threads);
-  std::printf("%-16s %8s %10s %12s %14s %12s %10s\n", "scenario", "requests", "req/s",
-              "out tok/s", "prompt tok/s", "cache hits", "seconds");
-  int rc = RunThroughput(f, "no_prefix", Prefix::kNone);
-  if (rc == 0 && f.prefix > 0) rc = RunThroughput(f, "distinct_prefix", Prefix::kDistinct);
-  if (rc == 0 && f.prefix > 0) rc = RunThroughput(f, "shared_prefix", Prefix::kShared);
-  if (rc == 0) rc = RunControlLatency(f);
+  std::printf("%-16s %8s %10s %12s %14s %12s %10s %8s %14s\n", "scenario", "requests", "req/s",
+              "out tok/s", "prompt tok/s", "cache hits", "seconds", "steps",
+              "eng cpu ms/step");
+  int rc = 0;
+  if (f.Wants("no_prefix")) rc = RunThroughput(f, "no_prefix", Prefix::kNone);
+  if (rc == 0 && f.prefix > 0 && f.Wants("distinct_prefix")) {
+    rc = RunThroughput(f, "distinct_prefix", Prefix::kDistinct);
+  }
+  if (rc == 0 && f.prefix > 0 && f.Wants("shared_prefix")) {
+    rc = RunThroughput(f, "shared_prefix", Prefix::kShared);
+  }
+  if (rc == 0 && f.Wants("control")) rc = RunControlLatency(f);
   if (!tmp.empty()) std::filesystem::remove_all(tmp);
   return rc;
 }

@@ -147,6 +147,7 @@ rl::v1::GenerateRequest Generation::WorkerRequest() {
   req.mutable_input_ids()->mutable_ids()->Assign(prompt_.ids.begin(), prompt_.ids.end());
   req.set_return_logprob(true);  // the cache keeps rollout logprobs
   req.set_stream(true);
+  req.set_skip_detokenize(true);  // the router decodes the ids itself (OnMessage)
   req.clear_return_trajectory();
   req.set_request_id(request_id_);
   request_handle_.SetWorker(lease_->address());

@@ -17,18 +17,41 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/write_queue_reactor.h"
-#include "services/worker/worker_server.h"
+#include "services/worker/generate_host.h"
 
 namespace rl::worker {
 
 template <typename Response>
 class EngineStreamReactor : public WriteQueueReactor<Response> {
  protected:
-  explicit EngineStreamReactor(WorkerServer* server) : server_(server) {}
+  explicit EngineStreamReactor(GenerateHost* server) : server_(server) {}
   ~EngineStreamReactor() override = default;
 
   void OnClientGone(const grpc::Status& why) override {
     server_->engine().AbortAsync(id_, why.error_message());
+  }
+
+  // What the stream thread makes of the engine's outputs (see StreamThreadCallbacks).
+  virtual void OnEngineOutput(const engine::OutputChunk& chunk) { (void)chunk; }
+  virtual void OnEngineFinish(engine::GenerateResult result) = 0;
+
+  // The callbacks to Submit with: the engine thread only hands each chunk and result over to
+  // the stream thread (GenerateHost::RunOnStreamThread), where OnEngineOutput / OnEngineFinish
+  // build the messages. Its FIFO keeps a completion's chunks before its final, and every task
+  // of this reactor runs before the last CompleteOne drops the producer's reference. Without
+  // `stream` no chunk is handed over at all.
+  engine::RequestCallbacks StreamThreadCallbacks(bool stream) {
+    engine::RequestCallbacks callbacks;
+    if (stream) {
+      callbacks.on_output = [this](const engine::OutputChunk& chunk) {
+        server_->RunOnStreamThread([this, chunk]() { OnEngineOutput(chunk); });
+      };
+    }
+    callbacks.on_finish = [this](engine::GenerateResult result) {
+      server_->RunOnStreamThread(
+          [this, result = std::move(result)]() mutable { OnEngineFinish(std::move(result)); });
+    };
+    return callbacks;
   }
 
   // Start-up failed before anything reached the engine: ends the call with `s`.
@@ -43,7 +66,7 @@ class EngineStreamReactor : public WriteQueueReactor<Response> {
     remaining_ = n;
   }
 
-  // Engine thread, once per completion: queues `msgs`, or with an error `status` ends the call
+  // Stream thread, once per completion: queues `msgs`, or with an error `status` ends the call
   // with it (the first such status wins). Drops the engine's reference after the last one.
   void CompleteOne(std::vector<Response> msgs, absl::Status status = absl::OkStatus()) {
     bool last;
@@ -66,7 +89,7 @@ class EngineStreamReactor : public WriteQueueReactor<Response> {
     this->Unref();
   }
 
-  WorkerServer* server_;
+  GenerateHost* server_;
   std::string id_;
 
  private:

@@ -157,4 +157,20 @@ rl::v1::PauseMode ToProto(engine::PauseMode mode) {
   return rl::v1::PAUSE_MODE_UNSPECIFIED;
 }
 
+void ToProto(const model_io::ModelConfig& c, rl::v1::GetModelInfoResponse* out) {
+  out->set_architecture(c.architecture_name);
+  out->set_model_type(c.model_type);
+  out->set_vocab_size(c.vocab_size);
+  out->set_hidden_size(c.hidden_size);
+  out->set_intermediate_size(c.intermediate_size);
+  out->set_num_hidden_layers(c.num_hidden_layers);
+  out->set_num_attention_heads(c.num_attention_heads);
+  out->set_num_key_value_heads(c.num_key_value_heads);
+  out->set_head_dim(c.head_dim);
+  out->set_max_position_embeddings(c.max_position_embeddings);
+  out->set_dtype(c.torch_dtype);
+  out->set_tie_word_embeddings(c.tie_word_embeddings);
+  for (int32_t id : c.eos_token_ids) out->add_eos_token_ids(id);
+}
+
 }  // namespace rl::worker

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/model_io/model_config.h"
 #include "rl/v1/admin.pb.h"
 #include "rl/v1/generate.pb.h"
 #include "services/worker/engine/engine.h"
@@ -29,6 +30,9 @@ void ToProto(const engine::GenerateResult& in, rl::v1::GenerateFinal* out);
 // The R3 arrays of a result that asked for them (raw little-endian bytes and their shape).
 void ToProto(const engine::GenerateResult& in, rl::v1::RoutedExperts* out);
 void ToProto(const engine::ServerInfo& in, rl::v1::GetServerInfoResponse* out);
+// The model's architecture fields of GetModelInfo (the caller adds path, version, backend,
+// parameter count and config JSON).
+void ToProto(const model_io::ModelConfig& in, rl::v1::GetModelInfoResponse* out);
 
 absl::StatusOr<engine::PauseMode> FromProto(rl::v1::PauseMode mode);
 rl::v1::PauseMode ToProto(engine::PauseMode mode);

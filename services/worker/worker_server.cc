@@ -9,8 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/model_io/dtype.h"
 #include "common/status.h"
+#include "common/tokenizer/stream_decoder.h"
 #include "services/worker/admin_service.h"
 #include "services/worker/model/cpu_model_runner.h"
 #include "services/worker/model/cuda_runner.h"
@@ -24,7 +27,8 @@
 namespace rl::worker {
 namespace {
 
-// The engine's view of the tokenizer, for stop strings.
+// The engine's view of the tokenizer, for stop strings: the completion's text as the client
+// sees it (decoded in the prompt's context, a character split across tokens held back).
 class TokenizerTextDecoder final : public engine::TextDecoder {
  public:
   explicit TokenizerTextDecoder(const tokenizer::Tokenizer* tok) : tok_(tok) {}
@@ -32,8 +36,25 @@ class TokenizerTextDecoder final : public engine::TextDecoder {
     auto text = tok_->Decode(ids, /*skip_special_tokens=*/false);
     return text.ok() ? *std::move(text) : std::string();
   }
+  std::unique_ptr<Stream> NewStream(absl::Span<const int32_t> prompt) const override {
+    auto stream = std::make_unique<TokenStream>(*tok_);
+    const size_t start = tokenizer::DecodeContextStart(*tok_, prompt);
+    // An id outside the tokenizer leaves the stream unprimed (the engine validated the ids
+    // against the model, whose embedding table may be padded).
+    (void)stream->decoder.Prime(prompt.subspan(start));
+    return stream;
+  }
 
  private:
+  struct TokenStream final : Stream {
+    explicit TokenStream(const tokenizer::Tokenizer& tok)
+        : decoder(tok, /*skip_special_tokens=*/false) {}
+    std::string Step(int32_t id) override {
+      auto text = decoder.Step(id);
+      return text.ok() ? *std::move(text) : std::string();
+    }
+    tokenizer::StreamDecoder decoder;
+  };
   const tokenizer::Tokenizer* tok_;
 };
 
@@ -128,6 +149,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
       SleepableRunner::Create([runner_options, make_runner] { return make_runner(runner_options); },
                               spill_dir, config.model_path));
   s->runner_ = runner.get();
+  s->stream_executor_ = std::make_unique<BoundedExecutor>("rl-stream", 1, kMaxStreamTasks);
   engine::EngineOptions engine_options;
   engine_options.max_running_requests = config.max_running_requests;
   engine_options.chunked_prefill_size = config.chunked_prefill_tokens;
@@ -245,6 +267,11 @@ void WorkerServer::RecordFinished(const engine::GenerateResult& r) {
     per_token_seconds_->Observe((r.timings.total_us - r.timings.ttft_us) / 1e6 /
                                 (r.completion_tokens - 1));
   }
+}
+
+void WorkerServer::RunOnStreamThread(absl::AnyInvocable<void() &&> task) {
+  // Submit moves from `task` only when it accepts it.
+  while (!stream_executor_->Submit(std::move(task))) absl::SleepFor(absl::Microseconds(100));
 }
 
 std::string WorkerServer::NextRequestId() { return NewServerRequestId(); }
@@ -743,24 +770,11 @@ absl::StatusOr<AdminOutcome> WorkerServer::ResumeMemory() {
 }
 
 void WorkerServer::FillModelInfo(rl::v1::GetModelInfoResponse* out) const {
-  const model_io::ModelConfig& c = model_config_;
+  ToProto(model_config_, out);
   out->set_model_path(config_.model_path);
-  out->set_architecture(c.architecture_name);
-  out->set_model_type(c.model_type);
-  out->set_vocab_size(c.vocab_size);
-  out->set_hidden_size(c.hidden_size);
-  out->set_intermediate_size(c.intermediate_size);
-  out->set_num_hidden_layers(c.num_hidden_layers);
-  out->set_num_attention_heads(c.num_attention_heads);
-  out->set_num_key_value_heads(c.num_key_value_heads);
-  out->set_head_dim(c.head_dim);
-  out->set_max_position_embeddings(c.max_position_embeddings);
-  out->set_dtype(c.torch_dtype);
   out->set_weight_version(weight_version());
   out->set_backend(backend_name_);
   out->set_num_parameters(num_parameters_);
-  out->set_tie_word_embeddings(c.tie_word_embeddings);
-  for (int32_t id : c.eos_token_ids) out->add_eos_token_ids(id);
   out->set_config_json(config_json_);
 }
 

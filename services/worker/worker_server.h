@@ -23,9 +23,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
+#include "common/bounded_executor.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/model_io/model_config.h"
@@ -33,6 +35,7 @@
 #include "common/tokenizer/tokenizer.h"
 #include "rl/v1/admin.pb.h"
 #include "services/worker/engine/engine.h"
+#include "services/worker/generate_host.h"
 #include "services/worker/weight_update_check.h"
 #include "services/worker/weights_checker.h"
 #include "services/worker/worker_config.h"
@@ -79,12 +82,12 @@ struct GroupRequest {
   int timeout_ms = 60000;
 };
 
-class WorkerServer {
+class WorkerServer final : public GenerateHost {
  public:
   // Loads the model and tokenizer, starts the engine and serving. Errors name the bad flag or
   // file.
   static absl::StatusOr<std::unique_ptr<WorkerServer>> Start(const WorkerConfig& config);
-  ~WorkerServer();
+  ~WorkerServer() override;
 
   // "HOST:PORT" of the gRPC listener.
   std::string address() const { return grpc_->address(); }
@@ -94,23 +97,30 @@ class WorkerServer {
   void Shutdown();
 
   // ---- data plane ----
-  engine::Engine& engine() { return *engine_; }
+  engine::Engine& engine() override { return *engine_; }
   // Null when the model folder has no tokenizer.json.
-  const tokenizer::Tokenizer* tokenizer() const { return tokenizer_.get(); }
+  const tokenizer::Tokenizer* tokenizer() const override { return tokenizer_.get(); }
   // FAILED_PRECONDITION while asleep; otherwise Engine::Submit.
-  absl::Status Submit(engine::GenerateRequest request, engine::RequestCallbacks callbacks);
+  absl::Status Submit(engine::GenerateRequest request,
+                      engine::RequestCallbacks callbacks) override;
   // A fresh server-assigned request id ("srv-" + 128 random bits: unguessable, and in a
   // namespace client ids cannot use).
-  std::string NextRequestId();
+  std::string NextRequestId() override;
   // The --max-* request limits, and the model's context length (bounds max_new_tokens).
-  const RequestLimits& limits() const { return config_.limits; }
-  int64_t context_len() const { return model_config_.max_position_embeddings; }
+  const RequestLimits& limits() const override { return config_.limits; }
+  int64_t context_len() const override { return model_config_.max_position_embeddings; }
   // Name → shape of every served weight (fixed for the life of the process).
   const WeightShapes& weight_shapes() const { return weight_shapes_; }
   // The admin key check (Worker.Abort with abort_all needs it).
-  const BearerAuth& admin_auth() const { return *admin_auth_; }
+  const BearerAuth& admin_auth() const override { return *admin_auth_; }
   MetricsRegistry& metrics() { return metrics_; }
-  void RecordFinished(const engine::GenerateResult& result);
+  void RecordFinished(const engine::GenerateResult& result) override;
+  // Runs `task` on the stream thread: the work an engine callback hands over so the engine
+  // thread does not do it (decoding text, building protobufs, queueing writes). One thread, so
+  // tasks run in submission order (a stream's chunks stay in order). When kMaxStreamTasks are
+  // queued the caller waits for room: backpressure on the engine, never an unbounded queue.
+  void RunOnStreamThread(absl::AnyInvocable<void() &&> task) override;
+  static constexpr size_t kMaxStreamTasks = 1 << 16;
 
   // ---- control plane ----
   absl::StatusOr<AdminOutcome> Pause(engine::PauseMode mode);
@@ -146,7 +156,7 @@ class WorkerServer {
 
   void FillModelInfo(rl::v1::GetModelInfoResponse* out) const;
   void FillServerInfo(rl::v1::GetServerInfoResponse* out) const;
-  int64_t weight_version() const { return engine_->weight_version(); }
+  int64_t weight_version() const override { return engine_->weight_version(); }
   bool asleep() const { return asleep_.load(); }
   // What grpc.health.v1 reports: not asleep and no weight update holding the engine.
   bool serving() const { return !asleep() && updates_in_progress_.load() == 0; }
@@ -176,6 +186,8 @@ class WorkerServer {
   std::string backend_name_;
   int64_t num_parameters_ = 0;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  // Destroyed after engine_ (whose shutdown still delivers finals to it), before tokenizer_.
+  std::unique_ptr<BoundedExecutor> stream_executor_;
   SleepableRunner* runner_ = nullptr;  // owned by engine_; touched on the engine thread only
   std::unique_ptr<engine::Engine> engine_;
   WeightsChecker checker_;  // engine thread only

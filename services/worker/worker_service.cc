@@ -13,7 +13,6 @@
 #include "common/tokenizer/stream_decoder.h"
 #include "services/worker/engine_stream_reactor.h"
 #include "services/worker/proto_convert.h"
-#include "services/worker/worker_server.h"
 
 namespace rl::worker {
 namespace {
@@ -39,7 +38,7 @@ absl::Status CheckMinWeightVersion(const grpc::CallbackServerContext& context, i
 
 class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateResponse> {
  public:
-  GenerateReactor(WorkerServer* server, const BearerAuth* auth, grpc::CallbackServerContext* context,
+  GenerateReactor(GenerateHost* server, const BearerAuth* auth, grpc::CallbackServerContext* context,
                   const rl::v1::GenerateRequest& request)
       : EngineStreamReactor(server) {
     absl::Status s = Start(auth, context, request);
@@ -78,7 +77,7 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
     ASSIGN_OR_RETURN(engine::GenerateRequest req, ToEngineRequest(request, id_, std::move(ids)));
     const int n = req.sampling.n;
     ExpectCompletions(n);
-    if (tok != nullptr) {
+    if (tok != nullptr && !request.skip_detokenize()) {
       // Completion text is decoded in the prompt's context and never repeats the prompt; that
       // context is only the prompt's last few ids (DecodeContextStart), not a copy of it all.
       const size_t context_start = tokenizer::DecodeContextStart(*tok, req.input_ids);
@@ -90,15 +89,12 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
         (void)decoders_.back().Prime(prompt_ids_);
       }
     }
-    engine::RequestCallbacks callbacks;
-    callbacks.on_output = [this](const engine::OutputChunk& chunk) { OnOutput(chunk); };
-    callbacks.on_finish = [this](engine::GenerateResult result) { OnFinish(std::move(result)); };
+    engine::RequestCallbacks callbacks = StreamThreadCallbacks(stream_);
     return server_->Submit(std::move(req), std::move(callbacks));
   }
 
-  // Engine thread.
-  void OnOutput(const engine::OutputChunk& chunk) {
-    if (!stream_) return;
+  // Stream thread.
+  void OnEngineOutput(const engine::OutputChunk& chunk) override {
     rl::v1::GenerateResponse msg;
     msg.set_request_id(id_);
     msg.set_index(chunk.index);
@@ -112,8 +108,8 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
     Enqueue(std::move(msg));
   }
 
-  // Engine thread.
-  void OnFinish(engine::GenerateResult result) {
+  // Stream thread.
+  void OnEngineFinish(engine::GenerateResult result) override {
     server_->RecordFinished(result);
     rl::v1::GenerateResponse tail;
     bool have_tail = false;
@@ -141,7 +137,8 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
   }
 
   bool stream_ = true;
-  std::vector<tokenizer::StreamDecoder> decoders_;  // engine thread only
+  // Empty with skip_detokenize (or no tokenizer): no text is decoded at all.
+  std::vector<tokenizer::StreamDecoder> decoders_;  // stream thread only
   std::vector<int32_t> prompt_ids_;                 // the prompt's tail: the decoders' context
 
 };

@@ -4,15 +4,14 @@
 #pragma once
 
 #include "common/auth.h"
+#include "services/worker/generate_host.h"
 #include "rl/v1/worker.grpc.pb.h"
 
 namespace rl::worker {
 
-class WorkerServer;
-
 class WorkerService final : public rl::v1::Worker::CallbackService {
  public:
-  WorkerService(WorkerServer* server, const BearerAuth* auth) : server_(server), auth_(auth) {}
+  WorkerService(GenerateHost* server, const BearerAuth* auth) : server_(server), auth_(auth) {}
 
   grpc::ServerWriteReactor<rl::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const rl::v1::GenerateRequest* request) override;
@@ -24,7 +23,7 @@ class WorkerService final : public rl::v1::Worker::CallbackService {
                                     rl::v1::GetLoadResponse* response) override;
 
  private:
-  WorkerServer* server_;
+  GenerateHost* server_;
   const BearerAuth* auth_;
 };
 

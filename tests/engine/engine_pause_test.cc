@@ -88,6 +88,37 @@ TEST_F(PauseContinueTest, RetractFreesKvThatInPlaceKeeps) {
   ExpectAllMatchReference();
 }
 
+// The snapshot's running ids are rebuilt only when the running batch changes: they follow an
+// abort and a retraction, and equal what the engine thread sees.
+TEST_F(PauseContinueTest, RunningIdsFollowTheRunningBatch) {
+  StartAndHold(5);
+  ASSERT_TRUE(PauseGated(*fe_.engine, *fe_.runner, PauseMode::kInPlace).ok());
+  ServerInfo a = fe_.engine->GetServerInfo();
+  EXPECT_EQ(std::set<std::string>(a.running_ids.begin(), a.running_ids.end()), AllIds());
+  ASSERT_EQ(fe_.engine->Abort(Id(0), "gone").value(), 1);
+  ServerInfo b = fe_.engine->GetServerInfo();
+  std::set<std::string> rest = AllIds();
+  rest.erase(Id(0));
+  EXPECT_EQ(std::set<std::string>(b.running_ids.begin(), b.running_ids.end()), rest);
+  EXPECT_EQ(b.num_running, kNumRequests - 1);
+  std::vector<std::string> on_engine;
+  ASSERT_TRUE(fe_.engine
+                  ->RunOnEngineThread([&](EngineContext& ctx) {
+                    on_engine = ctx.info().running_ids;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_EQ(on_engine, b.running_ids);
+  ASSERT_TRUE(fe_.engine->Pause(PauseMode::kRetract).ok());
+  const ServerInfo c = fe_.engine->GetServerInfo();
+  EXPECT_TRUE(c.running_ids.empty());
+  EXPECT_EQ(c.num_running, 0);
+  Release();
+  ASSERT_TRUE(fe_.engine->Continue().ok());
+  ASSERT_TRUE(collector_.WaitFor(kNumRequests));
+  EXPECT_TRUE(fe_.engine->GetServerInfo().running_ids.empty());
+}
+
 TEST_F(PauseContinueTest, PauseGenerationInPlaceMode) {
   StartAndHold(5);
   ASSERT_TRUE(PauseGated(*fe_.engine, *fe_.runner, PauseMode::kInPlace).ok());

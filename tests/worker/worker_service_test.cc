@@ -55,6 +55,44 @@ TEST_F(WorkerServiceTest, GreedyIdsMatchTheGolden) {
   EXPECT_EQ(text, f.text());
 }
 
+// skip_detokenize (what the router sends): the same ids and logprobs, and no text decoded on
+// the worker, in chunks or in the final message.
+TEST_F(WorkerServiceTest, SkipDetokenizeSendsIdsWithoutText) {
+  rl::v1::GenerateRequest req = Greedy(kPromptIds, 20);
+  req.set_skip_detokenize(true);
+  req.set_return_logprob(true);
+  rl::v1::GenerateFinal f;
+  std::vector<rl::v1::GenerateChunk> chunks;
+  ASSERT_TRUE(Generate(req, &f, &chunks).ok());
+  EXPECT_EQ(std::vector<int32_t>(f.output_ids().begin(), f.output_ids().end()), kGoldenIds);
+  EXPECT_EQ(f.output_logprobs_size(), 20);
+  EXPECT_TRUE(f.text().empty());
+  std::vector<int32_t> streamed;
+  for (const auto& c : chunks) {
+    EXPECT_TRUE(c.text().empty());
+    streamed.insert(streamed.end(), c.token_ids().begin(), c.token_ids().end());
+  }
+  EXPECT_EQ(streamed, kGoldenIds);
+}
+
+// Stop strings still end a skip_detokenize completion at the same token as with text.
+TEST_F(WorkerServiceTest, SkipDetokenizeKeepsStopStrings) {
+  rl::v1::GenerateRequest with_text = Greedy(kPromptIds, 20);
+  with_text.mutable_sampling_params()->add_stop("little");
+  rl::v1::GenerateFinal a;
+  ASSERT_TRUE(Generate(with_text, &a).ok());
+  rl::v1::GenerateRequest ids_only = with_text;
+  ids_only.set_skip_detokenize(true);
+  rl::v1::GenerateFinal b;
+  ASSERT_TRUE(Generate(ids_only, &b).ok());
+  EXPECT_EQ(b.finish_reason(), rl::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(b.matched_stop(), "little");
+  EXPECT_EQ(std::vector<int32_t>(b.output_ids().begin(), b.output_ids().end()),
+            std::vector<int32_t>(a.output_ids().begin(), a.output_ids().end()));
+  EXPECT_FALSE(a.text().empty());
+  EXPECT_TRUE(b.text().empty());
+}
+
 // The router's `rl-min-weight-version` (the fleet's recorded version): a worker below it
 // (restarted at its start-up weights) refuses with UNAVAILABLE; at or above it, it serves.
 TEST_F(WorkerServiceTest, MinWeightVersionFromTheRouterIsEnforced) {
@@ -126,6 +164,20 @@ TEST_F(WorkerServiceTest, StopStringEndsTheCompletion) {
   EXPECT_EQ(f.finish_reason(), rl::v1::FINISH_REASON_STOP);
   EXPECT_EQ(f.matched_stop(), "little");
   EXPECT_LT(f.completion_tokens(), 20);
+}
+
+// A stop string spanning several tokens (with their leading spaces) stops at the token that
+// completes it; the text (not trimmed) ends there.
+TEST_F(WorkerServiceTest, StopStringSpanningTokens) {
+  rl::v1::GenerateRequest req = Greedy(kPromptIds, 20);
+  req.mutable_sampling_params()->add_stop(" girl named");
+  rl::v1::GenerateFinal f;
+  ASSERT_TRUE(Generate(req, &f).ok());
+  EXPECT_EQ(f.finish_reason(), rl::v1::FINISH_REASON_STOP);
+  EXPECT_EQ(f.matched_stop(), " girl named");
+  EXPECT_EQ(f.text(), ", there was a little girl named");
+  EXPECT_EQ(std::vector<int32_t>(f.output_ids().begin(), f.output_ids().end()),
+            std::vector<int32_t>(kGoldenIds.begin(), kGoldenIds.begin() + f.output_ids_size()));
 }
 
 TEST_F(WorkerServiceTest, InvalidRequestsNameTheField) {

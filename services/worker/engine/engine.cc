@@ -69,7 +69,11 @@ void EngineContext::set_weight_version(int64_t version) {
   engine_->scheduler_->set_weight_version(version);
 }
 
-ServerInfo EngineContext::info() const { return engine_->BuildInfo(); }
+ServerInfo EngineContext::info() const {
+  ServerInfo info = engine_->BuildInfo();
+  info.running_ids = engine_->scheduler_->RunningIds();
+  return info;
+}
 
 // ---------------------------------------------------------------------------------------------
 // Engine
@@ -137,10 +141,12 @@ Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& 
     so.routing_width = so.routing_layers * so.routing_top_k;
   }
   scheduler_ = std::make_unique<Scheduler>(so, decoder_.get());
+  sampler_ = Sampler(SamplerOptions{config_.vocab_size, config_.eos_token_ids});
   scheduler_->set_weight_version(options.initial_weight_version);
   {
     absl::MutexLock lock(&mu_);
     snapshot_ = BuildInfo();
+    published_running_epoch_ = scheduler_->running_epoch();
   }
   thread_ = std::thread([this] { Loop(); });
   thread_id_.store(thread_.get_id());
@@ -354,8 +360,9 @@ void Engine::Step() {
   ScheduledBatch batch = scheduler_->Schedule(NowUs());
   if (batch.empty()) return;
   absl::Status status = runner_->Forward(batch.input, &forward_out_);
+  if (status.ok()) status = sampler_.Sample(batch, &forward_out_, &sampled_);
   if (status.ok()) {
-    scheduler_->Update(batch, forward_out_, NowUs());
+    scheduler_->Update(batch, &sampled_, NowUs());
   } else {
     scheduler_->FailBatch(batch, status, NowUs());
   }
@@ -373,7 +380,6 @@ ServerInfo Engine::BuildInfo() const {
   info.pause_mode = pause_mode_;
   info.backend = runner_->backend_name();
   info.num_running = st.num_running;
-  info.running_ids = std::move(st.running_ids);
   info.num_waiting = st.num_waiting;
   info.has_chunked_prefill = st.has_chunked_prefill;
   info.kv_tokens_total = st.total_kv_tokens;
@@ -397,9 +403,18 @@ ServerInfo Engine::BuildInfo() const {
 }
 
 void Engine::PublishSnapshot() {
+  // The counters are copied every step; the running ids (one string per running sequence)
+  // only when the running batch changed since the last snapshot.
   ServerInfo info = BuildInfo();
+  const int64_t epoch = scheduler_->running_epoch();
+  const bool ids_changed = epoch != published_running_epoch_;
+  if (ids_changed) {
+    info.running_ids = scheduler_->RunningIds();
+    published_running_epoch_ = epoch;
+  }
   {
     absl::MutexLock lock(&mu_);
+    if (!ids_changed) info.running_ids.swap(snapshot_.running_ids);
     snapshot_ = std::move(info);
   }
   while (!deferred_finishes_.empty()) {

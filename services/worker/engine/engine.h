@@ -2,7 +2,8 @@
 // them on a single engine thread:
 //
 //   loop: run queued commands → batch = scheduler.Schedule() → runner.Forward(batch)
-//         → scheduler.Update(batch, out) → publish a ServerInfo snapshot
+//         → sampler.Sample(batch, logits) → scheduler.Update(batch, tokens)
+//         → publish a ServerInfo snapshot
 //
 // Every public method may be called from any thread. Commands reach the engine thread through
 // a mutex + condition-variable queue; the blocking ones (Pause, Continue, FlushCache, Abort,
@@ -37,6 +38,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/model_io/model_config.h"
 #include "services/worker/engine/request.h"
+#include "services/worker/engine/sampler.h"
 #include "services/worker/engine/scheduler.h"
 #include "services/worker/engine/text_decoder.h"
 #include "services/worker/model/model_runner.h"
@@ -67,6 +69,8 @@ struct EngineOptions {
 };
 
 // A snapshot of the engine, published by the engine thread after every step and command.
+// Publishing copies the counters; running_ids is rebuilt only when a sequence joined or left
+// the running batch (so a decode step with nothing admitted or finished copies no string).
 struct ServerInfo {
   bool paused = false;
   PauseMode pause_mode = PauseMode::kNone;
@@ -170,7 +174,7 @@ class Engine {
   void Loop();
   void Step();
   bool CanStep() const;
-  // Publishes the post-step ServerInfo, then delivers the finish callbacks of that step, so a
+  // Publishes the post-step ServerInfo (running ids only when they changed), then delivers the finish callbacks of that step, so a
   // client that has its final message never reads an older snapshot (GetServerInfo, gauges).
   void PublishSnapshot();
   ServerInfo BuildInfo() const;
@@ -195,10 +199,13 @@ class Engine {
   std::unique_ptr<model::ModelRunner> runner_;
   std::unique_ptr<TextDecoder> decoder_;
   std::unique_ptr<Scheduler> scheduler_;
+  Sampler sampler_;
   model::ForwardOutput forward_out_;
+  SampledBatch sampled_;
   bool paused_ = false;
   PauseMode pause_mode_ = PauseMode::kNone;
   int64_t num_steps_ = 0;
+  int64_t published_running_epoch_ = 0;  // scheduler running_epoch() of snapshot_'s ids
   std::string invariant_error_;
   std::vector<std::function<void()>> deferred_finishes_;  // delivered by PublishSnapshot
 

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "common/status.h"
+
 namespace rl::engine {
 namespace {
 
@@ -25,6 +27,86 @@ double CounterUniform(uint64_t seed, uint64_t step) {
 
 uint64_t DeriveSeed(uint64_t seed, int32_t index) {
   return index == 0 ? seed : SplitMix64(seed ^ SplitMix64(static_cast<uint64_t>(index)));
+}
+
+double LogprobTemperature(const Sequence& seq) {
+  const double t = seq.params().temperature;
+  return (t == 0.0 || seq.request().logprobs_at_temperature_one) ? 1.0 : t;
+}
+
+absl::Status Sampler::CheckShape(const ScheduledBatch& batch,
+                                 const model::ForwardOutput& out) const {
+  const int64_t vocab = options_.vocab_size;
+  const size_t n = batch.entries.size();
+  bool shape_ok = out.vocab_size == vocab && out.row_begin.size() == n + 1 &&
+                  out.row_begin[0] == 0 &&
+                  static_cast<int64_t>(out.logits.size()) == out.row_begin[n] * vocab;
+  for (size_t i = 0; shape_ok && i < n; ++i) {
+    const int64_t rows = out.row_begin[i + 1] - out.row_begin[i];
+    const BatchEntry& e = batch.entries[i];
+    const int64_t expected = e.logits == model::LogitsMode::kAll    ? e.count
+                             : e.logits == model::LogitsMode::kLast ? 1
+                                                                    : 0;
+    shape_ok = rows == expected;
+  }
+  if (!shape_ok) return absl::InternalError("model runner returned logits of the wrong shape");
+  return absl::OkStatus();
+}
+
+absl::Status Sampler::Sample(const ScheduledBatch& batch, model::ForwardOutput* out,
+                             SampledBatch* sampled) {
+  RETURN_IF_ERROR(CheckShape(batch, *out));
+  const int64_t vocab = options_.vocab_size;
+  sampled->entries.clear();
+  sampled->entries.resize(batch.entries.size());
+  for (size_t i = 0; i < batch.entries.size(); ++i) {
+    const int64_t begin = out->row_begin[i];
+    SampleEntry(batch.entries[i], out->logits.data() + begin * vocab, out->row_begin[i + 1] - begin,
+                &sampled->entries[i]);
+  }
+  sampled->routed_experts.swap(out->routed_experts);
+  sampled->routed_weights.swap(out->routed_weights);
+  return absl::OkStatus();
+}
+
+void Sampler::SampleEntry(const BatchEntry& entry, const float* rows, int64_t num_rows,
+                          SampledEntry* result) {
+  const Sequence& seq = *entry.seq;
+  const GenerateRequest& r = seq.request();
+  const SamplingParams& p = seq.params();
+  const int64_t vocab = options_.vocab_size;
+  if (!seq.prompt_logprobs_done && entry.logits == model::LogitsMode::kAll) {
+    const int64_t first = std::max(r.logprob_start_len, 1);
+    for (int64_t i = 0; i < num_rows; ++i) {
+      const int64_t target = entry.start + i + 1;
+      if (target < first || target >= seq.prompt_len) continue;
+      result->prompt_logprobs.push_back(Logprob(rows + i * vocab, vocab, LogprobTemperature(seq),
+                                                seq.tokens[target], r.top_logprobs_num));
+    }
+  }
+  const bool prefill_left =
+      entry.start + entry.count < static_cast<int64_t>(seq.tokens.size());
+  if (prefill_left || seq.output_len() >= p.max_new_tokens || num_rows == 0) return;
+  const float* last = rows + (num_rows - 1) * vocab;
+  banned_.clear();
+  if (seq.output_len() < p.min_new_tokens) {
+    if (!p.ignore_eos) banned_ = options_.eos_token_ids;
+    banned_.insert(banned_.end(), p.stop_token_ids.begin(), p.stop_token_ids.end());
+  }
+  SampleInput in;
+  in.logits = last;
+  in.vocab = vocab;
+  in.params = &p;
+  in.all_tokens = seq.tokens;
+  in.output_counts = &seq.output_counts;
+  in.banned = banned_;
+  in.seed = seq.seed;
+  in.step = seq.output_len();
+  result->token = Sample(in);
+  if (r.return_logprob) {
+    result->logprob =
+        Logprob(last, vocab, LogprobTemperature(seq), result->token, r.top_logprobs_num);
+  }
 }
 
 int32_t Sampler::Sample(const SampleInput& in) {

@@ -1,4 +1,9 @@
-// Sampler: turns one row of logits into the next token and reports logprobs.
+// Sampler: the sampling stage of an engine step. Sample(batch, out, sampled) turns the runner's
+// logits for a ScheduledBatch into a SampledBatch (batch.h): the next token of every sequence
+// that completed its prefill this step, its logprob, and the prompt logprobs asked for. It only
+// reads the sequences (the scheduler applies the result in Update), and checks the logits' shape
+// against the batch (INTERNAL when the runner returned the wrong rows). The single-row
+// Sample(SampleInput) and Logprob below are its building blocks.
 //
 // Sampling order: penalties (repetition over prompt + completion, frequency / presence over
 // the completion) → masking of EOS / stop tokens while min_new_tokens is not reached →
@@ -15,11 +20,15 @@
 #pragma once
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "services/worker/engine/batch.h"
 #include "services/worker/engine/request.h"
+#include "services/worker/model/forward_batch.h"
 
 namespace rl::engine {
 
@@ -42,8 +51,26 @@ double CounterUniform(uint64_t seed, uint64_t step);
 // Derives the seed of completion `index` of a request with seed `seed` (index 0 keeps it).
 uint64_t DeriveSeed(uint64_t seed, int32_t index);
 
+struct SamplerOptions {
+  int64_t vocab_size = 0;
+  std::vector<int32_t> eos_token_ids;  // masked before min_new_tokens unless ignore_eos
+};
+
+// The temperature logprobs are reported at: 1 for greedy requests or when asked, else the
+// sampling temperature.
+double LogprobTemperature(const Sequence& seq);
+
 class Sampler {
  public:
+  Sampler() = default;
+  explicit Sampler(SamplerOptions options) : options_(std::move(options)) {}
+
+  // The stage: fills `sampled` (one entry per batch entry) from the runner's output for
+  // `batch`, and moves the runner's routing (R3) into it. INTERNAL when the logits do not have
+  // the rows the batch asked for; `sampled` is then unspecified.
+  absl::Status Sample(const ScheduledBatch& batch, model::ForwardOutput* out,
+                      SampledBatch* sampled);
+
   int32_t Sample(const SampleInput& in);
 
   // log_softmax(logits / temperature)[token] and, when top_n > 0, the top_n most likely
@@ -52,6 +79,12 @@ class Sampler {
                        int32_t top_n);
 
  private:
+  absl::Status CheckShape(const ScheduledBatch& batch, const model::ForwardOutput& out) const;
+  void SampleEntry(const BatchEntry& entry, const float* rows, int64_t num_rows,
+                   SampledEntry* result);
+
+  SamplerOptions options_;
+  std::vector<int32_t> banned_;
   std::vector<double> z_;
   std::vector<int32_t> order_;
   std::vector<char> seen_;

@@ -3,7 +3,8 @@
 //
 //   ScheduledBatch batch = scheduler.Schedule();
 //   runner.Forward(batch.input, &out);
-//   scheduler.Update(batch, out);
+//   sampler.Sample(batch, &out, &sampled);
+//   scheduler.Update(batch, &sampled);
 //
 // Schedule() gives every running sequence with one uncomputed token (decode) a slot first,
 // retracting the newest running sequences back to the waiting queue when KV runs out (their
@@ -12,8 +13,8 @@
 // a req_to_token row limit and a KV reservation for future decode tokens (new_token_ratio).
 // A waiting sequence whose prefix is being prefilled by another sequence right now waits one
 // step so it reuses that prefix from the cache (this is how n > 1 forks the prompt's KV).
-// Update() samples, streams outputs, and finishes sequences on EOS / stop ids / stop strings /
-// max_new_tokens, returning their KV to the radix cache.
+// Update() applies the sampled tokens, streams outputs, and finishes sequences on EOS / stop
+// ids / stop strings / max_new_tokens, returning their KV to the radix cache.
 //
 // Invariant (checked by CheckInvariants): free pages + radix-cache pages + pages owned by
 // running sequences == all pages, and rows in use == running sequences.
@@ -29,14 +30,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "services/worker/engine/kv_pool.h"
-#include "services/worker/engine/radix_cache.h"
-#include "services/worker/engine/req_to_token.h"
+#include "services/worker/engine/batch.h"
+#include "services/worker/engine/kv_cache_manager.h"
+#include "services/worker/engine/output_processor.h"
 #include "services/worker/engine/request.h"
-#include "services/worker/engine/sampler.h"
 #include "services/worker/engine/sequence.h"
 #include "services/worker/engine/text_decoder.h"
-#include "services/worker/model/model_runner.h"
 
 namespace rl::engine {
 
@@ -62,9 +61,9 @@ struct SchedulerOptions {
   int64_t routing_top_k = 0;
 };
 
+// Counters only: O(1) to copy whatever the batch size (the running ids are RunningIds()).
 struct SchedulerStats {
   int32_t num_running = 0;
-  std::vector<std::string> running_ids;
   int32_t num_waiting = 0;
   int64_t total_kv_tokens = 0;
   int64_t available_kv_tokens = 0;  // free pages * page_size
@@ -84,22 +83,6 @@ struct SchedulerStats {
   int64_t generated_tokens = 0;
 };
 
-// One sequence's share of a step.
-struct BatchEntry {
-  Sequence* seq = nullptr;
-  int64_t start = 0;  // first position processed this step
-  int64_t count = 0;  // tokens processed this step
-  model::LogitsMode logits = model::LogitsMode::kNone;
-};
-
-struct ScheduledBatch {
-  std::vector<BatchEntry> entries;
-  model::ForwardInput input;  // entries[i] ↔ input.seqs[i]
-  int32_t num_decode = 0;
-  int64_t num_prefill_tokens = 0;
-  bool empty() const { return entries.empty(); }
-};
-
 class Scheduler {
  public:
   Scheduler(const SchedulerOptions& options, const TextDecoder* decoder);
@@ -114,8 +97,9 @@ class Scheduler {
 
   // Picks the next step's work and allocates its KV. Empty only when there is no work.
   ScheduledBatch Schedule(int64_t now_us);
-  // Consumes the runner's output for `batch`: samples, streams, finishes.
-  void Update(const ScheduledBatch& batch, const model::ForwardOutput& out, int64_t now_us);
+  // Applies the sampling stage's result for `batch` (its prompt logprobs and routing are moved
+  // out): appends tokens, streams, finishes.
+  void Update(const ScheduledBatch& batch, SampledBatch* sampled, int64_t now_us);
   // The forward pass failed: every sequence of `batch` finishes with kAbort and `error`, its
   // KV (now unspecified) freed without caching.
   void FailBatch(const ScheduledBatch& batch, const absl::Status& error, int64_t now_us);
@@ -135,17 +119,16 @@ class Scheduler {
   int64_t weight_version() const { return weight_version_; }
 
   SchedulerStats Stats() const;
+  // "id" or "id#index" of every running sequence, admission order. O(running).
+  std::vector<std::string> RunningIds() const;
+  // Changes whenever a sequence joins or leaves the running batch: RunningIds() is the same
+  // list as long as it does not.
+  int64_t running_epoch() const { return running_epoch_; }
   // OK when the page accounting invariant holds; INTERNAL naming the mismatch otherwise.
   absl::Status CheckInvariants() const;
 
  private:
-  // KV bookkeeping.
-  bool EnsureFreePages(int64_t num_pages);
-  int64_t PagesToGrow(const Sequence& seq, int64_t new_len) const;
-  bool Grow(Sequence* seq, int64_t new_len);
-  void AppendOwnPages(const Sequence& seq, std::vector<int32_t>* pages) const;
-  void ReleaseKv(Sequence* seq, bool cache);
-  void CacheUnfinished(Sequence* seq);
+  // Retraction.
   void Retract(std::unique_ptr<Sequence> seq);
   void RetractNewest();
 
@@ -159,38 +142,27 @@ class Scheduler {
   void AddEntry(ScheduledBatch* batch, Sequence* seq, int64_t count);
 
   // Output helpers.
-  void ProcessEntry(const BatchEntry& entry, const float* rows, int64_t num_rows, int64_t now_us);
-  // Appends the routing of the entry's not yet recorded positions (R3); the entry's tokens
-  // start at token `first_token` of the step's output.
-  void RecordRouting(const BatchEntry& entry, const model::ForwardOutput& out, int64_t first_token);
-  double LogprobTemperature(const Sequence& seq) const;
-  bool CheckStop(Sequence* seq, int32_t token, FinishReason* reason) const;
+  void ProcessEntry(const BatchEntry& entry, SampledEntry* sampled, int64_t now_us);
   void Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_t now_us);
   // Drops finished sequences from the running batch (and the waiting queue when asked).
   void RemoveFinished(bool include_waiting);
 
   SchedulerOptions options_;
-  const TextDecoder* decoder_;
-  KvPool pool_;
-  ReqToTokenPool req_to_token_;
-  RadixCache tree_;
-  Sampler sampler_;
+  KvCacheManager kv_;
+  OutputProcessor output_;
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order: newest last
   std::vector<Sequence*> finished_;                 // finished during the current call
+  int64_t running_epoch_ = 0;
   int64_t weight_version_ = 0;
 
   double new_token_ratio_;
   double new_token_ratio_decay_;
   int64_t forward_ct_decode_ = 0;
-  int64_t num_finished_ = 0;
-  int64_t num_aborted_ = 0;
   int64_t num_retractions_ = 0;
   int64_t cache_hit_tokens_ = 0;
   int64_t prompt_tokens_ = 0;
-  int64_t generated_tokens_ = 0;
-  std::vector<int32_t> scratch_pages_;
 };
 
 }  // namespace rl::engine

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "services/worker/engine/radix_cache.h"
 #include "services/worker/engine/request.h"
+#include "services/worker/engine/text_decoder.h"
 
 namespace rl::engine {
 
@@ -39,6 +40,10 @@ struct Sequence {
   std::vector<TokenLogprob> prompt_logprobs;
   absl::flat_hash_map<int32_t, int32_t> output_counts;
   bool prompt_logprobs_done = false;
+  // Stop strings: the completion's text so far, a token at a time (created at the first output
+  // token), and its recent tail that a stop string may still end in (OutputProcessor).
+  std::unique_ptr<TextDecoder::Stream> stop_stream;
+  std::string stop_tail;
   // R3: routing of positions [routed_experts_start_len, routing_next), kept across retractions.
   std::vector<int32_t> routed_experts;
   std::vector<float> expert_weights;

@@ -70,15 +70,12 @@ class GenerateReactor final : public EngineStreamReactor<sgl::GenerateResponse> 
     const int n = request_.sampling.n;
     ExpectCompletions(n);
     completion_tokens_.assign(n, 0);
-    engine::RequestCallbacks callbacks;
-    callbacks.on_output = [this](const engine::OutputChunk& chunk) { OnOutput(chunk); };
-    callbacks.on_finish = [this](engine::GenerateResult result) { OnFinish(std::move(result)); };
-    return ForGateway(server_->Submit(request_, std::move(callbacks)));
+    return ForGateway(server_->Submit(request_, StreamThreadCallbacks(stream_)));
   }
 
-  // Engine thread.
-  void OnOutput(const engine::OutputChunk& chunk) {
-    if (!stream_ || chunk.token_ids.empty()) return;
+  // Stream thread.
+  void OnEngineOutput(const engine::OutputChunk& chunk) override {
+    if (chunk.token_ids.empty()) return;
     completion_tokens_[chunk.index] += static_cast<int>(chunk.token_ids.size());
     sgl::GenerateResponse msg;
     msg.set_request_id(id_);
@@ -94,8 +91,8 @@ class GenerateReactor final : public EngineStreamReactor<sgl::GenerateResponse> 
     Enqueue(std::move(msg));
   }
 
-  // Engine thread.
-  void OnFinish(engine::GenerateResult result) {
+  // Stream thread.
+  void OnEngineFinish(engine::GenerateResult result) override {
     server_->RecordFinished(result);
     if (result.finish_reason.kind == engine::FinishKind::kAbort) {
       // The engine's own abort (pause with abort, shutdown, or the client's Abort): the call
@@ -114,7 +111,7 @@ class GenerateReactor final : public EngineStreamReactor<sgl::GenerateResponse> 
 
   bool stream_ = false;
   engine::GenerateRequest request_;     // as submitted (input ids, logprob options)
-  std::vector<int> completion_tokens_;  // per completion; engine thread only
+  std::vector<int> completion_tokens_;  // per completion; stream thread only
 
 };
 
