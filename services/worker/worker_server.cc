@@ -499,8 +499,16 @@ absl::StatusOr<AdminOutcome> WorkerServer::InitWeightsUpdateGroup(const GroupReq
     last_error_ = std::string(receiver.status().message());
     return receiver.status();
   }
-  absl::MutexLock lock(&mu_);
-  groups_[r.group_name] = *std::move(receiver);
+  std::shared_ptr<weight_sync::WeightReceiver> joined = *std::move(receiver);
+  {
+    absl::MutexLock lock(&mu_);
+    if (groups_.emplace(r.group_name, joined).second) joined = nullptr;
+  }
+  if (joined != nullptr) {  // a concurrent InitWeightsUpdateGroup of the same name won
+    joined->Close();
+    return absl::AlreadyExistsError(
+        absl::StrCat("group_name: '", r.group_name, "' already exists"));
+  }
   AdminOutcome out;
   out.message = absl::StrCat("joined group '", r.group_name, "' as rank ", r.rank_offset, " of ",
                              r.world_size, " (", options.backend, ")");
@@ -512,7 +520,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::InitWeightsUpdateGroup(const GroupReq
 absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromDistributed(
     const std::string& group_name, std::vector<model::TensorInfo> specs,
     const UpdatePolicy& policy) {
-  weight_sync::WeightReceiver* receiver = nullptr;
+  std::shared_ptr<weight_sync::WeightReceiver> receiver;
   {
     absl::MutexLock lock(&mu_);
     auto it = groups_.find(group_name);
@@ -520,7 +528,11 @@ absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromDistributed(
       return absl::FailedPreconditionError(
           absl::StrCat("group_name: no group '", group_name, "' (InitWeightsUpdateGroup first)"));
     }
-    receiver = it->second.get();
+    if (pending_.contains(group_name)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "group '", group_name, "' has a prepared update (CompleteWeightsUpdate first)"));
+    }
+    receiver = it->second;
   }
   if (specs.empty()) return absl::InvalidArgumentError("names: no tensor in the bucket");
   return RunWeightUpdate(
@@ -544,7 +556,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::UpdateWeightsFromDistributed(
 
 absl::StatusOr<AdminOutcome> WorkerServer::DestroyWeightsUpdateGroup(
     const std::string& group_name) {
-  std::unique_ptr<weight_sync::WeightReceiver> receiver;
+  std::shared_ptr<weight_sync::WeightReceiver> receiver;
   std::unique_ptr<PendingReceive> pending;
   {
     absl::MutexLock lock(&mu_);
@@ -600,7 +612,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::RunSelfPausingUpdate(
   return out;
 }
 
-absl::StatusOr<weight_sync::WeightReceiver*> WorkerServer::CheckedReceiver(
+absl::StatusOr<std::shared_ptr<weight_sync::WeightReceiver>> WorkerServer::CheckedReceiver(
     const std::string& group_name, const std::vector<std::vector<model::TensorInfo>>& buckets) {
   if (buckets.empty()) return absl::InvalidArgumentError("buckets: no bucket listed");
   std::vector<const model::TensorInfo*> infos;
@@ -616,13 +628,14 @@ absl::StatusOr<weight_sync::WeightReceiver*> WorkerServer::CheckedReceiver(
     return absl::FailedPreconditionError(
         absl::StrCat("group_name: no group '", group_name, "' (InitWeightsUpdateGroup first)"));
   }
-  return it->second.get();
+  return it->second;
 }
 
 absl::StatusOr<AdminOutcome> WorkerServer::PrepareWeightsUpdate(
     const std::string& group_name, std::vector<std::vector<model::TensorInfo>> buckets) {
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(weight_sync::WeightReceiver * receiver, CheckedReceiver(group_name, buckets));
+  ASSIGN_OR_RETURN(std::shared_ptr<weight_sync::WeightReceiver> receiver,
+                   CheckedReceiver(group_name, buckets));
   int64_t num_tensors = 0;
   for (const auto& b : buckets) num_tensors += static_cast<int64_t>(b.size());
   absl::MutexLock lock(&mu_);
@@ -638,7 +651,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::PrepareWeightsUpdate(
   // Posted: the receiver reads the group's connection from here on (tcp buffers anything the
   // trainer sends first; nccl posts its receive inside Receive before any data can move).
   raw->thread = std::thread([raw, receiver, buckets = std::move(buckets)] {
-    raw->status = ReceiveBuckets(receiver, buckets, &raw->tensors);
+    raw->status = ReceiveBuckets(receiver.get(), buckets, &raw->tensors);
   });
   pending_[group_name] = std::move(p);
   AdminOutcome out;
@@ -677,7 +690,8 @@ absl::StatusOr<AdminOutcome> WorkerServer::CompleteWeightsUpdate(const std::stri
 absl::StatusOr<AdminOutcome> WorkerServer::ReceiveWeights(
     const std::string& group_name, std::vector<std::vector<model::TensorInfo>> buckets,
     const UpdatePolicy& policy) {
-  ASSIGN_OR_RETURN(weight_sync::WeightReceiver * receiver, CheckedReceiver(group_name, buckets));
+  ASSIGN_OR_RETURN(std::shared_ptr<weight_sync::WeightReceiver> receiver,
+                   CheckedReceiver(group_name, buckets));
   {
     absl::MutexLock lock(&mu_);
     if (pending_.contains(group_name)) {
@@ -687,7 +701,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::ReceiveWeights(
   }
   return RunSelfPausingUpdate("receive_weights", policy, [&](model::ModelRunner& runner) {
     std::vector<NamedTensor> staged;
-    RETURN_IF_ERROR(ReceiveBuckets(receiver, buckets, &staged));
+    RETURN_IF_ERROR(ReceiveBuckets(receiver.get(), buckets, &staged));
     return ApplyStaged(runner, staged);
   });
 }

@@ -176,7 +176,7 @@ class WorkerServer final : public GenerateHost {
       const char* what, const UpdatePolicy& policy,
       const std::function<absl::Status(model::ModelRunner&)>& apply);
   // The group's receiver after checking every bucket against the served weights.
-  absl::StatusOr<weight_sync::WeightReceiver*> CheckedReceiver(
+  absl::StatusOr<std::shared_ptr<weight_sync::WeightReceiver>> CheckedReceiver(
       const std::string& group_name, const std::vector<std::vector<model::TensorInfo>>& buckets);
 
   WorkerConfig config_;
@@ -197,7 +197,9 @@ class WorkerServer final : public GenerateHost {
   mutable absl::Mutex mu_;
   bool update_failed_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<weight_sync::WeightReceiver>> groups_ ABSL_GUARDED_BY(mu_);
+  // Shared: a receive in flight holds its own reference, so DestroyWeightsUpdateGroup (which
+  // closes the receiver: the receive fails promptly) never frees it under that call.
+  std::map<std::string, std::shared_ptr<weight_sync::WeightReceiver>> groups_ ABSL_GUARDED_BY(mu_);
   // A receive PrepareWeightsUpdate posted; the thread writes `status` and `tensors`, read after
   // join (CompleteWeightsUpdate, DestroyWeightsUpdateGroup, Shutdown).
   struct PendingReceive {

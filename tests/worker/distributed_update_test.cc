@@ -2,6 +2,7 @@
 // WeightSender (rank 0, tcp), the worker joins through InitWeightsUpdateGroup, and each bucket's
 // metadata goes over gRPC while its bytes go over the group.
 #include <future>
+#include <thread>
 
 #include "gmock/gmock.h"
 #include "services/worker/weight_sync/bucket_plan.h"
@@ -174,6 +175,65 @@ TEST_F(DistributedUpdateTest, ReceiveWeightsIsOneCall) {
   rl::v1::AdminResponse cont;
   ASSERT_TRUE(Call(&Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(), &cont).ok());
   EXPECT_NE(GreedyIds(), before);
+  ExpectServes(*ckpt);
+}
+
+// Destroying the group while a receive waits on it (the trainer never sends) ends that receive
+// promptly with an error and frees nothing under it; the old weights keep serving.
+TEST_F(DistributedUpdateTest, DestroyDuringAReceiveEndsItSafely) {
+  auto ckpt = model_io::OpenCheckpoint(Stories());
+  ASSERT_TRUE(ckpt.ok());
+  auto buckets = weight_sync::PlanBuckets(*ckpt, 100 << 10);
+  ASSERT_TRUE(buckets.ok());
+  const std::vector<int32_t> before = GreedyIds();
+  rl::v1::ReceiveWeightsRequest req;
+  AddBuckets(*buckets, &req);
+  rl::v1::AdminResponse resp;
+  auto call =
+      std::async(std::launch::async, [&] { return Call(&Stub::ReceiveWeights, req, &resp); });
+  // Destroy only once the receive waits on the group (it pauses the engine first).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!ServerInfo().paused() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(ServerInfo().paused());
+  rl::v1::DestroyWeightsUpdateGroupRequest destroy;
+  destroy.set_group_name("train");
+  rl::v1::AdminResponse destroyed;
+  ASSERT_TRUE(Call(&Stub::DestroyWeightsUpdateGroup, destroy, &destroyed).ok());
+  grpc::Status s = call.get();
+  EXPECT_FALSE(s.ok());
+  EXPECT_TRUE(ServerInfo().weight_update_groups().empty());
+  EXPECT_EQ(ServerInfo().weight_version(), 0);
+  EXPECT_FALSE(ServerInfo().paused());  // the receive paused the engine itself: it resumes
+  EXPECT_EQ(GreedyIds(), before);
+}
+
+// A prepared receive owns the group's connection: a per-bucket update on the same group is
+// refused until CompleteWeightsUpdate instead of interleaving with it.
+TEST_F(DistributedUpdateTest, PerBucketUpdateWaitsForAPreparedReceive) {
+  auto ckpt = model_io::OpenCheckpoint(Stories());
+  ASSERT_TRUE(ckpt.ok());
+  auto buckets = weight_sync::PlanBuckets(*ckpt, 100 << 10);
+  ASSERT_TRUE(buckets.ok());
+  rl::v1::PrepareWeightsUpdateRequest prepare;
+  AddBuckets(*buckets, &prepare);
+  rl::v1::AdminResponse resp;
+  ASSERT_TRUE(Call(&Stub::PrepareWeightsUpdate, prepare, &resp).ok());
+  rl::v1::UpdateWeightsFromDistributedRequest update;
+  update.set_group_name("train");
+  for (const auto& spec : buckets->front().specs) {
+    update.add_names(spec.name);
+    update.add_dtypes(spec.dtype);
+    update.add_shapes()->mutable_dims()->Assign(spec.shape.begin(), spec.shape.end());
+  }
+  grpc::Status s = Call(&Stub::UpdateWeightsFromDistributed, update, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  ASSERT_TRUE(BroadcastAll(sender_.get(), *buckets).ok());
+  rl::v1::CompleteWeightsUpdateRequest complete;
+  complete.set_group_name("train");
+  s = Call(&Stub::CompleteWeightsUpdate, complete, &resp);
+  EXPECT_TRUE(s.ok()) << s.error_message();
   ExpectServes(*ckpt);
 }
 
