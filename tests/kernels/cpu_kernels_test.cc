@@ -327,6 +327,73 @@ TEST(AttentionTest, PagedGqaMatchesReference) {
   EXPECT_FALSE(p.Validate().ok());
 }
 
+// Query rows of one sequence are attended in shared tiles (several tokens × the heads of a KV
+// head); each row must still be bit-identical to the same token attended alone, whatever the
+// tile shape: GQA groups of 1, 4 and 16 (more heads than a tile holds), head dims with and
+// without a scalar tail, and a workspace small enough to force smaller tiles.
+TEST(AttentionTest, TiledRowsEqualRowsAloneBitForBit) {
+  struct Case {
+    int64_t hq, hk, d, max_ctx;
+  };
+  for (const Case& c :
+       {Case{4, 4, 16, 64}, Case{8, 2, 20, 64}, Case{16, 1, 8, 64}, Case{8, 2, 16, 24}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "hq=" << c.hq << " hk=" << c.hk << " d=" << c.d << " max_ctx=" << c.max_ctx);
+    const int64_t num_slots = 48, kv_dim = c.hk * c.d;
+    auto kc = Random(static_cast<size_t>(num_slots * kv_dim), 20);
+    auto vc = Random(static_cast<size_t>(num_slots * kv_dim), 21);
+    // Sequence A: a prefill chunk of 9 tokens at positions 3..11; B: one decode token at 6.
+    std::vector<int32_t> slots = {5, 9, 2,  30, 31, 7,  8,  40, 41, 42,
+                                  1, 0, 20, 21, 22, 23, 24, 25, 26};
+    std::vector<int32_t> context, begin;
+    for (int32_t pos = 3; pos < 12; ++pos) {
+      context.push_back(pos + 1);
+      begin.push_back(0);
+    }
+    context.push_back(7);
+    begin.push_back(12);
+    const int64_t t = static_cast<int64_t>(context.size());
+    auto q = Random(static_cast<size_t>(t * c.hq * c.d), 22);
+    std::vector<float> ws(static_cast<size_t>(2 * c.max_ctx));
+    AttentionParams p;
+    p.k_cache = kc.data();
+    p.v_cache = vc.data();
+    p.slots = slots.data();
+    p.workspace = ws.data();
+    p.num_workspaces = 2;
+    p.num_heads = c.hq;
+    p.num_kv_heads = c.hk;
+    p.head_dim = c.d;
+    p.q_stride = c.hq * c.d;
+    p.num_slots = num_slots;
+    p.num_slot_entries = static_cast<int64_t>(slots.size());
+    p.max_context = c.max_ctx;
+    p.scale = 0.3f;
+    std::vector<float> batched(static_cast<size_t>(t * c.hq * c.d));
+    p.q = q.data();
+    p.out = batched.data();
+    p.context_len = context.data();
+    p.slot_begin = begin.data();
+    p.num_tokens = t;
+    ASSERT_TRUE(p.Validate().ok());
+    ThreadPool pool(2);
+    Attention(p, &pool);
+    for (int64_t tok = 0; tok < t; ++tok) {
+      std::vector<float> alone(static_cast<size_t>(c.hq * c.d));
+      p.q = q.data() + tok * p.q_stride;
+      p.out = alone.data();
+      p.context_len = context.data() + tok;
+      p.slot_begin = begin.data() + tok;
+      p.num_tokens = 1;
+      Attention(p, nullptr);
+      for (size_t i = 0; i < alone.size(); ++i) {
+        ASSERT_EQ(batched[static_cast<size_t>(tok * c.hq * c.d) + i], alone[i])
+            << "token " << tok << " element " << i;
+      }
+    }
+  }
+}
+
 TEST(WriteKvTest, WritesSlotsAndChecksRange) {
   std::vector<float> k = {1, 2, 3, 4}, v = {5, 6, 7, 8}, kc(8, 0), vc(8, 0);
   std::vector<int32_t> slots = {3, 1};
