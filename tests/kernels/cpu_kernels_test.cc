@@ -139,6 +139,45 @@ TEST_P(MatmulTest, MatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// Prefill-sized m and k (many 6-row tiles, then 4-, 2- and 1-row ones, column slabs, a scalar
+// tail, leftover columns, two threads): every row must keep the bits it has alone (m = 1).
+TEST_P(MatmulTest, PackedPathRowsEqualRowsAlone) {
+  const DType dtype = GetParam();
+  ThreadPool pool(2);
+  struct ResetTargets {
+    ~ResetTargets() { hwy::SetSupportedTargetsForTest(0); }
+  } reset;
+  const int64_t n = 43, k = 600, max_m = 100;
+  auto x = Random(static_cast<size_t>(max_m * k), 6);
+  std::vector<float> w_stored;
+  auto w = Store(Random(static_cast<size_t>(n * k), 7, 0.1f), dtype, &w_stored);
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    MatmulParams p;
+    p.w = w.data();
+    p.w_dtype = dtype;
+    p.n = n;
+    p.k = k;
+    std::vector<float> alone(static_cast<size_t>(max_m * n));
+    for (int64_t i = 0; i < max_m; ++i) {
+      p.x = x.data() + i * k;
+      p.y = alone.data() + i * n;
+      p.m = 1;
+      Matmul(p, nullptr);
+    }
+    for (int64_t m : {6, 47, 53, 100}) {
+      std::vector<float> y(static_cast<size_t>(m * n), -1.0f);
+      p.x = x.data();
+      p.y = y.data();
+      p.m = m;
+      ASSERT_TRUE(p.Validate().ok());
+      Matmul(p, &pool);
+      EXPECT_EQ(std::memcmp(y.data(), alone.data(), y.size() * sizeof(float)), 0) << "m=" << m;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, MatmulTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16));
 
