@@ -100,6 +100,7 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
   }
 }
 
+// AttendRows for 1 to 8 rows (kMaxTileRows below).
 void AttendTileImpl(int rows, const float* const* q, float* const* out, const int64_t* len,
                     const float* k, const float* v, const int32_t* slots, int64_t kv_dim,
                     int64_t hd, float scale, float* scores) {
