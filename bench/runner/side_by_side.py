@@ -130,6 +130,7 @@ def main():
     def keep(name, value, col, note=""):
         row = seen.setdefault(name, [[], [], []])
         row[col].append(value)
+        print(f"  {name}: {('ours', 'llama.cpp')[col]} {value:.1f}", file=sys.stderr, flush=True)
         if note:
             row[2].append(note)
 
