@@ -13,13 +13,16 @@ Example (the 0.5B checkpoint of issue 21):
   rlctl make-model --arch llama --size 0.5b --seed 1 --out /tmp/llama05
   python3 bench/runner/side_by_side.py --model /tmp/llama05 \\
       --llama-cpp /work/llama.cpp/build --gguf /tmp/llama05.bf16.gguf
-Without --llama-cpp/--gguf only our figures are printed. Every figure is the best of --rounds
-runs (default 3, ours and theirs alternating), since a shared machine is noisy.
+Without --llama-cpp/--gguf only our figures are printed. Every figure is measured in --rounds
+rounds (default 3, ours and theirs alternating) and printed as best and median, since a shared
+machine is noisy; the ratios compare best with best and median with median. llama.cpp runs with
+each --llama-fa setting (default: flash attention off and on) and keeps its faster figure.
 """
 import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -61,22 +64,31 @@ def tool(args, name):
 
 
 def llama_bench(args, threads, prompt, gen):
-    """tokens/s of one llama-bench test (pp `prompt` or tg `gen`)."""
+    """tokens/s of one llama-bench test (pp `prompt` or tg `gen`), the best over --llama-fa."""
+    fa = ",".join("1" if f == "on" else "0" for f in args.llama_fa)
     out = run([tool(args, "llama-bench"), "-m", args.gguf, "-t", str(threads), "-p", str(prompt),
-               "-n", str(gen), "-r", "1", "-o", "json"], args.timeout)
+               "-n", str(gen), "-r", "1", "-fa", fa, "-o", "json"], args.timeout)
     try:
         tests = json.loads(out)
-        return float(tests[0]["avg_ts"])
-    except (ValueError, KeyError, IndexError) as e:
+        return max(float(t["avg_ts"]) for t in tests)
+    except (ValueError, KeyError, TypeError) as e:
         sys.exit(f"side_by_side: unexpected llama-bench output ({e}):\n{out[-2000:]}")
 
 
 def llama_batched(args, threads, prompt, gen, batches):
-    """{batch: decode tok/s (S_TG)} from llama-batched-bench's table."""
+    """{batch: decode tok/s (S_TG)} from llama-batched-bench's table, best over --llama-fa."""
+    best = {}
+    for fa in args.llama_fa:
+        for b, tps in llama_batched_once(args, threads, prompt, gen, batches, fa).items():
+            best[b] = max(best.get(b, 0.0), tps)
+    return best
+
+
+def llama_batched_once(args, threads, prompt, gen, batches, fa):
     ctx = max(batches) * (prompt + gen) + 64
     out = run([tool(args, "llama-batched-bench"), "-m", args.gguf, "-t", str(threads),
                "-c", str(ctx), "-b", "2048", "-ub", "512", "-npp", str(prompt), "-ntg", str(gen),
-               "-npl", ",".join(map(str, batches))], args.timeout)
+               "-npl", ",".join(map(str, batches)), "-fa", fa], args.timeout)
     header, rows = None, {}
     for line in out.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -99,7 +111,12 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--decode-steps", type=int, default=32)
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per command")
+    ap.add_argument("--llama-fa", default="off,on",
+                    help="llama.cpp flash-attention settings to try (on/off), the best is kept")
     args = ap.parse_args()
+    args.llama_fa = args.llama_fa.split(",")
+    if not args.llama_fa or any(f not in ("on", "off") for f in args.llama_fa):
+        sys.exit("side_by_side: --llama-fa takes on and/or off, comma-separated")
     if (args.llama_cpp is None) != (args.gguf is None):
         sys.exit("side_by_side: --llama-cpp and --gguf go together")
     if args.rounds < 1 or args.decode_steps < 1:
@@ -108,19 +125,21 @@ def main():
     top = max(threads)
     theirs = args.gguf is not None
 
-    best = {}  # row name -> [ours, theirs, note]
+    seen = {}  # row name -> [[ours...], [theirs...], [notes...]]
 
     def keep(name, value, col, note=""):
-        row = best.setdefault(name, [0.0, 0.0, ""])
-        row[col] = max(row[col], value)
+        row = seen.setdefault(name, [[], [], []])
+        row[col].append(value)
+        print(f"  {name}: {('ours', 'llama.cpp')[col]} {value:.1f}", file=sys.stderr, flush=True)
         if note:
-            row[2] = note
+            row[2].append(note)
 
-    for _ in range(args.rounds):
+    for r in range(args.rounds):
+        print(f"round {r + 1}: load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
         for t in threads:
             rows, bw = ours(args, t, [1], 32, args.decode_steps)
             keep(f"decode, batch 1, {t} thr (tok/s)", rows[1][1], 0,
-                 f"ours {rows[1][2]}% of the read bound ({bw:.1f} GB/s)")
+                 f"{rows[1][2]}% of {bw:.1f} GB/s")
             if theirs:
                 keep(f"decode, batch 1, {t} thr (tok/s)", llama_bench(args, t, 0, 128), 1)
         for p in (32, 512):
@@ -135,14 +154,20 @@ def main():
             if theirs:
                 keep(f"decode, {b} seqs, {top} thr (tok/s)", lb[b], 1)
 
-    print(f"best of {args.rounds} rounds; model {args.model}"
-          + (f"; llama.cpp {args.llama_cpp} on {args.gguf}" if theirs else "; no llama.cpp given"))
-    print(f"| {'':38} | {'ours':>9} | {'llama.cpp':>9} | {'ratio':>6} | note")
-    print(f"|{'-' * 40}|{'-' * 11}|{'-' * 11}|{'-' * 8}|------")
-    for name, (o, t, note) in best.items():
-        their = f"{t:9.1f}" if theirs else f"{'-':>9}"
-        ratio = f"{o / t:6.2f}" if theirs and t > 0 else f"{'-':>6}"
-        print(f"| {name:38} | {o:9.1f} | {their} | {ratio} | {note}")
+    print(f"{args.rounds} rounds, best / median; model {args.model}"
+          + (f"; llama.cpp {args.llama_cpp} on {args.gguf} (flash attention: best of "
+             f"{'/'.join(args.llama_fa)})" if theirs else "; no llama.cpp given"))
+    print(f"| {'':38} | {'ours':>13} | {'llama.cpp':>13} | {'ratio':>11} | "
+          "ours: % of the read bound (read GB/s) per round")
+    print(f"|{'-' * 40}|{'-' * 15}|{'-' * 15}|{'-' * 13}|------")
+    for name, (o, t, notes) in seen.items():
+        ob, om = max(o), statistics.median(o)
+        their, ratio = f"{'-':>13}", f"{'-':>11}"
+        if theirs:
+            tb, tm = max(t), statistics.median(t)
+            their = f"{tb:6.1f}/{tm:6.1f}"
+            ratio = f"{ob / tb:5.2f}/{om / tm:5.2f}" if tb > 0 and tm > 0 else ratio
+        print(f"| {name:38} | {ob:6.1f}/{om:6.1f} | {their} | {ratio} | {'; '.join(notes)}")
 
 
 if __name__ == "__main__":

@@ -139,6 +139,45 @@ TEST_P(MatmulTest, MatchesReferenceAndIsBatchInvariant) {
   }
 }
 
+// Prefill-sized m and k (many 6-row tiles, then 4-, 2- and 1-row ones, column slabs, a scalar
+// tail, leftover columns, two threads): every row must keep the bits it has alone (m = 1).
+TEST_P(MatmulTest, PackedPathRowsEqualRowsAlone) {
+  const DType dtype = GetParam();
+  ThreadPool pool(2);
+  struct ResetTargets {
+    ~ResetTargets() { hwy::SetSupportedTargetsForTest(0); }
+  } reset;
+  const int64_t n = 43, k = 600, max_m = 100;
+  auto x = Random(static_cast<size_t>(max_m * k), 6);
+  std::vector<float> w_stored;
+  auto w = Store(Random(static_cast<size_t>(n * k), 7, 0.1f), dtype, &w_stored);
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    MatmulParams p;
+    p.w = w.data();
+    p.w_dtype = dtype;
+    p.n = n;
+    p.k = k;
+    std::vector<float> alone(static_cast<size_t>(max_m * n));
+    for (int64_t i = 0; i < max_m; ++i) {
+      p.x = x.data() + i * k;
+      p.y = alone.data() + i * n;
+      p.m = 1;
+      Matmul(p, nullptr);
+    }
+    for (int64_t m : {6, 47, 53, 100}) {
+      std::vector<float> y(static_cast<size_t>(m * n), -1.0f);
+      p.x = x.data();
+      p.y = y.data();
+      p.m = m;
+      ASSERT_TRUE(p.Validate().ok());
+      Matmul(p, &pool);
+      EXPECT_EQ(std::memcmp(y.data(), alone.data(), y.size() * sizeof(float)), 0) << "m=" << m;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(DTypes, MatmulTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16));
 
@@ -325,6 +364,73 @@ TEST(AttentionTest, PagedGqaMatchesReference) {
   p.slots = slots.data();
   context[0] = 40;  // beyond max_context
   EXPECT_FALSE(p.Validate().ok());
+}
+
+// Query rows of one sequence are attended in shared tiles (several tokens × the heads of a KV
+// head); each row must still be bit-identical to the same token attended alone, whatever the
+// tile shape: GQA groups of 1, 4 and 16 (more heads than a tile holds), head dims with and
+// without a scalar tail, and a workspace small enough to force smaller tiles.
+TEST(AttentionTest, TiledRowsEqualRowsAloneBitForBit) {
+  struct Case {
+    int64_t hq, hk, d, max_ctx;
+  };
+  for (const Case& c :
+       {Case{4, 4, 16, 64}, Case{8, 2, 20, 64}, Case{16, 1, 8, 64}, Case{8, 2, 16, 24}}) {
+    SCOPED_TRACE(testing::Message()
+                 << "hq=" << c.hq << " hk=" << c.hk << " d=" << c.d << " max_ctx=" << c.max_ctx);
+    const int64_t num_slots = 48, kv_dim = c.hk * c.d;
+    auto kc = Random(static_cast<size_t>(num_slots * kv_dim), 20);
+    auto vc = Random(static_cast<size_t>(num_slots * kv_dim), 21);
+    // Sequence A: a prefill chunk of 9 tokens at positions 3..11; B: one decode token at 6.
+    std::vector<int32_t> slots = {5, 9, 2,  30, 31, 7,  8,  40, 41, 42,
+                                  1, 0, 20, 21, 22, 23, 24, 25, 26};
+    std::vector<int32_t> context, begin;
+    for (int32_t pos = 3; pos < 12; ++pos) {
+      context.push_back(pos + 1);
+      begin.push_back(0);
+    }
+    context.push_back(7);
+    begin.push_back(12);
+    const int64_t t = static_cast<int64_t>(context.size());
+    auto q = Random(static_cast<size_t>(t * c.hq * c.d), 22);
+    std::vector<float> ws(static_cast<size_t>(2 * c.max_ctx));
+    AttentionParams p;
+    p.k_cache = kc.data();
+    p.v_cache = vc.data();
+    p.slots = slots.data();
+    p.workspace = ws.data();
+    p.num_workspaces = 2;
+    p.num_heads = c.hq;
+    p.num_kv_heads = c.hk;
+    p.head_dim = c.d;
+    p.q_stride = c.hq * c.d;
+    p.num_slots = num_slots;
+    p.num_slot_entries = static_cast<int64_t>(slots.size());
+    p.max_context = c.max_ctx;
+    p.scale = 0.3f;
+    std::vector<float> batched(static_cast<size_t>(t * c.hq * c.d));
+    p.q = q.data();
+    p.out = batched.data();
+    p.context_len = context.data();
+    p.slot_begin = begin.data();
+    p.num_tokens = t;
+    ASSERT_TRUE(p.Validate().ok());
+    ThreadPool pool(2);
+    Attention(p, &pool);
+    for (int64_t tok = 0; tok < t; ++tok) {
+      std::vector<float> alone(static_cast<size_t>(c.hq * c.d));
+      p.q = q.data() + tok * p.q_stride;
+      p.out = alone.data();
+      p.context_len = context.data() + tok;
+      p.slot_begin = begin.data() + tok;
+      p.num_tokens = 1;
+      Attention(p, nullptr);
+      for (size_t i = 0; i < alone.size(); ++i) {
+        ASSERT_EQ(batched[static_cast<size_t>(tok * c.hq * c.d) + i], alone[i])
+            << "token " << tok << " element " << i;
+      }
+    }
+  }
 }
 
 TEST(WriteKvTest, WritesSlotsAndChecksRange) {
