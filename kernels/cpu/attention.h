@@ -6,9 +6,11 @@
 // already hold K/V (write the step's K/V with WriteKv first).
 // Grouped-query attention: query head h reads KV head h / (num_heads / num_kv_heads).
 //
-// Batch invariance: every (token, head) is computed alone — scores, max, exp, sum and the
-// weighted V sum in position order — so its result does not depend on the rest of the batch.
-// Cost: O(Σ_t context_len[t] · num_heads · head_dim); parallel over (token, head).
+// Batch invariance: every (token, head) row runs the same operations in the same order as if
+// computed alone — scores, max, exp, sum and the weighted V sum in position order — so its
+// result does not depend on the rest of the batch. Rows that share a sequence and a KV head are
+// attended in tiles of up to 8 (each K/V row read once per tile), bit-identical to one by one.
+// Cost: O(Σ_t context_len[t] · num_heads · head_dim); parallel over tiles of (token, head).
 #pragma once
 
 #include <cstdint>
