@@ -165,7 +165,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
 
   ASSIGN_OR_RETURN(const std::vector<model::TensorInfo> weights, s->ListWeights());
   for (const model::TensorInfo& t : weights) s->weight_shapes_[t.name] = t.shape;
-  s->RegisterMetrics();
+  WorkerServer* raw = s.get();
+  s->metrics_ = std::make_unique<WorkerMetrics>(s->engine_.get(), [raw] { return raw->asleep(); });
   s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
   s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
   s->worker_service_ = std::make_unique<WorkerService>(s.get(), s->data_auth_.get());
@@ -183,7 +184,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                                                 s->sglang_service_.get()}));
   if (config.metrics_port >= 0) {
     ASSIGN_OR_RETURN(s->metrics_http_,
-                     MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));
+                     MetricsHttpServer::Start(config.host, config.metrics_port, s->metrics_->registry()));
   }
   return s;
 }
@@ -212,61 +213,8 @@ void WorkerServer::Shutdown() {
   engine_.reset();
 }
 
-void WorkerServer::RegisterMetrics() {
-  MetricsRegistry& m = metrics_;
-  requests_total_ = m.GetCounter("rl_worker_requests_total", "Generate completions finished.");
-  aborted_total_ = m.GetCounter("rl_worker_aborted_total", "Completions finished by abort.");
-  prompt_tokens_total_ = m.GetCounter("rl_worker_prompt_tokens_total", "Prompt tokens processed.");
-  generated_tokens_total_ =
-      m.GetCounter("rl_worker_generated_tokens_total", "Tokens generated (rate() = tokens/s).");
-  cached_tokens_total_ =
-      m.GetCounter("rl_worker_cached_tokens_total", "Prompt tokens served from the prefix cache.");
-  const auto latency = ExponentialBuckets(0.001, 2, 16);
-  ttft_seconds_ =
-      m.GetHistogram("rl_worker_time_to_first_token_seconds", "Time to first token.", latency);
-  per_token_seconds_ = m.GetHistogram("rl_worker_time_per_output_token_seconds",
-                                      "Mean decode time per output token of a request.", latency);
-  e2e_seconds_ =
-      m.GetHistogram("rl_worker_request_duration_seconds", "Submission to finish.", latency);
-  update_seconds_ = m.GetHistogram("rl_worker_weight_update_duration_seconds",
-                                   "Duration of weight updates.", latency);
-  engine::Engine* e = engine_.get();
-  m.SetGaugeCallback("rl_worker_running_requests", "Requests in the running batch.", {},
-                     [e] { return e->GetServerInfo().num_running; });
-  m.SetGaugeCallback("rl_worker_waiting_requests", "Requests in the waiting queue.", {},
-                     [e] { return e->GetServerInfo().num_waiting; });
-  m.SetGaugeCallback("rl_worker_kv_usage_ratio", "Fraction of KV tokens in use.", {}, [e] {
-    const engine::ServerInfo i = e->GetServerInfo();
-    return i.kv_tokens_total > 0
-               ? 1.0 - static_cast<double>(i.kv_tokens_available) / i.kv_tokens_total
-               : 0.0;
-  });
-  m.SetGaugeCallback(
-      "rl_worker_cache_hit_ratio", "Prompt tokens served from the prefix cache.", {}, [e] {
-        const engine::ServerInfo i = e->GetServerInfo();
-        return i.prompt_tokens > 0 ? static_cast<double>(i.cache_hit_tokens) / i.prompt_tokens
-                                   : 0.0;
-      });
-  m.SetGaugeCallback("rl_worker_weight_version", "Version of the served weights.", {},
-                     [e] { return static_cast<double>(e->weight_version()); });
-  m.SetGaugeCallback("rl_worker_paused", "1 while generation is paused.", {},
-                     [e] { return e->GetServerInfo().paused ? 1.0 : 0.0; });
-  m.SetGaugeCallback("rl_worker_asleep", "1 while memory is released.", {},
-                     [this] { return asleep() ? 1.0 : 0.0; });
-}
-
 void WorkerServer::RecordFinished(const engine::GenerateResult& r) {
-  requests_total_->Inc();
-  if (r.finish_reason.kind == engine::FinishKind::kAbort) aborted_total_->Inc();
-  prompt_tokens_total_->Inc(r.prompt_tokens);
-  generated_tokens_total_->Inc(r.completion_tokens);
-  cached_tokens_total_->Inc(r.cached_tokens);
-  if (r.timings.ttft_us > 0) ttft_seconds_->Observe(r.timings.ttft_us / 1e6);
-  e2e_seconds_->Observe(r.timings.total_us / 1e6);
-  if (r.completion_tokens > 1 && r.timings.ttft_us > 0) {
-    per_token_seconds_->Observe((r.timings.total_us - r.timings.ttft_us) / 1e6 /
-                                (r.completion_tokens - 1));
-  }
+  metrics_->RecordFinished(r);
 }
 
 void WorkerServer::RunOnStreamThread(absl::AnyInvocable<void() &&> task) {
@@ -366,7 +314,7 @@ absl::StatusOr<AdminOutcome> WorkerServer::RunWeightUpdate(
   updates_in_progress_.fetch_sub(1);
   RefreshHealth();
   out.duration_us = MicrosSince(start);
-  update_seconds_->Observe(out.duration_us / 1e6);
+  metrics_->RecordUpdate(out.duration_us / 1e6);
   {
     absl::MutexLock lock(&mu_);
     if (status.ok()) {

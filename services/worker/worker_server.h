@@ -38,6 +38,7 @@
 #include "services/worker/generate_host.h"
 #include "services/worker/weight_update_check.h"
 #include "services/worker/weights_checker.h"
+#include "services/worker/worker_metrics.h"
 #include "services/worker/worker_config.h"
 
 namespace rl::weight_sync {
@@ -113,7 +114,7 @@ class WorkerServer final : public GenerateHost {
   const WeightShapes& weight_shapes() const { return weight_shapes_; }
   // The admin key check (Worker.Abort with abort_all needs it).
   const BearerAuth& admin_auth() const override { return *admin_auth_; }
-  MetricsRegistry& metrics() { return metrics_; }
+  MetricsRegistry& metrics() { return *metrics_->registry(); }
   void RecordFinished(const engine::GenerateResult& result) override;
   // Runs `task` on the stream thread: the work an engine callback hands over so the engine
   // thread does not do it (decoding text, building protobufs, queueing writes). One thread, so
@@ -170,7 +171,6 @@ class WorkerServer final : public GenerateHost {
       const char* what, const UpdatePolicy& policy,
       const std::function<absl::Status(model::ModelRunner&)>& apply, bool failure_keeps_pause);
   void RefreshHealth();
-  void RegisterMetrics();
   // RunWeightUpdate that pauses (retract) a running engine itself and resumes it on failure.
   absl::StatusOr<AdminOutcome> RunSelfPausingUpdate(
       const char* what, const UpdatePolicy& policy,
@@ -209,16 +209,7 @@ class WorkerServer final : public GenerateHost {
   };
   std::map<std::string, std::unique_ptr<PendingReceive>> pending_ ABSL_GUARDED_BY(mu_);
 
-  MetricsRegistry metrics_;
-  Counter* requests_total_ = nullptr;
-  Counter* aborted_total_ = nullptr;
-  Counter* prompt_tokens_total_ = nullptr;
-  Counter* generated_tokens_total_ = nullptr;
-  Counter* cached_tokens_total_ = nullptr;
-  Histogram* ttft_seconds_ = nullptr;
-  Histogram* per_token_seconds_ = nullptr;
-  Histogram* e2e_seconds_ = nullptr;
-  Histogram* update_seconds_ = nullptr;
+  std::unique_ptr<WorkerMetrics> metrics_;
 
   std::unique_ptr<BearerAuth> admin_auth_;
   std::unique_ptr<BearerAuth> data_auth_;
