@@ -26,8 +26,8 @@
 
 #include "absl/status/statusor.h"
 #include "services/worker/model/backend.h"
-#include "services/worker/model/cpu_model_runner.h"
 #include "services/worker/model/model_runner.h"
+#include "services/worker/model/runner_options.h"
 
 namespace rl::model {
 
