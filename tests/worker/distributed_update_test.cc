@@ -88,15 +88,13 @@ class DistributedUpdateTest : public WorkerFixture {
 TEST_F(DistributedUpdateTest, TwoPhaseReceiveAppliesOnlyAtComplete) {
   TempDir dir;
   WritePerturbedStories(dir.path(), "attn", 1.25f);
-  auto ckpt = model_io::OpenCheckpoint(dir.path());
-  ASSERT_TRUE(ckpt.ok());
-  auto buckets = weight_sync::PlanBuckets(*ckpt, 100 << 10);
-  ASSERT_TRUE(buckets.ok());
-  ASSERT_GT(buckets->size(), 1u);
+  auto plan = PlanCheckpoint(dir.path(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_GT(plan->buckets.size(), 1u);
   const std::vector<int32_t> before = GreedyIds();
 
   rl::v1::PrepareWeightsUpdateRequest prepare;
-  AddBuckets(*buckets, &prepare);
+  AddBuckets(plan->buckets, &prepare);
   rl::v1::AdminResponse resp;
   grpc::Status s = Call(&Stub::PrepareWeightsUpdate, prepare, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -104,7 +102,7 @@ TEST_F(DistributedUpdateTest, TwoPhaseReceiveAppliesOnlyAtComplete) {
   EXPECT_EQ(Call(&Stub::PrepareWeightsUpdate, prepare, &resp).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);  // one prepared update per group
   EXPECT_EQ(GreedyIds(), before);
-  ASSERT_TRUE(BroadcastAll(sender_.get(), *buckets).ok());
+  ASSERT_TRUE(BroadcastAll(sender_.get(), plan->buckets).ok());
   EXPECT_EQ(GreedyIds(), before);  // received, not applied
   EXPECT_EQ(ServerInfo().weight_version(), 0);
 
@@ -116,18 +114,16 @@ TEST_F(DistributedUpdateTest, TwoPhaseReceiveAppliesOnlyAtComplete) {
   EXPECT_EQ(resp.weight_version(), 7);
   EXPECT_FALSE(ServerInfo().paused());
   EXPECT_NE(GreedyIds(), before);
-  ExpectServes(*ckpt);
+  ExpectServes(plan->ckpt);
   EXPECT_EQ(Call(&Stub::CompleteWeightsUpdate, complete, &resp).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);  // nothing prepared any more
 }
 
 TEST_F(DistributedUpdateTest, PrepareChecksTheTensorsAndAFailedReceiveChangesNothing) {
-  auto ckpt = model_io::OpenCheckpoint(Stories());
-  ASSERT_TRUE(ckpt.ok());
-  auto buckets = weight_sync::PlanBuckets(*ckpt, 1 << 30);
-  ASSERT_TRUE(buckets.ok());
+  auto plan = PlanCheckpoint(Stories(), 1 << 30);
+  ASSERT_TRUE(plan.has_value());
   rl::v1::PrepareWeightsUpdateRequest bad;
-  AddBuckets(*buckets, &bad);
+  AddBuckets(plan->buckets, &bad);
   bad.mutable_buckets(0)->set_names(0, "no.such.tensor");
   rl::v1::AdminResponse resp;
   EXPECT_EQ(Call(&Stub::PrepareWeightsUpdate, bad, &resp).error_code(),
@@ -140,12 +136,12 @@ TEST_F(DistributedUpdateTest, PrepareChecksTheTensorsAndAFailedReceiveChangesNot
   // Posted under one order, sent in another: the header check refuses the bucket, Complete
   // reports it and the worker keeps serving its weights, unpaused.
   const std::vector<int32_t> before = GreedyIds();
-  std::vector<weight_sync::Bucket> swapped = *buckets;
+  std::vector<weight_sync::Bucket> swapped = plan->buckets;
   std::swap(swapped[0].specs[0], swapped[0].specs[1]);
   rl::v1::PrepareWeightsUpdateRequest prepare;
   AddBuckets(swapped, &prepare);
   ASSERT_TRUE(Call(&Stub::PrepareWeightsUpdate, prepare, &resp).ok());
-  EXPECT_FALSE(BroadcastAll(sender_.get(), *buckets).ok());
+  EXPECT_FALSE(BroadcastAll(sender_.get(), plan->buckets).ok());
   grpc::Status s = Call(&Stub::CompleteWeightsUpdate, complete, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   EXPECT_FALSE(ServerInfo().paused());
@@ -156,18 +152,16 @@ TEST_F(DistributedUpdateTest, PrepareChecksTheTensorsAndAFailedReceiveChangesNot
 TEST_F(DistributedUpdateTest, ReceiveWeightsIsOneCall) {
   TempDir dir;
   WritePerturbedStories(dir.path(), "mlp", 0.75f);
-  auto ckpt = model_io::OpenCheckpoint(dir.path());
-  ASSERT_TRUE(ckpt.ok());
-  auto buckets = weight_sync::PlanBuckets(*ckpt, 100 << 10);
-  ASSERT_TRUE(buckets.ok());
+  auto plan = PlanCheckpoint(dir.path(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
   const std::vector<int32_t> before = GreedyIds();
   rl::v1::ReceiveWeightsRequest req;
-  AddBuckets(*buckets, &req);
+  AddBuckets(plan->buckets, &req);
   req.set_keep_pause(true);
   rl::v1::AdminResponse resp;
   auto call =
       std::async(std::launch::async, [&] { return Call(&Stub::ReceiveWeights, req, &resp); });
-  ASSERT_TRUE(BroadcastAll(sender_.get(), *buckets).ok());
+  ASSERT_TRUE(BroadcastAll(sender_.get(), plan->buckets).ok());
   grpc::Status s = call.get();
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(resp.weight_version(), 1);
@@ -175,19 +169,17 @@ TEST_F(DistributedUpdateTest, ReceiveWeightsIsOneCall) {
   rl::v1::AdminResponse cont;
   ASSERT_TRUE(Call(&Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(), &cont).ok());
   EXPECT_NE(GreedyIds(), before);
-  ExpectServes(*ckpt);
+  ExpectServes(plan->ckpt);
 }
 
 // Destroying the group while a receive waits on it (the trainer never sends) ends that receive
 // promptly with an error and frees nothing under it; the old weights keep serving.
 TEST_F(DistributedUpdateTest, DestroyDuringAReceiveEndsItSafely) {
-  auto ckpt = model_io::OpenCheckpoint(Stories());
-  ASSERT_TRUE(ckpt.ok());
-  auto buckets = weight_sync::PlanBuckets(*ckpt, 100 << 10);
-  ASSERT_TRUE(buckets.ok());
+  auto plan = PlanCheckpoint(Stories(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
   const std::vector<int32_t> before = GreedyIds();
   rl::v1::ReceiveWeightsRequest req;
-  AddBuckets(*buckets, &req);
+  AddBuckets(plan->buckets, &req);
   rl::v1::AdminResponse resp;
   auto call =
       std::async(std::launch::async, [&] { return Call(&Stub::ReceiveWeights, req, &resp); });
@@ -212,42 +204,38 @@ TEST_F(DistributedUpdateTest, DestroyDuringAReceiveEndsItSafely) {
 // A prepared receive owns the group's connection: a per-bucket update on the same group is
 // refused until CompleteWeightsUpdate instead of interleaving with it.
 TEST_F(DistributedUpdateTest, PerBucketUpdateWaitsForAPreparedReceive) {
-  auto ckpt = model_io::OpenCheckpoint(Stories());
-  ASSERT_TRUE(ckpt.ok());
-  auto buckets = weight_sync::PlanBuckets(*ckpt, 100 << 10);
-  ASSERT_TRUE(buckets.ok());
+  auto plan = PlanCheckpoint(Stories(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
   rl::v1::PrepareWeightsUpdateRequest prepare;
-  AddBuckets(*buckets, &prepare);
+  AddBuckets(plan->buckets, &prepare);
   rl::v1::AdminResponse resp;
   ASSERT_TRUE(Call(&Stub::PrepareWeightsUpdate, prepare, &resp).ok());
   rl::v1::UpdateWeightsFromDistributedRequest update;
   update.set_group_name("train");
-  for (const auto& spec : buckets->front().specs) {
+  for (const auto& spec : plan->buckets.front().specs) {
     update.add_names(spec.name);
     update.add_dtypes(spec.dtype);
     update.add_shapes()->mutable_dims()->Assign(spec.shape.begin(), spec.shape.end());
   }
   grpc::Status s = Call(&Stub::UpdateWeightsFromDistributed, update, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
-  ASSERT_TRUE(BroadcastAll(sender_.get(), *buckets).ok());
+  ASSERT_TRUE(BroadcastAll(sender_.get(), plan->buckets).ok());
   rl::v1::CompleteWeightsUpdateRequest complete;
   complete.set_group_name("train");
   s = Call(&Stub::CompleteWeightsUpdate, complete, &resp);
   EXPECT_TRUE(s.ok()) << s.error_message();
-  ExpectServes(*ckpt);
+  ExpectServes(plan->ckpt);
 }
 
 TEST_F(DistributedUpdateTest, BucketsUpdateWeightsAndVersion) {
   TempDir dir;
   WritePerturbedStories(dir.path(), "mlp", 1.5f);
-  auto ckpt = model_io::OpenCheckpoint(dir.path());
-  ASSERT_TRUE(ckpt.ok());
-  auto buckets = weight_sync::PlanBuckets(*ckpt, 100 << 10);  // several buckets
-  ASSERT_TRUE(buckets.ok());
-  ASSERT_GT(buckets->size(), 1u);
+  auto plan = PlanCheckpoint(dir.path(), 100 << 10);  // several buckets
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_GT(plan->buckets.size(), 1u);
   const std::vector<int32_t> before = GreedyIds();
   int64_t version = 0;
-  for (const auto& b : *buckets) {
+  for (const auto& b : plan->buckets) {
     rl::v1::AdminResponse resp;
     absl::Status sent;
     grpc::Status s = SendBucket(b, b.specs, &resp, &sent);
@@ -260,7 +248,7 @@ TEST_F(DistributedUpdateTest, BucketsUpdateWeightsAndVersion) {
   req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
   rl::v1::WeightsCheckerResponse sums;
   ASSERT_TRUE(Call(&Stub::WeightsChecker, req, &sums).ok());
-  for (const auto& [name, t] : ckpt->tensors()) {
+  for (const auto& [name, t] : plan->ckpt.tensors()) {
     EXPECT_EQ(sums.tensor_sha256().at(name),
               TensorDigest({name, model_io::DTypeName(t.dtype), t.shape}, t.data))
         << name;
@@ -274,11 +262,9 @@ TEST_F(DistributedUpdateTest, BucketsUpdateWeightsAndVersion) {
 }
 
 TEST_F(DistributedUpdateTest, MismatchedBucketLeavesTheWorkerPausedAndSaysSo) {
-  auto ckpt = model_io::OpenCheckpoint(Stories());
-  ASSERT_TRUE(ckpt.ok());
-  auto buckets = weight_sync::PlanBuckets(*ckpt, 1 << 30);
-  ASSERT_TRUE(buckets.ok());
-  const weight_sync::Bucket& b = buckets->front();
+  auto plan = PlanCheckpoint(Stories(), 1 << 30);
+  ASSERT_TRUE(plan.has_value());
+  const weight_sync::Bucket& b = plan->buckets.front();
   std::vector<weight_sync::TensorSpec> wrong = b.specs;
   std::swap(wrong[0], wrong[1]);  // same tensors, other order: the header check refuses it
   rl::v1::AdminResponse resp;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,23 @@ void AddBuckets(const std::vector<weight_sync::Bucket>& buckets, Request* req) {
       out->add_shapes()->mutable_dims()->Assign(s.shape.begin(), s.shape.end());
     }
   }
+}
+
+// A checkpoint folder opened and planned into buckets of at most `bucket_bytes` (the buckets'
+// spans point into `ckpt`'s shared file buffers, so moving it keeps them valid).
+struct PlannedCheckpoint {
+  model_io::Checkpoint ckpt;
+  std::vector<weight_sync::Bucket> buckets;
+};
+inline std::optional<PlannedCheckpoint> PlanCheckpoint(const std::string& dir,
+                                                       int64_t bucket_bytes) {
+  auto ckpt = model_io::OpenCheckpoint(dir);
+  EXPECT_TRUE(ckpt.ok()) << ckpt.status();
+  if (!ckpt.ok()) return std::nullopt;
+  auto buckets = weight_sync::PlanBuckets(*ckpt, bucket_bytes);
+  EXPECT_TRUE(buckets.ok()) << buckets.status();
+  if (!buckets.ok()) return std::nullopt;
+  return PlannedCheckpoint{*std::move(ckpt), *std::move(buckets)};
 }
 
 // The trainer's side: broadcasts every bucket in order; the first error.
