@@ -5,7 +5,7 @@
 // Buffers: every pointer in the params structs is backend memory (host memory for the CPU,
 // device memory for CUDA), obtained from Allocate(); host data crosses with CopyToDevice /
 // CopyToHost. Weight pointers come from the backend's view of the Weights (for the CPU the
-// mmapped host tensors). Params structs are plain descriptions (kernels/cpu/*.h document every
+// host tensors the process owns). Params structs are plain descriptions (kernels/cpu/*.h document every
 // buffer's shape); each op validates them and returns InvalidArgument instead of running on
 // bad input. Device backends check shapes and pointers only (the data is on the device): the
 // Transformer validates ids, slots and positions on the host before any op runs.

@@ -2,9 +2,9 @@
 // runs everywhere. Batch-invariant by construction (see kernels/cpu): a sequence's logits are
 // bit-identical whatever else is in the batch and wherever it sits.
 //
-// Memory: weights are memory-mapped in their stored dtype; the KV cache is float32,
-// KvBytesPerSlot = layers · 2 · kv_heads · head_dim · 4 bytes per token slot, allocated once
-// (pages committed on first use).
+// Memory: weights are read into memory the process owns, in their stored dtype; the KV cache
+// is float32, KvBytesPerSlot = layers · 2 · kv_heads · head_dim · 4 bytes per token slot,
+// allocated once (pages committed on first use).
 // Thread safety: as ModelRunner (engine thread only).
 #pragma once
 

@@ -7,7 +7,7 @@
 // row's logits are bit-identical whatever else is in the batch (the other ops are invariant by
 // construction).
 //
-// CudaModelRunner keeps the checkpoint memory-mapped on the host (ListWeights, VisitWeights,
+// CudaModelRunner keeps the checkpoint in owned host memory (ListWeights, VisitWeights,
 // checksums) and a device mirror in the stored dtype, optionally with an FP32 LM head. The KV
 // cache (bf16 by default, float32 on request; attention accumulates in float32) takes
 // `kv_cache_bytes`, or, when that is 0, `gpu_memory_fraction` of the
