@@ -105,6 +105,8 @@ TEST_P(HfGoldenTest, MatchesTransformers) {
   auto greedy = testing::Greedy(runner->get(), prompt,
                                 static_cast<int>(fx["generated_ids"].size()), /*slot_base=*/32);
   EXPECT_EQ(greedy.tokens, fx["generated_ids"].get<std::vector<int32_t>>());
+  // The MoE fixture must carry the routing (a regenerated one without it would skip the check).
+  ASSERT_EQ(fx.contains("routed_experts"), GetParam() == "qwen3_moe");
   if (fx.contains("routed_experts")) ExpectRoutingMatches(runner->get(), fx);
   std::filesystem::remove_all(dir);
 }

@@ -127,7 +127,6 @@ Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& 
   SchedulerOptions so;
   so.num_kv_slots = runner_->num_kv_slots();
   so.page_size = runner_->page_size();
-  so.vocab_size = config_.vocab_size;
   so.max_context_len = limits_.max_context_len;
   so.eos_token_ids = config_.eos_token_ids;
   so.max_running_requests = options.max_running_requests;
@@ -325,6 +324,13 @@ absl::Status Engine::ApplyReplaceRunner(std::unique_ptr<model::ModelRunner> runn
       runner->page_size() != runner_->page_size()) {
     return absl::InvalidArgumentError(
         "runner: the new runner must have the same vocabulary, KV slots and page size");
+  }
+  // The scheduler sized routed-experts export (layers x top-k) from the first runner.
+  const model_io::ModelConfig& next = runner->config();
+  if (next.IsMoe() != config_.IsMoe() || next.MoeLayers() != config_.MoeLayers() ||
+      next.num_experts_per_tok != config_.num_experts_per_tok) {
+    return absl::InvalidArgumentError(
+        "runner: the new runner must have the same MoE layers and experts per token");
   }
   if (scheduler_->HasRunning()) {
     return absl::FailedPreconditionError("cannot replace the runner while requests are running");

@@ -84,13 +84,7 @@ void KvCacheManager::Release(Sequence* seq, bool cache) {
   absl::Span<int32_t> row = req_to_token_.row(seq->row);
   const int64_t n = seq->num_computed / ps * ps;
   if (cache && n > seq->cached_len) {
-    std::vector<int32_t> pages;
-    pages.reserve(n / ps);
-    for (int64_t pi = 0; pi < n / ps; ++pi) pages.push_back(row[pi * ps] / ps);
-    std::vector<int32_t> duplicates;
-    tree_.Insert(seq->kv_version, absl::MakeConstSpan(seq->tokens.data(), n), pages,
-                 &duplicates);
-    pool_.Free(duplicates);
+    InsertComputed(*seq, n);
     for (int64_t pi = n / ps; pi < CeilDiv(seq->num_allocated, ps); ++pi) {
       pool_.Free(row[pi * ps] / ps);
     }
@@ -112,14 +106,9 @@ void KvCacheManager::CacheUnfinished(Sequence* seq) {
   const int32_t ps = page_size_;
   const int64_t n = seq->num_computed / ps * ps;
   if (n <= seq->cached_len) return;
+  InsertComputed(*seq, n);
   absl::Span<int32_t> row = req_to_token_.row(seq->row);
-  std::vector<int32_t> pages;
-  pages.reserve(n / ps);
-  for (int64_t pi = 0; pi < n / ps; ++pi) pages.push_back(row[pi * ps] / ps);
-  std::vector<int32_t> duplicates;
   const auto key = absl::MakeConstSpan(seq->tokens.data(), n);
-  tree_.Insert(seq->kv_version, key, pages, &duplicates);
-  pool_.Free(duplicates);
   RadixCache::MatchResult m = tree_.Match(seq->kv_version, key);
   RL_CHECK(m.num_tokens == n);
   for (int64_t p = 0; p < n; ++p) row[p] = m.pages[p / ps] * ps + static_cast<int32_t>(p % ps);
@@ -127,6 +116,17 @@ void KvCacheManager::CacheUnfinished(Sequence* seq) {
   tree_.Unlock(seq->last_node);
   seq->last_node = m.last_node;
   seq->cached_len = n;
+}
+
+void KvCacheManager::InsertComputed(const Sequence& seq, int64_t n) {
+  const int32_t ps = page_size_;
+  absl::Span<const int32_t> row = req_to_token_.row(seq.row);
+  std::vector<int32_t> pages;
+  pages.reserve(n / ps);
+  for (int64_t pi = 0; pi < n / ps; ++pi) pages.push_back(row[pi * ps] / ps);
+  std::vector<int32_t> duplicates;
+  tree_.Insert(seq.kv_version, absl::MakeConstSpan(seq.tokens.data(), n), pages, &duplicates);
+  pool_.Free(duplicates);
 }
 
 void KvCacheManager::Reset() {

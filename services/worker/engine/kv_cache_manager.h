@@ -67,6 +67,9 @@ class KvCacheManager {
 
  private:
   void AppendOwnPages(const Sequence& seq, std::vector<int32_t>* pages) const;
+  // Inserts the first `n` (whole pages of) computed tokens of `seq` into the radix cache and
+  // frees the pages the tree already held for them.
+  void InsertComputed(const Sequence& seq, int64_t n);
 
   const int32_t page_size_;
   KvPool pool_;

@@ -319,8 +319,10 @@ void Scheduler::Update(const ScheduledBatch& batch, SampledBatch* sampled, int64
   int64_t total_tokens = 0;
   for (const BatchEntry& e : batch.entries) total_tokens += e.count;
   const int64_t width = options_.routing_width;
+  // Ids and weights both: OutputProcessor::RecordRouting reads weights at the ids' offsets.
   if (batch.input.return_routing &&
-      static_cast<int64_t>(sampled->routed_experts.size()) != total_tokens * width) {
+      (static_cast<int64_t>(sampled->routed_experts.size()) != total_tokens * width ||
+       sampled->routed_weights.size() != sampled->routed_experts.size())) {
     FailBatch(batch, absl::InternalError("model runner returned routing of the wrong shape"),
               now_us);
     return;

@@ -42,7 +42,6 @@ namespace rl::engine {
 struct SchedulerOptions {
   int64_t num_kv_slots = 0;
   int32_t page_size = 1;
-  int64_t vocab_size = 0;
   int64_t max_context_len = 0;
   std::vector<int32_t> eos_token_ids;
   // Most sequences holding KV at once (req_to_token rows).

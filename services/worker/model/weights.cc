@@ -60,26 +60,6 @@ int64_t Weights::BytesPerToken() const {
   return total;
 }
 
-int64_t Weights::ExpertBytes() const {
-  for (const LayerWeights& l : layers_) {
-    if (!l.expert_gate.empty()) {
-      return l.expert_gate[0]->num_bytes + l.expert_up[0]->num_bytes + l.expert_down[0]->num_bytes;
-    }
-  }
-  return 0;
-}
-
-int64_t Weights::NonExpertBytesPerToken() const {
-  int64_t total = BytesPerToken();
-  for (const LayerWeights& l : layers_) {
-    for (size_t e = 0; e < l.expert_gate.size(); ++e) {
-      total -=
-          l.expert_gate[e]->num_bytes + l.expert_up[e]->num_bytes + l.expert_down[e]->num_bytes;
-    }
-  }
-  return total;
-}
-
 absl::Status Weights::Update(const TensorInfo& info, absl::Span<const uint8_t> bytes) {
   auto it = tensors_.find(info.name);
   if (it == tensors_.end()) {

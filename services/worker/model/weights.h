@@ -83,11 +83,6 @@ class Weights {
   // Reserves spare read buffers the size of this checkpoint's files (model_io/file_read.h), so
   // the next LoadWeights of the same layout reuses memory instead of faulting fresh pages in.
   void ReserveUpdateBuffers() const;
-  // MoE models: the bytes of one expert (gate, up and down) and the bytes a token reads
-  // outside the experts; a step that touches E expert instances reads
-  // NonExpertBytesPerToken() + E · ExpertBytes(). 0 and BytesPerToken() for dense models.
-  int64_t ExpertBytes() const;
-  int64_t NonExpertBytesPerToken() const;
 
   // Replaces tensor `info.name` with `bytes` (info.dtype F32/BF16/F16, converted to the held
   // dtype). The shape must equal the held one. Nothing changes on error.
