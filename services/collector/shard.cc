@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_io/dtype.h"
 #include "common/model_io/safetensors.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
@@ -84,9 +85,11 @@ absl::Status DecodeRouting(const std::vector<model_io::TensorView>& views, const
       SampleRecord& r = (*records)[i];
       r.routed_start = starts[i].get<int32_t>();
       r.routed_shape = shapes[i].get<std::vector<int32_t>>();
-      int64_t n = r.routed_shape.empty() ? 0 : 1;
-      for (int32_t d : r.routed_shape) n *= std::max(d, 0);
-      if ((!r.routed_shape.empty() && r.routed_shape.size() != 3) || n != end - prev) {
+      // Empty: no routing; else [tokens, layers, top_k], element count overflow-checked.
+      const std::vector<int64_t> dims(r.routed_shape.begin(), r.routed_shape.end());
+      const absl::StatusOr<int64_t> n =
+          dims.empty() ? absl::StatusOr<int64_t>(0) : model_io::CheckedNumElements(dims);
+      if ((!dims.empty() && dims.size() != 3) || !n.ok() || *n != end - prev) {
         return Bad(source, absl::StrCat("sample ", i, ": routed_shape does not match its ",
                                         end - prev, " routed experts"));
       }

@@ -78,7 +78,9 @@ class EngineStreamReactor : public WriteQueueReactor<Response> {
     }
     if (first_error) {
       this->EndStream(status, /*drop_queue=*/true);
-      if (status.code() != absl::StatusCode::kCancelled) {
+      // Siblings still running end with this one. Not for the last completion: there is none
+      // left, and at shutdown the engine may already be gone.
+      if (!last && status.code() != absl::StatusCode::kCancelled) {
         server_->engine().AbortAsync(id_, "a sibling completion was aborted");
       }
     } else if (status.ok()) {

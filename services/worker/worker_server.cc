@@ -210,6 +210,11 @@ void WorkerServer::Shutdown() {
     absl::MutexLock lock(&mu_);
     groups_.clear();
   }
+  // Nothing submits any more: end what arrived meanwhile, then let the stream thread deliver
+  // every final (its tasks may still call into the engine and the metrics) and join it, before
+  // the engine goes. A callback after that (none is expected) runs inline.
+  if (engine_) (void)engine_->AbortAll("worker shutting down");
+  stream_executor_.reset();
   engine_.reset();
 }
 
@@ -218,6 +223,10 @@ void WorkerServer::RecordFinished(const engine::GenerateResult& r) {
 }
 
 void WorkerServer::RunOnStreamThread(absl::AnyInvocable<void() &&> task) {
+  if (stream_executor_ == nullptr) {  // shut down (see Shutdown)
+    std::move(task)();
+    return;
+  }
   // Submit moves from `task` only when it accepts it.
   while (!stream_executor_->Submit(std::move(task))) absl::SleepFor(absl::Microseconds(100));
 }

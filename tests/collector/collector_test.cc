@@ -198,6 +198,15 @@ TEST(Shard, RoutedExpertsRoundTrip) {
   EXPECT_TRUE((*out)[1].routed_experts.empty());
   EXPECT_EQ(EncodeShard(*out), bytes);
   EXPECT_EQ(EncodeShard({Record(1, 1, {7, 8}, 1)}).find("routed"), std::string::npos);
+  // A shard whose routed_shape overflows or is negative is refused, never multiplied blindly.
+  for (const std::vector<int32_t>& shape :
+       {std::vector<int32_t>{2147483647, 2147483647, 2147483647}, std::vector<int32_t>{-2, -2, 2}}) {
+    SampleRecord odd = r;
+    odd.routed_shape = shape;
+    auto decoded = DecodeShard(EncodeShard({odd}), "mem");
+    ASSERT_FALSE(decoded.ok());
+    EXPECT_THAT(decoded.status().message(), HasSubstr("routed_shape"));
+  }
 
   // Bytes that do not match the shape are refused.
   re->set_expert_ids(ids.data(), 7 * 4);
