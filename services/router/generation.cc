@@ -57,22 +57,41 @@ bool Generation::PromptBlocks(const rl::v1::GenerateRequest& request) {
          request.text().size() > kInlinePromptBytes;
 }
 
-absl::StatusOr<std::unique_ptr<Generation>> Generation::Create(
-    const rl::v1::GenerateRequest& request, const GenerationEnv* env) {
-  if (env->tokenizer == nullptr) return absl::FailedPreconditionError("the router has no tokenizer");
-  RETURN_IF_ERROR(CheckGenerateRequest(request, env->limits));
+absl::Status Generation::CheckRequest(const rl::v1::GenerateRequest& request,
+                                      const RequestLimits& limits) {
+  RETURN_IF_ERROR(CheckGenerateRequest(request, limits));
   if (absl::StartsWith(request.request_id(), kRouterRequestIdPrefix)) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_id: the prefix '", kRouterRequestIdPrefix,
                      "' is reserved for ids the router assigns (leave request_id empty to get "
                      "one)"));
   }
+  return absl::OkStatus();
+}
+
+Generation::Registration Generation::Register(const rl::v1::GenerateRequest& request,
+                                              RequestTable* requests) {
+  Registration r;
+  r.request_id = request.request_id().empty() ? RequestTable::NewId() : request.request_id();
+  r.handle = requests->Add(r.request_id);
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<Generation>> Generation::Create(
+    const rl::v1::GenerateRequest& request, const GenerationEnv* env, Registration* registered) {
+  if (env->tokenizer == nullptr) return absl::FailedPreconditionError("the router has no tokenizer");
+  if (registered == nullptr) RETURN_IF_ERROR(CheckRequest(request, env->limits));
   std::unique_ptr<Generation> g(new Generation(request, env));
   ASSIGN_OR_RETURN(g->prompt_,
                    ResolvePrompt(request, env->cache, env->tokenizer, env->seam_counters));
   RETURN_IF_ERROR(CheckPromptTokens(static_cast<int64_t>(g->prompt_.ids.size()), env->limits));
-  g->request_id_ = request.request_id().empty() ? RequestTable::NewId() : request.request_id();
-  g->request_handle_ = env->requests->Add(g->request_id_);
+  Registration own;
+  if (registered == nullptr) {
+    own = Register(request, env->requests);
+    registered = &own;
+  }
+  g->request_id_ = std::move(registered->request_id);
+  g->request_handle_ = std::move(registered->handle);
   g->backoff_ = env->retry.backoff;
   g->hold_poll_ = env->retry.hold_poll;
   g->hold_deadline_ = std::chrono::steady_clock::now() + env->retry.hold_wait;

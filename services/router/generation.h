@@ -93,11 +93,23 @@ class Generation {
     absl::Status status;                  // kDone
   };
 
-  // Checks `request` (the --max-* limits, a reserved request id prefix, the prompt) and
-  // resolves its prompt; InvalidArgument / FailedPrecondition naming the problem. Blocks for
-  // the tokenization of a text prompt (O(prompt bytes)).
+  // The checks that need no tokenizer: the --max-* limits and the reserved request id prefix.
+  static absl::Status CheckRequest(const rl::v1::GenerateRequest& request,
+                                   const RequestLimits& limits);
+  // A request's id in the router's table of requests in flight, taken before admission so that
+  // Router.Abort (one id or abort_all) reaches it while it waits in the admission queue too.
+  struct Registration {
+    std::string request_id;  // the client's, or one the router made up
+    RequestTable::Handle handle;
+  };
+  static Registration Register(const rl::v1::GenerateRequest& request, RequestTable* requests);
+
+  // Checks `request` (CheckRequest, unless it comes `registered`: checked then), resolves its
+  // prompt; InvalidArgument / FailedPrecondition naming the problem. Blocks for the
+  // tokenization of a text prompt (O(prompt bytes)). Without `registered` it registers itself.
   static absl::StatusOr<std::unique_ptr<Generation>> Create(const rl::v1::GenerateRequest& request,
-                                                            const GenerationEnv* env);
+                                                            const GenerationEnv* env,
+                                                            Registration* registered = nullptr);
   // True when resolving `request`'s prompt is worth running off a callback thread.
   static bool PromptBlocks(const rl::v1::GenerateRequest& request);
 

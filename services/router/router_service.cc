@@ -85,12 +85,14 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
       : WriteQueueReactor(svc->options().max_stream_buffer_bytes), svc_(svc), request_(request) {
     svc_->EnterGeneration();
     absl::Status s = svc_->data_auth()->Check(*context);
-    if (s.ok()) s = CheckGenerateRequest(request_, svc_->env()->limits);
+    if (s.ok()) s = Generation::CheckRequest(request_, svc_->env()->limits);
     absl::StatusOr<std::string> client = s.ok() ? ClientKey(*context) : s;
     if (!client.ok()) {
       EndAndRelease(client.status(), /*holds_slot=*/false);
       return;
     }
+    // In the table of requests in flight from now on: Router.Abort reaches it while queued.
+    registration_ = Generation::Register(request_, svc_->env()->requests);
     client_ = *std::move(client);
     authorization_ = AuthorizationHeader(*context);
     {
@@ -138,6 +140,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
 
   ~RouterGenerateReactor() override {
     generation_.reset();  // its RequestTable handle points into the service
+    registration_ = {};
     alarm_.reset();
     svc_->LeaveGeneration();  // the service may be gone after this
   }
@@ -204,7 +207,8 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
   }
 
   void Resolve() {
-    absl::StatusOr<std::unique_ptr<Generation>> g = Generation::Create(request_, svc_->env());
+    absl::StatusOr<std::unique_ptr<Generation>> g =
+        Generation::Create(request_, svc_->env(), &registration_);
     if (!g.ok()) {
       EndAndRelease(g.status(), /*holds_slot=*/true);
       return;
@@ -278,6 +282,8 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
   const rl::v1::GenerateRequest request_;
   std::string client_;
   std::optional<std::string> authorization_;
+  // Taken before admission; moved into the Generation once it is created.
+  Generation::Registration registration_;
   std::unique_ptr<grpc::Alarm> alarm_;  // the pending wait (producer's steps only)
 
   absl::Mutex mu_;

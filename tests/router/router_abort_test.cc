@@ -30,8 +30,9 @@ constexpr char kKey[] = "abort-test-key";
 
 class RouterAbortTest : public ::testing::Test {
  protected:
-  void StartFleet(int num_workers, const std::string& admin_key = "") {
+  void StartFleet(int num_workers, const std::string& admin_key = "", int max_in_flight = 0) {
     RouterConfig config;
+    if (max_in_flight > 0) config.max_in_flight = max_in_flight;
     for (int i = 0; i < num_workers; ++i) {
       worker::WorkerConfig wc;
       wc.admin_api_key = admin_key;
@@ -145,6 +146,37 @@ TEST_F(RouterAbortTest, AbortByIdReachesTheWorkerAndIsNotRetried) {
   s = Abort(req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << s.error_message();
   EXPECT_NE(s.error_message().find("trainer-req-1"), std::string::npos);
+}
+
+// A request still waiting for admission (the one slot is held) is in flight for Router.Abort
+// too: abort by id finds it, and once admitted it ends ABORTED without reaching a worker.
+TEST_F(RouterAbortTest, AbortReachesARequestQueuedForAdmission) {
+  StartFleet(1, "", /*max_in_flight=*/1);
+  PauseWorker(0);
+  Outcome holder, queued;
+  std::thread t1 = GenerateAsync("holds-the-slot", &holder);
+  ASSERT_TRUE(WaitForWaiting(1));
+  std::thread t2 = GenerateAsync("queued", &queued);
+  rl::v1::AbortRequest req;
+  req.set_request_id("queued");
+  rl::v1::AbortResponse resp;
+  grpc::Status s;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {  // until the router has taken the call (NOT_FOUND before that)
+    resp.Clear();
+    s = Abort(req, &resp);
+    if (s.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  } while (std::chrono::steady_clock::now() < deadline);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.num_aborted(), 0);  // no worker held it: the router's mark alone stops it
+  req.set_request_id("holds-the-slot");
+  ASSERT_TRUE(Abort(req, &resp).ok());  // frees the slot: the queued request is admitted
+  t1.join();
+  t2.join();
+  EXPECT_EQ(holder.final.finish_reason(), rl::v1::FINISH_REASON_ABORT);
+  EXPECT_EQ(queued.status.error_code(), grpc::StatusCode::ABORTED) << queued.status.error_message();
+  EXPECT_TRUE(WaitForWaiting(0));  // the queued request never reached the worker
 }
 
 TEST_F(RouterAbortTest, BadRequestsAreRefusedWithTheFieldNamed) {
