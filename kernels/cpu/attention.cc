@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 
@@ -10,6 +11,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace rl::kernels::cpu {
@@ -21,13 +23,53 @@ using VF = hn::Vec<DF>;
 
 #define RL_UNROLL _Pragma("GCC unroll 16")
 
+// Accumulators a phase keeps in registers: 16 of the 32 vector registers of AVX-512 and NEON,
+// 8 of AVX2's 16.
+constexpr int kAccumulators = HWY_TARGET == HWY_AVX2 ? 8 : 16;
+
+// The lane sums of n = Lanes(d) vectors at once: returns the vector whose lane t is the sum of
+// v[t]'s lanes, by a fixed pairwise tree (adjacent lanes first: ((x0 + x1) + (x2 + x3)) + ...),
+// the same for every t whatever the other vectors hold. n - 1 additions for n sums, where a
+// horizontal sum per vector costs about as much as its dot product. Overwrites v.
+HWY_INLINE VF SumLanesOfEach(DF d, VF* v, size_t n) {
+#if HWY_TARGET == HWY_SCALAR
+  (void)d;
+  (void)n;  // one lane: each vector is its own sum
+#else
+  for (; n > 1; n /= 2) {
+    for (size_t m = 0; m < n / 2; ++m) {
+      v[m] = hn::Add(hn::ConcatEven(d, v[2 * m + 1], v[2 * m]),
+                     hn::ConcatOdd(d, v[2 * m + 1], v[2 * m]));
+    }
+  }
+#endif
+  return v[0];
+}
+
+// exp(x - max) of `count` < Lanes(d) scores in place, returning them as a vector with zeros in
+// the lanes past `count` (the same Exp as full vectors: lanes are independent).
+HWY_INLINE VF ExpTail(DF d, float* x, int64_t count, VF max) {
+  HWY_ALIGN float tmp[HWY_LANES(float)];
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t i = 0; i < lanes; ++i) tmp[i] = i < count ? x[i] : -INFINITY;
+  const VF e = hn::Exp(d, hn::Sub(hn::Load(d, tmp), max));
+  hn::Store(e, d, tmp);
+  for (int64_t i = 0; i < count; ++i) x[i] = tmp[i];
+  return e;
+}
+
 // Attends kR query rows that share a KV head and a slot list: row r attends positions
-// [0, len[r]). Each row is computed exactly as one row alone would be (and as Dot, Axpy and
-// Scale in vec_ops compute it): a score is one SIMD accumulator over the head dim in index
-// order, the fixed horizontal sum, the scalar tail, times `scale`; then the max, exp and sum in
-// position order; the output is Σ_j p_j · v_j in position order per lane, then times 1 / sum.
-// Sharing only saves memory traffic: each K and V row is loaded once for all kR rows.
-// `scores` holds kR × max(len) floats.
+// [0, len[r]). Each row is computed exactly as one row alone would be, whatever kR and the
+// other rows: its operations and their order depend only on its own length.
+//  - Scores: one SIMD accumulator over the head dim in index order per (row, position); the
+//    lane sums of Lanes(d) positions at a time by SumLanesOfEach's fixed tree; then the scalar
+//    tail of the head dim in index order; times `scale`.
+//  - Softmax: the max (exact in any order); exp(s - max) by Highway's vectorized Exp, lane-wise;
+//    the sum as per-lane partial sums in position order, then SumOfLanes.
+//  - Output: Σ_j p_j · v_j in position order per lane, then times 1 / sum.
+// Sharing only saves memory traffic and instructions: each K and V row is loaded once for all
+// kR rows, several positions' dot products share each query load, several head-dim blocks share
+// each probability broadcast. `scores` holds kR × max(len) floats.
 template <int kR>
 void AttendRows(const float* const* q, float* const* out, const int64_t* len, const float* k,
                 const float* v, const int32_t* slots, int64_t kv_dim, int64_t hd, float scale,
@@ -42,55 +84,124 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
     min_len = std::min(min_len, len[r]);
   }
   float* s[kR];
-  float max_score[kR];
-  RL_UNROLL for (int r = 0; r < kR; ++r) {
-    s[r] = scores + r * max_len;
-    max_score[r] = -INFINITY;
-  }
-  for (int64_t j = 0; j < max_len; ++j) {
-    const float* kj = k + static_cast<int64_t>(slots[j]) * kv_dim;
-    VF acc[kR];
-    RL_UNROLL for (int r = 0; r < kR; ++r) acc[r] = hn::Zero(d);
-    for (int64_t i = 0; i < dvec; i += lanes) {
-      const VF kv = hn::LoadU(d, kj + i);
-      RL_UNROLL for (int r = 0; r < kR; ++r) acc[r] =
-          hn::MulAdd(hn::LoadU(d, q[r] + i), kv, acc[r]);
-    }
-    RL_UNROLL for (int r = 0; r < kR; ++r) {
-      if (j >= len[r]) continue;
-      float dot = hn::GetLane(hn::SumOfLanes(d, acc[r]));
-      for (int64_t i = dvec; i < hd; ++i) dot += q[r][i] * kj[i];
-      s[r][j] = dot * scale;
-      max_score[r] = std::max(max_score[r], s[r][j]);
-    }
-  }
-  float inv[kR];
-  RL_UNROLL for (int r = 0; r < kR; ++r) {
-    float sum = 0.0f;
-    for (int64_t j = 0; j < len[r]; ++j) {
-      s[r][j] = std::exp(s[r][j] - max_score[r]);
-      sum += s[r][j];
-    }
-    inv[r] = 1.0f / sum;
-  }
-  for (int64_t i = 0; i < dvec; i += lanes) {
-    VF acc[kR];
-    RL_UNROLL for (int r = 0; r < kR; ++r) acc[r] = hn::Zero(d);
-    int64_t j = 0;
-    for (; j < min_len; ++j) {
-      const VF vv = hn::LoadU(d, v + static_cast<int64_t>(slots[j]) * kv_dim + i);
-      RL_UNROLL for (int r = 0; r < kR; ++r) acc[r] = hn::MulAdd(hn::Set(d, s[r][j]), vv, acc[r]);
-    }
-    for (; j < max_len; ++j) {
-      const VF vv = hn::LoadU(d, v + static_cast<int64_t>(slots[j]) * kv_dim + i);
+  RL_UNROLL for (int r = 0; r < kR; ++r) s[r] = scores + r * max_len;
+
+  // Scores, Lanes(d) positions per block: each (row, position) accumulator goes to `acc_out`,
+  // then each row's block is reduced to one vector of sums.
+  constexpr int kPositions = std::min(4, std::max(1, kAccumulators / kR));  // per pass over K
+  HWY_ALIGN float acc_out[kR * HWY_LANES(float) * HWY_LANES(float)];
+  HWY_ALIGN float sums[HWY_LANES(float)];
+  const VF vscale = hn::Set(d, scale);
+  for (int64_t j0 = 0; j0 < max_len; j0 += lanes) {
+    const int64_t block = std::min(lanes, max_len - j0);
+    auto accumulate = [&](auto positions, int64_t jj) {
+      constexpr int kP = decltype(positions)::value;
+      const float* kj[kP];
+      RL_UNROLL for (int p = 0; p < kP; ++p) {
+        kj[p] = k + static_cast<int64_t>(slots[j0 + jj + p]) * kv_dim;
+      }
+      VF acc[kR][kP];
       RL_UNROLL for (int r = 0; r < kR; ++r) {
-        if (j < len[r]) acc[r] = hn::MulAdd(hn::Set(d, s[r][j]), vv, acc[r]);
+        RL_UNROLL for (int p = 0; p < kP; ++p) acc[r][p] = hn::Zero(d);
+      }
+      for (int64_t i = 0; i < dvec; i += lanes) {
+        VF kv[kP];
+        RL_UNROLL for (int p = 0; p < kP; ++p) kv[p] = hn::LoadU(d, kj[p] + i);
+        RL_UNROLL for (int r = 0; r < kR; ++r) {
+          const VF qv = hn::LoadU(d, q[r] + i);
+          RL_UNROLL for (int p = 0; p < kP; ++p) acc[r][p] = hn::MulAdd(qv, kv[p], acc[r][p]);
+        }
+      }
+      RL_UNROLL for (int r = 0; r < kR; ++r) {
+        RL_UNROLL for (int p = 0; p < kP; ++p) {
+          hn::Store(acc[r][p], d, acc_out + (r * lanes + jj + p) * lanes);
+        }
+      }
+    };
+    int64_t jj = 0;
+    for (; jj + kPositions <= block; jj += kPositions) {
+      accumulate(std::integral_constant<int, kPositions>(), jj);
+    }
+    for (; jj < block; ++jj) accumulate(std::integral_constant<int, 1>(), jj);
+    for (; jj < lanes; ++jj) {  // a last block's missing positions: sums that are not stored
+      RL_UNROLL for (int r = 0; r < kR; ++r) {
+        hn::Store(hn::Zero(d), d, acc_out + (r * lanes + jj) * lanes);
       }
     }
-    RL_UNROLL for (int r = 0; r < kR; ++r)
-        hn::StoreU(hn::Mul(hn::Set(d, inv[r]), acc[r]), d, out[r] + i);
+    RL_UNROLL for (int r = 0; r < kR; ++r) {
+      const int64_t count = std::min(block, len[r] - j0);  // positions of row r in the block
+      if (count <= 0) continue;
+      VF rows[HWY_LANES(float)];
+      for (int64_t t = 0; t < lanes; ++t) rows[t] = hn::Load(d, acc_out + (r * lanes + t) * lanes);
+      const VF dots = SumLanesOfEach(d, rows, static_cast<size_t>(lanes));
+      if (dvec == hd && count == lanes) {
+        hn::StoreU(hn::Mul(dots, vscale), d, s[r] + j0);
+        continue;
+      }
+      hn::Store(dots, d, sums);
+      for (int64_t t = 0; t < count; ++t) {
+        const float* kj = k + static_cast<int64_t>(slots[j0 + t]) * kv_dim;
+        float dot = sums[t];
+        for (int64_t i = dvec; i < hd; ++i) dot += q[r][i] * kj[i];
+        s[r][j0 + t] = dot * scale;
+      }
+    }
   }
-  for (int64_t i = dvec; i < hd; ++i) {
+
+  // Softmax numerators in place, and 1 / their sum.
+  float inv[kR];
+  RL_UNROLL for (int r = 0; r < kR; ++r) {
+    const int64_t n = len[r];
+    const int64_t nvec = n - n % lanes;
+    VF vmax = hn::Set(d, -INFINITY);
+    for (int64_t j = 0; j < nvec; j += lanes) vmax = hn::Max(vmax, hn::LoadU(d, s[r] + j));
+    float max_score = hn::GetLane(hn::MaxOfLanes(d, vmax));
+    for (int64_t j = nvec; j < n; ++j) max_score = std::max(max_score, s[r][j]);
+    const VF vm = hn::Set(d, max_score);
+    VF vsum = hn::Zero(d);
+    for (int64_t j = 0; j < nvec; j += lanes) {
+      const VF e = hn::Exp(d, hn::Sub(hn::LoadU(d, s[r] + j), vm));
+      hn::StoreU(e, d, s[r] + j);
+      vsum = hn::Add(vsum, e);
+    }
+    if (nvec < n) vsum = hn::Add(vsum, ExpTail(d, s[r] + nvec, n - nvec, vm));
+    inv[r] = 1.0f / hn::GetLane(hn::SumOfLanes(d, vsum));
+  }
+
+  // Σ_j p_j · v_j, kBlocks head-dim vectors per pass over V.
+  constexpr int kBlocks = std::min(4, std::max(1, kAccumulators / kR));
+  auto weighted_sum = [&](auto blocks, int64_t i) {
+    constexpr int kB = decltype(blocks)::value;
+    VF acc[kR][kB];
+    RL_UNROLL for (int r = 0; r < kR; ++r) {
+      RL_UNROLL for (int b = 0; b < kB; ++b) acc[r][b] = hn::Zero(d);
+    }
+    auto add = [&](int64_t j, auto all_rows) {
+      const float* vj = v + static_cast<int64_t>(slots[j]) * kv_dim + i;
+      VF vv[kB];
+      RL_UNROLL for (int b = 0; b < kB; ++b) vv[b] = hn::LoadU(d, vj + b * lanes);
+      RL_UNROLL for (int r = 0; r < kR; ++r) {
+        if (!decltype(all_rows)::value && j >= len[r]) continue;
+        const VF pr = hn::Set(d, s[r][j]);
+        RL_UNROLL for (int b = 0; b < kB; ++b) acc[r][b] = hn::MulAdd(pr, vv[b], acc[r][b]);
+      }
+    };
+    int64_t j = 0;
+    for (; j < min_len; ++j) add(j, std::true_type());
+    for (; j < max_len; ++j) add(j, std::false_type());
+    RL_UNROLL for (int r = 0; r < kR; ++r) {
+      const VF vinv = hn::Set(d, inv[r]);
+      RL_UNROLL for (int b = 0; b < kB; ++b) {
+        hn::StoreU(hn::Mul(vinv, acc[r][b]), d, out[r] + i + b * lanes);
+      }
+    }
+  };
+  int64_t i = 0;
+  for (; i + kBlocks * lanes <= dvec; i += kBlocks * lanes) {
+    weighted_sum(std::integral_constant<int, kBlocks>(), i);
+  }
+  for (; i < dvec; i += lanes) weighted_sum(std::integral_constant<int, 1>(), i);
+  for (i = dvec; i < hd; ++i) {
     RL_UNROLL for (int r = 0; r < kR; ++r) {
       float y = 0.0f;
       for (int64_t j = 0; j < len[r]; ++j)

@@ -433,6 +433,95 @@ TEST(AttentionTest, TiledRowsEqualRowsAloneBitForBit) {
   }
 }
 
+// Contexts longer than a block of score lanes (whole, partial and one-position blocks), head
+// dims with and without a scalar tail, on every SIMD target compiled in: each row matches a
+// double-precision reference and keeps, in a tile of a prefill chunk, the bits it has alone.
+TEST(AttentionTest, LongContextsMatchReferenceAndRowsAloneOnEveryTarget) {
+  struct ResetTargets {
+    ~ResetTargets() { hwy::SetSupportedTargetsForTest(0); }
+  } reset;
+  const int64_t hq = 4, hk = 2, num_slots = 96;
+  // Sequence A: a prefill chunk of 40 tokens at positions 10..49; B: a decode token at 36.
+  std::vector<int32_t> slots(num_slots);
+  for (int32_t i = 0; i < num_slots; ++i) slots[i] = (i * 37 + 11) % num_slots;
+  std::vector<int32_t> context, begin;
+  for (int32_t pos = 10; pos < 50; ++pos) {
+    context.push_back(pos + 1);
+    begin.push_back(0);
+  }
+  context.push_back(37);
+  begin.push_back(50);
+  const int64_t t = static_cast<int64_t>(context.size());
+  for (int64_t d : {128, 72}) {
+    const int64_t kv_dim = hk * d;
+    auto kc = Random(static_cast<size_t>(num_slots * kv_dim), 30);
+    auto vc = Random(static_cast<size_t>(num_slots * kv_dim), 31);
+    auto q = Random(static_cast<size_t>(t * hq * d), 32);
+    std::vector<float> ws(static_cast<size_t>(2 * 4096));
+    AttentionParams p;
+    p.k_cache = kc.data();
+    p.v_cache = vc.data();
+    p.slots = slots.data();
+    p.workspace = ws.data();
+    p.num_workspaces = 2;
+    p.num_heads = hq;
+    p.num_kv_heads = hk;
+    p.head_dim = d;
+    p.q_stride = hq * d;
+    p.num_slots = num_slots;
+    p.num_slot_entries = num_slots;
+    p.max_context = 4096;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      SCOPED_TRACE(testing::Message() << hwy::TargetName(target) << " d=" << d);
+      hwy::SetSupportedTargetsForTest(target);
+      std::vector<float> batched(static_cast<size_t>(t * hq * d));
+      p.q = q.data();
+      p.out = batched.data();
+      p.context_len = context.data();
+      p.slot_begin = begin.data();
+      p.num_tokens = t;
+      ASSERT_TRUE(p.Validate().ok());
+      ThreadPool pool(2);
+      Attention(p, &pool);
+      for (int64_t tok = 0; tok < t; ++tok) {
+        std::vector<float> alone(static_cast<size_t>(hq * d));
+        AttentionParams one = p;
+        one.q = q.data() + tok * p.q_stride;
+        one.out = alone.data();
+        one.context_len = context.data() + tok;
+        one.slot_begin = begin.data() + tok;
+        one.num_tokens = 1;
+        Attention(one, nullptr);
+        for (int64_t h = 0; h < hq; ++h) {
+          const int64_t kvh = h / (hq / hk);
+          const float* qr = q.data() + (tok * hq + h) * d;
+          std::vector<double> sc(static_cast<size_t>(context[tok]));
+          double mx = -1e30, sum = 0;
+          for (int64_t j = 0; j < context[tok]; ++j) {
+            const float* kr = kc.data() + slots[begin[tok] + j] * kv_dim + kvh * d;
+            double dot = 0;
+            for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(qr[i]) * kr[i];
+            sc[j] = dot * p.scale;
+            mx = std::max(mx, sc[j]);
+          }
+          for (double& x : sc) sum += (x = std::exp(x - mx));
+          for (int64_t i = 0; i < d; ++i) {
+            double ref = 0;
+            for (int64_t j = 0; j < context[tok]; ++j) {
+              ref += sc[j] / sum * vc[slots[begin[tok] + j] * kv_dim + kvh * d + i];
+            }
+            const size_t at = static_cast<size_t>((tok * hq + h) * d + i);
+            ASSERT_NEAR(batched[at], ref, 1e-5) << "token " << tok << " head " << h;
+            ASSERT_EQ(batched[at], alone[static_cast<size_t>(h * d + i)])
+                << "token " << tok << " head " << h << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(WriteKvTest, WritesSlotsAndChecksRange) {
   std::vector<float> k = {1, 2, 3, 4}, v = {5, 6, 7, 8}, kc(8, 0), vc(8, 0);
   std::vector<int32_t> slots = {3, 1};
