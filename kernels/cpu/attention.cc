@@ -335,9 +335,11 @@ void Attention(const AttentionParams& p, ThreadPool* pool) {
   auto run = [&](int64_t begin, int64_t end, int thread) {
     float* scores = p.workspace + static_cast<int64_t>(thread) * p.max_context;
     for (int64_t task = begin; task < end; ++task) {
+      // KV head outermost: consecutive tasks of a thread read the same head's K/V (which a
+      // core's L2 holds for a prefill chunk's context) instead of cycling through all heads.
       const int64_t hc = task % head_chunks;
-      const int64_t kvh = (task / head_chunks) % p.num_kv_heads;
-      const int64_t block = task / (head_chunks * p.num_kv_heads);
+      const int64_t block = (task / head_chunks) % token_blocks;
+      const int64_t kvh = task / (head_chunks * token_blocks);
       const int64_t h0 = kvh * group + hc * heads_per_tile;
       const int64_t h1 = std::min(h0 + heads_per_tile, (kvh + 1) * group);
       const int64_t t_end = std::min(p.num_tokens, (block + 1) * tokens_per_task);
