@@ -147,33 +147,44 @@ TEST_P(MatmulTest, PackedPathRowsEqualRowsAlone) {
   struct ResetTargets {
     ~ResetTargets() { hwy::SetSupportedTargetsForTest(0); }
   } reset;
-  const int64_t n = 43, k = 600, max_m = 100;
-  auto x = Random(static_cast<size_t>(max_m * k), 6);
-  std::vector<float> w_stored;
-  auto w = Store(Random(static_cast<size_t>(n * k), 7, 0.1f), dtype, &w_stored);
-  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-    SCOPED_TRACE(hwy::TargetName(target));
-    hwy::SetSupportedTargetsForTest(target);
-    MatmulParams p;
-    p.w = w.data();
-    p.w_dtype = dtype;
-    p.n = n;
-    p.k = k;
-    std::vector<float> alone(static_cast<size_t>(max_m * n));
-    for (int64_t i = 0; i < max_m; ++i) {
-      p.x = x.data() + i * k;
-      p.y = alone.data() + i * n;
-      p.m = 1;
-      Matmul(p, nullptr);
-    }
-    for (int64_t m : {6, 47, 53, 100}) {
-      std::vector<float> y(static_cast<size_t>(m * n), -1.0f);
-      p.x = x.data();
-      p.y = y.data();
-      p.m = m;
-      ASSERT_TRUE(p.Validate().ok());
-      Matmul(p, &pool);
-      EXPECT_EQ(std::memcmp(y.data(), alone.data(), y.size() * sizeof(float)), 0) << "m=" << m;
+  // k = 1300: rows of x too long for L1, so blocks of rows run over k in chunks.
+  for (const int64_t k : {600, 1300}) {
+    const int64_t n = 43, max_m = 100;
+    auto x = Random(static_cast<size_t>(max_m * k), 6);
+    std::vector<float> w_stored;
+    auto w = Store(Random(static_cast<size_t>(n * k), 7, 0.1f), dtype, &w_stored);
+    for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+      SCOPED_TRACE(testing::Message() << hwy::TargetName(target) << " k=" << k);
+      hwy::SetSupportedTargetsForTest(target);
+      MatmulParams p;
+      p.w = w.data();
+      p.w_dtype = dtype;
+      p.n = n;
+      p.k = k;
+      std::vector<float> alone(static_cast<size_t>(max_m * n));
+      for (int64_t i = 0; i < max_m; ++i) {
+        p.x = x.data() + i * k;
+        p.y = alone.data() + i * n;
+        p.m = 1;
+        Matmul(p, nullptr);
+        for (int64_t j = 0; j < n; ++j) {
+          double ref = 0;
+          for (int64_t t = 0; t < k; ++t) {
+            ref += static_cast<double>(x[i * k + t]) * w_stored[j * k + t];
+          }
+          ASSERT_NEAR(alone[i * n + j], ref, 1e-4 * (1 + std::abs(ref))) << i << " " << j;
+        }
+      }
+      for (int64_t m : {6, 47, 53, 100}) {
+        std::vector<float> y(static_cast<size_t>(m * n), -1.0f);
+        p.x = x.data();
+        p.y = y.data();
+        p.m = m;
+        ASSERT_TRUE(p.Validate().ok());
+        Matmul(p, &pool);
+        EXPECT_EQ(std::memcmp(y.data(), alone.data(), y.size() * sizeof(float)), 0)
+            << "m=" << m;
+      }
     }
   }
 }
