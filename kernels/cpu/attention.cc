@@ -12,6 +12,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "kernels/cpu/lane_sums-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace rl::kernels::cpu {
@@ -26,25 +27,6 @@ using VF = hn::Vec<DF>;
 // Accumulators a phase keeps in registers: 16 of the 32 vector registers of AVX-512 and NEON,
 // 8 of AVX2's 16.
 constexpr int kAccumulators = HWY_TARGET == HWY_AVX2 ? 8 : 16;
-
-// The lane sums of n = Lanes(d) vectors at once: returns the vector whose lane t is the sum of
-// v[t]'s lanes, by a fixed pairwise tree (adjacent lanes first: ((x0 + x1) + (x2 + x3)) + ...),
-// the same for every t whatever the other vectors hold. n - 1 additions for n sums, where a
-// horizontal sum per vector costs about as much as its dot product. Overwrites v.
-HWY_INLINE VF SumLanesOfEach(DF d, VF* v, size_t n) {
-#if HWY_TARGET == HWY_SCALAR
-  (void)d;
-  (void)n;  // one lane: each vector is its own sum
-#else
-  for (; n > 1; n /= 2) {
-    for (size_t m = 0; m < n / 2; ++m) {
-      v[m] = hn::Add(hn::ConcatEven(d, v[2 * m + 1], v[2 * m]),
-                     hn::ConcatOdd(d, v[2 * m + 1], v[2 * m]));
-    }
-  }
-#endif
-  return v[0];
-}
 
 // exp(x - max) of `count` < Lanes(d) scores in place, returning them as a vector with zeros in
 // the lanes past `count` (the same Exp as full vectors: lanes are independent).
