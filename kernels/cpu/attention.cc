@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -294,12 +295,40 @@ namespace {
 // K/V row is read from memory once per tile instead of once per row. Decode: the heads of a
 // GQA group; prefill: also several tokens of one chunk.
 constexpr int kMaxTileRows = 8;
+// Query rows per task: a block of tokens × the heads of one KV head (chunk).
+constexpr int64_t kTaskRows = 32;
+// A run of at least this many rows on one sequence first copies the KV head's K and V rows of
+// the run's context into contiguous per-thread buffers: in the cache a head's row is a 1/num_kv_heads
+// slice of each slot, so its K and V land in a fraction of the L2's sets and evict each other
+// (measured: the tiles then wait on L3 for their K/V loads); contiguous, they stay in L2 for
+// all the run's tiles. Up to kMaxGathered positions (8 MiB of buffers per thread at head dim 256).
+constexpr int64_t kGatherMinRows = 8;
+constexpr int64_t kMaxGathered = 4096;
 
 struct Tile {
   int rows = 0;
   const float* q[kMaxTileRows];
   float* out[kMaxTileRows];
   int64_t len[kMaxTileRows];
+};
+
+// One KV head's K and V rows [0, len) of a sequence, contiguous (row stride = head_dim), and
+// the slot list 0, 1, ... that addresses them; grown once per thread.
+struct Gathered {
+  std::vector<float> kv;
+  std::vector<int32_t> iota;
+
+  void Fill(const float* k_cache, const float* v_cache, const int32_t* slots, int64_t len,
+            int64_t kv_dim, int64_t hd) {
+    if (kv.size() < static_cast<size_t>(2 * len * hd)) kv.resize(static_cast<size_t>(2 * len * hd));
+    while (iota.size() < static_cast<size_t>(len)) iota.push_back(static_cast<int32_t>(iota.size()));
+    for (int64_t j = 0; j < len; ++j) {
+      const int64_t from = static_cast<int64_t>(slots[j]) * kv_dim;
+      std::memcpy(kv.data() + j * hd, k_cache + from, static_cast<size_t>(hd) * sizeof(float));
+      std::memcpy(kv.data() + (len + j) * hd, v_cache + from,
+                  static_cast<size_t>(hd) * sizeof(float));
+    }
+  }
 };
 
 }  // namespace
@@ -310,15 +339,16 @@ void Attention(const AttentionParams& p, ThreadPool* pool) {
   // A task: a block of tokens × one KV head × a chunk of that head's query heads.
   const int64_t heads_per_tile = std::min<int64_t>(group, kMaxTileRows);
   const int64_t head_chunks = (group + heads_per_tile - 1) / heads_per_tile;
-  const int64_t tokens_per_task = std::max<int64_t>(1, kMaxTileRows / heads_per_tile);
+  const int64_t tokens_per_task = std::max<int64_t>(1, kTaskRows / heads_per_tile);
   const int64_t token_blocks = (p.num_tokens + tokens_per_task - 1) / tokens_per_task;
   const auto* k_cache = static_cast<const float*>(p.k_cache);
   const auto* v_cache = static_cast<const float*>(p.v_cache);
   auto run = [&](int64_t begin, int64_t end, int thread) {
+    thread_local Gathered gathered;  // the running thread's
     float* scores = p.workspace + static_cast<int64_t>(thread) * p.max_context;
     for (int64_t task = begin; task < end; ++task) {
-      // KV head outermost: consecutive tasks of a thread read the same head's K/V (which a
-      // core's L2 holds for a prefill chunk's context) instead of cycling through all heads.
+      // KV head outermost: consecutive tasks of a thread read the same head's K/V instead of
+      // cycling through all heads.
       const int64_t hc = task % head_chunks;
       const int64_t block = (task / head_chunks) % token_blocks;
       const int64_t kvh = task / (head_chunks * token_blocks);
@@ -329,14 +359,28 @@ void Attention(const AttentionParams& p, ThreadPool* pool) {
       // of rows whose scores fit the thread's workspace.
       for (int64_t t0 = block * tokens_per_task; t0 < t_end;) {
         int64_t t1 = t0 + 1;
-        while (t1 < t_end && p.slot_begin[t1] == p.slot_begin[t0]) ++t1;
+        int64_t run_len = p.context_len[t0];
+        while (t1 < t_end && p.slot_begin[t1] == p.slot_begin[t0]) {
+          run_len = std::max<int64_t>(run_len, p.context_len[t1]);
+          ++t1;
+        }
+        const float* k = k_cache + kvh * p.head_dim;
+        const float* v = v_cache + kvh * p.head_dim;
+        const int32_t* slots = p.slots + p.slot_begin[t0];
+        int64_t stride = kv_dim;
+        if ((t1 - t0) * (h1 - h0) >= kGatherMinRows && run_len <= kMaxGathered) {
+          gathered.Fill(k, v, slots, run_len, kv_dim, p.head_dim);
+          k = gathered.kv.data();
+          v = k + run_len * p.head_dim;
+          slots = gathered.iota.data();
+          stride = p.head_dim;
+        }
         Tile tile;
         int64_t tile_max_len = 0;
         auto flush = [&] {
           if (tile.rows == 0) return;
           HWY_DYNAMIC_DISPATCH(AttendTileImpl)
-          (tile.rows, tile.q, tile.out, tile.len, k_cache + kvh * p.head_dim,
-           v_cache + kvh * p.head_dim, p.slots + p.slot_begin[t0], kv_dim, p.head_dim, p.scale,
+          (tile.rows, tile.q, tile.out, tile.len, k, v, slots, stride, p.head_dim, p.scale,
            scores);
           tile.rows = 0;
           tile_max_len = 0;
