@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <numeric>
 #include <utility>
 #include <vector>
 
@@ -215,7 +216,7 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
 // kChunkElems (all of the slab's tiles per chunk) so its x stays in L1 (48 KiB on Sapphire Rapids,
 // 32 on Zen 4) while the tiles pass over it, instead of streaming from L2 once per tile.
 constexpr int64_t kChunkedXBytes = 24 << 10;
-constexpr int64_t kChunkElems = 512;  // a multiple of every step (16 and 32 floats)
+constexpr int64_t kChunkElems = 1024;  // a multiple of every step (16 and 32 floats)
 // The widest slab when chunking: its tiles' accumulators wait in a stack buffer between chunks.
 constexpr int64_t kMaxChunkedSlab = 64;
 
@@ -268,7 +269,11 @@ template <DType kW>
 void MatmulColumns(const float* x, const void* w, float* y, int64_t m, int64_t n, int64_t k,
                    int64_t c_begin, int64_t c_end) {
   const int64_t col_bytes = k * model_io::DTypeSize(kW);
-  int64_t slab = std::max<int64_t>(8, (int64_t{256} << 10) / std::max<int64_t>(1, col_bytes));
+  // A whole number of tiles of both widths (8 on AVX-512, 12 on AVX2): a slab's leftover
+  // columns would run as single-column tiles, at a fraction of the speed.
+  constexpr int64_t kSlabQuantum = std::lcm(kGemmCols, kGemvCols);
+  int64_t slab = (int64_t{256} << 10) / std::max<int64_t>(1, col_bytes);
+  slab = std::max(kSlabQuantum, slab - slab % kSlabQuantum);
   if (kGemmRows * k * static_cast<int64_t>(sizeof(float)) > kChunkedXBytes) {
     slab = std::min(slab, kMaxChunkedSlab);  // RowBlock may chunk k: carry room for the slab
   }
