@@ -1,6 +1,6 @@
 #include "kernels/cpu/silu_mul.h"
 
-#include <cmath>
+#include "kernels/cpu/vec_ops.h"
 
 namespace rl::kernels::cpu {
 
@@ -13,10 +13,7 @@ absl::Status SiluMulParams::Validate() const {
 
 void SiluMul(const SiluMulParams& p, ThreadPool* pool) {
   auto run = [&](int64_t begin, int64_t end, int) {
-    for (int64_t i = begin; i < end; ++i) {
-      const float g = p.gate[i];
-      p.out[i] = g / (1.0f + std::exp(-g)) * p.up[i];
-    }
+    SiluMulRange(p.gate + begin, p.up + begin, p.out + begin, end - begin);
   };
   if (pool == nullptr || p.n < 16384) {
     run(0, p.n, 0);

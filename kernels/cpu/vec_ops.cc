@@ -4,6 +4,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/vec_ops.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace rl::kernels::cpu {
@@ -63,6 +64,31 @@ uint64_t XorWordsImpl(const void* data, int64_t bytes) {
   return x;
 }
 
+void SiluMulRangeImpl(const float* gate, const float* up, float* out, int64_t n) {
+  using DF = hn::ScalableTag<float>;
+  using VF = hn::Vec<DF>;
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const VF one = hn::Set(d, 1.0f);
+  const VF max_arg = hn::Set(d, 104.0f);  // Exp's range; e^104 is +inf in float, as std::exp
+  auto silu_mul = [&](VF g, VF u) {
+    return hn::Mul(hn::Div(g, hn::Add(one, hn::Exp(d, hn::Min(hn::Neg(g), max_arg)))), u);
+  };
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    hn::StoreU(silu_mul(hn::LoadU(d, gate + i), hn::LoadU(d, up + i)), d, out + i);
+  }
+  if (i < n) {  // the tail through a full vector, lane for lane the same operations
+    HWY_ALIGN float g[HWY_LANES(float)] = {}, u[HWY_LANES(float)] = {}, o[HWY_LANES(float)];
+    for (int64_t t = 0; t < n - i; ++t) {
+      g[t] = gate[i + t];
+      u[t] = up[i + t];
+    }
+    hn::Store(silu_mul(hn::Load(d, g), hn::Load(d, u)), d, o);
+    for (int64_t t = 0; t < n - i; ++t) out[i + t] = o[t];
+  }
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace rl::kernels::cpu
 HWY_AFTER_NAMESPACE();
@@ -75,6 +101,7 @@ HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(ScaleImpl);
 HWY_EXPORT(XorWordsImpl);
+HWY_EXPORT(SiluMulRangeImpl);
 
 float Dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
 float SumSquares(const float* a, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(a, n); }
@@ -84,6 +111,10 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
 void Scale(float alpha, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(alpha, y, n); }
 uint64_t XorWords(const void* data, int64_t bytes) {
   return bytes < 8 ? 0 : HWY_DYNAMIC_DISPATCH(XorWordsImpl)(data, bytes);
+}
+
+void SiluMulRange(const float* gate, const float* up, float* out, int64_t n) {
+  if (n > 0) HWY_DYNAMIC_DISPATCH(SiluMulRangeImpl)(gate, up, out, n);
 }
 
 }  // namespace rl::kernels::cpu

@@ -16,6 +16,9 @@ float SumSquares(const float* a, int64_t n);
 void Axpy(float alpha, const float* x, float* y, int64_t n);
 // y[i] *= alpha
 void Scale(float alpha, float* y, int64_t n);
+// out[i] = silu(gate[i]) · up[i] = gate[i] / (1 + e^-gate[i]) · up[i], elementwise with
+// Highway's vectorized Exp (1 ULP); the same operations for every element wherever it sits.
+void SiluMulRange(const float* gate, const float* up, float* out, int64_t n);
 // XOR of every 8-byte word of `data` (a trailing partial word is ignored): a read-only stream
 // with four independent SIMD accumulators, for measuring the read bandwidth (runner_bench).
 uint64_t XorWords(const void* data, int64_t bytes);

@@ -559,6 +559,34 @@ TEST(SiluMulTest, MatchesReference) {
   }
 }
 
+// Every target, a length with a tail, and gates far outside exp's range: silu(-200) is -0 (e^200
+// overflows to +inf), silu(200) is 200; an element's value does not depend on where it sits.
+TEST(SiluMulTest, ExtremesAndTailsOnEveryTarget) {
+  struct ResetTargets {
+    ~ResetTargets() { hwy::SetSupportedTargetsForTest(0); }
+  } reset;
+  std::vector<float> g = {-200.0f, -104.5f, -88.0f, -1.0f, -0.0f, 0.0f, 1e-30f, 1.0f, 20.0f, 200.0f};
+  auto extra = Random(27, 16, 4.0f);
+  g.insert(g.end(), extra.begin(), extra.end());
+  const auto u = Random(g.size(), 17);
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    std::vector<float> out(g.size(), 7.0f);
+    SiluMulParams p{g.data(), u.data(), out.data(), static_cast<int64_t>(g.size())};
+    SiluMul(p, nullptr);
+    for (size_t i = 0; i < g.size(); ++i) {
+      const double ref = g[i] / (1.0 + std::exp(-static_cast<double>(g[i]))) * u[i];
+      ASSERT_NEAR(out[i], ref, 1e-5 * (1 + std::abs(ref))) << "gate " << g[i];
+      ASSERT_TRUE(std::isfinite(out[i])) << "gate " << g[i];
+      float one = 0.0f;  // the same element alone
+      SiluMulParams alone{&g[i], &u[i], &one, 1};
+      SiluMul(alone, nullptr);
+      ASSERT_EQ(std::memcmp(&one, &out[i], sizeof(float)), 0) << "gate " << g[i];
+    }
+  }
+}
+
 TEST(EmbeddingTest, GathersAndWidens) {
   std::vector<float> stored;
   auto table = Store(Random(5 * 3, 15), DType::kF16, &stored);
