@@ -11,6 +11,7 @@
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/cache_control.h"
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "kernels/cpu/lane_sums-inl.h"
@@ -53,6 +54,10 @@ HWY_INLINE VF ExpTail(DF d, float* x, int64_t count, VF max) {
 // Sharing only saves memory traffic and instructions: each K and V row is loaded once for all
 // kR rows, several positions' dot products share each query load, several head-dim blocks share
 // each probability broadcast. `scores` holds kR × max(len) floats.
+// K and V rows are prefetched this many positions ahead: a decode token's K/V come from
+// memory, one head's slice of each slot, which the hardware prefetchers follow poorly.
+constexpr int64_t kPrefetchPositions = 8;
+
 template <int kR>
 void AttendRows(const float* const* q, float* const* out, const int64_t* len, const float* k,
                 const float* v, const int32_t* slots, int64_t kv_dim, int64_t hd, float scale,
@@ -82,6 +87,13 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
       const float* kj[kP];
       RL_UNROLL for (int p = 0; p < kP; ++p) {
         kj[p] = k + static_cast<int64_t>(slots[j0 + jj + p]) * kv_dim;
+        const int64_t ahead = j0 + jj + p + kPrefetchPositions;
+        if (ahead < max_len) {
+          const auto* row = reinterpret_cast<const char*>(k + slots[ahead] * kv_dim);
+          for (int64_t b = 0; b < hd * static_cast<int64_t>(sizeof(float)); b += 64) {
+            hwy::Prefetch(row + b);
+          }
+        }
       }
       VF acc[kR][kP];
       RL_UNROLL for (int r = 0; r < kR; ++r) {
@@ -161,6 +173,10 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
     }
     auto add = [&](int64_t j, auto all_rows) {
       const float* vj = v + static_cast<int64_t>(slots[j]) * kv_dim + i;
+      if (j + kPrefetchPositions < max_len) {
+        const float* next = v + static_cast<int64_t>(slots[j + kPrefetchPositions]) * kv_dim + i;
+        RL_UNROLL for (int b = 0; b < kB; ++b) hwy::Prefetch(next + b * lanes);
+      }
       VF vv[kB];
       RL_UNROLL for (int b = 0; b < kB; ++b) vv[b] = hn::LoadU(d, vj + b * lanes);
       RL_UNROLL for (int r = 0; r < kR; ++r) {
