@@ -1,7 +1,9 @@
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_bf16.h"
 
 #include <algorithm>
 #include <numeric>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -322,10 +324,15 @@ absl::Status MatmulParams::Validate() const {
 
 namespace {
 
-// Columns [c0, c1) of one matmul, bias included.
-void RunColumns(const MatmulParams& p, int64_t c0, int64_t c1) {
-  HWY_DYNAMIC_DISPATCH(MatmulColumnsImpl)(p.x, p.w, static_cast<int>(p.w_dtype), p.y, p.m, p.n,
-                                          p.k, c0, c1);
+// Columns [c0, c1) of one matmul, bias included; with `xb`, in bf16-products mode from x
+// rounded to bf16.
+void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c1) {
+  if (xb != nullptr) {
+    MatmulColumnsBf16(xb, static_cast<const uint16_t*>(p.w), p.y, p.m, p.n, p.k, c0, c1);
+  } else {
+    HWY_DYNAMIC_DISPATCH(MatmulColumnsImpl)(p.x, p.w, static_cast<int>(p.w_dtype), p.y, p.m,
+                                            p.n, p.k, c0, c1);
+  }
   if (p.bias == nullptr) return;
   // Bias elements widened one at a time: no allocation on the step path.
   const int64_t bsize = model_io::DTypeSize(p.bias_dtype);
@@ -355,15 +362,50 @@ absl::Status ValidateMatmulGroup(absl::Span<const MatmulParams> group) {
   return absl::OkStatus();
 }
 
-void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool) {
+namespace {
+
+// x as the tiles read it, one copy per distinct (x, k) of a group's BF16 matmuls, made by all
+// threads before the matmuls start: for the float32 path with each block split into even and
+// odd elements (PackPairsImpl), in bf16-products mode rounded to bf16. The copies are the
+// calling thread's, grown to the largest m × k it has seen and then reused (no allocation per
+// step).
+template <typename T>
+void PackSources(absl::Span<const std::pair<const float*, int64_t>> sources, int64_t m,
+                 std::vector<std::vector<T>>& packed, ThreadPool* pool) {
+  if (packed.size() < sources.size()) packed.resize(sources.size());
+  for (size_t j = 0; j < sources.size(); ++j) {
+    const size_t need = static_cast<size_t>(m * sources[j].second);
+    if (packed[j].size() < need) packed[j].resize(need);
+  }
+  auto pack = [&](int64_t begin, int64_t end, int) {
+    for (int64_t t = begin; t < end;) {  // rows of source t / m, up to the next source
+      const size_t j = static_cast<size_t>(t / m);
+      const int64_t r1 = std::min(end, static_cast<int64_t>(j + 1) * m);
+      const int64_t row = t % m;
+      if constexpr (std::is_same_v<T, float>) {
+        HWY_DYNAMIC_DISPATCH(PackPairsImpl)(sources[j].first, sources[j].second, row,
+                                            row + (r1 - t), packed[j].data());
+      } else {
+        PackRowsBf16(sources[j].first, sources[j].second, row, row + (r1 - t), packed[j].data());
+      }
+      t = r1;
+    }
+  };
+  const int64_t rows = m * static_cast<int64_t>(sources.size());
+  if (pool == nullptr) {
+    pack(0, rows, 0);
+  } else {
+    pool->ParallelFor(rows, pack);
+  }
+}
+
+void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_products) {
   if (group.empty() || group[0].m == 0) return;
   const int64_t m = group[0].m;
-  // BF16 matmuls read x from a copy packed for their paired loads (PackPairsImpl): one per
-  // distinct (x, k), made by all threads before the matmuls start. The copies are the calling
-  // thread's, grown to the largest m × k it has seen and then reused (no allocation per step).
-  thread_local std::vector<std::vector<float>> packed_of_thread;
-  std::vector<std::vector<float>>& packed = packed_of_thread;  // the pool's threads write it
+  thread_local std::vector<std::vector<float>> paired_of_thread;
+  thread_local std::vector<std::vector<uint16_t>> bf16_of_thread;
   absl::InlinedVector<MatmulParams, 4> runs(group.begin(), group.end());
+  absl::InlinedVector<const uint16_t*, 4> xb(runs.size(), nullptr);
   absl::InlinedVector<std::pair<const float*, int64_t>, 4> sources;  // distinct (x, k)
   absl::InlinedVector<size_t, 4> source_of(runs.size(), 0);
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -373,27 +415,15 @@ void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool) {
     source_of[i] = static_cast<size_t>(it - sources.begin());
     if (it == sources.end()) sources.push_back(key);
   }
-  if (!sources.empty()) {
-    if (packed.size() < sources.size()) packed.resize(sources.size());
-    for (size_t j = 0; j < sources.size(); ++j) {
-      const size_t need = static_cast<size_t>(m * sources[j].second);
-      if (packed[j].size() < need) packed[j].resize(need);
+  if (!sources.empty() && bf16_products) {
+    std::vector<std::vector<uint16_t>>& packed = bf16_of_thread;  // the pool's threads write it
+    PackSources<uint16_t>(sources, m, packed, pool);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      if (runs[i].w_dtype == model_io::DType::kBF16) xb[i] = packed[source_of[i]].data();
     }
-    const int64_t rows = m * static_cast<int64_t>(sources.size());
-    auto pack = [&](int64_t begin, int64_t end, int) {
-      for (int64_t t = begin; t < end;) {  // rows of source t / m, up to the next source
-        const size_t j = static_cast<size_t>(t / m);
-        const int64_t r1 = std::min(end, static_cast<int64_t>(j + 1) * m);
-        HWY_DYNAMIC_DISPATCH(PackPairsImpl)(sources[j].first, sources[j].second, t % m,
-                                            t % m + (r1 - t), packed[j].data());
-        t = r1;
-      }
-    };
-    if (pool == nullptr) {
-      pack(0, rows, 0);
-    } else {
-      pool->ParallelFor(rows, pack);
-    }
+  } else if (!sources.empty()) {
+    std::vector<std::vector<float>>& packed = paired_of_thread;
+    PackSources<float>(sources, m, packed, pool);
     for (size_t i = 0; i < runs.size(); ++i) {
       if (runs[i].w_dtype == model_io::DType::kBF16) runs[i].x = packed[source_of[i]].data();
     }
@@ -407,11 +437,14 @@ void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool) {
   for (const MatmulParams& p : runs) num_chunks += (p.n + quantum - 1) / quantum;
   auto run = [&](int64_t chunk_begin, int64_t chunk_end, int) {
     int64_t first = 0;  // the first chunk of runs[i]
-    for (const MatmulParams& p : runs) {
+    for (size_t i = 0; i < runs.size(); ++i) {
+      const MatmulParams& p = runs[i];
       const int64_t chunks = (p.n + quantum - 1) / quantum;
       const int64_t b = std::max(chunk_begin, first);
       const int64_t e = std::min(chunk_end, first + chunks);
-      if (b < e) RunColumns(p, (b - first) * quantum, std::min(p.n, (e - first) * quantum));
+      if (b < e) {
+        RunColumns(p, xb[i], (b - first) * quantum, std::min(p.n, (e - first) * quantum));
+      }
       first += chunks;
     }
   };
@@ -420,6 +453,29 @@ void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool) {
   } else {
     pool->ParallelFor(num_chunks, run);
   }
+}
+
+}  // namespace
+
+void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool) {
+  RunGroup(group, pool, /*bf16_products=*/false);
+}
+
+absl::Status ValidateMatmulGroupBf16Products(absl::Span<const MatmulParams> group) {
+  if (absl::Status s = ValidateMatmulGroup(group); !s.ok()) return s;
+  for (const MatmulParams& p : group) {
+    if (p.w_dtype != model_io::DType::kBF16) {
+      return absl::InvalidArgumentError("matmul: bf16 products need BF16 weights");
+    }
+  }
+  if (!Bf16ProductsSupported()) {
+    return absl::FailedPreconditionError("matmul: bf16 products need a CPU with AVX512-BF16");
+  }
+  return absl::OkStatus();
+}
+
+void MatmulGroupBf16Products(absl::Span<const MatmulParams> group, ThreadPool* pool) {
+  RunGroup(group, pool, /*bf16_products=*/true);
 }
 
 }  // namespace rl::kernels::cpu
