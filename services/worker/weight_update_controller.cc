@@ -119,22 +119,11 @@ class WeightUpdateController::Claim {
     group_->busy = false;
   }
 
+  const std::shared_ptr<Group>& group() const { return group_; }
   weight_sync::WeightReceiver* receiver() const { return receiver_.get(); }
   const std::shared_ptr<weight_sync::WeightReceiver>& shared_receiver() const { return receiver_; }
   PendingReceive* pending() const { return pending_.get(); }
-
-  // Whether the claimed group is still joined under `name` (not destroyed or shut down).
-  bool Current(const std::string& name) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
-    auto it = owner_->groups_.find(name);
-    return it != owner_->groups_.end() && it->second == group_;
-  }
-  // Hands `pending` to the group (it must be Current, with no prepared receive).
-  void Post(std::unique_ptr<PendingReceive> pending) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) {
-    group_->pending = std::move(pending);
-  }
-  // Gives the held prepared receive back to the group.
-  void Restore() ABSL_EXCLUSIVE_LOCKS_REQUIRED(owner_->mu_) { Post(std::move(pending_)); }
+  std::unique_ptr<PendingReceive> TakePending() { return std::move(pending_); }
 
  private:
   WeightUpdateController* owner_;
@@ -183,6 +172,12 @@ WeightUpdateStatus WeightUpdateController::status() const {
   return out;
 }
 
+bool WeightUpdateController::Joined(const std::string& name,
+                                    const std::shared_ptr<Group>& group) const {
+  auto it = groups_.find(name);
+  return it != groups_.end() && it->second == group;
+}
+
 void WeightUpdateController::NotifyUpdating() {
   if (deps_.updating_changed) deps_.updating_changed();
 }
@@ -198,23 +193,38 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::RunWeightUpdate(
   NotifyUpdating();
   AdminOutcome out;
   engine::Engine& engine = *deps_.engine;
-  absl::Status status = engine.RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
+  // Whether a failure resumes the engine: it was running before this update paused it.
+  bool resume_on_failure = false;
+  // A self-pausing update pauses in a step of its own, so the pause is published (GetServerInfo
+  // shows it) while `apply` holds the engine thread, e.g. receiving. The decision and the pause
+  // are one engine-thread step: nothing starts or pauses between them.
+  absl::Status status = absl::OkStatus();
+  if (options.self_pause) {
+    status = engine.RunOnEngineThread([&](engine::EngineContext& ctx) {
+      resume_on_failure = !ctx.paused();
+      if (!(ctx.paused() && ctx.pause_mode() >= engine::PauseMode::kRetract)) {
+        ctx.Pause(engine::PauseMode::kRetract);
+      }
+      return absl::OkStatus();
+    });
+  }
+  if (status.ok()) status = engine.RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
     const bool active = ctx.has_running() || ctx.has_waiting();
     const bool retracted = ctx.paused() && ctx.pause_mode() >= engine::PauseMode::kRetract;
     // Decided here, on the engine thread: nothing can start or pause between the check and
-    // the pause below.
+    // the pause below. A self-pausing update retracts whatever a Continue let run meanwhile.
     if (active && !policy.abort_all_requests && !retracted && !options.self_pause) {
       const engine::ServerInfo info = ctx.info();
       return absl::FailedPreconditionError(
           absl::StrCat(what, ": ", info.num_running, " running and ", info.num_waiting,
                        " waiting requests; pass abort_all_requests or pause with retract first"));
     }
-    const bool was_paused = ctx.paused();
+    if (!options.self_pause) resume_on_failure = !ctx.paused();
     if (!retracted) ctx.Pause(engine::PauseMode::kRetract);
     if (policy.abort_all_requests)
       out.num_aborted = ctx.AbortAll(absl::StrCat(what, " aborted it"));
     if (absl::Status s = apply(ctx.runner()); !s.ok()) {
-      if (!options.failure_keeps_pause && !was_paused && !deps_.asleep()) ctx.Continue();
+      if (!options.failure_keeps_pause && resume_on_failure && !deps_.asleep()) ctx.Continue();
       return s;
     }
     RETURN_IF_ERROR(ctx.FlushCache());
@@ -443,7 +453,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::PrepareWeightsUpdate(
   }
   {
     absl::MutexLock lock(&mu_);
-    if (claim.Current(group_name)) claim.Post(std::move(p));
+    if (Joined(group_name, claim.group())) claim.group()->pending = std::move(p);
   }
   if (p != nullptr) {  // destroyed (or shut down) meanwhile: its receiver is closed
     p->thread.join();
@@ -484,8 +494,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdate(
   bool kept = false;
   {
     absl::MutexLock lock(&mu_);
-    if (claim.Current(group_name)) {
-      claim.Restore();
+    if (Joined(group_name, claim.group())) {
+      claim.group()->pending = claim.TakePending();
       kept = true;
     }
   }

@@ -197,6 +197,9 @@ class WeightUpdateController {
   absl::StatusOr<Claim> CheckAndClaim(const std::string& group_name,
                                       const std::vector<std::vector<model::TensorInfo>>& buckets,
                                       ClaimFor what);
+  // Whether `group` is still joined under `name` (not destroyed or shut down meanwhile).
+  bool Joined(const std::string& name, const std::shared_ptr<Group>& group) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NotifyUpdating();
 
   explicit WeightUpdateController(Deps deps);

@@ -68,6 +68,21 @@ class DistributedUpdateTest : public WorkerFixture {
     return call.get();
   }
 
+  // Prepare → the trainer broadcasts `buckets` → Complete with `complete` (on group "train").
+  grpc::Status TwoPhaseUpdate(const std::vector<weight_sync::Bucket>& buckets,
+                              rl::v1::CompleteWeightsUpdateRequest complete,
+                              rl::v1::AdminResponse* resp) {
+    rl::v1::PrepareWeightsUpdateRequest prepare;
+    AddBuckets(buckets, &prepare);
+    grpc::Status s = Call(&Stub::PrepareWeightsUpdate, prepare, resp);
+    if (!s.ok()) return s;
+    if (absl::Status sent = BroadcastAll(sender_.get(), buckets); !sent.ok()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, std::string(sent.message()));
+    }
+    complete.set_group_name("train");
+    return Call(&Stub::CompleteWeightsUpdate, complete, resp);
+  }
+
   void ExpectServes(const model_io::Checkpoint& ckpt) {
     rl::v1::WeightsCheckerRequest req;
     req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
@@ -296,21 +311,17 @@ TEST_F(DistributedUpdateTest, CompleteRetractsAQueueThatAnInPlacePauseHolds) {
   pause.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
   ASSERT_TRUE(Call(&Stub::PauseGeneration, pause, &resp).ok());
   rl::v1::GenerateFinal queued;
-  auto generate = std::async(std::launch::async, [&] { return Generate(Greedy(kPromptIds, 8), &queued); });
+  auto generate =
+      std::async(std::launch::async, [&] { return Generate(Greedy(kPromptIds, 8), &queued); });
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
   while (ServerInfo().num_waiting() == 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   ASSERT_EQ(ServerInfo().num_waiting(), 1);
 
-  rl::v1::PrepareWeightsUpdateRequest prepare;
-  AddBuckets(plan->buckets, &prepare);
-  ASSERT_TRUE(Call(&Stub::PrepareWeightsUpdate, prepare, &resp).ok());
-  ASSERT_TRUE(BroadcastAll(sender_.get(), plan->buckets).ok());
   rl::v1::CompleteWeightsUpdateRequest complete;
-  complete.set_group_name("train");
   complete.set_weight_version(4);
-  grpc::Status s = Call(&Stub::CompleteWeightsUpdate, complete, &resp);
+  grpc::Status s = TwoPhaseUpdate(plan->buckets, complete, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
   ExpectServes(plan->ckpt);
   s = generate.get();
@@ -328,14 +339,9 @@ TEST_F(DistributedUpdateTest, FlushCacheFalseStillFlushesThePrefixCache) {
 
   GreedyIds();
   ASSERT_GT(ServerInfo().tree_cache_tokens(), 0);
-  rl::v1::PrepareWeightsUpdateRequest prepare;
-  AddBuckets(plan->buckets, &prepare);
-  ASSERT_TRUE(Call(&Stub::PrepareWeightsUpdate, prepare, &resp).ok());
-  ASSERT_TRUE(BroadcastAll(sender_.get(), plan->buckets).ok());
   rl::v1::CompleteWeightsUpdateRequest complete;
-  complete.set_group_name("train");
   complete.set_flush_cache(false);
-  grpc::Status s = Call(&Stub::CompleteWeightsUpdate, complete, &resp);
+  grpc::Status s = TwoPhaseUpdate(plan->buckets, complete, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(ServerInfo().tree_cache_tokens(), 0);
 
