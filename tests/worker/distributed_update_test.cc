@@ -398,6 +398,28 @@ TEST_F(DistributedUpdateTest, RacingReceivesOnOneGroupAreRefusedNotInterleaved) 
   ExpectServes(plan->ckpt);
 }
 
+// Asleep (ReleaseMemory), a two-phase update is checked against the served weights' names and
+// shapes (read at start, no engine round trip), staged, and served on wake.
+TEST_F(DistributedUpdateTest, TwoPhaseUpdateWhileAsleepServesOnWake) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "attn", 0.8f);
+  auto plan = PlanCheckpoint(dir.path(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  rl::v1::AdminResponse resp;
+  ASSERT_TRUE(Call(&Stub::ReleaseMemory, rl::v1::ReleaseMemoryRequest(), &resp).ok());
+  ASSERT_TRUE(ServerInfo().asleep());
+  rl::v1::CompleteWeightsUpdateRequest complete;
+  complete.set_weight_version(6);
+  grpc::Status s = TwoPhaseUpdate(plan->buckets, complete, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(ServerInfo().weight_version(), 6);
+  EXPECT_TRUE(ServerInfo().asleep());  // staged, still asleep
+  s = Call(&Stub::ResumeMemory, rl::v1::ResumeMemoryRequest(), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(ServerInfo().asleep());
+  ExpectServes(plan->ckpt);
+}
+
 TEST(DistributedInitTest, InitWithoutATrainerTimesOutClearly) {
   WorkerConfig config;
   config.model_path = Stories();
