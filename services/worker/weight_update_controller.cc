@@ -137,8 +137,7 @@ WeightUpdateController::WeightUpdateController(Deps deps) : deps_(std::move(deps
   if (!deps_.connect) deps_.connect = weight_sync::ConnectReceiver;
 }
 
-absl::StatusOr<std::unique_ptr<WeightUpdateController>> WeightUpdateController::Create(
-    Deps deps) {
+absl::StatusOr<std::unique_ptr<WeightUpdateController>> WeightUpdateController::Create(Deps deps) {
   std::unique_ptr<WeightUpdateController> c(new WeightUpdateController(std::move(deps)));
   ASSIGN_OR_RETURN(c->served_, c->ListWeights());
   return c;
@@ -208,34 +207,35 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::RunWeightUpdate(
       return absl::OkStatus();
     });
   }
-  if (status.ok()) status = engine.RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
-    const bool active = ctx.has_running() || ctx.has_waiting();
-    const bool retracted = ctx.paused() && ctx.pause_mode() >= engine::PauseMode::kRetract;
-    // Decided here, on the engine thread: nothing can start or pause between the check and
-    // the pause below. A self-pausing update retracts whatever a Continue let run meanwhile.
-    if (active && !policy.abort_all_requests && !retracted && !options.self_pause) {
-      const engine::ServerInfo info = ctx.info();
-      return absl::FailedPreconditionError(
-          absl::StrCat(what, ": ", info.num_running, " running and ", info.num_waiting,
-                       " waiting requests; pass abort_all_requests or pause with retract first"));
-    }
-    if (!options.self_pause) resume_on_failure = !ctx.paused();
-    if (!retracted) ctx.Pause(engine::PauseMode::kRetract);
-    if (policy.abort_all_requests)
-      out.num_aborted = ctx.AbortAll(absl::StrCat(what, " aborted it"));
-    if (absl::Status s = apply(ctx.runner()); !s.ok()) {
-      if (!options.failure_keeps_pause && resume_on_failure && !deps_.asleep()) ctx.Continue();
-      return s;
-    }
-    RETURN_IF_ERROR(ctx.FlushCache());
-    const int64_t version = policy.weight_version.value_or(ctx.weight_version() + 1);
-    ctx.set_weight_version(version);
-    // Asleep: the runner staged the weights (sleepable_runner.h); they serve on wake, which
-    // resumes the engine.
-    if (!policy.keep_pause && !deps_.asleep()) ctx.Continue();
-    out.weight_version = version;
-    return absl::OkStatus();
-  });
+  if (status.ok())
+    status = engine.RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
+      const bool active = ctx.has_running() || ctx.has_waiting();
+      const bool retracted = ctx.paused() && ctx.pause_mode() >= engine::PauseMode::kRetract;
+      // Decided here, on the engine thread: nothing can start or pause between the check and
+      // the pause below. A self-pausing update retracts whatever a Continue let run meanwhile.
+      if (active && !policy.abort_all_requests && !retracted && !options.self_pause) {
+        const engine::ServerInfo info = ctx.info();
+        return absl::FailedPreconditionError(
+            absl::StrCat(what, ": ", info.num_running, " running and ", info.num_waiting,
+                         " waiting requests; pass abort_all_requests or pause with retract first"));
+      }
+      if (!options.self_pause) resume_on_failure = !ctx.paused();
+      if (!retracted) ctx.Pause(engine::PauseMode::kRetract);
+      if (policy.abort_all_requests)
+        out.num_aborted = ctx.AbortAll(absl::StrCat(what, " aborted it"));
+      if (absl::Status s = apply(ctx.runner()); !s.ok()) {
+        if (!options.failure_keeps_pause && resume_on_failure && !deps_.asleep()) ctx.Continue();
+        return s;
+      }
+      RETURN_IF_ERROR(ctx.FlushCache());
+      const int64_t version = policy.weight_version.value_or(ctx.weight_version() + 1);
+      ctx.set_weight_version(version);
+      // Asleep: the runner staged the weights (sleepable_runner.h); they serve on wake, which
+      // resumes the engine.
+      if (!policy.keep_pause && !deps_.asleep()) ctx.Continue();
+      out.weight_version = version;
+      return absl::OkStatus();
+    });
   updates_in_progress_.fetch_sub(1);
   NotifyUpdating();
   out.duration_us = MicrosSince(start);
@@ -307,24 +307,22 @@ absl::StatusOr<WeightUpdateController::Claim> WeightUpdateController::CheckAndCl
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
     const std::string& model_path, const UpdatePolicy& policy) {
   RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
-  return RunWeightUpdate(
-      "update_weights_from_disk", policy,
-      [&](model::ModelRunner& runner) {
-        return Annotate(runner.LoadWeightsFromDisk(model_path), model_path);
-      },
-      {});
+  return RunWeightUpdate("update_weights_from_disk", policy,
+                         [&](model::ModelRunner& runner) {
+                           return Annotate(runner.LoadWeightsFromDisk(model_path), model_path);
+                         },
+                         {});
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
     std::vector<NamedTensor> tensors, const UpdatePolicy& policy) {
   if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
-  return RunWeightUpdate(
-      "update_weights_from_tensor", policy,
-      [&](model::ModelRunner& runner) { return ApplyStaged(runner, tensors); }, {});
+  return RunWeightUpdate("update_weights_from_tensor", policy,
+                         [&](model::ModelRunner& runner) { return ApplyStaged(runner, tensors); },
+                         {});
 }
 
-absl::StatusOr<AdminOutcome> WeightUpdateController::InitWeightsUpdateGroup(
-    const GroupRequest& r) {
+absl::StatusOr<AdminOutcome> WeightUpdateController::InitWeightsUpdateGroup(const GroupRequest& r) {
   if (r.group_name.empty()) return absl::InvalidArgumentError("group_name: must not be empty");
   if (r.master_address.empty())
     return absl::InvalidArgumentError("master_address: must not be empty");
@@ -438,14 +436,14 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::PrepareWeightsUpdate(
   // Ready once the first bucket's receive is posted (the transport waits for its header: tcp
   // buffers what the trainer sends, nccl joins the broadcast after the header), or the
   // receive's error when it ended before (a closed or broken group).
-  raw->thread = std::thread([raw, receiver = claim.shared_receiver(),
-                             buckets = std::move(buckets)] {
-    raw->status = ReceiveBuckets(receiver.get(), buckets, &raw->tensors, [raw] {
-      raw->posted = true;
-      raw->settled.Notify();
-    });
-    if (!raw->posted) raw->settled.Notify();
-  });
+  raw->thread =
+      std::thread([raw, receiver = claim.shared_receiver(), buckets = std::move(buckets)] {
+        raw->status = ReceiveBuckets(receiver.get(), buckets, &raw->tensors, [raw] {
+          raw->posted = true;
+          raw->settled.Notify();
+        });
+        if (!raw->posted) raw->settled.Notify();
+      });
   raw->settled.WaitForNotification();
   if (!raw->posted) {
     raw->thread.join();
@@ -479,17 +477,17 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdate(
                     "was applied; prepare again)");
   }
   bool applying = false;
-  absl::StatusOr<AdminOutcome> out = RunWeightUpdate(
-      "complete_weights_update", policy,
-      [&](model::ModelRunner& runner) {
-        applying = true;
-        return ApplyStaged(runner, p.tensors);
-      },
-      {.self_pause = true});
+  absl::StatusOr<AdminOutcome> out = RunWeightUpdate("complete_weights_update", policy,
+                                                     [&](model::ModelRunner& runner) {
+                                                       applying = true;
+                                                       return ApplyStaged(runner, p.tensors);
+                                                     },
+                                                     {.self_pause = true});
   if (out.ok()) return out;
   if (applying) {
-    return WithNote(out.status(), "the prepared update is dropped (its tensors were applied or "
-                                  "refused; prepare again)");
+    return WithNote(out.status(),
+                    "the prepared update is dropped (its tensors were applied or "
+                    "refused; prepare again)");
   }
   bool kept = false;
   {
@@ -499,24 +497,22 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdate(
       kept = true;
     }
   }
-  return WithNote(out.status(),
-                  kept ? "nothing was applied and the prepared update is kept (call "
-                         "CompleteWeightsUpdate again)"
-                       : "nothing was applied; the group was destroyed meanwhile");
+  return WithNote(out.status(), kept ? "nothing was applied and the prepared update is kept (call "
+                                       "CompleteWeightsUpdate again)"
+                                     : "nothing was applied; the group was destroyed meanwhile");
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveWeights(
     const std::string& group_name, std::vector<std::vector<model::TensorInfo>> buckets,
     const UpdatePolicy& policy) {
   ASSIGN_OR_RETURN(const Claim claim, CheckAndClaim(group_name, buckets, ClaimFor::kReceive));
-  return RunWeightUpdate(
-      "receive_weights", policy,
-      [&](model::ModelRunner& runner) {
-        std::vector<NamedTensor> staged;
-        RETURN_IF_ERROR(ReceiveBuckets(claim.receiver(), buckets, &staged));
-        return ApplyStaged(runner, staged);
-      },
-      {.self_pause = true});
+  return RunWeightUpdate("receive_weights", policy,
+                         [&](model::ModelRunner& runner) {
+                           std::vector<NamedTensor> staged;
+                           RETURN_IF_ERROR(ReceiveBuckets(claim.receiver(), buckets, &staged));
+                           return ApplyStaged(runner, staged);
+                         },
+                         {.self_pause = true});
 }
 
 absl::StatusOr<std::vector<model::TensorInfo>> WeightUpdateController::ListWeights() {

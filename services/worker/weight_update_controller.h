@@ -94,11 +94,11 @@ struct WeightUpdateStatus {
 class WeightUpdateController {
  public:
   struct Deps {
-    engine::Engine* engine = nullptr;       // outlives the controller
-    model_io::ModelConfig model_config;     // what a disk update must match
-    RequestLimits limits;                   // bounds on a disk update's files
-    int cuda_device = 0;                    // nccl groups use it
-    WorkerMetrics* metrics = nullptr;       // update durations; may be null
+    engine::Engine* engine = nullptr;    // outlives the controller
+    model_io::ModelConfig model_config;  // what a disk update must match
+    RequestLimits limits;                // bounds on a disk update's files
+    int cuda_device = 0;                 // nccl groups use it
+    WorkerMetrics* metrics = nullptr;    // update durations; may be null
     // Whether the runner is released (updates are staged); null: never asleep.
     std::function<bool()> asleep;
     std::function<void()> updating_changed;  // updating() may have changed; may be null
@@ -130,17 +130,17 @@ class WeightUpdateController {
   absl::StatusOr<AdminOutcome> UpdateWeightsFromTensors(std::vector<NamedTensor> tensors,
                                                         const UpdatePolicy& policy);
   absl::StatusOr<AdminOutcome> InitWeightsUpdateGroup(const GroupRequest& request);
-  absl::StatusOr<AdminOutcome> UpdateWeightsFromDistributed(
-      const std::string& group_name, std::vector<model::TensorInfo> specs,
-      const UpdatePolicy& policy);
+  absl::StatusOr<AdminOutcome> UpdateWeightsFromDistributed(const std::string& group_name,
+                                                            std::vector<model::TensorInfo> specs,
+                                                            const UpdatePolicy& policy);
   absl::StatusOr<AdminOutcome> DestroyWeightsUpdateGroup(const std::string& group_name);
   // Two-phase receive (admin.proto): Prepare validates `buckets` against the served weights and
   // starts receiving them on a background thread (host staging); it answers ready once the
-  // first bucket's receive is posted (the receive's error when the group cannot receive). Complete waits for it, then applies everything
-  // atomically (self-pausing update). One prepared receive per group at a time. A Complete
-  // that fails before applying (e.g. a bad weight_version) keeps the prepared receive for a
-  // retry; one whose receive failed, or whose tensors were refused, drops it (the error says
-  // which).
+  // first bucket's receive is posted (the receive's error when the group cannot receive). Complete
+  // waits for it, then applies everything atomically (self-pausing update). One prepared receive
+  // per group at a time. A Complete that fails before applying (e.g. a bad weight_version) keeps
+  // the prepared receive for a retry; one whose receive failed, or whose tensors were refused,
+  // drops it (the error says which).
   absl::StatusOr<AdminOutcome> PrepareWeightsUpdate(
       const std::string& group_name, std::vector<std::vector<model::TensorInfo>> buckets);
   absl::StatusOr<AdminOutcome> CompleteWeightsUpdate(const std::string& group_name,

@@ -62,7 +62,8 @@ class FakeGroup {
       if (!broken_.ok()) return broken_;
       ++entered_;
       if (on_posted) on_posted();
-      auto open = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !releases_.empty(); };
+      auto open = [&]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !releases_.empty(); };
       if (!mu_.AwaitWithTimeout(absl::Condition(&open), kHangGuard)) {
         return absl::DeadlineExceededError("fake group: never released");
       }
@@ -222,9 +223,8 @@ TEST_F(WeightUpdateControllerTest, PrepareOnABrokenGroupFailsInsteadOfAnsweringR
 // Review finding b: one receive per group; a second call on a group that a receive holds is
 // refused with FAILED_PRECONDITION naming the group, and the group is free again afterwards.
 TEST_F(WeightUpdateControllerTest, ASecondReceiveOnABusyGroupIsRefused) {
-  auto receive = std::async(std::launch::async, [&] {
-    return updates_->ReceiveWeights("train", Buckets(), Version(5));
-  });
+  auto receive = std::async(
+      std::launch::async, [&] { return updates_->ReceiveWeights("train", Buckets(), Version(5)); });
   ASSERT_TRUE(group_->WaitEntered(1));  // the receive holds the group
 
   auto prepared = updates_->PrepareWeightsUpdate("train", Buckets());
@@ -307,9 +307,8 @@ TEST_F(WeightUpdateControllerTest, CompleteSelfPausesAnEnginePausedInPlaceWithAQ
 // A self-pausing update on a running engine that fails resumes it; one on a paused engine
 // leaves it paused.
 TEST_F(WeightUpdateControllerTest, AFailedReceiveResumesOnlyARunningEngine) {
-  auto receive = std::async(std::launch::async, [&] {
-    return updates_->ReceiveWeights("train", Buckets(), {});
-  });
+  auto receive = std::async(std::launch::async,
+                            [&] { return updates_->ReceiveWeights("train", Buckets(), {}); });
   ASSERT_TRUE(group_->WaitEntered(1));
   group_->Release(absl::DataLossError("fake checksum mismatch"));
   EXPECT_EQ(receive.get().status().code(), absl::StatusCode::kDataLoss);
@@ -317,9 +316,8 @@ TEST_F(WeightUpdateControllerTest, AFailedReceiveResumesOnlyARunningEngine) {
   EXPECT_EQ(engine_->weight_version(), 0);
 
   ASSERT_TRUE(engine_->Pause(engine::PauseMode::kInPlace).ok());
-  receive = std::async(std::launch::async, [&] {
-    return updates_->ReceiveWeights("train", Buckets(), {});
-  });
+  receive = std::async(std::launch::async,
+                       [&] { return updates_->ReceiveWeights("train", Buckets(), {}); });
   ASSERT_TRUE(group_->WaitEntered(2));
   group_->Release(absl::DataLossError("fake checksum mismatch"));
   EXPECT_EQ(receive.get().status().code(), absl::StatusCode::kDataLoss);
