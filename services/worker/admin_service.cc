@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
-#include "common/request_limits.h"
 #include "common/model_io/dtype.h"
+#include "common/request_limits.h"
 #include "common/status.h"
 #include "services/worker/proto_convert.h"
 #include "services/worker/weight_update_controller.h"
@@ -229,9 +229,9 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDistributed(
       specs.push_back({req->names(i), req->dtypes(i),
                        {req->shapes(i).dims().begin(), req->shapes(i).dims().end()}});
     }
-    return FillFrom(
-        updates_->UpdateWeightsFromDistributed(req->group_name(), std::move(specs), PolicyFrom(*req)),
-        resp);
+    return FillFrom(updates_->UpdateWeightsFromDistributed(req->group_name(), std::move(specs),
+                                                           PolicyFrom(*req)),
+                    resp);
   });
 }
 

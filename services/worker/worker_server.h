@@ -29,8 +29,8 @@
 #include "services/worker/weight_update_check.h"
 #include "services/worker/weight_update_controller.h"
 #include "services/worker/weights_checker.h"
-#include "services/worker/worker_metrics.h"
 #include "services/worker/worker_config.h"
+#include "services/worker/worker_metrics.h"
 
 namespace rl::worker {
 
