@@ -74,7 +74,9 @@ int main(int argc, char** argv) {
   flags.Int("version", &o.version, "update-weights: new weight version (-1: current + 1)");
   flags.Bool("abort-all", &o.abort_all, "update-weights: abort active requests");
   flags.Bool("keep-pause", &o.keep_pause, "update-weights: stay paused afterwards");
-  flags.Bool("no-flush", &o.no_flush, "update-weights: keep the prefix cache");
+  flags.Bool("no-flush", &o.no_flush,
+             "update-weights: send flush_cache=false (ignored: workers flush the prefix cache on "
+             "every update, KV of the old weights is never reused)");
   flags.Bool("distributed", &o.distributed, "update-weights: metadata for buckets broadcast by the trainer");
   flags.String("group-name", &o.group_name, "weight update group name");
   flags.String("bucket-json", &o.bucket_json, "update-weights --distributed: one bucket's JSON line");

@@ -7,10 +7,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
-#include "common/request_limits.h"
 #include "common/model_io/dtype.h"
+#include "common/request_limits.h"
 #include "common/status.h"
 #include "services/worker/proto_convert.h"
+#include "services/worker/weight_update_controller.h"
 #include "services/worker/worker_server.h"
 
 namespace rl::worker {
@@ -42,14 +43,26 @@ absl::Status FillFrom(absl::StatusOr<AdminOutcome> o, rl::v1::AdminResponse* res
   return absl::OkStatus();
 }
 
+// The update policy of a weight-update request. Its flush_cache field is not read: every
+// update flushes the prefix cache (KV computed with the old weights is never reused), whatever
+// the request says (README "Semantics worth knowing"; UpdatePolicy).
+template <typename Request>
+UpdatePolicy PolicyFrom(const Request& req) {
+  UpdatePolicy policy;
+  if (req.has_weight_version()) policy.weight_version = req.weight_version();
+  policy.abort_all_requests = req.abort_all_requests();
+  if constexpr (requires { req.keep_pause(); }) policy.keep_pause = req.keep_pause();
+  return policy;
+}
+
 // Assembles the tensors of an UpdateWeightsFromTensor stream, chunk by chunk, and applies them
 // when the client half-closes. Every chunk is checked (known dtype, consistent name/dtype/shape,
 // offset and size within the tensor, no overlap); a tensor must arrive complete.
 class TensorUpdateReactor final : public grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest> {
  public:
-  TensorUpdateReactor(WorkerServer* server, const BearerAuth* auth, Ctx* context,
-                      rl::v1::AdminResponse* response)
-      : server_(server), response_(response) {
+  TensorUpdateReactor(const WorkerServer* server, WeightUpdateController* updates,
+                      const BearerAuth* auth, Ctx* context, rl::v1::AdminResponse* response)
+      : server_(server), updates_(updates), response_(response) {
     if (absl::Status s = auth->Check(*context); !s.ok()) {
       Finish(ToGrpcStatus(s));
       return;
@@ -81,9 +94,7 @@ class TensorUpdateReactor final : public grpc::ServerReadReactor<rl::v1::UpdateW
   absl::Status AddChunk() {
     if (first_) {
       first_ = false;
-      if (msg_.has_weight_version()) policy_.weight_version = msg_.weight_version();
-      policy_.abort_all_requests = msg_.abort_all_requests();
-      policy_.keep_pause = msg_.keep_pause();
+      policy_ = PolicyFrom(msg_);
     }
     const rl::v1::TensorChunk& c = msg_.chunk();
     // The header is checked against the served weights (name, shape, bounded dtype size)
@@ -134,10 +145,11 @@ class TensorUpdateReactor final : public grpc::ServerReadReactor<rl::v1::UpdateW
       tensors.push_back(std::move(p.tensor));
     }
     pending_.clear();
-    return FillFrom(server_->UpdateWeightsFromTensors(std::move(tensors), policy_), response_);
+    return FillFrom(updates_->UpdateWeightsFromTensors(std::move(tensors), policy_), response_);
   }
 
-  WorkerServer* server_;
+  const WorkerServer* server_;
+  WeightUpdateController* updates_;
   rl::v1::AdminResponse* response_;
   rl::v1::UpdateWeightsFromTensorRequest msg_;
   bool first_ = true;
@@ -171,17 +183,13 @@ grpc::ServerUnaryReactor* AdminService::FlushCache(Ctx* c, const rl::v1::FlushCa
 grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDisk(
     Ctx* c, const rl::v1::UpdateWeightsFromDiskRequest* req, rl::v1::AdminResponse* resp) {
   return RunAsync(c, auth_, [this, req, resp] {
-    UpdatePolicy policy;
-    if (req->has_weight_version()) policy.weight_version = req->weight_version();
-    policy.abort_all_requests = req->abort_all_requests();
-    policy.keep_pause = req->keep_pause();
-    return FillFrom(server_->UpdateWeightsFromDisk(req->model_path(), policy), resp);
+    return FillFrom(updates_->UpdateWeightsFromDisk(req->model_path(), PolicyFrom(*req)), resp);
   });
 }
 
 grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest>*
 AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
-  return new TensorUpdateReactor(server_, auth_, c, resp);
+  return new TensorUpdateReactor(server_, updates_, auth_, c, resp);
 }
 
 grpc::ServerUnaryReactor* AdminService::InitWeightsUpdateGroup(
@@ -204,7 +212,7 @@ grpc::ServerUnaryReactor* AdminService::InitWeightsUpdateGroup(
         g.backend = server_->backend_name() == "cuda" ? "nccl" : "tcp";
     }
     if (req->has_timeout_ms()) g.timeout_ms = req->timeout_ms();
-    return FillFrom(server_->InitWeightsUpdateGroup(g), resp);
+    return FillFrom(updates_->InitWeightsUpdateGroup(g), resp);
   });
 }
 
@@ -221,10 +229,8 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDistributed(
       specs.push_back({req->names(i), req->dtypes(i),
                        {req->shapes(i).dims().begin(), req->shapes(i).dims().end()}});
     }
-    UpdatePolicy policy;
-    if (req->has_weight_version()) policy.weight_version = req->weight_version();
-    policy.abort_all_requests = req->abort_all_requests();
-    return FillFrom(server_->UpdateWeightsFromDistributed(req->group_name(), std::move(specs), policy),
+    return FillFrom(updates_->UpdateWeightsFromDistributed(req->group_name(), std::move(specs),
+                                                           PolicyFrom(*req)),
                     resp);
   });
 }
@@ -256,18 +262,14 @@ grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
     Ctx* c, const rl::v1::PrepareWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
   return RunAsync(c, auth_, [this, req, resp]() -> absl::Status {
     ASSIGN_OR_RETURN(auto buckets, BucketsFrom(req->buckets()));
-    return FillFrom(server_->PrepareWeightsUpdate(req->group_name(), std::move(buckets)), resp);
+    return FillFrom(updates_->PrepareWeightsUpdate(req->group_name(), std::move(buckets)), resp);
   });
 }
 
 grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
     Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
   return RunAsync(c, auth_, [this, req, resp]() -> absl::Status {
-    UpdatePolicy policy;
-    if (req->has_weight_version()) policy.weight_version = req->weight_version();
-    policy.abort_all_requests = req->abort_all_requests();
-    policy.keep_pause = req->keep_pause();
-    return FillFrom(server_->CompleteWeightsUpdate(req->group_name(), policy), resp);
+    return FillFrom(updates_->CompleteWeightsUpdate(req->group_name(), PolicyFrom(*req)), resp);
   });
 }
 
@@ -276,39 +278,37 @@ grpc::ServerUnaryReactor* AdminService::ReceiveWeights(Ctx* c,
                                                        rl::v1::AdminResponse* resp) {
   return RunAsync(c, auth_, [this, req, resp]() -> absl::Status {
     ASSIGN_OR_RETURN(auto buckets, BucketsFrom(req->buckets()));
-    UpdatePolicy policy;
-    if (req->has_weight_version()) policy.weight_version = req->weight_version();
-    policy.abort_all_requests = req->abort_all_requests();
-    policy.keep_pause = req->keep_pause();
-    return FillFrom(server_->ReceiveWeights(req->group_name(), std::move(buckets), policy), resp);
+    return FillFrom(
+        updates_->ReceiveWeights(req->group_name(), std::move(buckets), PolicyFrom(*req)), resp);
   });
 }
 
 grpc::ServerUnaryReactor* AdminService::DestroyWeightsUpdateGroup(
     Ctx* c, const rl::v1::DestroyWeightsUpdateGroupRequest* req, rl::v1::AdminResponse* resp) {
   return RunAsync(c, auth_, [this, req, resp] {
-    return FillFrom(server_->DestroyWeightsUpdateGroup(req->group_name()), resp);
+    return FillFrom(updates_->DestroyWeightsUpdateGroup(req->group_name()), resp);
   });
 }
 
 grpc::ServerUnaryReactor* AdminService::GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest*,
                                                      rl::v1::GetModelInfoResponse* resp) {
   if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishUnary(c, s);
-  server_->FillModelInfo(resp);
+  FillModelInfo(server_->model_config(), server_->model_identity(), server_->weight_version(),
+                resp);
   return FinishUnary(c, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AdminService::GetServerInfo(Ctx* c, const rl::v1::GetServerInfoRequest*,
                                                       rl::v1::GetServerInfoResponse* resp) {
   if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishUnary(c, s);
-  server_->FillServerInfo(resp);
+  FillServerInfo(server_->engine().GetServerInfo(), server_->worker_info(), resp);
   return FinishUnary(c, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AdminService::ListWeights(Ctx* c, const rl::v1::ListWeightsRequest*,
                                                     rl::v1::ListWeightsResponse* resp) {
   return RunAsync(c, auth_, [this, resp]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::vector<model::TensorInfo> weights, server_->ListWeights());
+    ASSIGN_OR_RETURN(std::vector<model::TensorInfo> weights, updates_->ListWeights());
     for (const auto& w : weights) {
       rl::v1::WeightInfo* info = resp->add_weights();
       info->set_name(w.name);

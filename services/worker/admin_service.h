@@ -1,5 +1,6 @@
-// rl.v1.Admin on the worker: translates protos ⇄ WorkerServer domain calls. Every call is
-// checked against the admin key first. Calls that wait for the engine run on their own thread
+// rl.v1.Admin on the worker: translates protos ⇄ domain calls of WorkerServer and of its
+// WeightUpdateController (weight updates and groups). Every call is checked against the admin
+// key first. Calls that wait for the engine run on their own thread
 // (admin calls are rare) so they never block gRPC's callback threads.
 #pragma once
 
@@ -8,11 +9,14 @@
 
 namespace rl::worker {
 
+class WeightUpdateController;
 class WorkerServer;
 
 class AdminService final : public rl::v1::Admin::CallbackService {
  public:
-  AdminService(WorkerServer* server, const BearerAuth* auth) : server_(server), auth_(auth) {}
+  // Both must outlive the service.
+  AdminService(WorkerServer* server, WeightUpdateController* updates, const BearerAuth* auth)
+      : server_(server), updates_(updates), auth_(auth) {}
 
   using Ctx = grpc::CallbackServerContext;
   grpc::ServerUnaryReactor* PauseGeneration(Ctx* c, const rl::v1::PauseGenerationRequest* req,
@@ -58,6 +62,7 @@ class AdminService final : public rl::v1::Admin::CallbackService {
 
  private:
   WorkerServer* server_;
+  WeightUpdateController* updates_;
   const BearerAuth* auth_;
 };
 

@@ -173,4 +173,25 @@ void ToProto(const model_io::ModelConfig& c, rl::v1::GetModelInfoResponse* out) 
   for (int32_t id : c.eos_token_ids) out->add_eos_token_ids(id);
 }
 
+void FillModelInfo(const model_io::ModelConfig& config, const ModelIdentity& identity,
+                   int64_t weight_version, rl::v1::GetModelInfoResponse* out) {
+  ToProto(config, out);
+  out->set_model_path(identity.model_path);
+  out->set_weight_version(weight_version);
+  out->set_backend(identity.backend);
+  out->set_num_parameters(identity.num_parameters);
+  out->set_config_json(identity.config_json);
+}
+
+void FillServerInfo(const engine::ServerInfo& engine, const WorkerInfo& worker,
+                    rl::v1::GetServerInfoResponse* out) {
+  ToProto(engine, out);
+  out->set_asleep(worker.asleep);
+  out->set_backend(worker.backend);
+  out->set_version(worker.version);
+  out->set_update_failed(worker.update_failed);
+  out->set_last_error(worker.last_error);
+  for (const std::string& name : worker.weight_update_groups) out->add_weight_update_groups(name);
+}
+
 }  // namespace rl::worker

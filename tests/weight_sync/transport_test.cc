@@ -390,6 +390,35 @@ TEST(TcpTransportTest, ReceiveTimesOutWhenNoBucketComesAndTheGroupSurvives) {
   BroadcastAndVerify(g, {sent});
 }
 
+// on_posted runs once the receive waits for its bucket, before the sender sends anything; a
+// closed receiver fails without calling it.
+TEST(TcpTransportTest, OnPostedRunsBeforeTheBucketAndNotOnAClosedGroup) {
+  Group g = FormGroup(1);
+  const TestBucket bucket = {MakeTensor("a", "F32", {4}, 1)};
+  absl::Notification posted;
+  absl::Status st;
+  std::thread t([&] {
+    st = g.receivers[0]->Receive(
+        Specs(bucket),
+        [](const TensorSpec&, absl::Span<const uint8_t>) { return absl::OkStatus(); },
+        [&] { posted.Notify(); });
+  });
+  // Nothing was sent yet (the timeout is only a hang guard).
+  EXPECT_TRUE(posted.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_TRUE(g.sender->Broadcast(Specs(bucket), Data(bucket)).ok());
+  t.join();
+  EXPECT_TRUE(st.ok()) << st;
+
+  g.receivers[0]->Close();
+  bool called = false;
+  st = g.receivers[0]->Receive(
+      Specs(bucket), [](const TensorSpec&, absl::Span<const uint8_t>) { return absl::OkStatus(); },
+      [&] { called = true; });
+  EXPECT_TRUE(absl::IsFailedPrecondition(st)) << st;
+  EXPECT_FALSE(called);
+  g.sender->Close();
+}
+
 TEST(TcpTransportTest, SenderCloseEndsAPendingReceive) {
   Group g = FormGroup(1);
   absl::Status st;

@@ -68,6 +68,21 @@ class DistributedUpdateTest : public WorkerFixture {
     return call.get();
   }
 
+  // Prepare → the trainer broadcasts `buckets` → Complete with `complete` (on group "train").
+  grpc::Status TwoPhaseUpdate(const std::vector<weight_sync::Bucket>& buckets,
+                              rl::v1::CompleteWeightsUpdateRequest complete,
+                              rl::v1::AdminResponse* resp) {
+    rl::v1::PrepareWeightsUpdateRequest prepare;
+    AddBuckets(buckets, &prepare);
+    grpc::Status s = Call(&Stub::PrepareWeightsUpdate, prepare, resp);
+    if (!s.ok()) return s;
+    if (absl::Status sent = BroadcastAll(sender_.get(), buckets); !sent.ok()) {
+      return grpc::Status(grpc::StatusCode::INTERNAL, std::string(sent.message()));
+    }
+    complete.set_group_name("train");
+    return Call(&Stub::CompleteWeightsUpdate, complete, resp);
+  }
+
   void ExpectServes(const model_io::Checkpoint& ckpt) {
     rl::v1::WeightsCheckerRequest req;
     req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
@@ -283,6 +298,128 @@ TEST_F(DistributedUpdateTest, MismatchedBucketLeavesTheWorkerPausedAndSaysSo) {
   EXPECT_FALSE(ServerInfo().update_failed());
 }
 
+// An engine paused in place with a request queued: CompleteWeightsUpdate retracts by itself
+// (decided on the engine thread) instead of refusing and dropping the received tensors; the
+// request then runs on the new weights.
+TEST_F(DistributedUpdateTest, CompleteRetractsAQueueThatAnInPlacePauseHolds) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "attn", 1.25f);
+  auto plan = PlanCheckpoint(dir.path(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  rl::v1::AdminResponse resp;
+  rl::v1::PauseGenerationRequest pause;
+  pause.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
+  ASSERT_TRUE(Call(&Stub::PauseGeneration, pause, &resp).ok());
+  rl::v1::GenerateFinal queued;
+  auto generate =
+      std::async(std::launch::async, [&] { return Generate(Greedy(kPromptIds, 8), &queued); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (ServerInfo().num_waiting() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(ServerInfo().num_waiting(), 1);
+
+  rl::v1::CompleteWeightsUpdateRequest complete;
+  complete.set_weight_version(4);
+  grpc::Status s = TwoPhaseUpdate(plan->buckets, complete, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ExpectServes(plan->ckpt);
+  s = generate.get();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(queued.output_ids_size(), 8);
+  EXPECT_EQ(queued.weight_version(), 4);
+}
+
+// flush_cache is not read: the prefix cache is flushed on every update, flush_cache=false
+// included (KV computed with the old weights is never reused).
+TEST_F(DistributedUpdateTest, FlushCacheFalseStillFlushesThePrefixCache) {
+  auto plan = PlanCheckpoint(Stories(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  rl::v1::AdminResponse resp;
+
+  GreedyIds();
+  ASSERT_GT(ServerInfo().tree_cache_tokens(), 0);
+  rl::v1::CompleteWeightsUpdateRequest complete;
+  complete.set_flush_cache(false);
+  grpc::Status s = TwoPhaseUpdate(plan->buckets, complete, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(ServerInfo().tree_cache_tokens(), 0);
+
+  GreedyIds();
+  ASSERT_GT(ServerInfo().tree_cache_tokens(), 0);
+  rl::v1::ReceiveWeightsRequest receive;
+  AddBuckets(plan->buckets, &receive);
+  receive.set_flush_cache(false);
+  auto call =
+      std::async(std::launch::async, [&] { return Call(&Stub::ReceiveWeights, receive, &resp); });
+  ASSERT_TRUE(BroadcastAll(sender_.get(), plan->buckets).ok());
+  s = call.get();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(ServerInfo().tree_cache_tokens(), 0);
+  EXPECT_EQ(ServerInfo().weight_version(), 2);
+}
+
+// Two receives racing on one group over gRPC: one gets the group, the other is refused with
+// FAILED_PRECONDITION naming it; the winner's update completes.
+TEST_F(DistributedUpdateTest, RacingReceivesOnOneGroupAreRefusedNotInterleaved) {
+  auto plan = PlanCheckpoint(Stories(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  rl::v1::PrepareWeightsUpdateRequest prepare;
+  AddBuckets(plan->buckets, &prepare);
+  rl::v1::ReceiveWeightsRequest receive;
+  AddBuckets(plan->buckets, &receive);
+  rl::v1::AdminResponse prepared, received;
+  auto a = std::async(std::launch::async,
+                      [&] { return Call(&Stub::PrepareWeightsUpdate, prepare, &prepared); });
+  auto b = std::async(std::launch::async,
+                      [&] { return Call(&Stub::ReceiveWeights, receive, &received); });
+  grpc::Status sa = a.get();  // Prepare answers without data; ReceiveWeights may still wait
+  bool receive_won = !sa.ok();
+  if (sa.ok()) {
+    // Prepare posted first: the receive is refused without touching the group.
+    grpc::Status sb = b.get();
+    EXPECT_EQ(sb.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << sb.error_message();
+    EXPECT_THAT(sb.error_message(), ::testing::HasSubstr("group 'train'"));
+  } else {
+    EXPECT_EQ(sa.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << sa.error_message();
+    EXPECT_THAT(sa.error_message(), ::testing::HasSubstr("group 'train'"));
+  }
+  ASSERT_TRUE(BroadcastAll(sender_.get(), plan->buckets).ok());
+  if (receive_won) {
+    grpc::Status sb = b.get();
+    ASSERT_TRUE(sb.ok()) << sb.error_message();
+  } else {
+    rl::v1::CompleteWeightsUpdateRequest complete;
+    complete.set_group_name("train");
+    grpc::Status sc = Call(&Stub::CompleteWeightsUpdate, complete, &prepared);
+    ASSERT_TRUE(sc.ok()) << sc.error_message();
+  }
+  EXPECT_EQ(ServerInfo().weight_version(), 1);
+  ExpectServes(plan->ckpt);
+}
+
+// Asleep (ReleaseMemory), a two-phase update is checked against the served weights' names and
+// shapes (read at start, no engine round trip), staged, and served on wake.
+TEST_F(DistributedUpdateTest, TwoPhaseUpdateWhileAsleepServesOnWake) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "attn", 0.8f);
+  auto plan = PlanCheckpoint(dir.path(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  rl::v1::AdminResponse resp;
+  ASSERT_TRUE(Call(&Stub::ReleaseMemory, rl::v1::ReleaseMemoryRequest(), &resp).ok());
+  ASSERT_TRUE(ServerInfo().asleep());
+  rl::v1::CompleteWeightsUpdateRequest complete;
+  complete.set_weight_version(6);
+  grpc::Status s = TwoPhaseUpdate(plan->buckets, complete, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(ServerInfo().weight_version(), 6);
+  EXPECT_TRUE(ServerInfo().asleep());  // staged, still asleep
+  s = Call(&Stub::ResumeMemory, rl::v1::ResumeMemoryRequest(), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(ServerInfo().asleep());
+  ExpectServes(plan->ckpt);
+}
+
 TEST(DistributedInitTest, InitWithoutATrainerTimesOutClearly) {
   WorkerConfig config;
   config.model_path = Stories();
@@ -297,11 +434,12 @@ TEST(DistributedInitTest, InitWithoutATrainerTimesOutClearly) {
   g.group_name = "nobody";
   g.backend = "tcp";
   g.timeout_ms = 300;
-  auto r = (*server)->InitWeightsUpdateGroup(g);
+  auto r = (*server)->weight_updates().InitWeightsUpdateGroup(g);
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("127.0.0.1"), std::string::npos) << r.status();
   g.rank_offset = 0;
-  EXPECT_EQ((*server)->InitWeightsUpdateGroup(g).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*server)->weight_updates().InitWeightsUpdateGroup(g).status().code(),
+            absl::StatusCode::kInvalidArgument);
   (*server)->Shutdown();
 }
 

@@ -31,15 +31,17 @@ absl::Status ReceiverSession::Break(absl::Status status) {
 }
 
 absl::Status ReceiverSession::Receive(const std::vector<TensorSpec>& specs,
-                                      const TensorCallback& on_tensor) {
+                                      const TensorCallback& on_tensor,
+                                      const std::function<void()>& on_posted) {
   absl::MutexLock lock(&mu_);
-  absl::Status status = ReceiveLocked(specs, on_tensor);
+  absl::Status status = ReceiveLocked(specs, on_tensor, on_posted);
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat(context_, ": ", status.message()));
 }
 
 absl::Status ReceiverSession::ReceiveLocked(const std::vector<TensorSpec>& specs,
-                                            const TensorCallback& on_tensor) {
+                                            const TensorCallback& on_tensor,
+                                            const std::function<void()>& on_posted) {
   if (closing_.load() || released_) return absl::FailedPreconditionError("group closed");
   if (!broken_.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -54,6 +56,7 @@ absl::Status ReceiverSession::ReceiveLocked(const std::vector<TensorSpec>& specs
       break;
     }
   }
+  if (on_posted) on_posted();  // from here the bucket header is awaited
   bool started = false;
   auto body = ReadMessage(control_, stall_, "bucket header", &started);
   if (!body.ok()) {

@@ -30,7 +30,9 @@ class ReceiverSession : public WeightReceiver {
   ReceiverSession(GroupOptions options, Socket control);
   ~ReceiverSession() override = default;
 
-  absl::Status Receive(const std::vector<TensorSpec>& specs, const TensorCallback& on_tensor) final;
+  using WeightReceiver::Receive;
+  absl::Status Receive(const std::vector<TensorSpec>& specs, const TensorCallback& on_tensor,
+                       const std::function<void()>& on_posted) final;
   void Close() final;
   const GroupOptions& options() const final { return options_; }
 
@@ -50,7 +52,8 @@ class ReceiverSession : public WeightReceiver {
   std::chrono::milliseconds stall() const { return stall_; }
 
  private:
-  absl::Status ReceiveLocked(const std::vector<TensorSpec>& specs, const TensorCallback& on_tensor)
+  absl::Status ReceiveLocked(const std::vector<TensorSpec>& specs, const TensorCallback& on_tensor,
+                             const std::function<void()>& on_posted)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a stream-breaking error; later calls fail fast with it.
   absl::Status Break(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -90,8 +90,14 @@ class WeightReceiver {
   // the sender stalls; UNAVAILABLE when the connection breaks; FAILED_PRECONDITION after
   // Close, after the sender closed the group, or when an earlier error broke it.
   // Not reentrant: one Receive at a time per receiver.
+  // `on_posted` (may be empty) runs once the receive is posted: the group was found usable
+  // and the receiver waits for the bucket (a closed or broken group fails without calling it).
   virtual absl::Status Receive(const std::vector<TensorSpec>& specs,
-                               const TensorCallback& on_tensor) = 0;
+                               const TensorCallback& on_tensor,
+                               const std::function<void()>& on_posted) = 0;
+  absl::Status Receive(const std::vector<TensorSpec>& specs, const TensorCallback& on_tensor) {
+    return Receive(specs, on_tensor, nullptr);
+  }
 
   // Leaves the group and frees the staging buffers. Safe to call from another thread while
   // Receive runs (that Receive then fails promptly); the receiver must outlive both calls.

@@ -1,0 +1,368 @@
+// WeightUpdateController without gRPC: an engine over the stories260K CPU runner and fake
+// weight-update groups whose receives the test releases bucket by bucket, so the order of a
+// receive and the calls around it is fixed by the test, not by timing.
+#include "services/worker/weight_update_controller.h"
+
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/worker/model/cpu_model_runner.h"
+#include "services/worker/weights_checker.h"
+#include "tests/worker/worker_test_util.h"
+
+namespace rl::worker::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Only a hang guard, never a speed assertion.
+constexpr absl::Duration kHangGuard = absl::Seconds(60);
+
+// The trainer's side of a fake group: what the worker's receiver hands out, and a gate the test
+// opens once per bucket.
+class FakeGroup {
+ public:
+  explicit FakeGroup(const model_io::Checkpoint* source) : source_(source) {}
+
+  // Lets one pending (or future) Receive go on; `failure` makes it fail instead.
+  void Release(absl::Status failure = absl::OkStatus()) {
+    absl::MutexLock lock(&mu_);
+    releases_.push_back(std::move(failure));
+  }
+  // Waits until `n` Receive calls have started; false on the hang guard.
+  bool WaitEntered(int n) {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entered_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&done), kHangGuard);
+  }
+  int entered() {
+    absl::MutexLock lock(&mu_);
+    return entered_;
+  }
+
+  // From now on every Receive fails with `status` before posting (a broken group).
+  void Break(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    broken_ = std::move(status);
+  }
+
+  absl::Status Receive(const std::vector<weight_sync::TensorSpec>& specs,
+                       const weight_sync::TensorCallback& on_tensor,
+                       const std::function<void()>& on_posted) {
+    absl::Status verdict;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!broken_.ok()) return broken_;
+      ++entered_;
+      if (on_posted) on_posted();
+      auto open = [&]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !releases_.empty(); };
+      if (!mu_.AwaitWithTimeout(absl::Condition(&open), kHangGuard)) {
+        return absl::DeadlineExceededError("fake group: never released");
+      }
+      if (closed_) return absl::FailedPreconditionError("fake group: closed");
+      verdict = releases_.front();
+      releases_.erase(releases_.begin());
+    }
+    if (!verdict.ok()) return verdict;
+    for (const auto& spec : specs) {
+      const auto& t = source_->tensors().at(spec.name);
+      if (absl::Status s = on_tensor(spec, t.data); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+
+ private:
+  const model_io::Checkpoint* source_;
+  absl::Mutex mu_;
+  int entered_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status broken_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::Status> releases_ ABSL_GUARDED_BY(mu_);
+};
+
+class FakeReceiver final : public weight_sync::WeightReceiver {
+ public:
+  FakeReceiver(std::shared_ptr<FakeGroup> group, weight_sync::GroupOptions options)
+      : group_(std::move(group)), options_(std::move(options)) {}
+  absl::Status Receive(const std::vector<weight_sync::TensorSpec>& specs,
+                       const weight_sync::TensorCallback& on_tensor,
+                       const std::function<void()>& on_posted) override {
+    return group_->Receive(specs, on_tensor, on_posted);
+  }
+  void Close() override { group_->Close(); }
+  const weight_sync::GroupOptions& options() const override { return options_; }
+
+ private:
+  std::shared_ptr<FakeGroup> group_;
+  weight_sync::GroupOptions options_;
+};
+
+class WeightUpdateControllerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    WritePerturbedStories(dir_.path(), "attn", 1.25f);
+    auto ckpt = model_io::OpenCheckpoint(dir_.path());
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    source_ = std::make_unique<model_io::Checkpoint>(*std::move(ckpt));
+    group_ = std::make_shared<FakeGroup>(source_.get());
+
+    model::RunnerOptions runner_options;
+    runner_options.model_dir = Stories();
+    runner_options.num_threads = 1;
+    runner_options.kv_cache_bytes = 8 << 20;
+    auto runner = model::CreateCpuModelRunner(runner_options);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    auto engine = engine::Engine::Create(*std::move(runner), engine::EngineOptions{});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = *std::move(engine);
+
+    WeightUpdateController::Deps deps;
+    deps.engine = engine_.get();
+    deps.connect = [group = group_](const weight_sync::GroupOptions& options)
+        -> absl::StatusOr<std::unique_ptr<weight_sync::WeightReceiver>> {
+      return std::make_unique<FakeReceiver>(group, options);
+    };
+    auto updates = WeightUpdateController::Create(std::move(deps));
+    ASSERT_TRUE(updates.ok()) << updates.status();
+    updates_ = *std::move(updates);
+    GroupRequest join;
+    join.master_address = "127.0.0.1";
+    join.master_port = 1;
+    join.rank_offset = 1;
+    join.world_size = 2;
+    join.group_name = "train";
+    ASSERT_TRUE(updates_->InitWeightsUpdateGroup(join).ok());
+  }
+
+  void TearDown() override {
+    if (updates_) updates_->Shutdown();
+    updates_.reset();
+    engine_.reset();
+  }
+
+  // Every tensor of the perturbed checkpoint, as one bucket.
+  std::vector<std::vector<model::TensorInfo>> Buckets() const {
+    std::vector<model::TensorInfo> bucket;
+    for (const auto& [name, t] : source_->tensors()) {
+      bucket.push_back({name, std::string(model_io::DTypeName(t.dtype)), t.shape});
+    }
+    return {bucket};
+  }
+
+  // Whether the engine serves exactly the perturbed checkpoint's tensors.
+  bool ServesSource() {
+    absl::StatusOr<CheckerResult> sums = absl::InternalError("not run");
+    EXPECT_TRUE(engine_
+                    ->RunOnEngineThread([&](engine::EngineContext& ctx) {
+                      sums = WeightsChecker::Checksum(ctx.runner());
+                      return absl::OkStatus();
+                    })
+                    .ok());
+    if (!sums.ok()) return false;
+    for (const auto& [name, t] : source_->tensors()) {
+      if (sums->tensor_sha256.at(name) !=
+          TensorDigest({name, std::string(model_io::DTypeName(t.dtype)), t.shape}, t.data)) {
+        return false;
+      }
+    }
+    return true;
+  }
+
+  static UpdatePolicy Version(int64_t v) {
+    UpdatePolicy p;
+    p.weight_version = v;
+    return p;
+  }
+
+  TempDir dir_;
+  std::unique_ptr<model_io::Checkpoint> source_;
+  std::shared_ptr<FakeGroup> group_;
+  std::unique_ptr<engine::Engine> engine_;
+  std::unique_ptr<WeightUpdateController> updates_;
+};
+
+// Review finding c: ready means the first bucket's receive is posted, not that a thread was made.
+TEST_F(WeightUpdateControllerTest, PrepareAnswersReadyOnlyOnceTheReceiveIsPosted) {
+  for (int i = 0; i < 20; ++i) {
+    auto prepared = updates_->PrepareWeightsUpdate("train", Buckets());
+    ASSERT_TRUE(prepared.ok()) << prepared.status();
+    EXPECT_TRUE(prepared->ready);
+    EXPECT_EQ(group_->entered(), i + 1);  // already inside Receive when Prepare answered
+    group_->Release();
+    auto done = updates_->CompleteWeightsUpdate("train", Version(i + 1));
+    ASSERT_TRUE(done.ok()) << done.status();
+    EXPECT_EQ(done->weight_version, i + 1);
+  }
+  EXPECT_TRUE(ServesSource());
+}
+
+// A group that cannot receive (closed, broken) makes Prepare fail with the receive's error
+// instead of answering ready; nothing stays prepared.
+TEST_F(WeightUpdateControllerTest, PrepareOnABrokenGroupFailsInsteadOfAnsweringReady) {
+  group_->Break(absl::FailedPreconditionError("fake: group broken by an earlier error"));
+  auto prepared = updates_->PrepareWeightsUpdate("train", Buckets());
+  EXPECT_EQ(prepared.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(prepared.status().message(), HasSubstr("could not be posted"));
+  EXPECT_THAT(prepared.status().message(), HasSubstr("group broken"));
+  EXPECT_THAT(updates_->CompleteWeightsUpdate("train", {}).status().message(),
+              HasSubstr("no prepared update"));
+}
+
+// Review finding b: one receive per group; a second call on a group that a receive holds is
+// refused with FAILED_PRECONDITION naming the group, and the group is free again afterwards.
+TEST_F(WeightUpdateControllerTest, ASecondReceiveOnABusyGroupIsRefused) {
+  auto receive = std::async(
+      std::launch::async, [&] { return updates_->ReceiveWeights("train", Buckets(), Version(5)); });
+  ASSERT_TRUE(group_->WaitEntered(1));  // the receive holds the group
+
+  auto prepared = updates_->PrepareWeightsUpdate("train", Buckets());
+  EXPECT_EQ(prepared.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(prepared.status().message(), HasSubstr("group 'train' is busy"));
+  auto again = updates_->ReceiveWeights("train", Buckets(), {});
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("group 'train' is busy"));
+  auto bucket = updates_->UpdateWeightsFromDistributed("train", Buckets()[0], {});
+  EXPECT_EQ(bucket.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(bucket.status().message(), HasSubstr("group 'train' is busy"));
+  EXPECT_EQ(group_->entered(), 1);  // none of them reached the group's connection
+
+  group_->Release();
+  auto received = receive.get();
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(received->weight_version, 5);
+  EXPECT_TRUE(ServesSource());
+
+  // Free again: a two-phase update goes through, and while it is prepared a receive is refused.
+  ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+  auto during = updates_->ReceiveWeights("train", Buckets(), {});
+  EXPECT_EQ(during.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(during.status().message(), HasSubstr("group 'train' has a prepared update"));
+  group_->Release();
+  EXPECT_TRUE(updates_->CompleteWeightsUpdate("train", {}).ok());
+}
+
+// Racing callers (no ordering from the test): exactly one of two Prepares wins, the other is
+// refused naming the group.
+TEST_F(WeightUpdateControllerTest, ConcurrentPreparesOnOneGroupPostOneReceive) {
+  for (int round = 0; round < 10; ++round) {
+    auto a = std::async(std::launch::async,
+                        [&] { return updates_->PrepareWeightsUpdate("train", Buckets()); });
+    auto b = std::async(std::launch::async,
+                        [&] { return updates_->PrepareWeightsUpdate("train", Buckets()); });
+    absl::StatusOr<AdminOutcome> ra = a.get(), rb = b.get();
+    ASSERT_NE(ra.ok(), rb.ok()) << ra.status() << " / " << rb.status();
+    const absl::Status& refused = ra.ok() ? rb.status() : ra.status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.message(), HasSubstr("group 'train'"));
+    EXPECT_EQ(group_->entered(), round + 1);
+    group_->Release();
+    ASSERT_TRUE(updates_->CompleteWeightsUpdate("train", {}).ok());
+  }
+}
+
+// Review finding a: with the engine paused in place and a request queued, Complete retracts by
+// itself (decided on the engine thread) instead of refusing and dropping the tensors; the
+// request then runs to its end on the new weights.
+TEST_F(WeightUpdateControllerTest, CompleteSelfPausesAnEnginePausedInPlaceWithAQueue) {
+  ASSERT_TRUE(engine_->Pause(engine::PauseMode::kInPlace).ok());
+  engine::GenerateRequest request;
+  request.id = "queued";
+  request.input_ids = kPromptIds;
+  request.sampling.temperature = 0;
+  request.sampling.max_new_tokens = 16;
+  request.sampling.ignore_eos = true;
+  std::promise<engine::GenerateResult> finished;
+  engine::RequestCallbacks callbacks;
+  callbacks.on_finish = [&finished](engine::GenerateResult r) { finished.set_value(std::move(r)); };
+  ASSERT_TRUE(engine_->Submit(request, std::move(callbacks)).ok());
+
+  ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+  group_->Release();
+  auto done = updates_->CompleteWeightsUpdate("train", Version(3));
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->weight_version, 3);
+  EXPECT_TRUE(ServesSource());
+  EXPECT_FALSE(engine_->GetServerInfo().paused);  // resumed (keep_pause unset)
+
+  std::future<engine::GenerateResult> result = finished.get_future();
+  ASSERT_EQ(result.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  const engine::GenerateResult r = result.get();
+  EXPECT_EQ(r.finish_reason.kind, engine::FinishKind::kLength);
+  EXPECT_EQ(r.output_ids.size(), 16u);
+  EXPECT_EQ(r.weight_version, 3);
+}
+
+// A self-pausing update on a running engine that fails resumes it; one on a paused engine
+// leaves it paused.
+TEST_F(WeightUpdateControllerTest, AFailedReceiveResumesOnlyARunningEngine) {
+  auto receive = std::async(std::launch::async,
+                            [&] { return updates_->ReceiveWeights("train", Buckets(), {}); });
+  ASSERT_TRUE(group_->WaitEntered(1));
+  group_->Release(absl::DataLossError("fake checksum mismatch"));
+  EXPECT_EQ(receive.get().status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(engine_->GetServerInfo().paused);
+  EXPECT_EQ(engine_->weight_version(), 0);
+
+  ASSERT_TRUE(engine_->Pause(engine::PauseMode::kInPlace).ok());
+  receive = std::async(std::launch::async,
+                       [&] { return updates_->ReceiveWeights("train", Buckets(), {}); });
+  ASSERT_TRUE(group_->WaitEntered(2));
+  group_->Release(absl::DataLossError("fake checksum mismatch"));
+  EXPECT_EQ(receive.get().status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(engine_->GetServerInfo().paused);
+}
+
+// Review finding a, second half: a Complete that fails before applying keeps the prepared
+// receive (a retry completes it); one whose receive failed says so and drops it.
+TEST_F(WeightUpdateControllerTest, ACompleteThatFailsBeforeApplyingCanBeRetried) {
+  ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+  group_->Release();
+  auto bad = updates_->CompleteWeightsUpdate("train", Version(-1));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("weight_version"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("prepared update is kept"));
+  EXPECT_FALSE(ServesSource());
+
+  auto retry = updates_->CompleteWeightsUpdate("train", Version(9));
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_EQ(retry->weight_version, 9);
+  EXPECT_TRUE(ServesSource());
+  EXPECT_EQ(updates_->CompleteWeightsUpdate("train", {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // consumed
+
+  ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+  group_->Release(absl::DataLossError("fake checksum mismatch"));
+  auto lost = updates_->CompleteWeightsUpdate("train", {});
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(lost.status().message(), HasSubstr("prepare again"));
+  auto none = updates_->CompleteWeightsUpdate("train", {});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.status().message(), HasSubstr("no prepared update"));
+  EXPECT_EQ(engine_->weight_version(), 9);
+}
+
+// Destroying a group while a Prepare is posted ends its receive; a later Prepare on a
+// re-joined group of the same name works.
+TEST_F(WeightUpdateControllerTest, DestroyEndsAPostedReceive) {
+  ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+  ASSERT_TRUE(updates_->DestroyWeightsUpdateGroup("train").ok());
+  EXPECT_TRUE(updates_->status().groups.empty());
+  EXPECT_EQ(updates_->CompleteWeightsUpdate("train", {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(ServesSource());
+}
+
+}  // namespace
+}  // namespace rl::worker::testing
