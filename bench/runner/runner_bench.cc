@@ -8,6 +8,7 @@
 //   runner_bench [--backend cpu|cuda] [--model DIR]... [--make-qwen3-0.5b=true|false]
 //                [--make-llama-8b=true|false] [--make-qwen3-moe-1b] [--batches 1,8,32]
 //                [--prompt-len N] [--decode-steps N] [--threads N] [--batch-invariant]
+//                [--bf16-products]
 // With no --model it runs stories260K from $RL_TEST_DATA and a 0.5B-class random Qwen3 (bf16)
 // made into a temp dir; with --backend cuda also an 8B-class random Llama-3 (bf16), batches
 // 1,16,64,256 and 256-token prompts by default, and the nominal bf16 peak for the prefill.
@@ -129,6 +130,7 @@ struct Options {
   int decode_steps = 16;
   int threads = 0;
   bool batch_invariant = false;
+  bool bf16_products = false;
 };
 
 struct WeightStats {
@@ -182,6 +184,8 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
   flags.Int("decode-steps", &o->decode_steps, "timed decode steps");
   flags.Int("threads", &o->threads, "CPU threads (0: all)");
   flags.Bool("batch-invariant", &o->batch_invariant, "batch-invariant GEMMs");
+  flags.Bool("bf16-products", &o->bf16_products,
+             "cpu: bf16 activations and products (the worker's --cpu-bf16-products; not exact)");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return exit;
   if (!batches.empty()) {
     for (absl::string_view part : absl::StrSplit(batches, ',')) {
@@ -211,6 +215,7 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
   ro.num_threads = o.threads;
   ro.num_kv_slots = static_cast<int64_t>(max_batch) * stride;
   ro.batch_invariant = o.batch_invariant;
+  ro.cpu_bf16_products = o.bf16_products;
   auto runner = cuda ? rl::model::CreateCudaModelRunner(ro) : rl::model::CreateCpuModelRunner(ro);
   if (!runner.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), runner.status().ToString().c_str());
@@ -234,7 +239,9 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
               name.c_str(), c.architecture_name.c_str(), c.torch_dtype.c_str(), params / 1e6,
               weight_bytes / (1 << 20),
               cuda ? (o.batch_invariant ? "cuda, batch-invariant" : "cuda")
-                   : (std::to_string(o.threads) + " threads").c_str());
+                   : (std::to_string(o.threads) + " threads" +
+                      (o.bf16_products ? ", bf16 products" : ""))
+                         .c_str());
   for (int batch : o.batches) {
     ForwardInput in;
     ForwardOutput out;

@@ -58,6 +58,10 @@ int main(int argc, char** argv) {
              "mark the spare read buffers MADV_FREE, so the kernel can reclaim that second copy "
              "of the checkpoint under memory pressure; refilling them makes each "
              "UpdateWeightsFromDisk about 2x slower");
+  flags.Bool("cpu-bf16-products", &config.cpu_bf16_products,
+             "cpu: matmuls of bf16 weights round activations to bf16 and add bf16 products "
+             "(AVX512-BF16 vdpbf16ps, like a bf16 trainer): faster prefill, NOT exact (see the "
+             "README's performance section for the logprob difference); off by default");
   flags.Bool("disable-cuda-graph", &config.disable_cuda_graph,
              "cuda: run decode steps eagerly instead of replaying captured CUDA graphs");
   flags.Int("threads", &config.num_threads, "compute threads (0: all cores)");

@@ -119,5 +119,8 @@ class Backend {
 
 // The CPU backend with `num_threads` threads (0: hardware concurrency).
 std::unique_ptr<Backend> CreateCpuBackend(int num_threads);
+// With `bf16_products`, matmuls of BF16 weights round x to bf16 and add bf16 products
+// (kernels/cpu/matmul_bf16.h: faster, not exact); FAILED_PRECONDITION without AVX512-BF16.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(int num_threads, bool bf16_products);
 
 }  // namespace rl::model

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/cpu/matmul_bf16.h"
 #include "kernels/cpu/thread_pool.h"
 #include "services/worker/model/backend.h"
 
@@ -16,7 +17,8 @@ namespace kc = kernels::cpu;
 
 class CpuBackend final : public Backend {
  public:
-  explicit CpuBackend(int num_threads) : pool_(num_threads) {}
+  CpuBackend(int num_threads, bool bf16_products)
+      : pool_(num_threads), bf16_products_(bf16_products) {}
 
   std::string name() const override { return "cpu"; }
   int num_threads() const override { return pool_.num_threads(); }
@@ -50,13 +52,22 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
   absl::Status Matmul(const kc::MatmulParams& p) override {
-    RETURN_IF_ERROR(p.Validate());
-    kc::Matmul(p, &pool_);
-    return absl::OkStatus();
+    return MatmulGroup(absl::MakeConstSpan(&p, 1));
   }
   absl::Status MatmulGroup(absl::Span<const kc::MatmulParams> group) override {
-    RETURN_IF_ERROR(kc::ValidateMatmulGroup(group));
-    kc::MatmulGroup(group, &pool_);
+    // bf16-products mode applies to BF16 weights; other matmuls (a float32 LM head or router)
+    // keep float32 activations.
+    const bool bf16 =
+        bf16_products_ && std::all_of(group.begin(), group.end(), [](const kc::MatmulParams& p) {
+          return p.w_dtype == model_io::DType::kBF16;
+        });
+    if (bf16) {
+      RETURN_IF_ERROR(kc::ValidateMatmulGroupBf16Products(group));
+      kc::MatmulGroupBf16Products(group, &pool_);
+    } else {
+      RETURN_IF_ERROR(kc::ValidateMatmulGroup(group));
+      kc::MatmulGroup(group, &pool_);
+    }
     return absl::OkStatus();
   }
   absl::Status Rope(const kc::RopeParams& p) override {
@@ -109,16 +120,25 @@ class CpuBackend final : public Backend {
 
  private:
   kc::ThreadPool pool_;
+  const bool bf16_products_;
   kc::MoeScratch moe_scratch_;
 };
 
 }  // namespace
 
 std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
+  return CreateCpuBackend(num_threads, /*bf16_products=*/false).value();
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(int num_threads, bool bf16_products) {
+  if (bf16_products && !kc::Bf16ProductsSupported()) {
+    return absl::FailedPreconditionError(
+        "bf16 products (--cpu-bf16-products) need a CPU with AVX512-BF16; this one has none");
+  }
   if (num_threads <= 0) {
     num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
-  return std::make_unique<CpuBackend>(num_threads);
+  return std::make_unique<CpuBackend>(num_threads, bf16_products);
 }
 
 }  // namespace rl::model

@@ -29,7 +29,7 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
         Transformer::KvBytesPerSlot(r->config_), " bytes per slot, page_size ",
         options.page_size));
   }
-  r->backend_ = CreateCpuBackend(options.num_threads);
+  ASSIGN_OR_RETURN(r->backend_, CreateCpuBackend(options.num_threads, options.cpu_bf16_products));
   ASSIGN_OR_RETURN(r->transformer_, Transformer::Create(r->config_, r->backend_.get(), slots));
   return r;
 }

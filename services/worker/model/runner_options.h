@@ -35,6 +35,11 @@ struct RunnerOptions {
   // ones, at the cost of a second copy of the weights in host memory (reclaimable only with
   // model_io::SetSpareBuffersReclaimable).
   bool reserve_update_buffers = true;
+  // CPU runner only: matmuls of BF16 weights round the activations to bf16 and add bf16 products
+  // with AVX512-BF16 (like a bf16 trainer's matmul): faster prefill, NOT exact (the README's
+  // performance section gives the measured logprob difference); still batch-invariant. Off by
+  // default; refused on a CPU without AVX512-BF16.
+  bool cpu_bf16_products = false;
 };
 
 }  // namespace rl::model
