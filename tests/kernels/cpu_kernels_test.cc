@@ -11,6 +11,7 @@
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_bf16.h"
 #include "kernels/cpu/rmsnorm.h"
 #include "kernels/cpu/rope.h"
 #include "kernels/cpu/silu_mul.h"
@@ -191,6 +192,70 @@ TEST_P(MatmulTest, PackedPathRowsEqualRowsAlone) {
 
 INSTANTIATE_TEST_SUITE_P(DTypes, MatmulTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16));
+
+// bf16-products mode: x rounded to bf16, bf16 products summed in float32; each row keeps its
+// bits whatever m and the threads; F32 weights are refused. Where the CPU has AVX512-BF16.
+TEST(MatmulBf16ProductsTest, MatchesBf16ReferenceAndRowsAlone) {
+  if (!Bf16ProductsSupported()) {
+    MatmulParams p;
+    std::vector<float> x(4), y(4);
+    std::vector<uint16_t> w(4);
+    p.x = x.data();
+    p.w = w.data();
+    p.w_dtype = DType::kBF16;
+    p.y = y.data();
+    p.m = p.n = 1;
+    p.k = 4;
+    EXPECT_EQ(ValidateMatmulGroupBf16Products(absl::MakeConstSpan(&p, 1)).code(),
+              absl::StatusCode::kFailedPrecondition);
+    GTEST_SKIP() << "this CPU has no AVX512-BF16";
+  }
+  ThreadPool pool(2);
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{13, 37}, {40, 96}, {19, 1300}}) {
+    SCOPED_TRACE(testing::Message() << "n=" << n << " k=" << k);
+    const int64_t max_m = 14;
+    auto x = Random(static_cast<size_t>(max_m * k), 40);
+    std::vector<float> w_stored, b_stored, x_rounded;
+    auto w = Store(Random(static_cast<size_t>(n * k), 41, 0.1f), DType::kBF16, &w_stored);
+    auto bias = Store(Random(static_cast<size_t>(n), 42), DType::kBF16, &b_stored);
+    Store(x, DType::kBF16, &x_rounded);  // x as the kernel rounds it (nearest even)
+    MatmulParams p;
+    p.x = x.data();
+    p.w = w.data();
+    p.w_dtype = DType::kBF16;
+    p.bias = bias.data();
+    p.bias_dtype = DType::kBF16;
+    p.n = n;
+    p.k = k;
+    std::vector<float> alone(static_cast<size_t>(max_m * n));
+    for (int64_t i = 0; i < max_m; ++i) {
+      p.x = x.data() + i * k;
+      p.y = alone.data() + i * n;
+      p.m = 1;
+      ASSERT_TRUE(ValidateMatmulGroupBf16Products(absl::MakeConstSpan(&p, 1)).ok());
+      MatmulGroupBf16Products(absl::MakeConstSpan(&p, 1), nullptr);
+      for (int64_t j = 0; j < n; ++j) {
+        double ref = b_stored[j], mag = std::abs(b_stored[j]);
+        for (int64_t t = 0; t < k; ++t) {
+          const double prod = static_cast<double>(x_rounded[i * k + t]) * w_stored[j * k + t];
+          ref += prod;
+          mag += std::abs(prod);
+        }
+        ASSERT_NEAR(alone[i * n + j], ref, 1e-5 * (1 + mag)) << i << " " << j;
+      }
+    }
+    std::vector<float> y(static_cast<size_t>(max_m * n), -1.0f);
+    p.x = x.data();
+    p.y = y.data();
+    p.m = max_m;
+    MatmulGroupBf16Products(absl::MakeConstSpan(&p, 1), &pool);
+    EXPECT_EQ(std::memcmp(y.data(), alone.data(), y.size() * sizeof(float)), 0);
+    std::vector<float> wf(static_cast<size_t>(n * k), 0.5f);
+    p.w = wf.data();
+    p.w_dtype = DType::kF32;
+    EXPECT_FALSE(ValidateMatmulGroupBf16Products(absl::MakeConstSpan(&p, 1)).ok());
+  }
+}
 
 // A group (fused QKV-like: three widths, one with bias) gives the bits of separate Matmuls.
 TEST(MatmulGroupTest, BitIdenticalToSeparateMatmuls) {
