@@ -313,12 +313,12 @@ namespace {
 constexpr int kMaxTileRows = 8;
 // Query rows per task: a block of tokens × the heads of one KV head (chunk).
 constexpr int64_t kTaskRows = 32;
-// A run of at least this many rows on one sequence first copies the KV head's K and V rows of
+// A run of at least kGatherMinRows rows on one sequence first copies the KV head's K and V rows of
 // the run's context into contiguous per-thread buffers: in the cache a head's row is a 1/num_kv_heads
 // slice of each slot, so its K and V land in a fraction of the L2's sets and evict each other
 // (measured: the tiles then wait on L3 for their K/V loads); contiguous, they stay in L2 for
 // all the run's tiles. Up to kMaxGathered positions (8 MiB of buffers per thread at head dim 256).
-constexpr int64_t kGatherMinRows = 8;
+constexpr int64_t kGatherMinRows = 2 * kMaxTileRows;  // two tiles read each gathered row
 constexpr int64_t kMaxGathered = 4096;
 
 struct Tile {
