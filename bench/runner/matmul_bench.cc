@@ -93,7 +93,7 @@ int main(int argc, char** argv) {
       int64_t off = 0;
       for (int l = 0; l < layers; ++l) {
         for (const Shape& s : layer) {
-          kc::MatmulParams p;
+          rl::kernels::MatmulParams p;
           p.x = x.data();
           p.w = w.data() + off;
           p.w_dtype = rl::model_io::DType::kBF16;

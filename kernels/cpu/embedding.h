@@ -1,30 +1,11 @@
-// Embedding: gathers rows of the token-embedding table and widens them to float32.
-// Token ids must be validated by the caller against num_rows (Validate() checks them too,
-// O(num_tokens)). Cost: num_tokens · dim element conversions.
+// CPU embedding over the params of kernels/embedding.h: gathers rows of the table and widens
+// them to float32. Run after p.Validate(). Cost: num_tokens · dim element conversions.
 #pragma once
 
-#include <cstdint>
-
-#include "absl/status/status.h"
-#include "common/model_io/dtype.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/embedding.h"
 
 namespace rl::kernels::cpu {
-
-struct EmbeddingParams {
-  const void* table = nullptr;  // [num_rows, dim] in table_dtype
-  model_io::DType table_dtype = model_io::DType::kF32;
-  const int32_t* ids = nullptr;  // [num_tokens], each in [0, num_rows)
-  float* out = nullptr;          // [num_tokens, dim]
-  int64_t num_tokens = 0;
-  int64_t num_rows = 0;
-  int64_t dim = 0;
-
-  // Pointers, sizes and dtype only (does not read the buffers: usable on device memory).
-  absl::Status ValidateShapes() const;
-  // ValidateShapes, then every id (reads `ids`: host memory only).
-  absl::Status Validate() const;
-};
 
 void Embedding(const EmbeddingParams& p, ThreadPool* pool);
 

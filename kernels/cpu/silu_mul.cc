@@ -4,13 +4,6 @@
 
 namespace rl::kernels::cpu {
 
-absl::Status SiluMulParams::Validate() const {
-  if (gate == nullptr || up == nullptr || out == nullptr || n < 0) {
-    return absl::InvalidArgumentError("silu_mul: null buffer or negative size");
-  }
-  return absl::OkStatus();
-}
-
 void SiluMul(const SiluMulParams& p, ThreadPool* pool) {
   auto run = [&](int64_t begin, int64_t end, int) {
     SiluMulRange(p.gate + begin, p.up + begin, p.out + begin, end - begin);

@@ -149,9 +149,8 @@ int64_t AttentionWorkspaceFloats(int64_t num_tokens, int64_t num_heads, int64_t 
 namespace {
 
 template <typename T>
-cudaError_t LaunchAttentionTyped(const cpu::AttentionParams& p, int64_t token_begin,
-                                 int64_t num_tokens, int64_t max_splits, float* workspace,
-                                 cudaStream_t stream) {
+cudaError_t LaunchAttentionTyped(const AttentionParams& p, int64_t token_begin, int64_t num_tokens,
+                                 int64_t max_splits, float* workspace, cudaStream_t stream) {
   SplitArgs<T> a;
   a.q = p.q;
   a.k_cache = static_cast<const T*>(p.k_cache);
@@ -187,7 +186,7 @@ cudaError_t LaunchAttentionTyped(const cpu::AttentionParams& p, int64_t token_be
 
 }  // namespace
 
-cudaError_t LaunchAttention(const cpu::AttentionParams& p, int64_t token_begin, int64_t token_end,
+cudaError_t LaunchAttention(const AttentionParams& p, int64_t token_begin, int64_t token_end,
                             int64_t batch_max_context, float* workspace, cudaStream_t stream) {
   const int64_t num_tokens = token_end - token_begin;
   if (num_tokens <= 0) return cudaSuccess;

@@ -16,7 +16,7 @@ __global__ void EmbeddingKernel(const T* __restrict__ table, const int32_t* __re
 
 }  // namespace
 
-cudaError_t LaunchEmbedding(const cpu::EmbeddingParams& p, cudaStream_t stream) {
+cudaError_t LaunchEmbedding(const EmbeddingParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
   RL_DISPATCH_FLOAT_DTYPE(p.table_dtype, T,
                           EmbeddingKernel<T>

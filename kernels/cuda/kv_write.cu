@@ -34,7 +34,7 @@ __global__ void WriteKvKernel(const float* __restrict__ k, const float* __restri
 
 }  // namespace
 
-cudaError_t LaunchWriteKv(const cpu::WriteKvParams& p, cudaStream_t stream) {
+cudaError_t LaunchWriteKv(const WriteKvParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
   RL_DISPATCH_FLOAT_DTYPE(p.kv_dtype, T,
                           WriteKvKernel<T><<<static_cast<unsigned>(p.num_tokens), 128, 0, stream>>>(

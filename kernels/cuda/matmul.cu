@@ -68,7 +68,7 @@ __global__ void InvariantGemmKernel(const float* __restrict__ x, const T* __rest
 }
 
 template <typename T>
-cudaError_t LaunchWithWeight(const cpu::MatmulParams& p, cudaStream_t stream) {
+cudaError_t LaunchWithWeight(const MatmulParams& p, cudaStream_t stream) {
   const dim3 grid(CeilDiv(p.n, kBn), CeilDiv(p.m, kBm));
   if (grid.y > 65535u) return cudaErrorInvalidValue;
   const T* w = static_cast<const T*>(p.w);
@@ -85,7 +85,7 @@ cudaError_t LaunchWithWeight(const cpu::MatmulParams& p, cudaStream_t stream) {
 
 }  // namespace
 
-cudaError_t LaunchInvariantMatmul(const cpu::MatmulParams& p, cudaStream_t stream) {
+cudaError_t LaunchInvariantMatmul(const MatmulParams& p, cudaStream_t stream) {
   if (p.m == 0 || p.n == 0) return cudaSuccess;
   RL_DISPATCH_FLOAT_DTYPE(p.w_dtype, T, return LaunchWithWeight<T>(p, stream));
   return cudaSuccess;

@@ -58,7 +58,7 @@ __global__ void MoeCombineKernel(const float* __restrict__ out, const int32_t* _
 
 }  // namespace
 
-cudaError_t LaunchMoeRoute(const cpu::MoeRouteParams& p, cudaStream_t stream) {
+cudaError_t LaunchMoeRoute(const MoeRouteParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
   const unsigned blocks = static_cast<unsigned>((p.num_tokens + kThreads - 1) / kThreads);
   MoeRouteKernel<<<blocks, kThreads, 0, stream>>>(p.logits, p.ids, p.weights, p.num_tokens,

@@ -36,7 +36,7 @@ __global__ void RmsNormKernel(float* x, const float* delta, const T* __restrict_
 
 }  // namespace
 
-cudaError_t LaunchRmsNorm(const cpu::RmsNormParams& p, const float* delta, cudaStream_t stream) {
+cudaError_t LaunchRmsNorm(const RmsNormParams& p, const float* delta, cudaStream_t stream) {
   if (p.rows == 0) return cudaSuccess;
   // x is written only when delta is given; the kernel takes it non-const for that case.
   float* x = const_cast<float*>(p.x);

@@ -29,7 +29,7 @@ __global__ void RopeKernel(float* q, float* k, const float* __restrict__ cos,
 
 }  // namespace
 
-cudaError_t LaunchRope(const cpu::RopeParams& p, cudaStream_t stream) {
+cudaError_t LaunchRope(const RopeParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return cudaSuccess;
   RopeKernel<<<static_cast<unsigned>(p.num_tokens), 128, 0, stream>>>(
       p.q, p.k, p.cos, p.sin, static_cast<int>(p.num_heads), static_cast<int>(p.num_kv_heads),

@@ -14,7 +14,7 @@ __global__ void SiluMulKernel(const float* gate, const float* up, float* out, in
 
 }  // namespace
 
-cudaError_t LaunchSiluMul(const cpu::SiluMulParams& p, cudaStream_t stream) {
+cudaError_t LaunchSiluMul(const SiluMulParams& p, cudaStream_t stream) {
   if (p.n == 0) return cudaSuccess;
   const unsigned blocks = CeilDiv(p.n, 256) < 65535u ? CeilDiv(p.n, 256) : 65535u;
   SiluMulKernel<<<blocks, 256, 0, stream>>>(p.gate, p.up, p.out, p.n);

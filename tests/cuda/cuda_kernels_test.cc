@@ -15,7 +15,6 @@
 namespace rl::model {
 namespace {
 
-namespace kc = kernels::cpu;
 using model_io::DType;
 
 std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
@@ -87,7 +86,7 @@ TEST_F(CudaKernelsTest, Embedding) {
     Backend* backends[2] = {cpu_.get(), gpu_.get()};
     for (int i = 0; i < 2; ++i) {
       Backend* b = backends[i];
-      kc::EmbeddingParams p;
+      kernels::EmbeddingParams p;
       p.table = i == 0 ? static_cast<const void*>(raw.data()) : Up(b, raw);
       p.table_dtype = dt;
       p.ids = i == 0 ? ids.data() : Up(b, ids);
@@ -113,7 +112,7 @@ TEST_F(CudaKernelsTest, RmsNormAndFusedAdd) {
     for (bool fused : {false, true}) {
       // CPU
       std::vector<float> cx = x, cy(rows * dim);
-      kc::RmsNormParams p;
+      kernels::RmsNormParams p;
       p.x = cx.data();
       p.w = wr.data();
       p.w_dtype = dt;
@@ -125,7 +124,7 @@ TEST_F(CudaKernelsTest, RmsNormAndFusedAdd) {
       // GPU, with y aliasing delta as the transformer does
       float* gx = Up(gpu_.get(), x);
       float* gd = Up(gpu_.get(), delta);
-      kc::RmsNormParams g = p;
+      kernels::RmsNormParams g = p;
       g.x = gx;
       g.w = Up(gpu_.get(), wr);
       g.y = fused ? gd : Zeros(gpu_.get(), rows * dim);
@@ -149,7 +148,7 @@ TEST_F(CudaKernelsTest, Rope) {
     }
   }
   std::vector<float> cq = q, ck = k;
-  kc::RopeParams p;
+  kernels::RopeParams p;
   p.q = cq.data();
   p.k = ck.data();
   p.cos = cos.data();
@@ -161,7 +160,7 @@ TEST_F(CudaKernelsTest, Rope) {
   p.q_stride = heads * hd;
   p.k_stride = kv_heads * hd;
   ASSERT_TRUE(cpu_->Rope(p).ok());
-  kc::RopeParams g = p;
+  kernels::RopeParams g = p;
   g.q = Up(gpu_.get(), q);
   g.k = Up(gpu_.get(), k);
   g.cos = Up(gpu_.get(), cos);
@@ -174,9 +173,9 @@ TEST_F(CudaKernelsTest, Rope) {
 TEST_F(CudaKernelsTest, SiluMulAddGather) {
   const std::vector<float> gate = Random(5000, 7), up = Random(5000, 8);
   std::vector<float> out(5000);
-  kc::SiluMulParams p{gate.data(), up.data(), out.data(), 5000};
+  kernels::SiluMulParams p{gate.data(), up.data(), out.data(), 5000};
   ASSERT_TRUE(cpu_->SiluMul(p).ok());
-  kc::SiluMulParams g{Up(gpu_.get(), gate), Up(gpu_.get(), up), Zeros(gpu_.get(), 5000), 5000};
+  kernels::SiluMulParams g{Up(gpu_.get(), gate), Up(gpu_.get(), up), Zeros(gpu_.get(), 5000), 5000};
   ASSERT_TRUE(gpu_->SiluMul(g).ok());
   EXPECT_LE(MaxAbsDiff(out, Down(gpu_.get(), g.out, 5000)), 1e-5f);
 
@@ -209,7 +208,7 @@ TEST_F(CudaKernelsTest, MatmulCublasAndInvariantAgainstCpu) {
     const std::vector<uint8_t> w = Store(Random(c.n * c.k, 10, 0.1f), c.w_dtype);
     const std::vector<uint8_t> bias = Store(Random(c.n, 11), c.w_dtype);
     std::vector<float> ref(c.m * c.n);
-    kc::MatmulParams p;
+    kernels::MatmulParams p;
     p.x = x.data();
     p.w = w.data();
     p.w_dtype = c.w_dtype;
@@ -223,7 +222,7 @@ TEST_F(CudaKernelsTest, MatmulCublasAndInvariantAgainstCpu) {
     // cuBLAS rounds the activations to the 16-bit weight dtype: tolerance scales with that.
     const float tol = c.w_dtype == DType::kF32 ? 1e-4f : 2e-2f;
     for (Backend* b : {gpu_.get(), gpu_inv_.get()}) {
-      kc::MatmulParams g = p;
+      kernels::MatmulParams g = p;
       g.x = Up(b, x);
       g.w = Up(b, w);
       g.bias = c.bias ? Up(b, bias) : nullptr;
@@ -247,7 +246,7 @@ TEST_F(CudaKernelsTest, InvariantMatmulRowDoesNotDependOnBatch) {
     std::vector<float> x = Random(m * k, 14 + static_cast<uint32_t>(m));
     const int64_t at = m / 2;  // the row sits mid-batch
     std::copy(row.begin(), row.end(), x.begin() + at * k);
-    kc::MatmulParams g;
+    kernels::MatmulParams g;
     g.x = Up(gpu_inv_.get(), x);
     g.w = gw;
     g.w_dtype = DType::kBF16;
@@ -313,7 +312,7 @@ TEST_P(CudaAttentionTest, PagedAttentionMixedBatch) {
 
   std::vector<float> ck = k_cache, cv = v_cache, cout(tokens * heads * hd);
   std::vector<float> ws(2 * 1024);
-  kc::WriteKvParams wk;
+  kernels::WriteKvParams wk;
   wk.k = k_new.data();
   wk.v = v_new.data();
   wk.slots = write_slots.data();
@@ -325,7 +324,7 @@ TEST_P(CudaAttentionTest, PagedAttentionMixedBatch) {
   wk.v_stride = kv_dim;
   wk.num_slots = num_slots;
   ASSERT_TRUE(cpu_->WriteKv(wk).ok());
-  kc::AttentionParams at;
+  kernels::AttentionParams at;
   at.q = q.data();
   at.k_cache = ck.data();
   at.v_cache = cv.data();
@@ -347,7 +346,7 @@ TEST_P(CudaAttentionTest, PagedAttentionMixedBatch) {
   ASSERT_TRUE(cpu_->Attention(at).ok());
 
   Backend* g = gpu_.get();
-  kc::WriteKvParams gwk = wk;
+  kernels::WriteKvParams gwk = wk;
   gwk.k = Up(g, k_new);
   gwk.v = Up(g, v_new);
   gwk.slots = Up(g, write_slots);
@@ -362,7 +361,7 @@ TEST_P(CudaAttentionTest, PagedAttentionMixedBatch) {
     model_io::ConvertToF32(kv_dtype, raw.data(), static_cast<int64_t>(ck.size()), written.data());
     EXPECT_EQ(MaxAbsDiff(ck, written), 0.0f);
   }
-  kc::AttentionParams gat = at;
+  kernels::AttentionParams gat = at;
   gat.q = Up(g, q);
   gat.k_cache = gwk.k_cache;
   gat.v_cache = gwk.v_cache;
@@ -378,7 +377,7 @@ TEST_P(CudaAttentionTest, PagedAttentionMixedBatch) {
   EXPECT_LE(MaxAbsDiff(cout, gout), 2e-5f);
 
   // Invariance: the decode token of A alone gives the same bits as inside the batch.
-  kc::AttentionParams one = gat;
+  kernels::AttentionParams one = gat;
   one.num_tokens = 1;
   one.batch_max_context = 700;
   one.out = Zeros(g, heads * hd);
@@ -391,11 +390,11 @@ INSTANTIATE_TEST_SUITE_P(KvDtypes, CudaAttentionTest, ::testing::Values(DType::k
                          [](const auto& info) { return model_io::DTypeName(info.param); });
 
 TEST_F(CudaKernelsTest, BadShapesAreInvalidArgument) {
-  kc::MatmulParams p;  // null pointers
+  kernels::MatmulParams p;  // null pointers
   EXPECT_EQ(gpu_->Matmul(p).code(), absl::StatusCode::kInvalidArgument);
-  kc::AttentionParams a;
+  kernels::AttentionParams a;
   EXPECT_EQ(gpu_->Attention(a).code(), absl::StatusCode::kInvalidArgument);
-  kc::EmbeddingParams e;
+  kernels::EmbeddingParams e;
   EXPECT_EQ(gpu_->Embedding(e).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(gpu_->Allocate(-1).status().code(), absl::StatusCode::kInvalidArgument);
 }

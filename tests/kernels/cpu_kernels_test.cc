@@ -406,7 +406,7 @@ TEST(AttentionTest, PagedGqaMatchesReference) {
   p.num_slot_entries = static_cast<int64_t>(slots.size());
   p.max_context = max_ctx;
   p.scale = 0.25f;
-  ASSERT_TRUE(p.Validate().ok());
+  ASSERT_TRUE(ValidateAttention(p).ok());
   Attention(p, &pool);
   for (int64_t tok = 0; tok < t; ++tok) {
     for (int64_t h = 0; h < hq; ++h) {
@@ -437,9 +437,22 @@ TEST(AttentionTest, PagedGqaMatchesReference) {
   bad_slots[3] = 64;
   p.slots = bad_slots.data();
   EXPECT_FALSE(p.Validate().ok());
+  EXPECT_FALSE(ValidateAttention(p).ok());
   p.slots = slots.data();
   context[0] = 40;  // beyond max_context
   EXPECT_FALSE(p.Validate().ok());
+  EXPECT_FALSE(ValidateAttention(p).ok());
+  context[0] = 5;
+  // The backend-neutral checks leave the KV dtype and the workspace to the backend; the CPU
+  // kernel's own checks reject what it cannot run.
+  p.kv_dtype = DType::kBF16;
+  EXPECT_TRUE(p.Validate().ok());
+  EXPECT_EQ(ValidateAttention(p).message(), "attention: the CPU KV cache is float32");
+  p.kv_dtype = DType::kF32;
+  p.workspace = nullptr;
+  EXPECT_TRUE(p.ValidateShapes().ok());
+  EXPECT_TRUE(p.Validate().ok());
+  EXPECT_EQ(ValidateAttention(p).message(), "attention: no workspace");
 }
 
 // Query rows of one sequence are attended in shared tiles (several tokens × the heads of a KV
@@ -490,7 +503,7 @@ TEST(AttentionTest, TiledRowsEqualRowsAloneBitForBit) {
     p.context_len = context.data();
     p.slot_begin = begin.data();
     p.num_tokens = t;
-    ASSERT_TRUE(p.Validate().ok());
+    ASSERT_TRUE(ValidateAttention(p).ok());
     ThreadPool pool(2);
     Attention(p, &pool);
     for (int64_t tok = 0; tok < t; ++tok) {
@@ -602,12 +615,20 @@ TEST(WriteKvTest, WritesSlotsAndChecksRange) {
   std::vector<float> k = {1, 2, 3, 4}, v = {5, 6, 7, 8}, kc(8, 0), vc(8, 0);
   std::vector<int32_t> slots = {3, 1};
   WriteKvParams p{k.data(), v.data(), slots.data(), kc.data(), vc.data(), 2, 2, 2, 2, 4};
-  ASSERT_TRUE(p.Validate().ok());
+  ASSERT_TRUE(ValidateWriteKv(p).ok());
   WriteKv(p);
   EXPECT_EQ(kc, (std::vector<float>{0, 0, 3, 4, 0, 0, 1, 2}));
   EXPECT_EQ(vc, (std::vector<float>{0, 0, 7, 8, 0, 0, 5, 6}));
+  // A BF16 cache is valid for device backends, not for the CPU kernel (checked before the
+  // slots, as before the params moved out of the CPU kernel).
+  p.kv_dtype = DType::kBF16;
+  EXPECT_TRUE(p.Validate().ok());
+  EXPECT_EQ(ValidateWriteKv(p).message(), "write_kv: the CPU KV cache is float32");
   slots[0] = 4;
-  EXPECT_FALSE(p.Validate().ok());
+  EXPECT_EQ(ValidateWriteKv(p).message(), "write_kv: the CPU KV cache is float32");
+  p.kv_dtype = DType::kF32;
+  EXPECT_EQ(p.Validate().message(), "write_kv: slot 4 out of range [0, 4)");
+  EXPECT_EQ(ValidateWriteKv(p).message(), "write_kv: slot 4 out of range [0, 4)");
 }
 
 TEST(SiluMulTest, MatchesReference) {

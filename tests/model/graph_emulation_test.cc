@@ -18,8 +18,6 @@
 namespace rl::model {
 namespace {
 
-namespace kc = kernels::cpu;
-
 class GraphEmulatingBackend final : public Backend {
  public:
   GraphEmulatingBackend() : cpu_(CreateCpuBackend(2)) {}
@@ -39,28 +37,28 @@ class GraphEmulatingBackend final : public Backend {
     if (recording_) return absl::FailedPreconditionError("copy while capturing");
     return cpu_->CopyToHost(dst, src, bytes);
   }
-  absl::Status Embedding(const kc::EmbeddingParams& p) override {
+  absl::Status Embedding(const kernels::EmbeddingParams& p) override {
     return Run([this, p] { return cpu_->Embedding(p); });
   }
-  absl::Status RmsNorm(const kc::RmsNormParams& p) override {
+  absl::Status RmsNorm(const kernels::RmsNormParams& p) override {
     return Run([this, p] { return cpu_->RmsNorm(p); });
   }
-  absl::Status AddRmsNorm(const float* delta, const kc::RmsNormParams& p) override {
+  absl::Status AddRmsNorm(const float* delta, const kernels::RmsNormParams& p) override {
     return Run([this, delta, p] { return cpu_->AddRmsNorm(delta, p); });
   }
-  absl::Status Matmul(const kc::MatmulParams& p) override {
+  absl::Status Matmul(const kernels::MatmulParams& p) override {
     return Run([this, p] { return cpu_->Matmul(p); });
   }
-  absl::Status Rope(const kc::RopeParams& p) override {
+  absl::Status Rope(const kernels::RopeParams& p) override {
     return Run([this, p] { return cpu_->Rope(p); });
   }
-  absl::Status WriteKv(const kc::WriteKvParams& p) override {
+  absl::Status WriteKv(const kernels::WriteKvParams& p) override {
     return Run([this, p] { return cpu_->WriteKv(p); });
   }
-  absl::Status Attention(const kc::AttentionParams& p) override {
+  absl::Status Attention(const kernels::AttentionParams& p) override {
     return Run([this, p] { return cpu_->Attention(p); });
   }
-  absl::Status SiluMul(const kc::SiluMulParams& p) override {
+  absl::Status SiluMul(const kernels::SiluMulParams& p) override {
     return Run([this, p] { return cpu_->SiluMul(p); });
   }
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override {

@@ -5,10 +5,11 @@
 // Buffers: every pointer in the params structs is backend memory (host memory for the CPU,
 // device memory for CUDA), obtained from Allocate(); host data crosses with CopyToDevice /
 // CopyToHost. Weight pointers come from the backend's view of the Weights (for the CPU the
-// host tensors the process owns). Params structs are plain descriptions (kernels/cpu/*.h document every
-// buffer's shape); each op validates them and returns InvalidArgument instead of running on
-// bad input. Device backends check shapes and pointers only (the data is on the device): the
-// Transformer validates ids, slots and positions on the host before any op runs.
+// host tensors the process owns). Params structs are plain, backend-neutral descriptions
+// (kernels/<op>.h document every buffer's shape); each op validates them and returns
+// InvalidArgument instead of running on bad input. Device backends check shapes and pointers
+// only (the data is on the device): the Transformer validates ids, slots and positions on the
+// host before any op runs.
 // Ordering: ops run in call order; CopyToHost returns once the data is on the host.
 // Thread safety: a backend is used by one thread at a time (the runner's).
 #pragma once
@@ -21,13 +22,13 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/embedding.h"
-#include "kernels/cpu/matmul.h"
-#include "kernels/cpu/moe.h"
-#include "kernels/cpu/rmsnorm.h"
-#include "kernels/cpu/rope.h"
-#include "kernels/cpu/silu_mul.h"
+#include "kernels/attention.h"
+#include "kernels/embedding.h"
+#include "kernels/matmul.h"
+#include "kernels/moe.h"
+#include "kernels/rmsnorm.h"
+#include "kernels/rope.h"
+#include "kernels/silu_mul.h"
 
 namespace rl::model {
 
@@ -61,38 +62,38 @@ class Backend {
   // Backend → host, after every op queued before it has finished.
   virtual absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) = 0;
 
-  virtual absl::Status Embedding(const kernels::cpu::EmbeddingParams& p) = 0;
-  virtual absl::Status RmsNorm(const kernels::cpu::RmsNormParams& p) = 0;
-  virtual absl::Status Matmul(const kernels::cpu::MatmulParams& p) = 0;
+  virtual absl::Status Embedding(const kernels::EmbeddingParams& p) = 0;
+  virtual absl::Status RmsNorm(const kernels::RmsNormParams& p) = 0;
+  virtual absl::Status Matmul(const kernels::MatmulParams& p) = 0;
   // Matmuls with the same m and x (fused QKV, gate/up), each element bit-identical to Matmul.
   // The default runs them one by one; the CPU backend runs them as one parallel region.
-  virtual absl::Status MatmulGroup(absl::Span<const kernels::cpu::MatmulParams> group) {
-    for (const kernels::cpu::MatmulParams& p : group) {
+  virtual absl::Status MatmulGroup(absl::Span<const kernels::MatmulParams> group) {
+    for (const kernels::MatmulParams& p : group) {
       if (absl::Status s = Matmul(p); !s.ok()) return s;
     }
     return absl::OkStatus();
   }
-  virtual absl::Status Rope(const kernels::cpu::RopeParams& p) = 0;
-  virtual absl::Status WriteKv(const kernels::cpu::WriteKvParams& p) = 0;
-  virtual absl::Status Attention(const kernels::cpu::AttentionParams& p) = 0;
-  virtual absl::Status SiluMul(const kernels::cpu::SiluMulParams& p) = 0;
+  virtual absl::Status Rope(const kernels::RopeParams& p) = 0;
+  virtual absl::Status WriteKv(const kernels::WriteKvParams& p) = 0;
+  virtual absl::Status Attention(const kernels::AttentionParams& p) = 0;
+  virtual absl::Status SiluMul(const kernels::SiluMulParams& p) = 0;
   // y[i] += x[i] for i < n (the residual connection).
   virtual absl::Status AddInPlace(const float* x, float* y, int64_t n) = 0;
   // The residual add fused with the next norm: p.x += delta (rows · dim floats), then
   // p.y = RmsNorm(p.x). The default runs AddInPlace then RmsNorm (bit-identical to the two
   // calls); device backends fuse it into one pass.
-  virtual absl::Status AddRmsNorm(const float* delta, const kernels::cpu::RmsNormParams& p) {
+  virtual absl::Status AddRmsNorm(const float* delta, const kernels::RmsNormParams& p) {
     absl::Status s = AddInPlace(delta, const_cast<float*>(p.x), p.rows * p.dim);
     if (!s.ok()) return s;
     return RmsNorm(p);
   }
-  // Mixture of experts (kernels/cpu/moe.h). The routing ids and weights are backend memory;
+  // Mixture of experts (kernels/moe.h). The routing ids and weights are backend memory;
   // MoeExpertsParams' gate/up/down are host arrays of backend pointers. Backends without MoE
   // support answer UNIMPLEMENTED.
-  virtual absl::Status MoeRoute(const kernels::cpu::MoeRouteParams& /*p*/) {
+  virtual absl::Status MoeRoute(const kernels::MoeRouteParams& /*p*/) {
     return absl::UnimplementedError(absl::StrCat(name(), " backend: mixture of experts"));
   }
-  virtual absl::Status MoeExperts(const kernels::cpu::MoeExpertsParams& /*p*/) {
+  virtual absl::Status MoeExperts(const kernels::MoeExpertsParams& /*p*/) {
     return absl::UnimplementedError(absl::StrCat(name(), " backend: mixture of experts"));
   }
   // out[r] = x[rows[r]] for r < num_rows, rows of `dim` floats.

@@ -5,7 +5,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_bf16.h"
+#include "kernels/cpu/moe.h"
+#include "kernels/cpu/rmsnorm.h"
+#include "kernels/cpu/rope.h"
+#include "kernels/cpu/silu_mul.h"
 #include "kernels/cpu/thread_pool.h"
 #include "services/worker/model/backend.h"
 
@@ -41,64 +48,64 @@ class CpuBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Embedding(const kc::EmbeddingParams& p) override {
+  absl::Status Embedding(const kernels::EmbeddingParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     kc::Embedding(p, &pool_);
     return absl::OkStatus();
   }
-  absl::Status RmsNorm(const kc::RmsNormParams& p) override {
+  absl::Status RmsNorm(const kernels::RmsNormParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     kc::RmsNorm(p, &pool_);
     return absl::OkStatus();
   }
-  absl::Status Matmul(const kc::MatmulParams& p) override {
+  absl::Status Matmul(const kernels::MatmulParams& p) override {
     return MatmulGroup(absl::MakeConstSpan(&p, 1));
   }
-  absl::Status MatmulGroup(absl::Span<const kc::MatmulParams> group) override {
+  absl::Status MatmulGroup(absl::Span<const kernels::MatmulParams> group) override {
     // bf16-products mode applies to BF16 weights; other matmuls (a float32 LM head or router)
     // keep float32 activations.
-    const bool bf16 =
-        bf16_products_ && std::all_of(group.begin(), group.end(), [](const kc::MatmulParams& p) {
-          return p.w_dtype == model_io::DType::kBF16;
-        });
+    const bool bf16 = bf16_products_ &&
+                      std::all_of(group.begin(), group.end(), [](const kernels::MatmulParams& p) {
+                        return p.w_dtype == model_io::DType::kBF16;
+                      });
     if (bf16) {
       RETURN_IF_ERROR(kc::ValidateMatmulGroupBf16Products(group));
       kc::MatmulGroupBf16Products(group, &pool_);
     } else {
-      RETURN_IF_ERROR(kc::ValidateMatmulGroup(group));
+      RETURN_IF_ERROR(kernels::ValidateMatmulGroup(group));
       kc::MatmulGroup(group, &pool_);
     }
     return absl::OkStatus();
   }
-  absl::Status Rope(const kc::RopeParams& p) override {
+  absl::Status Rope(const kernels::RopeParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     kc::Rope(p, &pool_);
     return absl::OkStatus();
   }
-  absl::Status WriteKv(const kc::WriteKvParams& p) override {
-    RETURN_IF_ERROR(p.Validate());
+  absl::Status WriteKv(const kernels::WriteKvParams& p) override {
+    RETURN_IF_ERROR(kc::ValidateWriteKv(p));
     kc::WriteKv(p);
     return absl::OkStatus();
   }
-  absl::Status Attention(const kc::AttentionParams& p) override {
-    RETURN_IF_ERROR(p.Validate());
+  absl::Status Attention(const kernels::AttentionParams& p) override {
+    RETURN_IF_ERROR(kc::ValidateAttention(p));
     if (p.num_workspaces < pool_.num_threads()) {
       return absl::InvalidArgumentError("attention: fewer workspaces than threads");
     }
     kc::Attention(p, &pool_);
     return absl::OkStatus();
   }
-  absl::Status SiluMul(const kc::SiluMulParams& p) override {
+  absl::Status SiluMul(const kernels::SiluMulParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     kc::SiluMul(p, &pool_);
     return absl::OkStatus();
   }
-  absl::Status MoeRoute(const kc::MoeRouteParams& p) override {
+  absl::Status MoeRoute(const kernels::MoeRouteParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     kc::MoeRoute(p);
     return absl::OkStatus();
   }
-  absl::Status MoeExperts(const kc::MoeExpertsParams& p) override {
+  absl::Status MoeExperts(const kernels::MoeExpertsParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     return kc::MoeExperts(p, &pool_, &moe_scratch_);
   }

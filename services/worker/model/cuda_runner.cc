@@ -19,7 +19,6 @@
 namespace rl::model {
 namespace {
 
-namespace kc = kernels::cpu;
 namespace kg = kernels::cuda;
 using model_io::DType;
 
@@ -117,28 +116,28 @@ class CudaBackend final : public Backend {
     return RL_GPU_STATUS(cudaStreamSynchronize(stream_));
   }
 
-  absl::Status Embedding(const kc::EmbeddingParams& p) override {
+  absl::Status Embedding(const kernels::EmbeddingParams& p) override {
     RETURN_IF_ERROR(p.ValidateShapes());
     return RL_GPU_STATUS(kg::LaunchEmbedding(p, stream_));
   }
-  absl::Status RmsNorm(const kc::RmsNormParams& p) override {
+  absl::Status RmsNorm(const kernels::RmsNormParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     return RL_GPU_STATUS(kg::LaunchRmsNorm(p, nullptr, stream_));
   }
-  absl::Status AddRmsNorm(const float* delta, const kc::RmsNormParams& p) override {
+  absl::Status AddRmsNorm(const float* delta, const kernels::RmsNormParams& p) override {
     if (delta == nullptr) return absl::InvalidArgumentError("add_rmsnorm: null delta");
     RETURN_IF_ERROR(p.Validate());
     return RL_GPU_STATUS(kg::LaunchRmsNorm(p, delta, stream_));
   }
-  absl::Status Rope(const kc::RopeParams& p) override {
+  absl::Status Rope(const kernels::RopeParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     return RL_GPU_STATUS(kg::LaunchRope(p, stream_));
   }
-  absl::Status WriteKv(const kc::WriteKvParams& p) override {
+  absl::Status WriteKv(const kernels::WriteKvParams& p) override {
     RETURN_IF_ERROR(p.ValidateShapes());
     return RL_GPU_STATUS(kg::LaunchWriteKv(p, stream_));
   }
-  absl::Status SiluMul(const kc::SiluMulParams& p) override {
+  absl::Status SiluMul(const kernels::SiluMulParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     return RL_GPU_STATUS(kg::LaunchSiluMul(p, stream_));
   }
@@ -154,7 +153,7 @@ class CudaBackend final : public Backend {
     return RL_GPU_STATUS(kg::LaunchGatherRows(x, rows, num_rows, dim, out, stream_));
   }
 
-  absl::Status Attention(const kc::AttentionParams& p) override {
+  absl::Status Attention(const kernels::AttentionParams& p) override {
     RETURN_IF_ERROR(p.ValidateShapes());
     if (p.num_tokens == 0) return absl::OkStatus();
     const int64_t max_ctx = p.batch_max_context > 0 ? p.batch_max_context : p.max_context;
@@ -204,7 +203,7 @@ class CudaBackend final : public Backend {
     graphs_.clear();
   }
 
-  absl::Status MoeRoute(const kc::MoeRouteParams& p) override {
+  absl::Status MoeRoute(const kernels::MoeRouteParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     return RL_GPU_STATUS(kg::LaunchMoeRoute(p, stream_));
   }
@@ -212,7 +211,7 @@ class CudaBackend final : public Backend {
   // layer; MoE models never run under graphs), each expert's rows are gathered and run through
   // Matmul (cuBLAS, or the invariant kernel), and the weighted outputs are added to y expert by
   // expert in ascending id, so each token sums its experts in the CPU oracle's order.
-  absl::Status MoeExperts(const kc::MoeExpertsParams& p) override {
+  absl::Status MoeExperts(const kernels::MoeExpertsParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     const int64_t n = p.num_tokens;
     const int64_t nk = n * p.top_k;
@@ -259,7 +258,7 @@ class CudaBackend final : public Backend {
       const int64_t m = begin[static_cast<size_t>(e + 1)] - b;
       if (m == 0) continue;
       RETURN_IF_ERROR(GatherRows(p.x, moe_rows_.i32() + b, m, p.hidden, moe_x_.f32()));
-      kc::MatmulParams mm;
+      kernels::MatmulParams mm;
       mm.x = moe_x_.f32();
       mm.w = p.gate[e];
       mm.w_dtype = p.w_dtype;
@@ -271,7 +270,7 @@ class CudaBackend final : public Backend {
       mm.w = p.up[e];
       mm.y = moe_up_.f32();
       RETURN_IF_ERROR(Matmul(mm));
-      kc::SiluMulParams act;
+      kernels::SiluMulParams act;
       act.gate = moe_gate_.f32();
       act.up = moe_up_.f32();
       act.out = moe_gate_.f32();
@@ -289,7 +288,7 @@ class CudaBackend final : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Matmul(const kc::MatmulParams& p) override {
+  absl::Status Matmul(const kernels::MatmulParams& p) override {
     RETURN_IF_ERROR(p.Validate());
     if (p.m == 0) return absl::OkStatus();
     if (batch_invariant_) return RL_GPU_STATUS(kg::LaunchInvariantMatmul(p, stream_));

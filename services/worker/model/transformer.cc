@@ -8,8 +8,6 @@
 
 namespace rl::model {
 
-namespace kc = kernels::cpu;
-
 int64_t Transformer::KvBytesPerSlot(const model_io::ModelConfig& c, model_io::DType kv_dtype) {
   return c.num_hidden_layers * 2 * c.num_key_value_heads * c.head_dim *
          model_io::DTypeSize(kv_dtype);
@@ -273,7 +271,7 @@ absl::Status Transformer::Compute(const Weights& w, int64_t num_tokens, int64_t 
                                   int64_t batch_max_context) {
   const model_io::ModelConfig& c = config_;
   const int64_t hidden = c.hidden_size;
-  kc::EmbeddingParams emb;
+  kernels::EmbeddingParams emb;
   emb.table = w.embed().data;
   emb.table_dtype = w.embed().dtype;
   emb.ids = ids_.i32();
@@ -288,7 +286,7 @@ absl::Status Transformer::Compute(const Weights& w, int64_t num_tokens, int64_t 
   // ---- Final norm and LM head on the rows asked for ----
   RETURN_IF_ERROR(
       backend_->GatherRows(x_.f32(), logit_rows_.i32(), num_rows, hidden, final_.f32()));
-  kc::RmsNormParams norm;
+  kernels::RmsNormParams norm;
   norm.x = final_.f32();
   norm.w = w.final_norm().data;
   norm.w_dtype = w.final_norm().dtype;
@@ -297,7 +295,7 @@ absl::Status Transformer::Compute(const Weights& w, int64_t num_tokens, int64_t 
   norm.dim = hidden;
   norm.eps = static_cast<float>(c.rms_norm_eps);
   RETURN_IF_ERROR(backend_->RmsNorm(norm));
-  kc::MatmulParams head;
+  kernels::MatmulParams head;
   head.x = final_.f32();
   head.w = w.lm_head().data;
   head.w_dtype = w.lm_head().dtype;
@@ -318,7 +316,7 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
 
   auto norm_params = [&](const float* x, const WeightTensor& wt, int64_t rows, int64_t dim,
                          float* y) {
-    kc::RmsNormParams p;
+    kernels::RmsNormParams p;
     p.x = x;
     p.w = wt.data;
     p.w_dtype = wt.dtype;
@@ -337,7 +335,7 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
   };
   auto linear_params = [&](const float* x, const WeightTensor& wt, const WeightTensor* bias,
                            float* y) {
-    kc::MatmulParams p;
+    kernels::MatmulParams p;
     p.x = x;
     p.w = wt.data;
     p.w_dtype = wt.dtype;
@@ -360,9 +358,9 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
   int64_t moe_index = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& lw = w.layer(l);
-    const kc::MatmulParams qkv[] = {linear_params(h_.f32(), *lw.q_proj, lw.q_bias, q_.f32()),
-                                    linear_params(h_.f32(), *lw.k_proj, lw.k_bias, k_.f32()),
-                                    linear_params(h_.f32(), *lw.v_proj, lw.v_bias, v_.f32())};
+    const kernels::MatmulParams qkv[] = {linear_params(h_.f32(), *lw.q_proj, lw.q_bias, q_.f32()),
+                                         linear_params(h_.f32(), *lw.k_proj, lw.k_bias, k_.f32()),
+                                         linear_params(h_.f32(), *lw.v_proj, lw.v_bias, v_.f32())};
     RETURN_IF_ERROR(backend_->MatmulGroup(qkv));
     if (lw.q_norm != nullptr) {
       RETURN_IF_ERROR(
@@ -370,7 +368,7 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
       RETURN_IF_ERROR(
           norm(k_.f32(), *lw.k_norm, num_tokens * c.num_key_value_heads, c.head_dim, k_.f32()));
     }
-    kc::RopeParams rope;
+    kernels::RopeParams rope;
     rope.q = q_.f32();
     rope.k = k_.f32();
     rope.cos = cos_.f32();
@@ -383,7 +381,7 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
     rope.k_stride = kv_dim;
     RETURN_IF_ERROR(backend_->Rope(rope));
 
-    kc::WriteKvParams kv;
+    kernels::WriteKvParams kv;
     kv.k = k_.f32();
     kv.v = v_.f32();
     kv.slots = write_slots_.i32();
@@ -397,7 +395,7 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
     kv.num_slots = num_kv_slots_ + 1;  // with the scratch slot
     RETURN_IF_ERROR(backend_->WriteKv(kv));
 
-    kc::AttentionParams at;
+    kernels::AttentionParams at;
     at.q = q_.f32();
     at.k_cache = kv.k_cache;
     at.v_cache = kv.v_cache;
@@ -429,11 +427,11 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
       RETURN_IF_ERROR(RunMoe(lw, moe_index++, num_tokens));
       mlp_out = moe_out_.f32();
     } else {
-      const kc::MatmulParams gate_up[] = {
+      const kernels::MatmulParams gate_up[] = {
           linear_params(h_.f32(), *lw.gate_proj, nullptr, gate_.f32()),
           linear_params(h_.f32(), *lw.up_proj, nullptr, up_.f32())};
       RETURN_IF_ERROR(backend_->MatmulGroup(gate_up));
-      kc::SiluMulParams act;
+      kernels::SiluMulParams act;
       act.gate = gate_.f32();
       act.up = up_.f32();
       act.out = gate_.f32();
@@ -453,7 +451,7 @@ absl::Status Transformer::RunLayers(const Weights& w, int64_t num_tokens,
 absl::Status Transformer::RunMoe(const LayerWeights& lw, int64_t moe_index, int64_t num_tokens) {
   const model_io::ModelConfig& c = config_;
   const int64_t k = c.num_experts_per_tok;
-  kc::MatmulParams gate;
+  kernels::MatmulParams gate;
   gate.x = h_.f32();
   gate.w = lw.router->data;
   gate.w_dtype = lw.router->dtype;
@@ -464,7 +462,7 @@ absl::Status Transformer::RunMoe(const LayerWeights& lw, int64_t moe_index, int6
   RETURN_IF_ERROR(backend_->Matmul(gate));
 
   const int64_t offset = moe_index * num_tokens * k;
-  kc::MoeRouteParams route;
+  kernels::MoeRouteParams route;
   route.logits = router_logits_.f32();
   route.ids = route_ids_.i32() + offset;
   route.weights = route_weights_.f32() + offset;
@@ -481,7 +479,7 @@ absl::Status Transformer::RunMoe(const LayerWeights& lw, int64_t moe_index, int6
     expert_ptrs_[e + i] = lw.expert_up[i]->data;
     expert_ptrs_[2 * e + i] = lw.expert_down[i]->data;
   }
-  kc::MoeExpertsParams ex;
+  kernels::MoeExpertsParams ex;
   ex.x = h_.f32();
   ex.ids = route.ids;
   ex.weights = route.weights;
