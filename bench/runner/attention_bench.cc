@@ -61,7 +61,7 @@ void Run(const Case& c, int layers, int reps, bool wall, kc::ThreadPool& pool, i
   for (size_t i = 0; i < q.size(); ++i) q[i] = std::sin(0.003f * static_cast<float>(i % 7919));
   std::vector<float> out(q.size());
   std::vector<float> ws(static_cast<size_t>(threads * c.max_context));
-  kc::AttentionParams p;
+  rl::kernels::AttentionParams p;
   p.q = q.data();
   p.out = out.data();
   p.context_len = c.context_len.data();
@@ -80,7 +80,7 @@ void Run(const Case& c, int layers, int reps, bool wall, kc::ThreadPool& pool, i
   p.scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
   p.k_cache = k_cache.data();
   p.v_cache = v_cache.data();
-  if (absl::Status s = p.Validate(); !s.ok()) {
+  if (absl::Status s = kc::ValidateAttention(p); !s.ok()) {
     std::fprintf(stderr, "attention_bench: %s\n", s.ToString().c_str());
     return;
   }

@@ -570,7 +570,7 @@ TEST(AttentionTest, LongContextsMatchReferenceAndRowsAloneOnEveryTarget) {
       p.context_len = context.data();
       p.slot_begin = begin.data();
       p.num_tokens = t;
-      ASSERT_TRUE(p.Validate().ok());
+      ASSERT_TRUE(ValidateAttention(p).ok());
       ThreadPool pool(2);
       Attention(p, &pool);
       for (int64_t tok = 0; tok < t; ++tok) {
