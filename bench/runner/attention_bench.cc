@@ -97,8 +97,7 @@ void Run(const Case& c, int layers, int reps, bool wall, kc::ThreadPool& pool, i
   double positions = 0;
   for (int32_t len : c.context_len) positions += len;
   const double flops = 4.0 * kHeadDim * kHeads * positions;
-  std::printf("%-28s %8.3f ms per layer, %6.1f GFLOP/s\n", c.name, 1e3 * best,
-              flops / best / 1e9);
+  std::printf("%-28s %8.3f ms per layer, %6.1f GFLOP/s\n", c.name, 1e3 * best, flops / best / 1e9);
 }
 
 }  // namespace
@@ -115,9 +114,8 @@ int main(int argc, char** argv) {
   flags.Int("reps", &reps, "passes; the best is printed");
   flags.Bool("wall", &wall, "wall-clock instead of process CPU time");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
-  if (threads < 1 || threads > 256 || tokens < 1 || tokens > 32768 || batch < 1 ||
-      batch > 1024 || context < 1 || context > 32768 || layers < 1 || layers > 64 || reps < 1 ||
-      reps > 100) {
+  if (threads < 1 || threads > 256 || tokens < 1 || tokens > 32768 || batch < 1 || batch > 1024 ||
+      context < 1 || context > 32768 || layers < 1 || layers > 64 || reps < 1 || reps > 100) {
     std::fprintf(stderr,
                  "attention_bench: --threads in [1, 256], --tokens and --context in [1, 32768], "
                  "--batch in [1, 1024], --layers in [1, 64], --reps in [1, 100]\n");

@@ -6,15 +6,15 @@
 #include <type_traits>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
-
+// clang-format off: foreach_target first, then highway.h, then the per-target headers
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
-#include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
 #include "kernels/cpu/lane_sums-inl.h"
+// clang-format on
 
 HWY_BEFORE_NAMESPACE();
 namespace rl::kernels::cpu {
@@ -268,10 +268,11 @@ constexpr int kMaxTileRows = 8;
 // Query rows per task: a block of tokens × the heads of one KV head (chunk).
 constexpr int64_t kTaskRows = 32;
 // A run of at least kGatherMinRows rows on one sequence first copies the KV head's K and V rows of
-// the run's context into contiguous per-thread buffers: in the cache a head's row is a 1/num_kv_heads
-// slice of each slot, so its K and V land in a fraction of the L2's sets and evict each other
-// (measured: the tiles then wait on L3 for their K/V loads); contiguous, they stay in L2 for
-// all the run's tiles. Up to kMaxGathered positions (8 MiB of buffers per thread at head dim 256).
+// the run's context into contiguous per-thread buffers: in the cache a head's row is a
+// 1/num_kv_heads slice of each slot, so its K and V land in a fraction of the L2's sets and evict
+// each other (measured: the tiles then wait on L3 for their K/V loads); contiguous, they stay in L2
+// for all the run's tiles. Up to kMaxGathered positions (8 MiB of buffers per thread at head dim
+// 256).
 constexpr int64_t kGatherMinRows = 2 * kMaxTileRows;  // two tiles read each gathered row
 constexpr int64_t kMaxGathered = 4096;
 
@@ -291,7 +292,8 @@ struct Gathered {
   void Fill(const float* k_cache, const float* v_cache, const int32_t* slots, int64_t len,
             int64_t kv_dim, int64_t hd) {
     if (kv.size() < static_cast<size_t>(2 * len * hd)) kv.resize(static_cast<size_t>(2 * len * hd));
-    while (iota.size() < static_cast<size_t>(len)) iota.push_back(static_cast<int32_t>(iota.size()));
+    while (iota.size() < static_cast<size_t>(len))
+      iota.push_back(static_cast<int32_t>(iota.size()));
     for (int64_t j = 0; j < len; ++j) {
       const int64_t from = static_cast<int64_t>(slots[j]) * kv_dim;
       std::memcpy(kv.data() + j * hd, k_cache + from, static_cast<size_t>(hd) * sizeof(float));
@@ -350,8 +352,7 @@ void Attention(const AttentionParams& p, ThreadPool* pool) {
         auto flush = [&] {
           if (tile.rows == 0) return;
           HWY_DYNAMIC_DISPATCH(AttendTileImpl)
-          (tile.rows, tile.q, tile.out, tile.len, k, v, slots, stride, p.head_dim, p.scale,
-           scores);
+          (tile.rows, tile.q, tile.out, tile.len, k, v, slots, stride, p.head_dim, p.scale, scores);
           tile.rows = 0;
           tile_max_len = 0;
         };

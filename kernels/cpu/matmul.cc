@@ -1,5 +1,4 @@
 #include "kernels/cpu/matmul.h"
-#include "kernels/cpu/matmul_bf16.h"
 
 #include <algorithm>
 #include <numeric>
@@ -8,13 +7,15 @@
 #include <vector>
 
 #include "absl/container/inlined_vector.h"
-#include "absl/strings/str_cat.h"
+#include "kernels/cpu/matmul_bf16.h"
 
+// clang-format off: foreach_target first, then highway.h, then the per-target headers
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/matmul.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
-#include "hwy/cache_control.h"
 #include "hwy/highway.h"
+#include "hwy/cache_control.h"
+// clang-format on
 
 HWY_BEFORE_NAMESPACE();
 namespace rl::kernels::cpu {
@@ -225,8 +226,8 @@ constexpr int64_t kMaxChunkedSlab = 64;
 // One block of kR rows from r against columns [s0, s1): tiles of kC columns (prefetching the
 // next), then single columns.
 template <DType kW, int kR, int kC>
-HWY_INLINE void RowBlock(const float* x, const void* w, float* y, int64_t r, int64_t n,
-                         int64_t k, int64_t s0, int64_t s1, float* carry) {
+HWY_INLINE void RowBlock(const float* x, const void* w, float* y, int64_t r, int64_t n, int64_t k,
+                         int64_t s0, int64_t s1, float* carry) {
   const DF d;
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const int64_t kvec = k - k % StepElems<kW>(d);
@@ -316,8 +317,8 @@ void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c
   if (xb != nullptr) {
     MatmulColumnsBf16(xb, static_cast<const uint16_t*>(p.w), p.y, p.m, p.n, p.k, c0, c1);
   } else {
-    HWY_DYNAMIC_DISPATCH(MatmulColumnsImpl)(p.x, p.w, static_cast<int>(p.w_dtype), p.y, p.m,
-                                            p.n, p.k, c0, c1);
+    HWY_DYNAMIC_DISPATCH(MatmulColumnsImpl)
+    (p.x, p.w, static_cast<int>(p.w_dtype), p.y, p.m, p.n, p.k, c0, c1);
   }
   if (p.bias == nullptr) return;
   // Bias elements widened one at a time: no allocation on the step path.
@@ -357,8 +358,8 @@ void PackSources(absl::Span<const std::pair<const float*, int64_t>> sources, int
       const int64_t r1 = std::min(end, static_cast<int64_t>(j + 1) * m);
       const int64_t row = t % m;
       if constexpr (std::is_same_v<T, float>) {
-        HWY_DYNAMIC_DISPATCH(PackPairsImpl)(sources[j].first, sources[j].second, row,
-                                            row + (r1 - t), packed[j].data());
+        HWY_DYNAMIC_DISPATCH(PackPairsImpl)
+        (sources[j].first, sources[j].second, row, row + (r1 - t), packed[j].data());
       } else {
         PackRowsBf16(sources[j].first, sources[j].second, row, row + (r1 - t), packed[j].data());
       }

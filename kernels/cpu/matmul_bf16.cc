@@ -72,8 +72,8 @@ void Tile(const uint16_t* xb, const uint16_t* w, float* y, int64_t r0, int64_t c
   for (int64_t i = 0; i < kvec; i += kStep) {
     __m512bh wv[kC];
     RL_UNROLL for (int c = 0; c < kC; ++c) {
-      if constexpr (kPrefetch) _mm_prefetch(reinterpret_cast<const char*>(wrow[c] + ahead + i),
-                                            _MM_HINT_T0);
+      if constexpr (kPrefetch)
+        _mm_prefetch(reinterpret_cast<const char*>(wrow[c] + ahead + i), _MM_HINT_T0);
       wv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(wrow[c] + i));
     }
     RL_UNROLL for (int r = 0; r < kR; ++r) {
@@ -133,8 +133,8 @@ void MatmulColumnsBf16(const uint16_t* xb, const uint16_t* w, float* y, int64_t 
 #else
 
 void PackRowsBf16(const float*, int64_t, int64_t, int64_t, uint16_t*) {}
-void MatmulColumnsBf16(const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t,
-                       int64_t, int64_t) {}
+void MatmulColumnsBf16(const uint16_t*, const uint16_t*, float*, int64_t, int64_t, int64_t, int64_t,
+                       int64_t) {}
 
 #endif  // RL_HAVE_BF16_PRODUCTS
 

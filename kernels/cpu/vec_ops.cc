@@ -1,10 +1,12 @@
 #include "kernels/cpu/vec_ops.h"
 
+// clang-format off: foreach_target first, then highway.h, then the per-target headers
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/vec_ops.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "hwy/contrib/math/math-inl.h"
+// clang-format on
 
 HWY_BEFORE_NAMESPACE();
 namespace rl::kernels::cpu {
@@ -16,7 +18,8 @@ float DotImpl(const float* a, const float* b, int64_t n) {
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   auto acc = hn::Zero(d);
   int64_t i = 0;
-  for (; i + lanes <= n; i += lanes) acc = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc);
+  for (; i + lanes <= n; i += lanes)
+    acc = hn::MulAdd(hn::LoadU(d, a + i), hn::LoadU(d, b + i), acc);
   float sum = hn::GetLane(hn::SumOfLanes(d, acc));
   for (; i < n; ++i) sum += a[i] * b[i];
   return sum;
@@ -103,7 +106,9 @@ HWY_EXPORT(ScaleImpl);
 HWY_EXPORT(XorWordsImpl);
 HWY_EXPORT(SiluMulRangeImpl);
 
-float Dot(const float* a, const float* b, int64_t n) { return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n); }
+float Dot(const float* a, const float* b, int64_t n) {
+  return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
+}
 float SumSquares(const float* a, int64_t n) { return HWY_DYNAMIC_DISPATCH(SumSquaresImpl)(a, n); }
 void Axpy(float alpha, const float* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, y, n);

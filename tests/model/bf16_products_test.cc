@@ -78,9 +78,10 @@ Difference Measure(const std::string& dir, int32_t len) {
       if (la[i] > std::log(1e-4)) d.max_any = std::max(d.max_any, std::abs(la[i] - lb[i]));
     }
   }
-  std::printf("bf16 products vs float32 activations, %s, %d tokens: |dlogprob| of the next "
-              "token max %.4f mean %.4f; any token with p > 1e-4 max %.4f\n",
-              dir.c_str(), len, d.max_next_token, d.mean_next_token, d.max_any);
+  std::printf(
+      "bf16 products vs float32 activations, %s, %d tokens: |dlogprob| of the next "
+      "token max %.4f mean %.4f; any token with p > 1e-4 max %.4f\n",
+      dir.c_str(), len, d.max_next_token, d.mean_next_token, d.max_any);
   return d;
 }
 
