@@ -8,7 +8,7 @@
 //   runner_bench [--backend cpu|cuda] [--model DIR]... [--make-qwen3-0.5b=true|false]
 //                [--make-llama-8b=true|false] [--make-qwen3-moe-1b] [--batches 1,8,32]
 //                [--prompt-len N] [--decode-steps N] [--threads N] [--batch-invariant]
-//                [--bf16-products]
+//                [--bf16-products] [--prefill-reps N]
 // With no --model it runs stories260K from $RL_TEST_DATA and a 0.5B-class random Qwen3 (bf16)
 // made into a temp dir; with --backend cuda also an 8B-class random Llama-3 (bf16), batches
 // 1,16,64,256 and 256-token prompts by default, and the nominal bf16 peak for the prefill.
@@ -128,6 +128,7 @@ struct Options {
   std::vector<int> batches;
   int prompt_len = 0;
   int decode_steps = 16;
+  int prefill_reps = 1;
   int threads = 0;
   bool batch_invariant = false;
   bool bf16_products = false;
@@ -182,6 +183,8 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
   flags.String("batches", &batches, "comma-separated batch sizes");
   flags.Int("prompt-len", &o->prompt_len, "prompt tokens (0: backend default)");
   flags.Int("decode-steps", &o->decode_steps, "timed decode steps");
+  flags.Int("prefill-reps", &o->prefill_reps,
+            "timed prefills after the warm-up; the mean is printed (llama-bench's -r)");
   flags.Int("threads", &o->threads, "CPU threads (0: all)");
   flags.Bool("batch-invariant", &o->batch_invariant, "batch-invariant GEMMs");
   flags.Bool("bf16-products", &o->bf16_products,
@@ -198,9 +201,11 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
       o->batches.push_back(n);
     }
   }
-  if (o->prompt_len < 0 || o->decode_steps <= 0 || o->threads < 0) {
+  if (o->prompt_len < 0 || o->decode_steps <= 0 || o->threads < 0 || o->prefill_reps < 1 ||
+      o->prefill_reps > 100) {
     std::fprintf(stderr,
-                 "runner_bench: --prompt-len and --threads must be >= 0, --decode-steps > 0\n");
+                 "runner_bench: --prompt-len and --threads must be >= 0, --decode-steps > 0, "
+                 "--prefill-reps in [1, 100]\n");
     return 2;
   }
   return std::nullopt;
@@ -259,9 +264,10 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
       return 1;
     }
     const auto t0 = Clock::now();
-    absl::Status st = r.Forward(in, &out);
-    const double prefill_s = Seconds(t0, Clock::now());
-    if (!st.ok()) return 1;
+    for (int rep = 0; rep < o.prefill_reps; ++rep) {  // the same prompt into the same slots
+      if (!r.Forward(in, &out).ok()) return 1;
+    }
+    const double prefill_s = Seconds(t0, Clock::now()) / o.prefill_reps;
     for (int b = 0; b < batch; ++b) {
       SequenceInput& s = in.seqs[static_cast<size_t>(b)];
       s.start_pos = o.prompt_len;

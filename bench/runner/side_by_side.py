@@ -7,6 +7,7 @@ of the same checkpoint, then prints one table with the ratios (ours / llama.cpp,
 
   batch-1 decode at 1 and 2 threads   runner_bench --batches 1      | llama-bench -p 0 -n N
   prefill of 32 and 512 tokens        runner_bench --prompt-len P   | llama-bench -p P -n 0
+                                      (both the mean of 5 timed runs: --prefill-reps 5 | -r 5)
   batched decode at 16 and 64 seqs    runner_bench --batches B      | llama-batched-bench -npl B
 
 Example (the 0.5B checkpoint of issue 21):
@@ -43,11 +44,11 @@ def run(cmd, timeout):
     return p.stdout
 
 
-def ours(args, threads, batches, prompt_len, steps):
+def ours(args, threads, batches, prompt_len, steps, prefill_reps=1):
     """{batch: (prefill tok/s, decode tok/s, % of read bound)} and the read bandwidth (GB/s)."""
     out = run([args.runner_bench, "--model", args.model, "--threads", str(threads),
                "--batches", ",".join(map(str, batches)), "--prompt-len", str(prompt_len),
-               "--decode-steps", str(steps)], args.timeout)
+               "--decode-steps", str(steps), "--prefill-reps", str(prefill_reps)], args.timeout)
     rows = {int(m[1]): (float(m[2]), float(m[3]), int(m[6])) for m in BATCH_LINE.finditer(out)}
     bw = READ_LINE.search(out)
     if len(rows) != len(batches) or bw is None:
@@ -143,7 +144,8 @@ def main():
             if theirs:
                 keep(f"decode, batch 1, {t} thr (tok/s)", llama_bench(args, t, 0, 128), 1)
         for p in (32, 512):
-            rows, _ = ours(args, top, [1], p, 1)
+            # The mean of 5 timed prefills, as llama-bench's default -r 5 reports its mean.
+            rows, _ = ours(args, top, [1], p, 1, prefill_reps=5)
             keep(f"prefill {p} tokens, {top} thr (tok/s)", rows[1][0], 0)
             if theirs:
                 keep(f"prefill {p} tokens, {top} thr (tok/s)", llama_bench(args, top, p, 0), 1)
