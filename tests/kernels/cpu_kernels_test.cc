@@ -183,8 +183,7 @@ TEST_P(MatmulTest, PackedPathRowsEqualRowsAlone) {
         p.m = m;
         ASSERT_TRUE(p.Validate().ok());
         Matmul(p, &pool);
-        EXPECT_EQ(std::memcmp(y.data(), alone.data(), y.size() * sizeof(float)), 0)
-            << "m=" << m;
+        EXPECT_EQ(std::memcmp(y.data(), alone.data(), y.size() * sizeof(float)), 0) << "m=" << m;
       }
     }
   }
@@ -373,6 +372,39 @@ TEST(RopeTest, RotatesHalves) {
   EXPECT_FALSE(odd.Validate().ok());
 }
 
+// Attention of every (token, query head) of `p` in double precision from its host buffers
+// (float32 KV cache), laid out as p.out: [num_tokens, num_heads, head_dim].
+std::vector<double> ReferenceAttention(const AttentionParams& p) {
+  const int64_t d = p.head_dim, group = p.num_heads / p.num_kv_heads, kv_dim = p.num_kv_heads * d;
+  const auto* kc = static_cast<const float*>(p.k_cache);
+  const auto* vc = static_cast<const float*>(p.v_cache);
+  std::vector<double> out(static_cast<size_t>(p.num_tokens * p.num_heads * d));
+  for (int64_t tok = 0; tok < p.num_tokens; ++tok) {
+    const int32_t* slots = p.slots + p.slot_begin[tok];
+    const int64_t len = p.context_len[tok];
+    for (int64_t h = 0; h < p.num_heads; ++h) {
+      const int64_t off = (h / group) * d;
+      const float* qr = p.q + tok * p.q_stride + h * d;
+      std::vector<double> sc(static_cast<size_t>(len));
+      double mx = -1e30, sum = 0;
+      for (int64_t j = 0; j < len; ++j) {
+        double dot = 0;
+        for (int64_t i = 0; i < d; ++i)
+          dot += static_cast<double>(qr[i]) * kc[slots[j] * kv_dim + off + i];
+        sc[j] = dot * p.scale;
+        mx = std::max(mx, sc[j]);
+      }
+      for (double& x : sc) sum += (x = std::exp(x - mx));
+      for (int64_t i = 0; i < d; ++i) {
+        double ref = 0;
+        for (int64_t j = 0; j < len; ++j) ref += sc[j] / sum * vc[slots[j] * kv_dim + off + i];
+        out[static_cast<size_t>((tok * p.num_heads + h) * d + i)] = ref;
+      }
+    }
+  }
+  return out;
+}
+
 TEST(AttentionTest, PagedGqaMatchesReference) {
   ThreadPool pool(2);
   const int64_t hq = 4, hk = 2, d = 16, num_slots = 64, max_ctx = 32;
@@ -408,31 +440,8 @@ TEST(AttentionTest, PagedGqaMatchesReference) {
   p.scale = 0.25f;
   ASSERT_TRUE(ValidateAttention(p).ok());
   Attention(p, &pool);
-  for (int64_t tok = 0; tok < t; ++tok) {
-    for (int64_t h = 0; h < hq; ++h) {
-      const int64_t kvh = h / (hq / hk);
-      std::vector<double> s(static_cast<size_t>(context[tok]));
-      double mx = -1e30;
-      for (int64_t j = 0; j < context[tok]; ++j) {
-        const int64_t slot = slots[begin[tok] + j];
-        double dot = 0;
-        for (int64_t i = 0; i < d; ++i) {
-          dot += static_cast<double>(q[(tok * hq + h) * d + i]) * kc[slot * kv_dim + kvh * d + i];
-        }
-        s[j] = dot * 0.25;
-        mx = std::max(mx, s[j]);
-      }
-      double sum = 0;
-      for (double& v : s) sum += (v = std::exp(v - mx));
-      for (int64_t i = 0; i < d; ++i) {
-        double ref = 0;
-        for (int64_t j = 0; j < context[tok]; ++j) {
-          ref += s[j] / sum * vc[slots[begin[tok] + j] * kv_dim + kvh * d + i];
-        }
-        ASSERT_NEAR(out[(tok * hq + h) * d + i], ref, 1e-5);
-      }
-    }
-  }
+  const std::vector<double> ref = ReferenceAttention(p);
+  for (size_t i = 0; i < out.size(); ++i) ASSERT_NEAR(out[i], ref[i], 1e-5) << i;
   std::vector<int32_t> bad_slots = slots;
   bad_slots[3] = 64;
   p.slots = bad_slots.data();
@@ -455,6 +464,49 @@ TEST(AttentionTest, PagedGqaMatchesReference) {
   EXPECT_EQ(ValidateAttention(p).message(), "attention: no workspace");
 }
 
+// Contexts and slot-list offsets of a prefill chunk at positions [from, to) of a sequence whose
+// slots start at entry 0, then of one decode token attending `decode_len` positions of a
+// sequence whose slots start at entry `decode_begin`.
+void ChunkThenDecode(int32_t from, int32_t to, int32_t decode_len, int32_t decode_begin,
+                     std::vector<int32_t>* context, std::vector<int32_t>* begin) {
+  for (int32_t pos = from; pos < to; ++pos) {
+    context->push_back(pos + 1);
+    begin->push_back(0);
+  }
+  context->push_back(decode_len);
+  begin->push_back(decode_begin);
+}
+
+// Runs `p` over tokens [0, t) (2 threads) into *batched, then every token alone (no pool), and
+// expects each row to keep the bits it had in the batch.
+void ExpectBatchedEqualsAlone(AttentionParams p, const float* q, const int32_t* context,
+                              const int32_t* begin, int64_t t, std::vector<float>* batched) {
+  const int64_t row = p.num_heads * p.head_dim;
+  batched->assign(static_cast<size_t>(t * row), 0.0f);
+  p.q = q;
+  p.out = batched->data();
+  p.context_len = context;
+  p.slot_begin = begin;
+  p.num_tokens = t;
+  ASSERT_TRUE(ValidateAttention(p).ok());
+  ThreadPool pool(2);
+  Attention(p, &pool);
+  for (int64_t tok = 0; tok < t; ++tok) {
+    std::vector<float> alone(static_cast<size_t>(row));
+    AttentionParams one = p;
+    one.q = q + tok * p.q_stride;
+    one.out = alone.data();
+    one.context_len = context + tok;
+    one.slot_begin = begin + tok;
+    one.num_tokens = 1;
+    Attention(one, nullptr);
+    for (int64_t i = 0; i < row; ++i) {
+      ASSERT_EQ((*batched)[static_cast<size_t>(tok * row + i)], alone[static_cast<size_t>(i)])
+          << "token " << tok << " element " << i;
+    }
+  }
+}
+
 // Query rows of one sequence are attended in shared tiles (several tokens × the heads of a KV
 // head); each row must still be bit-identical to the same token attended alone, whatever the
 // tile shape: GQA groups of 1, 4 and 16 (more heads than a tile holds), head dims with and
@@ -474,12 +526,7 @@ TEST(AttentionTest, TiledRowsEqualRowsAloneBitForBit) {
     std::vector<int32_t> slots = {5, 9, 2,  30, 31, 7,  8,  40, 41, 42,
                                   1, 0, 20, 21, 22, 23, 24, 25, 26};
     std::vector<int32_t> context, begin;
-    for (int32_t pos = 3; pos < 12; ++pos) {
-      context.push_back(pos + 1);
-      begin.push_back(0);
-    }
-    context.push_back(7);
-    begin.push_back(12);
+    ChunkThenDecode(3, 12, 7, 12, &context, &begin);
     const int64_t t = static_cast<int64_t>(context.size());
     auto q = Random(static_cast<size_t>(t * c.hq * c.d), 22);
     std::vector<float> ws(static_cast<size_t>(2 * c.max_ctx));
@@ -497,28 +544,8 @@ TEST(AttentionTest, TiledRowsEqualRowsAloneBitForBit) {
     p.num_slot_entries = static_cast<int64_t>(slots.size());
     p.max_context = c.max_ctx;
     p.scale = 0.3f;
-    std::vector<float> batched(static_cast<size_t>(t * c.hq * c.d));
-    p.q = q.data();
-    p.out = batched.data();
-    p.context_len = context.data();
-    p.slot_begin = begin.data();
-    p.num_tokens = t;
-    ASSERT_TRUE(ValidateAttention(p).ok());
-    ThreadPool pool(2);
-    Attention(p, &pool);
-    for (int64_t tok = 0; tok < t; ++tok) {
-      std::vector<float> alone(static_cast<size_t>(c.hq * c.d));
-      p.q = q.data() + tok * p.q_stride;
-      p.out = alone.data();
-      p.context_len = context.data() + tok;
-      p.slot_begin = begin.data() + tok;
-      p.num_tokens = 1;
-      Attention(p, nullptr);
-      for (size_t i = 0; i < alone.size(); ++i) {
-        ASSERT_EQ(batched[static_cast<size_t>(tok * c.hq * c.d) + i], alone[i])
-            << "token " << tok << " element " << i;
-      }
-    }
+    std::vector<float> batched;
+    ExpectBatchedEqualsAlone(p, q.data(), context.data(), begin.data(), t, &batched);
   }
 }
 
@@ -534,12 +561,7 @@ TEST(AttentionTest, LongContextsMatchReferenceAndRowsAloneOnEveryTarget) {
   std::vector<int32_t> slots(num_slots);
   for (int32_t i = 0; i < num_slots; ++i) slots[i] = (i * 37 + 11) % num_slots;
   std::vector<int32_t> context, begin;
-  for (int32_t pos = 10; pos < 50; ++pos) {
-    context.push_back(pos + 1);
-    begin.push_back(0);
-  }
-  context.push_back(37);
-  begin.push_back(50);
+  ChunkThenDecode(10, 50, 37, 50, &context, &begin);
   const int64_t t = static_cast<int64_t>(context.size());
   for (int64_t d : {128, 72}) {
     const int64_t kv_dim = hk * d;
@@ -564,49 +586,15 @@ TEST(AttentionTest, LongContextsMatchReferenceAndRowsAloneOnEveryTarget) {
     for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
       SCOPED_TRACE(testing::Message() << hwy::TargetName(target) << " d=" << d);
       hwy::SetSupportedTargetsForTest(target);
-      std::vector<float> batched(static_cast<size_t>(t * hq * d));
-      p.q = q.data();
-      p.out = batched.data();
-      p.context_len = context.data();
-      p.slot_begin = begin.data();
-      p.num_tokens = t;
-      ASSERT_TRUE(ValidateAttention(p).ok());
-      ThreadPool pool(2);
-      Attention(p, &pool);
-      for (int64_t tok = 0; tok < t; ++tok) {
-        std::vector<float> alone(static_cast<size_t>(hq * d));
-        AttentionParams one = p;
-        one.q = q.data() + tok * p.q_stride;
-        one.out = alone.data();
-        one.context_len = context.data() + tok;
-        one.slot_begin = begin.data() + tok;
-        one.num_tokens = 1;
-        Attention(one, nullptr);
-        for (int64_t h = 0; h < hq; ++h) {
-          const int64_t kvh = h / (hq / hk);
-          const float* qr = q.data() + (tok * hq + h) * d;
-          std::vector<double> sc(static_cast<size_t>(context[tok]));
-          double mx = -1e30, sum = 0;
-          for (int64_t j = 0; j < context[tok]; ++j) {
-            const float* kr = kc.data() + slots[begin[tok] + j] * kv_dim + kvh * d;
-            double dot = 0;
-            for (int64_t i = 0; i < d; ++i) dot += static_cast<double>(qr[i]) * kr[i];
-            sc[j] = dot * p.scale;
-            mx = std::max(mx, sc[j]);
-          }
-          for (double& x : sc) sum += (x = std::exp(x - mx));
-          for (int64_t i = 0; i < d; ++i) {
-            double ref = 0;
-            for (int64_t j = 0; j < context[tok]; ++j) {
-              ref += sc[j] / sum * vc[slots[begin[tok] + j] * kv_dim + kvh * d + i];
-            }
-            const size_t at = static_cast<size_t>((tok * hq + h) * d + i);
-            ASSERT_NEAR(batched[at], ref, 1e-5) << "token " << tok << " head " << h;
-            ASSERT_EQ(batched[at], alone[static_cast<size_t>(h * d + i)])
-                << "token " << tok << " head " << h << " element " << i;
-          }
-        }
-      }
+      std::vector<float> batched;
+      ExpectBatchedEqualsAlone(p, q.data(), context.data(), begin.data(), t, &batched);
+      AttentionParams all = p;
+      all.q = q.data();
+      all.context_len = context.data();
+      all.slot_begin = begin.data();
+      all.num_tokens = t;
+      const std::vector<double> ref = ReferenceAttention(all);
+      for (size_t i = 0; i < batched.size(); ++i) ASSERT_NEAR(batched[i], ref[i], 1e-5) << i;
     }
   }
 }
@@ -651,7 +639,8 @@ TEST(SiluMulTest, ExtremesAndTailsOnEveryTarget) {
   struct ResetTargets {
     ~ResetTargets() { hwy::SetSupportedTargetsForTest(0); }
   } reset;
-  std::vector<float> g = {-200.0f, -104.5f, -88.0f, -1.0f, -0.0f, 0.0f, 1e-30f, 1.0f, 20.0f, 200.0f};
+  std::vector<float> g = {-200.0f, -104.5f, -88.0f, -1.0f, -0.0f,
+                          0.0f,    1e-30f,  1.0f,   20.0f, 200.0f};
   auto extra = Random(27, 16, 4.0f);
   g.insert(g.end(), extra.begin(), extra.end());
   const auto u = Random(g.size(), 17);
