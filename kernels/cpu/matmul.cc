@@ -367,7 +367,11 @@ void PackSources(absl::Span<const std::pair<const float*, int64_t>> sources, int
     }
   };
   const int64_t rows = m * static_cast<int64_t>(sources.size());
-  if (pool == nullptr) {
+  int64_t elems = 0;
+  for (const auto& source : sources) elems += m * source.second;
+  // Decode's few rows are packed by the caller: a parallel region costs more than the copy.
+  constexpr int64_t kParallelPackElems = int64_t{1} << 16;
+  if (pool == nullptr || elems < kParallelPackElems) {
     pack(0, rows, 0);
   } else {
     pool->ParallelFor(rows, pack);

@@ -17,9 +17,12 @@ namespace rl::kernels::cpu {
 
 bool Bf16ProductsSupported() {
 #if RL_HAVE_BF16_PRODUCTS
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  static const bool supported = [] {  // asked on every bf16-products matmul: CPUID once
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bf16");
+  }();
+  return supported;
 #else
   return false;
 #endif
