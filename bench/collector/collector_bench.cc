@@ -27,7 +27,7 @@
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "services/collector/collector.h"
-#include "services/collector/fake_router.h"
+#include "tests/testing/fake_router.h"
 
 namespace {
 

@@ -28,7 +28,7 @@
 #include "rl/v1/router.grpc.pb.h"
 #include "rl/v1/worker.grpc.pb.h"
 #include "services/router/router_server.h"
-#include "tests/router/fake_worker.h"
+#include "tests/testing/fake_worker.h"
 
 namespace rl::bench {
 namespace {

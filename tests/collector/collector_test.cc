@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "services/collector/checkpoint.h"
 #include "services/collector/durable_file.h"
-#include "services/collector/fake_router.h"
+#include "tests/testing/fake_router.h"
 #include "services/collector/prompt_set.h"
 #include "services/collector/sample.h"
 #include "services/collector/sample_set.h"

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BIN, DATA, start_router
+from rltest import BIN, DATA, start_router
 
 ROWS = 100  # x n=2 = 200 samples per collection
 N = 2
@@ -136,7 +136,7 @@ def test_sigkill_resume_and_router_restart_match_an_uninterrupted_run(fleet, tmp
     fleet["router"].proc.kill()
     fleet["router"].proc.wait()
     time.sleep(0.5)
-    fleet["router"] = start_router(fleet["worker"], port=port)
+    fleet["router"] = start_router([fleet["worker"]], port=port)
     stdout, stderr = p.communicate(timeout=300)
     assert p.returncode == 0, stdout + stderr
     a, b = load_trajectories(out), load_trajectories(ref)
@@ -306,7 +306,7 @@ def test_routed_experts_reach_the_shards_and_the_loader(tmp_path):
     sample has ids [prompt + response - 1, 2 MoE layers, top-4] in range and weights that sum
     to 1 per token (norm_topk_prob)."""
     from rlfleet import load_trajectories
-    from conftest import Server
+    from rltest import Server
     model = tmp_path / "moe"
     subprocess.run([str(BIN / "rlctl"), "make-model", "--arch", "qwen3_moe", "--size", "tiny",
                     "--out", str(model)], check=True, capture_output=True, timeout=60)

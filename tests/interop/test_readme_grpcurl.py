@@ -7,7 +7,7 @@ import re
 import shlex
 import subprocess
 
-from conftest import GRPCURL, ROOT
+from rltest import GRPCURL, ROOT
 
 README_ROUTER = "127.0.0.1:50051"
 README_WORKER = "127.0.0.1:50061"

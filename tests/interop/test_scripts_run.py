@@ -4,7 +4,7 @@ stories260K model and prints real English; without it, a made model and a one-li
 import os
 import subprocess
 
-from conftest import BUILD, DATA, ROOT
+from rltest import BUILD, DATA, ROOT
 
 
 def run(env_extra):

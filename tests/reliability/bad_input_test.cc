@@ -23,8 +23,8 @@
 #include "rl/v1/admin.grpc.pb.h"
 #include "rl/v1/router.grpc.pb.h"
 #include "rl/v1/worker.grpc.pb.h"
-#include "tests/common/loopback.h"
-#include "tests/reliability/process_util.h"
+#include "tests/testing/loopback.h"
+#include "tests/testing/process_util.h"
 
 namespace rl::testing {
 namespace {

@@ -19,7 +19,7 @@
 #include "rl/v1/worker.grpc.pb.h"
 #include "services/router/request_table.h"
 #include "services/router/router_server.h"
-#include "tests/router/fake_worker.h"
+#include "tests/testing/fake_worker.h"
 #include "tests/router/router_test_util.h"
 #include "tests/worker/worker_test_util.h"
 

@@ -23,7 +23,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "services/router/router_server.h"
-#include "tests/router/fake_worker.h"
+#include "tests/testing/fake_worker.h"
 #include "tests/router/router_test_util.h"
 #include "tests/worker/worker_test_util.h"
 

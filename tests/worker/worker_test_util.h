@@ -20,36 +20,17 @@
 #include "services/worker/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "services/worker/worker_server.h"
+#include "tests/testing/test_data.h"
 
 namespace rl::worker::testing {
 
-inline std::string DataDir() {
-  const char* env = std::getenv("RL_TEST_DATA");
-  return env != nullptr ? env : "../shared/models";
-}
-
-inline std::string Stories() { return DataDir() + "/stories260K"; }
+using ::rl::testing::DataDir;
+using ::rl::testing::Stories;
+using ::rl::testing::TempDir;
 
 inline const std::vector<int32_t> kPromptIds = {1, 403, 407, 261, 378};
 inline const std::vector<int32_t> kGoldenIds = {432, 383, 286, 261, 376, 298, 315, 421, 395, 317,
                                                 426, 338, 401, 396, 267, 337, 410, 408, 419, 292};
-
-// A fresh temporary folder removed at destruction.
-class TempDir {
- public:
-  TempDir() {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "rl-test-XXXXXX").string();
-    path_ = mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Copies stories260K into `dir`, multiplying every tensor whose name contains `match` by
 // `scale` (float32 checkpoint), and dropping `drop` if set.

@@ -7,7 +7,7 @@ transformers (eager attention, float32), and writes hf_<arch>.json with the make
 the prompt, the logits of every prompt position, the greedy continuation and the smallest
 top-1/top-2 margin; for MoE models also the router's top-k expert ids and weights of every token
 of the final sequence, per MoE layer (R3), and the smallest gap between the k-th and the next
-routing probability. tests/model/hf_golden_test.cc re-creates the checkpoint with the maker and
+routing probability. tests/worker/model/hf_golden_test.cc re-creates the checkpoint with the maker and
 compares, so CI needs neither torch nor the network.
 
 Usage: make_hf_fixtures.py --maker build/bin/make_test_model [--out tests/golden/model]

@@ -5,7 +5,7 @@ The tiny Llama-3 checkpoint of make_hf_fixtures.py (llama3 RoPE scaling, origina
 max_position_embeddings 1024) is made with the C++ maker, transformers (float32, eager) extends
 an 8-token prompt greedily to LENGTH tokens, and the fixture stores every token and, for every
 position, the log-probability (log_softmax in float64 of the float32 logits) of the next token.
-tests/model/long_context_golden_test.cc runs the same sequence through the runner and requires
+tests/worker/model/long_context_golden_test.cc runs the same sequence through the runner and requires
 every logprob within 1e-5: RoPE angle errors grow with the position, so this catches frequencies
 that are not computed exactly as transformers computes them.
 

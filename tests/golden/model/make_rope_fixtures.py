@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes rope_inv_freq.json: RoPE inverse-frequency tables as Hugging Face transformers computes
 them (float32 tensors on CPU), for every scaling type the runner supports (default, linear,
-dynamic NTK, llama3), as float32 bit patterns. tests/model/rope_table_test.cc compares
+dynamic NTK, llama3), as float32 bit patterns. tests/worker/model/rope_table_test.cc compares
 services/worker/model/rope_table.cc with them bit for bit, so CI needs no torch.
 
 Tables are read from LlamaRotaryEmbedding.inv_freq; for dynamic NTK after a forward pass over

@@ -1,0 +1,38 @@
+"""Router.Abort from the Python client: a trainer routing through rl-router aborts one request
+by id without pausing the fleet or reaching the worker itself."""
+
+import threading
+import time
+
+from rltest import BUILD, DATA, Server
+from rl_client import Client, pb
+
+
+def test_abort_one_request_through_the_router(start_worker):
+    w = start_worker("--kv-cache-gb", "0.01", "--threads", "1")
+    router = Server([str(BUILD / "bin" / "rl-router"), "--tokenizer", str(DATA / "stories260K"),
+                     "--port", "0", "--worker", w.address])
+    try:
+        worker, fleet = Client(w.address), Client(router.address)
+        worker.pause("in_place")  # the request waits in the worker's queue
+        out = {}
+
+        def run():
+            out["final"] = fleet.generate(text="Once upon a time", max_new_tokens=16,
+                                          request_id="trainer-7")
+
+        t = threading.Thread(target=run)
+        t.start()
+        deadline = time.monotonic() + 60
+        while worker.server_info().num_waiting != 1:
+            assert time.monotonic() < deadline, "the request never reached the worker"
+            time.sleep(0.02)
+        assert fleet.abort("trainer-7") == 1
+        t.join(timeout=60)
+        assert out["final"].finish_reason == pb["generate_pb2"].FINISH_REASON_ABORT
+        assert out["final"].attempts == 1
+        worker.continue_generation()
+        # The fleet still serves.
+        assert fleet.generate(text="Once upon a time", max_new_tokens=4).completion_tokens == 4
+    finally:
+        router.stop()

@@ -1,0 +1,94 @@
+"""The clients' `client_id` option: the router's fair admission keys on the `rl-client-id` header
+they send, not on the connection. A router with one generation slot and two queue places, its
+worker paused so nothing finishes: a flooding client fills the queue; another Client object with
+the same client_id is refused at once (same client, whatever its connection), while a client
+with another id takes the flood's newest place (that one ends RESOURCE_EXHAUSTED) and is served
+once the worker continues. Both outcomes together show the header, not the peer, names the
+client (Python channels to one target may or may not share a connection). rlfleet's clients:
+tests/collector/test_rlfleet_client.py."""
+
+import threading
+import time
+
+import grpc
+import pytest
+
+from rltest import BUILD, DATA, Server
+from rl_client import Client, pb
+
+
+def _queued(fleet) -> int:
+    text = fleet._call(fleet.router.GetMetrics, pb["router_pb2"].GetMetricsRequest()).prometheus_text
+    for line in text.splitlines():
+        if line.startswith("rl_router_admission_queued "):
+            return int(float(line.split()[1]))
+    raise AssertionError("rl_router_admission_queued missing from the router's metrics")
+
+
+def _wait(cond, what, limit=60.0):
+    deadline = time.monotonic() + limit
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_router_fair_admission_keys_on_client_id(start_worker):
+    w = start_worker("--kv-cache-gb", "0.01", "--threads", "1")
+    router = Server([str(BUILD / "bin" / "rl-router"), "--tokenizer", str(DATA / "stories260K"),
+                     "--port", "0", "--worker", w.address, "--max-in-flight", "1",
+                     "--max-queued", "2"])
+    results = {}
+
+    def run(name, client):
+        try:
+            results[name] = client.generate(text="Once upon a time", max_new_tokens=4)
+        except grpc.RpcError as e:
+            results[name] = e
+
+    threads = []
+
+    def start(name, client):
+        t = threading.Thread(target=run, args=(name, client))
+        t.start()
+        threads.append(t)
+
+    try:
+        worker = Client(w.address)
+        fleet = Client(router.address)
+        worker.pause("in_place")  # the one admitted generation waits in the worker's queue
+        flood = Client(router.address, client_id="flood")
+        start("flood-0", flood)
+        _wait(lambda: worker.server_info().num_waiting == 1, "the first request never ran")
+        start("flood-1", flood)
+        _wait(lambda: _queued(fleet) == 1, "flood-1 never queued")
+        start("flood-2", flood)
+        _wait(lambda: _queued(fleet) == 2, "flood-2 never queued")
+
+        # Same id from another Client object: the same client, refused at once.
+        with pytest.raises(grpc.RpcError) as refused:
+            Client(router.address, client_id="flood").generate(text="Once upon a time",
+                                                               max_new_tokens=4)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-queued 2" in refused.value.details()
+
+        # Another id: takes the flood's newest place.
+        start("other", Client(router.address, client_id="trainer-b"))
+        _wait(lambda: "flood-2" in results, "the flood's newest request was not displaced")
+        assert isinstance(results["flood-2"], grpc.RpcError)
+        assert results["flood-2"].code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "gave its place to another client" in results["flood-2"].details()
+
+        worker.continue_generation()
+        for t in threads:
+            t.join(timeout=60)
+        for name in ("flood-0", "flood-1", "other"):
+            assert not isinstance(results[name], Exception), f"{name}: {results[name]}"
+            assert results[name].completion_tokens == 4
+    finally:
+        router.stop()
+
+
+def test_client_id_is_checked():
+    for bad in ("x" * 129, "tab\there", "na\u00efve"):
+        with pytest.raises(ValueError):
+            Client("127.0.0.1:1", client_id=bad)
