@@ -1,22 +1,36 @@
-// rl.v1.Admin on the worker: translates protos ⇄ domain calls of WorkerServer and of its
-// WeightUpdateController (weight updates and groups). Every call is checked against the admin
-// key first. Calls that wait for the engine run on their own thread
-// (admin calls are rare) so they never block gRPC's callback threads.
+// rl.v1.Admin on the worker: translates protos (admin_convert.h) to the control plane
+// (WorkerControl: pause, continue, flush, sleep / wake, the weights checker, the worker's
+// state) and the weight-update unit (WeightUpdates), checking the admin key first.
+// Design: the calls that wait for the engine (or a receive) run on the admin executor, a
+// BoundedExecutor the composition root shares with the other background calls, so they never
+// block gRPC's callback threads and never make a thread per call; when it is full (every
+// thread busy and its queue full: a stuck engine or slow receives) a call answers
+// RESOURCE_EXHAUSTED at once, saying so. GetModelInfo and GetServerInfo answer inline (they
+// never wait). Semantics: docs/worker-control.md, docs/weight-updates.md.
+// Thread-safe. Lifetime: everything it references must outlive the gRPC server's drain and the
+// executor's last task (the composition root shuts the server down, then the executor).
 #pragma once
 
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "common/auth.h"
+#include "common/bounded_executor.h"
 #include "rl/v1/admin.grpc.pb.h"
+#include "services/worker/control/worker_control.h"
+#include "services/worker/generate_host.h"
+#include "services/worker/weights/weight_updates.h"
 
 namespace rl::worker {
 
-class WeightUpdateController;
-class WorkerServer;
-
 class AdminService final : public rl::v1::Admin::CallbackService {
  public:
-  // Both must outlive the service.
-  AdminService(WorkerServer* server, WeightUpdateController* updates, const BearerAuth* auth)
-      : server_(server), updates_(updates), auth_(auth) {}
+  AdminService(GenerateHost& host, WorkerControl& control, WeightUpdates& weights,
+               BoundedExecutor& executor, const BearerAuth& auth)
+      : host_(host), control_(control), weights_(weights), executor_(executor), auth_(auth) {}
+
+  // RESOURCE_EXHAUSTED for `method` refused by a full admin executor.
+  static absl::Status ExecutorFull(absl::string_view method, const BoundedExecutor& executor);
 
   using Ctx = grpc::CallbackServerContext;
   grpc::ServerUnaryReactor* PauseGeneration(Ctx* c, const rl::v1::PauseGenerationRequest* req,
@@ -61,9 +75,16 @@ class AdminService final : public rl::v1::Admin::CallbackService {
                                          rl::v1::AdminResponse* resp) override;
 
  private:
-  WorkerServer* server_;
-  WeightUpdateController* updates_;
-  const BearerAuth* auth_;
+  // Checks the key, then runs `fn` on the admin executor and finishes the call with its status
+  // (RESOURCE_EXHAUSTED at once when the executor is full).
+  grpc::ServerUnaryReactor* RunAsync(Ctx* context, absl::string_view method,
+                                     absl::AnyInvocable<absl::Status() &&> fn);
+
+  GenerateHost& host_;
+  WorkerControl& control_;
+  WeightUpdates& weights_;
+  BoundedExecutor& executor_;
+  const BearerAuth& auth_;
 };
 
 }  // namespace rl::worker

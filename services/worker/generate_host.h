@@ -1,7 +1,7 @@
 // GenerateHost: what the generation data plane (rl.v1.Worker's Generate / Abort / GetLoad and
 // the SGLang scheduler service's Generate) needs from the process that hosts the engine. The
-// services and their stream reactors depend on this interface only; WorkerServer (the
-// composition root) implements it and owns the services, so the dependency runs one way.
+// services and their stream reactors depend on this interface only; EngineHost implements it
+// and WorkerServer (the composition root) wires both, so the dependency runs one way.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +37,7 @@ class GenerateHost {
   virtual const BearerAuth& admin_auth() const = 0;
   // Counts a finished completion in the worker's metrics. Any thread.
   virtual void RecordFinished(const engine::GenerateResult& result) = 0;
-  // Runs `task` off the engine thread, in submission order (see WorkerServer).
+  // Runs `task` off the engine thread, in submission order (see EngineHost).
   virtual void RunOnStreamThread(absl::AnyInvocable<void() &&> task) = 0;
 };
 

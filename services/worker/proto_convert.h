@@ -12,6 +12,7 @@
 #include "common/model_io/model_config.h"
 #include "rl/v1/admin.pb.h"
 #include "rl/v1/generate.pb.h"
+#include "services/worker/control/worker_control.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/engine/request.h"
 
@@ -36,27 +37,10 @@ void ToProto(const engine::ServerInfo& in, rl::v1::GetServerInfoResponse* out);
 // parameter count and config JSON).
 void ToProto(const model_io::ModelConfig& in, rl::v1::GetModelInfoResponse* out);
 
-// What GetModelInfo reports beside the architecture (fixed for the life of the process).
-struct ModelIdentity {
-  std::string model_path;
-  std::string backend;  // "cpu" | "cuda"
-  int64_t num_parameters = 0;
-  std::string config_json;  // the model folder's config.json as read at start
-};
 // GetModelInfo: the architecture of `config`, then `identity` and the served weight version.
 void FillModelInfo(const model_io::ModelConfig& config, const ModelIdentity& identity,
                    int64_t weight_version, rl::v1::GetModelInfoResponse* out);
 
-// What GetServerInfo reports beside the engine's snapshot.
-struct WorkerInfo {
-  bool asleep = false;
-  std::string backend;
-  std::string version;  // the build's version
-  // The last distributed weight update failed and left the engine paused.
-  bool update_failed = false;
-  std::string last_error;
-  std::vector<std::string> weight_update_groups;
-};
 // GetServerInfo: the engine's snapshot `engine`, then `worker`.
 void FillServerInfo(const engine::ServerInfo& engine, const WorkerInfo& worker,
                     rl::v1::GetServerInfoResponse* out);

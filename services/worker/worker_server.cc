@@ -1,57 +1,23 @@
 #include "services/worker/worker_server.h"
 
-#include <chrono>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "common/status.h"
-#include "common/tokenizer/stream_decoder.h"
 #include "services/worker/admin_service.h"
+#include "services/worker/engine/tokenizer_text_decoder.h"
 #include "services/worker/model/cpu_model_runner.h"
 #include "services/worker/model/cuda_runner.h"
-#include "services/worker/proto_convert.h"
+#include "services/worker/model/sleepable_runner.h"
 #include "services/worker/sglang/sglang_service.h"
-#include "services/worker/sleepable_runner.h"
 #include "services/worker/worker_service.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::worker {
 namespace {
-
-// The engine's view of the tokenizer, for stop strings: the completion's text as the client
-// sees it (decoded in the prompt's context, a character split across tokens held back).
-class TokenizerTextDecoder final : public engine::TextDecoder {
- public:
-  explicit TokenizerTextDecoder(const tokenizer::Tokenizer* tok) : tok_(tok) {}
-  std::string Decode(absl::Span<const int32_t> ids) const override {
-    auto text = tok_->Decode(ids, /*skip_special_tokens=*/false);
-    return text.ok() ? *std::move(text) : std::string();
-  }
-  std::unique_ptr<Stream> NewStream(absl::Span<const int32_t> prompt) const override {
-    auto stream = std::make_unique<TokenStream>(*tok_);
-    const size_t start = tokenizer::DecodeContextStart(*tok_, prompt);
-    // An id outside the tokenizer leaves the stream unprimed (the engine validated the ids
-    // against the model, whose embedding table may be padded).
-    (void)stream->decoder.Prime(prompt.subspan(start));
-    return stream;
-  }
-
- private:
-  struct TokenStream final : Stream {
-    explicit TokenStream(const tokenizer::Tokenizer& tok)
-        : decoder(tok, /*skip_special_tokens=*/false) {}
-    std::string Step(int32_t id) override {
-      auto text = decoder.Step(id);
-      return text.ok() ? *std::move(text) : std::string();
-    }
-    tokenizer::StreamDecoder decoder;
-  };
-  const tokenizer::Tokenizer* tok_;
-};
 
 int64_t NumParameters(const model_io::ModelConfig& c) {
   const int64_t q = c.num_attention_heads * c.head_dim;
@@ -65,12 +31,6 @@ int64_t NumParameters(const model_io::ModelConfig& c) {
   return total;
 }
 
-int64_t MicrosSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
-                                                               start)
-      .count();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerConfig& flags) {
@@ -82,14 +42,15 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   std::unique_ptr<WorkerServer> s(new WorkerServer());
   s->config_ = config;
   ASSIGN_OR_RETURN(s->model_config_, model_io::LoadModelConfig(config.model_path));
-  s->model_identity_.model_path = config.model_path;
+  ModelIdentity identity;
+  identity.model_path = config.model_path;
   {
     std::ifstream in(config.model_path + "/config.json");
     std::stringstream text;
     text << in.rdbuf();
-    s->model_identity_.config_json = text.str();
+    identity.config_json = text.str();
   }
-  s->model_identity_.num_parameters = NumParameters(s->model_config_);
+  identity.num_parameters = NumParameters(s->model_config_);
   const int num_devices = model::NumCudaDevices();
   if (config.backend == "cuda") {
     if (!model::CudaBackendBuilt()) {
@@ -103,7 +64,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     }
   }
   const bool use_cuda = config.backend == "cuda" || (config.backend == "auto" && num_devices > 0);
-  s->model_identity_.backend = use_cuda ? "cuda" : "cpu";
+  identity.backend = use_cuda ? "cuda" : "cpu";
   if (use_cuda) {
     absl::StatusOr<std::string> device = model::DescribeCudaDevice(config.cuda_device);
     spdlog::info("backend cuda{} on device {}: {}", config.backend == "auto" ? " (auto)" : "",
@@ -121,6 +82,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                  config.model_path);
   }
 
+  // The model: a sleepable runner (sleep / wake) over the chosen backend, under the engine.
   model::RunnerOptions runner_options;
   runner_options.model_dir = config.model_path;
   runner_options.page_size = config.page_size;
@@ -141,46 +103,71 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   const std::string spill_dir =
       (std::filesystem::temp_directory_path() / absl::StrCat("rl-worker-spill-", getpid()))
           .string();
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<SleepableRunner> runner,
-      SleepableRunner::Create([runner_options, make_runner] { return make_runner(runner_options); },
-                              spill_dir, config.model_path));
-  s->runner_ = runner.get();
-  s->stream_executor_ = std::make_unique<BoundedExecutor>("rl-stream", 1, kMaxStreamTasks);
+  ASSIGN_OR_RETURN(std::unique_ptr<model::SleepableRunner> runner,
+                   model::SleepableRunner::Create(
+                       [runner_options, make_runner] { return make_runner(runner_options); },
+                       spill_dir, config.model_path));
+  model::SleepableRunner* const sleepable = runner.get();  // owned by the engine
   engine::EngineOptions engine_options;
   engine_options.max_running_requests = config.max_running_requests;
   engine_options.chunked_prefill_size = config.chunked_prefill_tokens;
   engine_options.initial_weight_version = config.weight_version;
   engine_options.enable_return_routed_experts = config.enable_return_routed_experts;
   std::unique_ptr<engine::TextDecoder> decoder;
-  if (s->tokenizer_) decoder = std::make_unique<TokenizerTextDecoder>(s->tokenizer_.get());
+  if (s->tokenizer_) decoder = std::make_unique<engine::TokenizerTextDecoder>(s->tokenizer_.get());
   ASSIGN_OR_RETURN(s->engine_,
                    engine::Engine::Create(std::move(runner), engine_options, std::move(decoder)));
   spdlog::info("model {}: {} layers, hidden {}, vocab {}, {} KV tokens", config.model_path,
                s->model_config_.num_hidden_layers, s->model_config_.hidden_size,
                s->model_config_.vocab_size, s->engine_->GetServerInfo().kv_tokens_total);
 
+  // The metrics table reads the control plane's asleep state at scrape time (the endpoint
+  // starts after the control plane exists).
   WorkerServer* raw = s.get();
-  s->metrics_ = std::make_unique<WorkerMetrics>(s->engine_.get(), [raw] { return raw->asleep(); });
-  WeightUpdateController::Deps updates;
-  updates.engine = s->engine_.get();
-  updates.model_config = s->model_config_;
-  updates.limits = config.limits;
-  updates.cuda_device = config.cuda_device;
-  updates.metrics = s->metrics_.get();
-  updates.asleep = [raw] { return raw->asleep(); };
-  updates.updating_changed = [raw] { raw->RefreshHealth(); };
-  ASSIGN_OR_RETURN(s->updates_, WeightUpdateController::Create(std::move(updates)));
-  for (const model::TensorInfo& t : s->updates_->served_weights()) {
-    s->weight_shapes_[t.name] = t.shape;
-  }
+  s->metrics_ = std::make_unique<WorkerMetrics>(s->engine_.get(),
+                                                [raw] { return raw->control_->asleep(); });
+  WorkerMetrics* metrics = s->metrics_.get();
+
+  // The weight-update unit, then the control plane over it; both report serving-state changes
+  // to the health status.
+  WeightUpdateController::Deps weights;
+  weights.engine = s->engine_.get();
+  weights.model_config = s->model_config_;
+  weights.limits = config.limits;
+  weights.cuda_device = config.cuda_device;
+  weights.sleep = sleepable;
+  weights.updating_changed = [raw] { raw->RefreshHealth(); };
+  weights.record_duration = [metrics](double seconds) { metrics->RecordUpdate(seconds); };
+  ASSIGN_OR_RETURN(s->weights_, WeightUpdateController::Create(std::move(weights)));
+  WorkerController::Deps control;
+  control.engine = s->engine_.get();
+  control.runner = sleepable;
+  control.weights = s->weights_.get();
+  control.identity = std::move(identity);
+  control.build_version = RL_VERSION;
+  control.serving_changed = [raw] { raw->RefreshHealth(); };
+  s->control_ = std::make_unique<WorkerController>(std::move(control));
+
+  // The data plane's host, the admin executor, the services.
   s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
   s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
-  s->worker_service_ = std::make_unique<WorkerService>(s.get(), s->data_auth_.get());
-  s->admin_service_ =
-      std::make_unique<AdminService>(s.get(), s->updates_.get(), s->admin_auth_.get());
+  s->host_ = std::make_unique<EngineHost>(EngineHost::Deps{
+      .engine = s->engine_.get(),
+      .tokenizer = s->tokenizer_.get(),
+      .limits = config.limits,
+      .context_len = s->model_config_.max_position_embeddings,
+      .admin_auth = s->admin_auth_.get(),
+      .metrics = metrics,
+      .control = s->control_.get(),
+  });
+  s->admin_executor_ =
+      std::make_unique<BoundedExecutor>("rl-admin", kAdminThreads, kMaxQueuedAdminCalls);
+  s->worker_service_ = std::make_unique<WorkerService>(s->host_.get(), s->data_auth_.get());
+  s->admin_service_ = std::make_unique<AdminService>(*s->host_, *s->control_, *s->weights_,
+                                                     *s->admin_executor_, *s->admin_auth_);
   s->sglang_service_ =
-      std::make_unique<SglangService>(s.get(), s->data_auth_.get(), s->admin_auth_.get());
+      std::make_unique<SglangService>(*s->host_, *s->control_, s->config_, *s->admin_executor_,
+                                      *s->data_auth_, *s->admin_auth_);
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
@@ -191,8 +178,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                    GrpcServer::Start(options, {s->worker_service_.get(), s->admin_service_.get(),
                                                 s->sglang_service_.get()}));
   if (config.metrics_port >= 0) {
-    ASSIGN_OR_RETURN(s->metrics_http_,
-                     MetricsHttpServer::Start(config.host, config.metrics_port, s->metrics_->registry()));
+    ASSIGN_OR_RETURN(s->metrics_http_, MetricsHttpServer::Start(config.host, config.metrics_port,
+                                                                s->metrics_->registry()));
   }
   return s;
 }
@@ -204,160 +191,23 @@ void WorkerServer::Shutdown() {
   shut_down_ = true;
   // Abort generations first so streams end with a final message instead of hanging the drain.
   if (engine_) (void)engine_->AbortAll("worker shutting down");
-  if (sglang_service_) sglang_service_->Shutdown();
-  if (grpc_) grpc_->Shutdown();
+  if (sglang_service_) sglang_service_->Shutdown();  // FlushCache waits answer now
+  if (grpc_) grpc_->Shutdown();  // refuses new calls; waits for the calls in flight
   if (metrics_http_) metrics_http_->Stop();
-  if (updates_) updates_->Shutdown();  // closes the groups: posted receives fail now
+  if (weights_) weights_->Shutdown();  // closes the groups: posted receives fail now
+  // Every call has finished: what the executor still runs (a flush retry leaving) ends, then
+  // its threads are joined, before anything a task could reach goes.
+  admin_executor_.reset();
   // Nothing submits any more: end what arrived meanwhile, then let the stream thread deliver
   // every final (its tasks may still call into the engine and the metrics) and join it, before
-  // the engine goes. A callback after that (none is expected) runs inline.
+  // the engine goes.
   if (engine_) (void)engine_->AbortAll("worker shutting down");
-  stream_executor_.reset();
+  if (host_) host_->StopStreamThread();
   engine_.reset();
 }
 
-void WorkerServer::RecordFinished(const engine::GenerateResult& r) {
-  metrics_->RecordFinished(r);
-}
-
-void WorkerServer::RunOnStreamThread(absl::AnyInvocable<void() &&> task) {
-  if (stream_executor_ == nullptr) {  // shut down (see Shutdown)
-    std::move(task)();
-    return;
-  }
-  // Submit moves from `task` only when it accepts it.
-  while (!stream_executor_->Submit(std::move(task))) absl::SleepFor(absl::Microseconds(100));
-}
-
-std::string WorkerServer::NextRequestId() { return NewServerRequestId(); }
-
-absl::Status WorkerServer::Submit(engine::GenerateRequest request,
-                                  engine::RequestCallbacks callbacks) {
-  if (asleep()) {
-    return absl::FailedPreconditionError("the worker is asleep (ReleaseMemory); call ResumeMemory");
-  }
-  return engine_->Submit(std::move(request), std::move(callbacks));
-}
-
 void WorkerServer::RefreshHealth() {
-  if (grpc_) grpc_->SetServing(serving());
-}
-
-absl::StatusOr<AdminOutcome> WorkerServer::Pause(engine::PauseMode mode) {
-  const auto start = std::chrono::steady_clock::now();
-  const engine::ServerInfo before = engine_->GetServerInfo();
-  RETURN_IF_ERROR(engine_->Pause(mode));
-  AdminOutcome out;
-  out.num_aborted = static_cast<int32_t>(engine_->GetServerInfo().num_aborted - before.num_aborted);
-  out.message = absl::StrCat("paused (", engine::PauseModeName(mode), ")");
-  out.weight_version = weight_version();
-  out.duration_us = MicrosSince(start);
-  return out;
-}
-
-absl::StatusOr<AdminOutcome> WorkerServer::Continue() {
-  const auto start = std::chrono::steady_clock::now();
-  if (asleep()) {
-    return absl::FailedPreconditionError("continue: the worker is asleep; call ResumeMemory");
-  }
-  RETURN_IF_ERROR(engine_->Continue());
-  AdminOutcome out;
-  const WeightUpdateStatus updates = updates_->status();
-  out.message = updates.update_failed
-                    ? "resumed; note: the last weight update failed: " + updates.last_error
-                    : "resumed";
-  out.weight_version = weight_version();
-  out.duration_us = MicrosSince(start);
-  return out;
-}
-
-absl::StatusOr<AdminOutcome> WorkerServer::FlushCache() {
-  const auto start = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(engine_->FlushCache());
-  AdminOutcome out;
-  out.message = "cache flushed";
-  out.weight_version = weight_version();
-  out.duration_us = MicrosSince(start);
-  return out;
-}
-
-absl::StatusOr<CheckerResult> WorkerServer::CheckWeights(CheckerAction action) {
-  absl::StatusOr<CheckerResult> result = absl::InternalError("weights checker did not run");
-  RETURN_IF_ERROR(engine_->RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
-    if (asleep()) return absl::FailedPreconditionError("weights_checker: the worker is asleep");
-    switch (action) {
-      case CheckerAction::kSnapshot:
-        result = checker_.Snapshot(ctx.runner());
-        break;
-      case CheckerAction::kResetTensors:
-        if (ctx.has_running()) {
-          return absl::FailedPreconditionError(
-              "weights_checker reset_tensors: requests are running; pause first");
-        }
-        result = checker_.ResetTensors(ctx.runner(), static_cast<uint64_t>(weight_version()) + 1);
-        if (result.ok()) RETURN_IF_ERROR(ctx.FlushCache());
-        break;
-      case CheckerAction::kCompare:
-        result = checker_.Compare(ctx.runner());
-        break;
-      case CheckerAction::kChecksum:
-        result = WeightsChecker::Checksum(ctx.runner());
-        break;
-    }
-    return absl::OkStatus();
-  }));
-  return result;
-}
-
-absl::StatusOr<AdminOutcome> WorkerServer::ReleaseMemory() {
-  const auto start = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(engine_->RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
-    if (runner_->released()) return absl::OkStatus();
-    if (ctx.has_running() || ctx.has_waiting()) {
-      return absl::FailedPreconditionError(
-          "release_memory: requests are active; pause with abort (or let them finish) first");
-    }
-    ctx.Pause(engine::PauseMode::kInPlace);
-    RETURN_IF_ERROR(ctx.FlushCache());
-    RETURN_IF_ERROR(runner_->Release());
-    asleep_ = true;
-    return absl::OkStatus();
-  }));
-  RefreshHealth();
-  AdminOutcome out;
-  out.message = "memory released (weights and KV cache freed)";
-  out.weight_version = weight_version();
-  out.duration_us = MicrosSince(start);
-  return out;
-}
-
-absl::StatusOr<AdminOutcome> WorkerServer::ResumeMemory() {
-  const auto start = std::chrono::steady_clock::now();
-  RETURN_IF_ERROR(engine_->RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
-    if (!runner_->released()) return absl::OkStatus();
-    RETURN_IF_ERROR(runner_->Resume());
-    asleep_ = false;
-    ctx.Continue();
-    return absl::OkStatus();
-  }));
-  RefreshHealth();
-  AdminOutcome out;
-  out.message = "memory resumed";
-  out.weight_version = weight_version();
-  out.duration_us = MicrosSince(start);
-  return out;
-}
-
-WorkerInfo WorkerServer::worker_info() const {
-  WorkerInfo out;
-  out.asleep = asleep();
-  out.backend = model_identity_.backend;
-  out.version = RL_VERSION;
-  WeightUpdateStatus updates = updates_->status();
-  out.update_failed = updates.update_failed;
-  out.last_error = std::move(updates.last_error);
-  out.weight_update_groups = std::move(updates.groups);
-  return out;
+  if (grpc_ && control_) grpc_->SetServing(control_->serving());
 }
 
 }  // namespace rl::worker

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <deque>
 #include <filesystem>
 #include <string>
 #include <utility>
@@ -13,7 +12,6 @@
 #include "google/protobuf/util/time_util.h"
 #include "services/worker/engine_stream_reactor.h"
 #include "services/worker/sglang/sglang_convert.h"
-#include "services/worker/worker_server.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::worker {
@@ -23,7 +21,7 @@ namespace common = ::smg::grpc::common;
 
 constexpr int kTokenizerChunkBytes = 64 << 10;
 constexpr size_t kMaxPendingFlushes = 64;
-constexpr int kFlushPollMs = 20;
+constexpr absl::Duration kFlushPoll = absl::Milliseconds(20);
 
 double UnixSeconds(std::chrono::system_clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
@@ -53,9 +51,9 @@ double KvUsage(const engine::ServerInfo& info) {
 // and the write queue are EngineStreamReactor's (shared with rl.v1.Worker's Generate).
 class GenerateReactor final : public EngineStreamReactor<sgl::GenerateResponse> {
  public:
-  GenerateReactor(WorkerServer* server, const BearerAuth* auth,
+  GenerateReactor(GenerateHost* host, const BearerAuth* auth,
                   grpc::CallbackServerContext* context, const sgl::GenerateRequest& request)
-      : EngineStreamReactor(server) {
+      : EngineStreamReactor(host) {
     absl::Status s = Start(auth, context, request);
     if (!s.ok()) FailStart(s);
   }
@@ -156,32 +154,25 @@ class TokenizerReactor final : public grpc::ServerWriteReactor<common::GetTokeni
 
 }  // namespace
 
-SglangService::SglangService(WorkerServer* server, const BearerAuth* data_auth,
-                             const BearerAuth* admin_auth)
-    : server_(server),
+SglangService::SglangService(GenerateHost& host, WorkerControl& control, const WorkerConfig& config,
+                             BoundedExecutor& executor, const BearerAuth& data_auth,
+                             const BearerAuth& admin_auth)
+    : host_(host),
+      control_(control),
+      config_(config),
       data_auth_(data_auth),
       admin_auth_(admin_auth),
       start_time_(std::chrono::system_clock::now()),
-      tokenizer_bundle_(server->config().model_path) {
-  flush_thread_ = std::thread([this] { FlushLoop(); });
-}
+      tokenizer_bundle_(config.model_path),
+      flushes_([this] { return control_.FlushCache().status(); }, &executor, kMaxPendingFlushes,
+               kFlushPoll) {}
 
-SglangService::~SglangService() { Shutdown(); }
-
-void SglangService::Shutdown() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  cv_.SignalAll();
-  flush_thread_.join();
-}
+void SglangService::Shutdown() { flushes_.Shutdown(); }
 
 grpc::ServerWriteReactor<sgl::GenerateResponse>* SglangService::Generate(
     grpc::CallbackServerContext* context, const sgl::GenerateRequest* request) {
   last_receive_unix_s_.store(UnixSeconds(std::chrono::system_clock::now()));
-  return new GenerateReactor(server_, data_auth_, context, *request);
+  return new GenerateReactor(&host_, &data_auth_, context, *request);
 }
 
 grpc::ServerUnaryReactor* SglangService::Embed(grpc::CallbackServerContext* context,
@@ -192,26 +183,23 @@ grpc::ServerUnaryReactor* SglangService::Embed(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* SglangService::HealthCheck(grpc::CallbackServerContext* context,
                                                      const sgl::HealthCheckRequest*,
                                                      sgl::HealthCheckResponse* response) {
-  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
-  const bool asleep = server_->asleep();
-  const bool serving = server_->serving();
-  response->set_healthy(serving);
-  response->set_message(serving  ? "serving"
-                        : asleep ? "asleep (memory released)"
-                                 : "weight update in progress");
+  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  const ServingState state = control_.serving_state();
+  response->set_healthy(state == ServingState::kServing);
+  response->set_message(ServingStateName(state));
   return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* SglangService::Abort(grpc::CallbackServerContext* context,
                                                const sgl::AbortRequest* request,
                                                sgl::AbortResponse* response) {
-  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
   if (request->request_id().empty()) {
     return FinishUnary(context, absl::InvalidArgumentError("request_id: must not be empty"));
   }
   const std::string reason =
       request->reason().empty() ? "aborted by Abort" : absl::StrCat("aborted: ", request->reason());
-  absl::StatusOr<int32_t> n = server_->engine().Abort(request->request_id(), reason);
+  absl::StatusOr<int32_t> n = host_.engine().Abort(request->request_id(), reason);
   if (!n.ok()) return FinishUnary(context, n.status());
   response->set_success(*n > 0);
   response->set_message(
@@ -222,14 +210,14 @@ grpc::ServerUnaryReactor* SglangService::Abort(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* SglangService::GetModelInfo(grpc::CallbackServerContext* context,
                                                       const sgl::GetModelInfoRequest*,
                                                       sgl::GetModelInfoResponse* response) {
-  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
-  const model_io::ModelConfig& c = server_->engine().model_config();
-  const engine::RequestLimits& limits = server_->engine().limits();
-  const std::string& model_path = server_->config().model_path;
+  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  const model_io::ModelConfig& c = host_.engine().model_config();
+  const engine::RequestLimits& limits = host_.engine().limits();
+  const std::string& model_path = config_.model_path;
   response->set_model_path(model_path);
-  if (server_->tokenizer() != nullptr) response->set_tokenizer_path(model_path);
+  if (host_.tokenizer() != nullptr) response->set_tokenizer_path(model_path);
   response->set_is_generation(true);
-  response->set_weight_version(absl::StrCat(server_->weight_version()));
+  response->set_weight_version(absl::StrCat(host_.weight_version()));
   response->set_served_model_name(model_path);
   response->set_max_context_length(static_cast<int32_t>(limits.max_context_len));
   response->set_vocab_size(static_cast<int32_t>(c.vocab_size));
@@ -247,12 +235,12 @@ grpc::ServerUnaryReactor* SglangService::GetModelInfo(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* SglangService::GetServerInfo(grpc::CallbackServerContext* context,
                                                        const sgl::GetServerInfoRequest*,
                                                        sgl::GetServerInfoResponse* response) {
-  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
-  const WorkerConfig& config = server_->config();
-  const engine::ServerInfo info = server_->engine().GetServerInfo();
+  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  const WorkerConfig& config = config_;
+  const engine::ServerInfo info = host_.engine().GetServerInfo();
   auto& args = *response->mutable_server_args()->mutable_fields();
   args["model_path"].set_string_value(config.model_path);
-  args["tokenizer_path"].set_string_value(server_->tokenizer() != nullptr ? config.model_path : "");
+  args["tokenizer_path"].set_string_value(host_.tokenizer() != nullptr ? config.model_path : "");
   args["served_model_name"].set_string_value(config.model_path);
   args["host"].set_string_value(config.host);
   args["page_size"].set_number_value(config.page_size);
@@ -260,13 +248,13 @@ grpc::ServerUnaryReactor* SglangService::GetServerInfo(grpc::CallbackServerConte
   args["chunked_prefill_size"].set_number_value(config.chunked_prefill_tokens);
   args["tp_size"].set_number_value(1);
   args["dp_size"].set_number_value(1);
-  args["backend"].set_string_value(server_->backend_name());
+  args["backend"].set_string_value(control_.model_identity().backend);
   auto& sched = *response->mutable_scheduler_info()->mutable_fields();
   sched["max_total_num_tokens"].set_number_value(static_cast<double>(info.kv_tokens_total));
   sched["max_running_requests"].set_number_value(info.req_to_token_total);
   sched["max_req_input_len"].set_number_value(
-      static_cast<double>(std::min(server_->engine().limits().max_context_len,
-                                   server_->engine().limits().max_kv_tokens) -
+      static_cast<double>(std::min(host_.engine().limits().max_context_len,
+                                   host_.engine().limits().max_kv_tokens) -
                           1));
   sched["is_generation"].set_bool_value(true);
   sched["weight_version"].set_number_value(static_cast<double>(info.weight_version));
@@ -286,7 +274,7 @@ grpc::ServerUnaryReactor* SglangService::GetServerInfo(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* SglangService::GetLoads(grpc::CallbackServerContext* context,
                                                   const sgl::GetLoadsRequest* request,
                                                   sgl::GetLoadsResponse* response) {
-  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
   if (request->has_dp_rank() && request->dp_rank() != 0) {
     return FinishUnary(context,
                        absl::InvalidArgumentError(absl::StrCat(
@@ -307,7 +295,7 @@ grpc::ServerUnaryReactor* SglangService::GetLoads(grpc::CallbackServerContext* c
                                       "' (core, memory, spec, lora, disagg, queues, all)")));
     }
   }
-  const engine::ServerInfo info = server_->engine().GetServerInfo();
+  const engine::ServerInfo info = host_.engine().GetServerInfo();
   sgl::SchedulerLoad* load = response->add_loads();
   load->set_dp_rank(0);
   load->set_num_running_reqs(info.num_running);
@@ -346,7 +334,7 @@ grpc::ServerUnaryReactor* SglangService::GetLoads(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* SglangService::FlushCache(grpc::CallbackServerContext* context,
                                                     const common::FlushCacheRequest* request,
                                                     common::FlushCacheResponse* response) {
-  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = admin_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
   const float timeout_s = request->timeout_s();
   if (!std::isfinite(timeout_s) || timeout_s < 0 || timeout_s > kMaxFlushTimeoutS) {
     return FinishUnary(
@@ -354,28 +342,13 @@ grpc::ServerUnaryReactor* SglangService::FlushCache(grpc::CallbackServerContext*
                                                          kMaxFlushTimeoutS, "], got ", timeout_s)));
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // Every flush, timeout 0 included, is tried on the flush thread: the engine answers only
+  // Every flush, timeout 0 included, is tried on the admin executor: the engine answers only
   // between steps, and a gRPC callback thread must not wait for that.
-  absl::MutexLock lock(&mu_);
-  if (stopping_) {
-    FinishFlush(reactor, response, absl::UnavailableError("worker shutting down"), timeout_s);
-  } else if (pending_flushes_.size() >= kMaxPendingFlushes) {
-    FinishFlush(reactor, response,
-                absl::ResourceExhaustedError(absl::StrCat("FlushCache: ", kMaxPendingFlushes,
-                                                          " flushes already wait for idle")),
-                timeout_s);
-  } else {
-    pending_flushes_.push_back(PendingFlush{
-        reactor, response, timeout_s,
-        absl::Now() + absl::Milliseconds(static_cast<int64_t>(std::ceil(timeout_s * 1000)))});
-    cv_.SignalAll();
-  }
+  flushes_.Add(absl::Now() + absl::Milliseconds(static_cast<int64_t>(std::ceil(timeout_s * 1000))),
+               [reactor, response, timeout_s](const absl::Status& s) {
+                 FinishFlush(reactor, response, s, timeout_s);
+               });
   return reactor;
-}
-
-absl::Status SglangService::TryFlush() {
-  absl::StatusOr<AdminOutcome> out = server_->FlushCache();
-  return out.status();
 }
 
 void SglangService::FinishFlush(grpc::ServerUnaryReactor* reactor,
@@ -397,35 +370,6 @@ void SglangService::FinishFlush(grpc::ServerUnaryReactor* reactor,
   }
 }
 
-void SglangService::FlushLoop() {
-  absl::MutexLock lock(&mu_);
-  while (true) {
-    while (!stopping_ && pending_flushes_.empty()) cv_.Wait(&mu_);
-    if (stopping_) break;
-    mu_.Unlock();
-    // Idle is polled: the engine publishes no event for it.
-    const absl::Status s = TryFlush();
-    mu_.Lock();
-    const absl::Time now = absl::Now();
-    std::vector<PendingFlush> keep;
-    for (PendingFlush& p : pending_flushes_) {
-      if (s.code() == absl::StatusCode::kFailedPrecondition && now < p.deadline) {
-        keep.push_back(p);
-      } else {
-        FinishFlush(p.reactor, p.response, s, p.timeout_s);
-      }
-    }
-    pending_flushes_.swap(keep);
-    if (!pending_flushes_.empty()) {
-      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(kFlushPollMs));
-    }
-  }
-  for (PendingFlush& p : pending_flushes_) {
-    FinishFlush(p.reactor, p.response, absl::UnavailableError("worker shutting down"), p.timeout_s);
-  }
-  pending_flushes_.clear();
-}
-
 grpc::ServerUnaryReactor* SglangService::StartProfile(grpc::CallbackServerContext* context,
                                                       const common::StartProfileRequest*,
                                                       common::ProfileResponse*) {
@@ -440,8 +384,8 @@ grpc::ServerUnaryReactor* SglangService::StopProfile(grpc::CallbackServerContext
 
 grpc::ServerWriteReactor<common::GetTokenizerChunk>* SglangService::GetTokenizer(
     grpc::CallbackServerContext* context, const common::GetTokenizerRequest*) {
-  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return new TokenizerReactor(s);
-  if (server_->tokenizer() == nullptr) {
+  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return new TokenizerReactor(s);
+  if (host_.tokenizer() == nullptr) {
     return new TokenizerReactor(absl::FailedPreconditionError(
         "GetTokenizer: this worker's model folder has no tokenizer.json"));
   }
@@ -477,7 +421,7 @@ grpc::ServerUnaryReactor* SglangService::UnloadLoRAAdapter(grpc::CallbackServerC
 grpc::ServerUnaryReactor* SglangService::ListLoadedLoRAAdapters(
     grpc::CallbackServerContext* context, const sgl::ListLoadedLoRAAdaptersRequest*,
     sgl::ListLoadedLoRAAdaptersResponse* response) {
-  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
   response->clear_loaded_adapters();  // none: LoRA is not supported
   return FinishUnary(context, absl::OkStatus());
 }

@@ -1,50 +1,49 @@
 // sglang.grpc.scheduler.SglangScheduler on the worker: SGLang's gRPC scheduler protocol, as the
 // Shepherd Model Gateway (SMG) drives an engine, served on the worker's port next to
-// rl.v1.Worker. Translates protos ⇄ the engine's domain structs (sglang_convert.h) and calls the
-// same WorkerServer/Engine API as rl.v1.Worker; the engine knows nothing of this protocol.
+// rl.v1.Worker. Translates protos ⇄ the engine's domain structs (sglang_convert.h) and calls
+// the data plane (GenerateHost) and the control plane (WorkerControl); the engine knows nothing
+// of this protocol.
 //
 // Generate streams `chunk`s (incremental tokens and logprobs, cumulative counts, `index` for
 // n > 1) then one `complete` per completion; a non-streaming call gets one `complete` per
-// completion. A cancelled call (a client that went away) aborts its engine request, as does
-// Abort{request_id}. A completion the engine aborts (pause with abort, shutdown) ends the call
-// with UNAVAILABLE, which the gateway retries. FlushCache{timeout_s} retries the flush until the
-// engine is idle, for up to timeout_s, on one flush thread (never a gRPC thread; at most 64
-// calls wait); a flush refused
-// because requests are in flight answers success=false with the reason. What the engine has no
-// counterpart for (embeddings, LoRA, profiling, KV events) is UNIMPLEMENTED with a message.
-// Auth: the worker's data-plane key (--api-key) guards every call but FlushCache, which takes
-// the admin key (--admin-api-key), as rl.v1 does.
+// completion. A cancelled call aborts its engine request, as does Abort{request_id}; a
+// completion the engine aborts ends the call with UNAVAILABLE, which the gateway retries.
+// FlushCache{timeout_s} retries the flush until the engine is idle, for up to timeout_s, on the
+// admin executor (flush_waiter.h; at most 64 calls wait); a flush refused because requests are
+// in flight answers success=false with the reason. What the engine has no counterpart for
+// (embeddings, LoRA, profiling, KV events) is UNIMPLEMENTED with a message.
+// Auth: the data-plane key (--api-key) guards every call but FlushCache, which takes the admin
+// key (--admin-api-key), as rl.v1 does.
 // Thread-safe: gRPC handlers call in concurrently.
 #pragma once
 
 #include <atomic>
 #include <chrono>
-#include <memory>
-#include <thread>
-#include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/time/time.h"
 #include "common/auth.h"
+#include "common/bounded_executor.h"
+#include "services/worker/control/worker_control.h"
+#include "services/worker/generate_host.h"
+#include "services/worker/sglang/flush_waiter.h"
 #include "services/worker/sglang/tokenizer_bundle.h"
+#include "services/worker/worker_config.h"
 #include "sglang_scheduler.grpc.pb.h"
 
 namespace rl::worker {
-
-class WorkerServer;
 
 class SglangService final : public ::sglang::grpc::scheduler::SglangScheduler::CallbackService {
  public:
   // Longest FlushCache wait accepted.
   static constexpr float kMaxFlushTimeoutS = 3600;
 
-  SglangService(WorkerServer* server, const BearerAuth* data_auth, const BearerAuth* admin_auth);
-  // Calls Shutdown().
-  ~SglangService() override;
-  // Ends pending FlushCache waits (they answer "worker shutting down") and joins their threads.
-  // Call before the gRPC server drains. Idempotent.
+  // Everything referenced must outlive the service; `executor` runs the FlushCache retries and
+  // must be destroyed before the service (the composition root's order).
+  SglangService(GenerateHost& host, WorkerControl& control, const WorkerConfig& config,
+                BoundedExecutor& executor, const BearerAuth& data_auth,
+                const BearerAuth& admin_auth);
+  // Ends pending FlushCache waits (they answer "worker shutting down"). Call before the gRPC
+  // server drains. Idempotent.
   void Shutdown();
 
   using GenerateRequest = ::sglang::grpc::scheduler::GenerateRequest;
@@ -103,33 +102,20 @@ class SglangService final : public ::sglang::grpc::scheduler::SglangScheduler::C
       ::sglang::grpc::scheduler::ListLoadedLoRAAdaptersResponse* response) override;
 
  private:
-  struct PendingFlush {
-    grpc::ServerUnaryReactor* reactor;
-    ::smg::grpc::common::FlushCacheResponse* response;
-    float timeout_s;
-    absl::Time deadline;
-  };
-  absl::Status TryFlush();
-  // Answers one FlushCache call from the flush attempt's status.
+  // Answers one FlushCache call from the flush's final status.
   static void FinishFlush(grpc::ServerUnaryReactor* reactor,
                           ::smg::grpc::common::FlushCacheResponse* response, const absl::Status& s,
                           float timeout_s);
-  // The flush thread: retries the pending flushes until the engine is idle or their deadline
-  // passes; answers what is left with UNAVAILABLE at Shutdown.
-  void FlushLoop();
 
-  WorkerServer* server_;
-  const BearerAuth* data_auth_;
-  const BearerAuth* admin_auth_;
+  GenerateHost& host_;
+  WorkerControl& control_;
+  const WorkerConfig& config_;
+  const BearerAuth& data_auth_;
+  const BearerAuth& admin_auth_;
   const std::chrono::system_clock::time_point start_time_;
   std::atomic<double> last_receive_unix_s_{0};
   TokenizerBundle tokenizer_bundle_;
-
-  absl::Mutex mu_;
-  absl::CondVar cv_;
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<PendingFlush> pending_flushes_ ABSL_GUARDED_BY(mu_);
-  std::thread flush_thread_;
+  FlushWaiter flushes_;
 };
 
 }  // namespace rl::worker

@@ -1,8 +1,8 @@
-// Weight updates (disk, tensors), the weights checker, ListWeights, sleep/wake and auth of
-// rl.v1.Admin on an in-process rl-worker.
+// Weight updates (disk, tensors), the weights checker and ListWeights through rl.v1.Admin on an
+// in-process rl-worker (sleep / wake and auth: tests/worker/admin_service_test.cc).
 #include <thread>
 
-#include "services/worker/weights_checker.h"
+#include "services/worker/weights/weights_checker.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {
@@ -197,53 +197,6 @@ TEST_F(WeightsUpdateTest, CheckerSnapshotResetCompare) {
   EXPECT_TRUE(Check(rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE).changed().empty());
   req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_UNSPECIFIED);
   EXPECT_EQ(Call(&Stub::WeightsChecker, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-}
-
-TEST_F(WeightsUpdateTest, ReleaseAndResumeMemory) {
-  const std::vector<int32_t> before = GreedyIds();
-  // Changed-in-memory weights survive a sleep (spilled and restored).
-  Check(rl::v1::WEIGHTS_CHECKER_ACTION_RESET_TENSORS);
-  const auto sums = Check(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
-  rl::v1::AdminResponse resp;
-  ASSERT_TRUE(Call(&Stub::ReleaseMemory, rl::v1::ReleaseMemoryRequest(), &resp).ok());
-  EXPECT_TRUE(ServerInfo().asleep());
-  rl::v1::GenerateFinal f;
-  EXPECT_EQ(Generate(Greedy(kPromptIds, 4), &f).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-  ASSERT_TRUE(Call(&Stub::ResumeMemory, rl::v1::ResumeMemoryRequest(), &resp).ok());
-  EXPECT_FALSE(ServerInfo().asleep());
-  EXPECT_EQ(Check(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM).rank_sha256(), sums.rank_sha256());
-  ASSERT_TRUE(UpdateFromDisk(Stories(), &resp).ok());
-  ASSERT_TRUE(Call(&Stub::ReleaseMemory, rl::v1::ReleaseMemoryRequest(), &resp).ok());
-  ASSERT_TRUE(Call(&Stub::ResumeMemory, rl::v1::ResumeMemoryRequest(), &resp).ok());
-  EXPECT_EQ(GreedyIds(), before);
-}
-
-class AuthTest : public WorkerFixture {
- protected:
-  void SetUp() override {
-    WorkerConfig c;
-    c.admin_api_key = "admin-key";
-    c.api_key = "data-key";
-    StartWorker(c);
-  }
-};
-
-TEST_F(AuthTest, AdminAndDataKeys) {
-  rl::v1::GetModelInfoResponse info;
-  EXPECT_EQ(Call(&Stub::GetModelInfo, rl::v1::GetModelInfoRequest(), &info).error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(Call(&Stub::GetModelInfo, rl::v1::GetModelInfoRequest(), &info, "data-key").error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_TRUE(Call(&Stub::GetModelInfo, rl::v1::GetModelInfoRequest(), &info, "admin-key").ok());
-  rl::v1::AdminResponse resp;
-  rl::v1::PauseGenerationRequest pause;
-  pause.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
-  EXPECT_EQ(Call(&Stub::PauseGeneration, pause, &resp).error_code(),
-            grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_FALSE(server_->engine().GetServerInfo().paused);
-  rl::v1::GenerateFinal f;
-  EXPECT_EQ(Generate(Greedy(kPromptIds, 2), &f).error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_TRUE(Generate(Greedy(kPromptIds, 2), &f, nullptr, "data-key").ok());
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
-// WeightsChecker: verifies that weight updates really rewrite the served tensors.
+// WeightsChecker: verifies that weight updates really rewrite the served tensors (the
+// WeightsChecker admin call; the control plane runs it on the engine thread).
 //
 //   snapshot       remember a SHA256 digest of every tensor (digests, not copies: O(1) memory
 //                  per tensor, O(model bytes) hashing time)
@@ -9,8 +10,8 @@
 // Tensor digest: SHA256 over  name '\0' dtype '\0' shape '\0' bytes  where dtype is the
 // safetensors spelling ("BF16"), shape the decimal dims joined by ',' and bytes the raw
 // little-endian values as held. Rank digest: SHA256 over the lines "name:hexdigest\n" in name
-// order. A checkpoint file therefore gives the same digests as the worker that loaded it.
-// Not thread-safe: called on the engine thread.
+// order. A checkpoint file therefore gives the same digests as the worker that loaded it
+// (docs/weight-updates.md). Not thread-safe: called on the engine thread.
 #pragma once
 
 #include <cstdint>

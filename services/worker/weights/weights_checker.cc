@@ -1,4 +1,4 @@
-#include "services/worker/weights_checker.h"
+#include "services/worker/weights/weights_checker.h"
 
 #include <random>
 

@@ -7,7 +7,7 @@
 #include "gmock/gmock.h"
 #include "services/worker/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
-#include "services/worker/weights_checker.h"
+#include "services/worker/weights/weights_checker.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {
@@ -434,11 +434,11 @@ TEST(DistributedInitTest, InitWithoutATrainerTimesOutClearly) {
   g.group_name = "nobody";
   g.backend = "tcp";
   g.timeout_ms = 300;
-  auto r = (*server)->weight_updates().InitWeightsUpdateGroup(g);
+  auto r = (*server)->weights().InitWeightsUpdateGroup(g);
   EXPECT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("127.0.0.1"), std::string::npos) << r.status();
   g.rank_offset = 0;
-  EXPECT_EQ((*server)->weight_updates().InitWeightsUpdateGroup(g).status().code(),
+  EXPECT_EQ((*server)->weights().InitWeightsUpdateGroup(g).status().code(),
             absl::StatusCode::kInvalidArgument);
   (*server)->Shutdown();
 }

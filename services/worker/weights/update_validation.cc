@@ -1,11 +1,14 @@
-#include "services/worker/weight_update_check.h"
+#include "services/worker/weights/update_validation.h"
 
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <optional>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model_io/dtype.h"
 #include "common/model_io/file_read.h"
 #include "common/status.h"
 #include "services/worker/model/weights.h"
@@ -58,6 +61,42 @@ absl::Status CheckChunkForModel(const rl::v1::TensorChunk& chunk, const WeightSh
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk.shape: tensor ", QuoteForError(chunk.name(), 128), " has shape [",
         absl::StrJoin(it->second, ", "), "] in the served model"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTensors(const std::vector<model::TensorInfo>& served,
+                             const std::vector<const model::TensorInfo*>& incoming,
+                             const std::vector<int64_t>& byte_counts) {
+  std::map<std::string, const model::TensorInfo*> by_name;
+  for (const auto& t : served) by_name[t.name] = &t;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < incoming.size(); ++i) {
+    const model::TensorInfo& t = *incoming[i];
+    auto it = by_name.find(t.name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': no such weight"));
+    }
+    if (!seen.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': sent twice"));
+    }
+    if (t.shape != it->second->shape) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "': shape [", absl::StrJoin(t.shape, ", "),
+                       "] but the model has [", absl::StrJoin(it->second->shape, ", "), "]"));
+    }
+    const std::optional<model_io::DType> dtype = model_io::ParseDType(t.dtype);
+    if (!dtype || !model_io::IsFloatWeightDType(*dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", t.name, "': dtype '", t.dtype, "' (F32, BF16 or F16)"));
+    }
+    int64_t numel = 1;
+    for (int64_t d : t.shape) numel *= d;
+    if (byte_counts[i] >= 0 && byte_counts[i] != numel * model_io::DTypeSize(*dtype)) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor '", t.name, "': ", byte_counts[i],
+                                                     " bytes, expected ",
+                                                     numel * model_io::DTypeSize(*dtype)));
+    }
   }
   return absl::OkStatus();
 }

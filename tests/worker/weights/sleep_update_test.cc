@@ -1,7 +1,7 @@
 // Weight updates while asleep (ReleaseMemory): from disk and from tensors, staged and served on
 // wake, with the version bumped at the update and the checker digests matching an awake
 // update of the same weights; bad updates are refused while asleep and leave the old weights.
-#include "services/worker/weights_checker.h"
+#include "services/worker/weights/weights_checker.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {

@@ -1,7 +1,7 @@
 // WeightUpdateController without gRPC: an engine over the stories260K CPU runner and fake
 // weight-update groups whose receives the test releases bucket by bucket, so the order of a
 // receive and the calls around it is fixed by the test, not by timing.
-#include "services/worker/weight_update_controller.h"
+#include "services/worker/weights/weight_update_controller.h"
 
 #include <future>
 #include <memory>
@@ -14,7 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/worker/model/cpu_model_runner.h"
-#include "services/worker/weights_checker.h"
+#include "services/worker/weights/weights_checker.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {

@@ -1,4 +1,4 @@
-#include "services/worker/sleepable_runner.h"
+#include "services/worker/model/sleepable_runner.h"
 
 #include <sys/stat.h>
 
@@ -15,7 +15,7 @@
 #include "common/status.h"
 #include "services/worker/model/weights.h"
 
-namespace rl::worker {
+namespace rl::model {
 namespace {
 
 constexpr int kMaxFolderEntries = 100'000;
@@ -93,17 +93,17 @@ absl::Status SleepableRunner::Awake() const {
   return absl::OkStatus();
 }
 
-absl::Status SleepableRunner::Forward(const model::ForwardInput& in, model::ForwardOutput* out) {
+absl::Status SleepableRunner::Forward(const ForwardInput& in, ForwardOutput* out) {
   RETURN_IF_ERROR(Awake());
   return inner_->Forward(in, out);
 }
 
-std::vector<model::TensorInfo> SleepableRunner::ListWeights() const {
+std::vector<TensorInfo> SleepableRunner::ListWeights() const {
   return inner_ ? inner_->ListWeights() : infos_;
 }
 
 absl::Status SleepableRunner::VisitWeights(
-    const std::function<void(const model::TensorInfo&, absl::Span<const uint8_t>)>& fn) const {
+    const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const {
   RETURN_IF_ERROR(Awake());
   return inner_->VisitWeights(fn);
 }
@@ -115,9 +115,9 @@ absl::Status SleepableRunner::LoadWeightsFromDisk(const std::string& model_dir) 
   if (inner_ == nullptr) {
     // Asleep: check what can be checked without device memory, stage the folder.
     ASSIGN_OR_RETURN(model_io::ModelConfig config, model_io::LoadModelConfig(model_dir));
-    RETURN_IF_ERROR(Annotate(model::CheckSameArchitecture(config_, config), model_dir));
+    RETURN_IF_ERROR(Annotate(CheckSameArchitecture(config_, config), model_dir));
     ASSIGN_OR_RETURN(model_io::Checkpoint checkpoint, model_io::OpenCheckpoint(model_dir));
-    for (const model::TensorInfo& held : infos_) {
+    for (const TensorInfo& held : infos_) {
       const model_io::TensorView* t = checkpoint.Find(held.name);
       if (t != nullptr && t->shape != held.shape) {
         return absl::InvalidArgumentError(
@@ -136,12 +136,12 @@ absl::Status SleepableRunner::LoadWeightsFromDisk(const std::string& model_dir) 
   return absl::OkStatus();
 }
 
-absl::Status SleepableRunner::UpdateWeight(const model::TensorInfo& info,
+absl::Status SleepableRunner::UpdateWeight(const TensorInfo& info,
                                            absl::Span<const uint8_t> bytes) {
   if (inner_ == nullptr) {
     // Asleep: check against the held weights and keep a host copy until Resume.
-    const model::TensorInfo* held = nullptr;
-    for (const model::TensorInfo& t : infos_) {
+    const TensorInfo* held = nullptr;
+    for (const TensorInfo& t : infos_) {
       if (t.name == info.name) held = &t;
     }
     if (held == nullptr) {
@@ -175,7 +175,7 @@ absl::Status SleepableRunner::Release() {
     std::vector<std::vector<uint8_t>> copies;
     std::vector<model_io::TensorToWrite> tensors;
     RETURN_IF_ERROR(
-        inner_->VisitWeights([&](const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
+        inner_->VisitWeights([&](const TensorInfo& info, absl::Span<const uint8_t> bytes) {
           copies.emplace_back(bytes.begin(), bytes.end());
           tensors.push_back({info.name, *model_io::ParseDType(info.dtype), info.shape, {}});
         }));
@@ -191,6 +191,7 @@ absl::Status SleepableRunner::Release() {
     spilled_ = true;
   }
   inner_.reset();
+  released_.store(true, std::memory_order_release);
   // The weights' read buffers went to the spare pool: give them back to the system too.
   model_io::DropSpareBuffers();
   return absl::OkStatus();
@@ -206,7 +207,7 @@ absl::Status SleepableRunner::Resume() {
     const std::string& source = loaded_from_.empty() ? model_dir_ : loaded_from_;
     if (!source.empty()) RETURN_IF_ERROR(CheckUnchanged(source, source_identity_, "loaded"));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<model::ModelRunner> fresh, factory_());
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> fresh, factory_());
   if (!staged_path_.empty()) {
     // An update from disk staged while asleep replaces the spill and the last folder.
     RETURN_IF_ERROR(
@@ -237,7 +238,8 @@ absl::Status SleepableRunner::Resume() {
     std::filesystem::remove_all(spill_path_, ec);
   }
   inner_ = std::move(fresh);
+  released_.store(false, std::memory_order_release);
   return absl::OkStatus();
 }
 
-}  // namespace rl::worker
+}  // namespace rl::model

@@ -1,0 +1,116 @@
+#include "services/worker/admin_convert.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace rl::worker {
+
+void ToProto(const AdminOutcome& o, rl::v1::AdminResponse* out) {
+  out->set_success(true);
+  out->set_message(o.message);
+  out->set_num_aborted(o.num_aborted);
+  out->set_weight_version(o.weight_version);
+  out->set_duration_us(o.duration_us);
+  out->set_ready(o.ready);
+}
+
+absl::Status FillFrom(const absl::StatusOr<AdminOutcome>& outcome, rl::v1::AdminResponse* out) {
+  if (!outcome.ok()) return outcome.status();
+  ToProto(*outcome, out);
+  return absl::OkStatus();
+}
+
+GroupRequest GroupRequestFrom(const rl::v1::InitWeightsUpdateGroupRequest& req,
+                              const std::string& default_backend) {
+  GroupRequest g;
+  g.master_address = req.master_address();
+  g.master_port = req.master_port();
+  g.rank_offset = req.rank_offset();
+  g.world_size = req.world_size();
+  g.group_name = req.group_name();
+  switch (req.backend()) {
+    case rl::v1::GROUP_BACKEND_NCCL:
+      g.backend = "nccl";
+      break;
+    case rl::v1::GROUP_BACKEND_TCP:
+      g.backend = "tcp";
+      break;
+    default:
+      g.backend = default_backend;
+  }
+  if (req.has_timeout_ms()) g.timeout_ms = req.timeout_ms();
+  return g;
+}
+
+absl::StatusOr<std::vector<model::TensorInfo>> SpecsFrom(
+    const rl::v1::UpdateWeightsFromDistributedRequest& req) {
+  if (req.names_size() != req.dtypes_size() || req.names_size() != req.shapes_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("names/dtypes/shapes: lengths differ (",
+                                                   req.names_size(), "/", req.dtypes_size(), "/",
+                                                   req.shapes_size(), ")"));
+  }
+  std::vector<model::TensorInfo> specs;
+  for (int i = 0; i < req.names_size(); ++i) {
+    specs.push_back({req.names(i),
+                     req.dtypes(i),
+                     {req.shapes(i).dims().begin(), req.shapes(i).dims().end()}});
+  }
+  return specs;
+}
+
+absl::StatusOr<WeightBuckets> BucketsFrom(
+    const google::protobuf::RepeatedPtrField<rl::v1::WeightBucket>& in) {
+  WeightBuckets out;
+  for (int b = 0; b < in.size(); ++b) {
+    const rl::v1::WeightBucket& bucket = in[b];
+    if (bucket.names_size() != bucket.dtypes_size() ||
+        bucket.names_size() != bucket.shapes_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "buckets[", b, "]: names/dtypes/shapes lengths differ (", bucket.names_size(), "/",
+          bucket.dtypes_size(), "/", bucket.shapes_size(), ")"));
+    }
+    std::vector<model::TensorInfo>& specs = out.emplace_back();
+    for (int i = 0; i < bucket.names_size(); ++i) {
+      specs.push_back({bucket.names(i),
+                       bucket.dtypes(i),
+                       {bucket.shapes(i).dims().begin(), bucket.shapes(i).dims().end()}});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<CheckerAction> FromProto(rl::v1::WeightsCheckerAction action) {
+  switch (action) {
+    case rl::v1::WEIGHTS_CHECKER_ACTION_SNAPSHOT:
+      return CheckerAction::kSnapshot;
+    case rl::v1::WEIGHTS_CHECKER_ACTION_RESET_TENSORS:
+      return CheckerAction::kResetTensors;
+    case rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE:
+      return CheckerAction::kCompare;
+    case rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM:
+      return CheckerAction::kChecksum;
+    default:
+      return absl::InvalidArgumentError(
+          "action: must be SNAPSHOT, RESET_TENSORS, COMPARE or CHECKSUM");
+  }
+}
+
+void ToProto(const CheckerResult& r, rl::v1::WeightsCheckerResponse* out) {
+  out->set_success(r.missing.empty() && r.unexpected.empty());
+  out->set_message(r.message);
+  for (const auto& s : r.missing) out->add_missing(s);
+  for (const auto& s : r.unexpected) out->add_unexpected(s);
+  for (const auto& s : r.changed) out->add_changed(s);
+  for (const auto& [name, digest] : r.tensor_sha256) (*out->mutable_tensor_sha256())[name] = digest;
+  out->set_rank_sha256(r.rank_sha256);
+}
+
+void ToProto(const std::vector<model::TensorInfo>& weights, rl::v1::ListWeightsResponse* out) {
+  for (const auto& w : weights) {
+    rl::v1::WeightInfo* info = out->add_weights();
+    info->set_name(w.name);
+    info->set_dtype(w.dtype);
+    info->mutable_shape()->Assign(w.shape.begin(), w.shape.end());
+  }
+}
+
+}  // namespace rl::worker

@@ -1,0 +1,247 @@
+#include "services/worker/weights/weight_update_controller.h"
+
+#include <chrono>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "services/worker/weights/update_validation.h"
+
+namespace rl::worker {
+namespace {
+
+int64_t MicrosSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() -
+                                                               start)
+      .count();
+}
+
+// `status` with `note` appended to its message, same code.
+absl::Status WithNote(const absl::Status& status, absl::string_view note) {
+  return absl::Status(status.code(), absl::StrCat(status.message(), "; ", note));
+}
+
+WeightUpdateController::Deps WithDefaults(WeightUpdateController::Deps deps) {
+  if (!deps.connect) deps.connect = weight_sync::ConnectReceiver;
+  return deps;
+}
+
+using ClaimFor = UpdateGroups::ClaimFor;
+
+}  // namespace
+
+WeightUpdateController::WeightUpdateController(Deps deps)
+    : deps_(WithDefaults(std::move(deps))),
+      lifecycle_({.engine = deps_.engine,
+                  .sleep = deps_.sleep,
+                  .updating_changed = deps_.updating_changed,
+                  .record_duration = deps_.record_duration}) {}
+
+absl::StatusOr<std::unique_ptr<WeightUpdateController>> WeightUpdateController::Create(Deps deps) {
+  std::unique_ptr<WeightUpdateController> c(new WeightUpdateController(std::move(deps)));
+  ASSIGN_OR_RETURN(c->served_, c->ListWeights());
+  for (const model::TensorInfo& t : c->served_) c->served_shapes_[t.name] = t.shape;
+  return c;
+}
+
+WeightUpdateController::~WeightUpdateController() { Shutdown(); }
+
+WeightUpdateStatus WeightUpdateController::status() const {
+  WeightUpdateStatus out;
+  lifecycle_.FillStatus(&out);
+  out.groups = groups_.names();
+  return out;
+}
+
+absl::StatusOr<UpdateGroups::Claim> WeightUpdateController::CheckAndClaim(
+    const std::string& group_name, const WeightBuckets& buckets, ClaimFor what) {
+  if (buckets.empty()) return absl::InvalidArgumentError("buckets: no bucket listed");
+  std::vector<const model::TensorInfo*> infos;
+  for (const auto& bucket : buckets) {
+    if (bucket.empty()) return absl::InvalidArgumentError("buckets: an empty bucket");
+    for (const auto& s : bucket) infos.push_back(&s);
+  }
+  RETURN_IF_ERROR(ValidateTensors(served_, infos, std::vector<int64_t>(infos.size(), -1)));
+  return groups_.Take(group_name, what);
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
+    const std::string& model_path, const UpdatePolicy& policy) {
+  RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
+  return lifecycle_.Run(
+      "update_weights_from_disk", policy,
+      [&](model::ModelRunner& runner) {
+        return Annotate(runner.LoadWeightsFromDisk(model_path), model_path);
+      },
+      {});
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
+    std::vector<NamedTensor> tensors, const UpdatePolicy& policy) {
+  if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
+  return lifecycle_.Run(
+      "update_weights_from_tensor", policy,
+      [&](model::ModelRunner& runner) { return ApplyStaged(runner, tensors); }, {});
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::InitWeightsUpdateGroup(const GroupRequest& r) {
+  if (r.group_name.empty()) return absl::InvalidArgumentError("group_name: must not be empty");
+  if (r.master_address.empty()) {
+    return absl::InvalidArgumentError("master_address: must not be empty");
+  }
+  if (r.master_port <= 0 || r.master_port > 65535) {
+    return absl::InvalidArgumentError("master_port: must be in [1, 65535]");
+  }
+  if (r.world_size < 2) {
+    return absl::InvalidArgumentError("world_size: must be >= 2 (trainer + worker)");
+  }
+  if (r.rank_offset < 1 || r.rank_offset >= r.world_size) {
+    return absl::InvalidArgumentError(
+        "rank_offset: must be in [1, world_size) (rank 0 is the trainer)");
+  }
+  if (r.timeout_ms <= 0) return absl::InvalidArgumentError("timeout_ms: must be > 0");
+  if (groups_.Contains(r.group_name)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("group_name: '", r.group_name, "' already exists"));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  weight_sync::GroupOptions options;
+  options.backend = r.backend.empty() ? "tcp" : r.backend;
+  options.master_address = r.master_address;
+  options.master_port = r.master_port;
+  options.rank = r.rank_offset;
+  options.world_size = r.world_size;
+  options.group_name = r.group_name;
+  options.timeout = std::chrono::milliseconds(r.timeout_ms);
+  options.cuda_device = deps_.cuda_device;
+  auto receiver = deps_.connect(options);
+  if (!receiver.ok()) {
+    lifecycle_.RecordError(std::string(receiver.status().message()));
+    return receiver.status();
+  }
+  RETURN_IF_ERROR(groups_.Join(r.group_name, *std::move(receiver)));
+  AdminOutcome out;
+  out.message = absl::StrCat("joined group '", r.group_name, "' as rank ", r.rank_offset, " of ",
+                             r.world_size, " (", options.backend, ")");
+  out.weight_version = deps_.engine->weight_version();
+  out.duration_us = MicrosSince(start);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDistributed(
+    const std::string& group_name, std::vector<model::TensorInfo> specs,
+    const UpdatePolicy& policy) {
+  ASSIGN_OR_RETURN(const UpdateGroups::Claim claim, groups_.Take(group_name, ClaimFor::kReceive));
+  if (specs.empty()) return absl::InvalidArgumentError("names: no tensor in the bucket");
+  return lifecycle_.Run(
+      "update_weights_from_distributed", policy,
+      [&](model::ModelRunner& runner) -> absl::Status {
+        std::vector<const model::TensorInfo*> infos;
+        for (const auto& s : specs) infos.push_back(&s);
+        RETURN_IF_ERROR(
+            ValidateTensors(runner.ListWeights(), infos, std::vector<int64_t>(specs.size(), -1)));
+        std::vector<weight_sync::TensorSpec> wire;
+        for (const auto& s : specs) wire.push_back({s.name, s.dtype, s.shape});
+        std::map<std::string, const model::TensorInfo*> by_name;
+        for (const auto& s : specs) by_name[s.name] = &s;
+        return claim.receiver()->Receive(
+            wire, [&](const weight_sync::TensorSpec& spec, absl::Span<const uint8_t> bytes) {
+              return runner.UpdateWeight(*by_name.at(spec.name), bytes);
+            });
+      },
+      {.failure_keeps_pause = true});
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::DestroyWeightsUpdateGroup(
+    const std::string& group_name) {
+  RETURN_IF_ERROR(groups_.Leave(group_name));
+  AdminOutcome out;
+  out.message = absl::StrCat("left group '", group_name, "'");
+  out.weight_version = deps_.engine->weight_version();
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::PrepareWeightsUpdate(
+    const std::string& group_name, WeightBuckets buckets) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(const UpdateGroups::Claim claim,
+                   CheckAndClaim(group_name, buckets, ClaimFor::kPrepare));
+  int64_t num_tensors = 0;
+  for (const auto& b : buckets) num_tensors += static_cast<int64_t>(b.size());
+  absl::StatusOr<std::unique_ptr<StagedReceive>> prepared =
+      StagedReceive::Post(claim.shared_receiver(), std::move(buckets));
+  if (!prepared.ok()) {
+    return Annotate(prepared.status(), "prepare_weights_update: the receive could not be posted");
+  }
+  if (!groups_.Park(group_name, claim, *prepared)) {
+    // Destroyed (or shut down) meanwhile: its receiver is closed, so the receive ends now.
+    prepared->reset();
+    return absl::FailedPreconditionError(absl::StrCat("group '", group_name, "' was destroyed"));
+  }
+  AdminOutcome out;
+  out.ready = true;
+  out.message = absl::StrCat("prepare_weights_update: receive of ", num_tensors,
+                             " tensors posted on group '", group_name, "'");
+  out.weight_version = deps_.engine->weight_version();
+  out.duration_us = MicrosSince(start);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdate(
+    const std::string& group_name, const UpdatePolicy& policy) {
+  ASSIGN_OR_RETURN(UpdateGroups::Claim claim, groups_.Take(group_name, ClaimFor::kComplete));
+  StagedReceive& prepared = *claim.prepared();
+  if (absl::Status received = prepared.Wait(); !received.ok()) {
+    return Annotate(received,
+                    "complete_weights_update: the prepared receive failed (nothing "
+                    "was applied; prepare again)");
+  }
+  bool applying = false;
+  absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
+      "complete_weights_update", policy,
+      [&](model::ModelRunner& runner) {
+        applying = true;
+        return ApplyStaged(runner, prepared.tensors());
+      },
+      {.self_pause = true});
+  if (out.ok()) return out;
+  if (applying) {
+    return WithNote(out.status(),
+                    "the prepared update is dropped (its tensors were applied or "
+                    "refused; prepare again)");
+  }
+  const bool kept = groups_.GiveBack(group_name, claim);
+  return WithNote(out.status(), kept ? "nothing was applied and the prepared update is kept (call "
+                                       "CompleteWeightsUpdate again)"
+                                     : "nothing was applied; the group was destroyed meanwhile");
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveWeights(const std::string& group_name,
+                                                                    WeightBuckets buckets,
+                                                                    const UpdatePolicy& policy) {
+  ASSIGN_OR_RETURN(const UpdateGroups::Claim claim,
+                   CheckAndClaim(group_name, buckets, ClaimFor::kReceive));
+  return lifecycle_.Run(
+      "receive_weights", policy,
+      [&](model::ModelRunner& runner) {
+        std::vector<NamedTensor> staged;
+        RETURN_IF_ERROR(ReceiveBuckets(claim.receiver(), buckets, &staged));
+        return ApplyStaged(runner, staged);
+      },
+      {.self_pause = true});
+}
+
+absl::StatusOr<std::vector<model::TensorInfo>> WeightUpdateController::ListWeights() {
+  std::vector<model::TensorInfo> out;
+  RETURN_IF_ERROR(deps_.engine->RunOnEngineThread([&](engine::EngineContext& ctx) {
+    if (lifecycle_.asleep()) {
+      return absl::FailedPreconditionError("list_weights: the worker is asleep");
+    }
+    out = ctx.runner().ListWeights();
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+}  // namespace rl::worker

@@ -1,0 +1,100 @@
+// WeightUpdateController: the worker's WeightUpdates (weight_updates.h), composed of the update
+// lifecycle (update_lifecycle.h), the weight-update groups (update_groups.h), the two-phase
+// receive (staged_receive.h) and validation (update_validation.h). The composition root
+// (WorkerServer) builds it over the engine; AdminService calls it; the control plane reads its
+// state. Semantics of every call: docs/weight-updates.md.
+// Cost: the served weights' names and shapes are read once at Create; a prepared receive stages
+// every tensor it lists in host memory until Complete.
+// Thread-safe: any thread, concurrently; engine state is touched only on its thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/model_io/model_config.h"
+#include "common/request_limits.h"
+#include "services/worker/engine/engine.h"
+#include "services/worker/model/model_runner.h"
+#include "services/worker/model/sleepable_runner.h"
+#include "services/worker/weight_sync/weight_sync.h"
+#include "services/worker/weights/update_groups.h"
+#include "services/worker/weights/update_lifecycle.h"
+#include "services/worker/weights/weight_updates.h"
+
+namespace rl::worker {
+
+class WeightUpdateController final : public WeightUpdates {
+ public:
+  struct Deps {
+    engine::Engine* engine = nullptr;    // outlives the controller
+    model_io::ModelConfig model_config;  // what a disk update must match
+    RequestLimits limits;                // bounds on a disk update's files
+    int cuda_device = 0;                 // nccl groups use it
+    // The owner of the asleep state (model/sleepable_runner.h); null: never asleep.
+    const model::SleepableRunner* sleep = nullptr;
+    std::function<void()> updating_changed;          // updating() may have changed; may be empty
+    std::function<void(double)> record_duration;     // an update's seconds; may be empty
+    // Joins a group (InitWeightsUpdateGroup); empty: weight_sync::ConnectReceiver. Tests pass
+    // fakes.
+    std::function<absl::StatusOr<std::unique_ptr<weight_sync::WeightReceiver>>(
+        const weight_sync::GroupOptions&)>
+        connect;
+  };
+  // Reads the served weights' names and shapes once (the engine must be awake): they never
+  // change, so checking a request against them never waits for the engine thread.
+  static absl::StatusOr<std::unique_ptr<WeightUpdateController>> Create(Deps deps);
+  // Shutdown().
+  ~WeightUpdateController() override;
+  WeightUpdateController(const WeightUpdateController&) = delete;
+  WeightUpdateController& operator=(const WeightUpdateController&) = delete;
+
+  // Closes every group (a receive in flight fails promptly), joins prepared receives and
+  // forgets the groups. Idempotent; call before the engine goes.
+  void Shutdown() { groups_.CloseAll(); }
+
+  bool updating() const override { return lifecycle_.updating(); }
+  WeightUpdateStatus status() const override;
+  const WeightShapes& served_shapes() const override { return served_shapes_; }
+  // The served weights as read at Create (fixed for the life of the process).
+  const std::vector<model::TensorInfo>& served_weights() const { return served_; }
+
+  absl::StatusOr<AdminOutcome> UpdateWeightsFromDisk(const std::string& model_path,
+                                                     const UpdatePolicy& policy) override;
+  absl::StatusOr<AdminOutcome> UpdateWeightsFromTensors(std::vector<NamedTensor> tensors,
+                                                        const UpdatePolicy& policy) override;
+  absl::StatusOr<AdminOutcome> UpdateWeightsFromDistributed(const std::string& group_name,
+                                                            std::vector<model::TensorInfo> specs,
+                                                            const UpdatePolicy& policy) override;
+  // Prepare validates `buckets` against the served weights and posts the receive; one
+  // prepared receive per group at a time. A Complete that fails before applying (e.g. a bad
+  // weight_version) keeps the prepared receive for a retry; one whose receive failed, or whose
+  // tensors were refused, drops it (the error says which).
+  absl::StatusOr<AdminOutcome> PrepareWeightsUpdate(const std::string& group_name,
+                                                    WeightBuckets buckets) override;
+  absl::StatusOr<AdminOutcome> CompleteWeightsUpdate(const std::string& group_name,
+                                                     const UpdatePolicy& policy) override;
+  absl::StatusOr<AdminOutcome> ReceiveWeights(const std::string& group_name,
+                                              WeightBuckets buckets,
+                                              const UpdatePolicy& policy) override;
+  absl::StatusOr<AdminOutcome> InitWeightsUpdateGroup(const GroupRequest& request) override;
+  absl::StatusOr<AdminOutcome> DestroyWeightsUpdateGroup(const std::string& group_name) override;
+  absl::StatusOr<std::vector<model::TensorInfo>> ListWeights() override;
+
+ private:
+  explicit WeightUpdateController(Deps deps);
+  // Checks every bucket against the served weights, then claims the group.
+  absl::StatusOr<UpdateGroups::Claim> CheckAndClaim(const std::string& group_name,
+                                                    const WeightBuckets& buckets,
+                                                    UpdateGroups::ClaimFor what);
+
+  const Deps deps_;
+  std::vector<model::TensorInfo> served_;
+  WeightShapes served_shapes_;
+  UpdateLifecycle lifecycle_;
+  UpdateGroups groups_;
+};
+
+}  // namespace rl::worker

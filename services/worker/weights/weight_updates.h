@@ -1,0 +1,116 @@
+// WeightUpdates: the worker's weight-update unit as the services see it. Every way new weights
+// arrive (a checkpoint folder, a tensor stream, a weight-update group's broadcast, one call or
+// two-phase), the groups themselves, and what the unit reports (updating, the last failure,
+// the served weights' names and shapes). WeightUpdateController implements it; AdminService
+// translates protos to it, and the control plane reads its state.
+//
+// Design: every update goes through one lifecycle on the engine thread (refuse or retract →
+// abort if asked → apply → flush the prefix cache → bump weight_version → resume unless
+// keep_pause); the semantics, including updates while asleep and the group claims, are in
+// docs/weight-updates.md. Later, staged versions (stage while serving, then a short activate)
+// become calls of this interface, so the unit owns the served version and what is staged.
+// Thread-safety: every call may come from any thread, concurrently.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "services/worker/model/model_runner.h"
+
+namespace rl::worker {
+
+// What an admin call did (weight updates and the control plane's calls alike).
+struct AdminOutcome {
+  std::string message;
+  int32_t num_aborted = 0;
+  int64_t weight_version = 0;
+  int64_t duration_us = 0;
+  bool ready = false;  // PrepareWeightsUpdate: the receive is posted
+};
+
+// How an update treats the engine. There is no flush_cache: every update flushes the prefix
+// cache (KV computed with the old weights is never reused), so the requests' flush_cache field
+// is ignored, by design (README "Semantics worth knowing").
+struct UpdatePolicy {
+  std::optional<int64_t> weight_version;  // unset: current + 1
+  bool abort_all_requests = false;
+  bool keep_pause = false;
+};
+
+// One tensor of an UpdateWeightsFromTensor stream, assembled.
+struct NamedTensor {
+  model::TensorInfo info;
+  std::vector<uint8_t> bytes;
+};
+
+// The buckets of a receive: each bucket is one broadcast of the listed tensors, in order.
+using WeightBuckets = std::vector<std::vector<model::TensorInfo>>;
+
+struct GroupRequest {
+  std::string master_address;
+  int master_port = 0;
+  int rank_offset = 0;
+  int world_size = 0;
+  std::string group_name;
+  std::string backend;  // "tcp" | "nccl" | "" (auto)
+  int timeout_ms = 60000;
+};
+
+// What GetServerInfo reports of the updates.
+struct WeightUpdateStatus {
+  // The last distributed update failed and left the engine paused (weights may be partial).
+  bool update_failed = false;
+  std::string last_error;
+  std::vector<std::string> groups;  // names, sorted
+};
+
+// Name → shape of every served weight (fixed for the life of the process: updates never change
+// the architecture).
+using WeightShapes = std::map<std::string, std::vector<int64_t>>;
+
+class WeightUpdates {
+ public:
+  virtual ~WeightUpdates() = default;
+
+  // ---- state: never waits for the engine ----
+  // An update holds (or is about to hold) the engine.
+  virtual bool updating() const = 0;
+  virtual WeightUpdateStatus status() const = 0;
+  // The served weights' shapes as read at start (what every update is checked against).
+  virtual const WeightShapes& served_shapes() const = 0;
+
+  // ---- updates (each returns once applied, or with why nothing or what was applied) ----
+  virtual absl::StatusOr<AdminOutcome> UpdateWeightsFromDisk(const std::string& model_path,
+                                                             const UpdatePolicy& policy) = 0;
+  // Validates every tensor (name, dtype, shape, byte count) before changing any.
+  virtual absl::StatusOr<AdminOutcome> UpdateWeightsFromTensors(std::vector<NamedTensor> tensors,
+                                                                const UpdatePolicy& policy) = 0;
+  // One bucket of a distributed update, received straight into the served weights.
+  virtual absl::StatusOr<AdminOutcome> UpdateWeightsFromDistributed(
+      const std::string& group_name, std::vector<model::TensorInfo> specs,
+      const UpdatePolicy& policy) = 0;
+  // Two-phase receive: Prepare posts the receive (answers ready once the first bucket's
+  // receive is posted), Complete waits for it and applies everything atomically.
+  virtual absl::StatusOr<AdminOutcome> PrepareWeightsUpdate(const std::string& group_name,
+                                                            WeightBuckets buckets) = 0;
+  virtual absl::StatusOr<AdminOutcome> CompleteWeightsUpdate(const std::string& group_name,
+                                                             const UpdatePolicy& policy) = 0;
+  // Single call: pause (retract) → receive `buckets` → apply atomically → resume.
+  virtual absl::StatusOr<AdminOutcome> ReceiveWeights(const std::string& group_name,
+                                                      WeightBuckets buckets,
+                                                      const UpdatePolicy& policy) = 0;
+
+  // ---- weight-update groups ----
+  virtual absl::StatusOr<AdminOutcome> InitWeightsUpdateGroup(const GroupRequest& request) = 0;
+  virtual absl::StatusOr<AdminOutcome> DestroyWeightsUpdateGroup(
+      const std::string& group_name) = 0;
+
+  // The served weights' names, dtypes and shapes (FAILED_PRECONDITION while asleep).
+  virtual absl::StatusOr<std::vector<model::TensorInfo>> ListWeights() = 0;
+};
+
+}  // namespace rl::worker
