@@ -15,6 +15,7 @@
 // memory (ReleaseMemory drops the runner; ResumeMemory re-reads the weights and re-allocates).
 // Weight updates are validated on the host first, then copied into the mirror in place.
 //
+// Code: the backend and the device helpers in cuda_backend.cc, the runner in cuda_runner.cc.
 // In a build without CUDA every factory here answers FAILED_PRECONDITION and NumCudaDevices()
 // is 0, so callers need no #ifdefs.
 // Thread safety: as ModelRunner (one thread at a time; the device is bound per calling thread).

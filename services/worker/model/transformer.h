@@ -2,7 +2,8 @@
 // per layer RMSNorm → q/k/v projections (+ Qwen2 bias) → Qwen3 per-head q/k RMSNorm → RoPE →
 // paged grouped-query attention → o projection → residual → RMSNorm → SwiGLU MLP (or, in the
 // sparse layers of an MoE model, router → softmax top-k → grouped experts) → residual; then the
-// final norm and the LM head (tied or not) on the rows whose logits are asked for.
+// final norm and the LM head (tied or not) on the rows whose logits are asked for. The sparse
+// layers live in transformer_moe.cc.
 //
 // It owns the paged KV cache (per layer K and V of [num_kv_slots, num_kv_heads, head_dim] in
 // the KV dtype: float32 on the CPU, bf16 by default on CUDA) and the activation buffers, which grow
