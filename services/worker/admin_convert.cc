@@ -50,9 +50,8 @@ absl::StatusOr<std::vector<model::TensorInfo>> SpecsFrom(
   }
   std::vector<model::TensorInfo> specs;
   for (int i = 0; i < req.names_size(); ++i) {
-    specs.push_back({req.names(i),
-                     req.dtypes(i),
-                     {req.shapes(i).dims().begin(), req.shapes(i).dims().end()}});
+    specs.push_back(
+        {req.names(i), req.dtypes(i), {req.shapes(i).dims().begin(), req.shapes(i).dims().end()}});
   }
   return specs;
 }

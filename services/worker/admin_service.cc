@@ -13,12 +13,11 @@
 
 namespace rl::worker {
 
-absl::Status AdminService::ExecutorFull(absl::string_view method,
-                                        const BoundedExecutor& executor) {
-  return absl::ResourceExhaustedError(absl::StrCat(
-      method, ": the worker's admin executor is full (", executor.num_threads(),
-      " calls running and ", executor.max_queued(),
-      " waiting: the engine is stuck or receives are slow); retry later"));
+absl::Status AdminService::ExecutorFull(absl::string_view method, const BoundedExecutor& executor) {
+  return absl::ResourceExhaustedError(
+      absl::StrCat(method, ": the worker's admin executor is full (", executor.num_threads(),
+                   " calls running and ", executor.max_queued(),
+                   " waiting: the engine is stuck or receives are slow); retry later"));
 }
 
 grpc::ServerUnaryReactor* AdminService::RunAsync(Ctx* context, absl::string_view method,
@@ -70,9 +69,9 @@ AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
 grpc::ServerUnaryReactor* AdminService::InitWeightsUpdateGroup(
     Ctx* c, const rl::v1::InitWeightsUpdateGroupRequest* req, rl::v1::AdminResponse* resp) {
   return RunAsync(c, "InitWeightsUpdateGroup", [this, req, resp] {
-    const std::string default_backend = control_.model_identity().backend == "cuda" ? "nccl" : "tcp";
-    return FillFrom(weights_.InitWeightsUpdateGroup(GroupRequestFrom(*req, default_backend)),
-                    resp);
+    const std::string default_backend =
+        control_.model_identity().backend == "cuda" ? "nccl" : "tcp";
+    return FillFrom(weights_.InitWeightsUpdateGroup(GroupRequestFrom(*req, default_backend)), resp);
   });
 }
 
@@ -80,9 +79,9 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDistributed(
     Ctx* c, const rl::v1::UpdateWeightsFromDistributedRequest* req, rl::v1::AdminResponse* resp) {
   return RunAsync(c, "UpdateWeightsFromDistributed", [this, req, resp]() -> absl::Status {
     ASSIGN_OR_RETURN(std::vector<model::TensorInfo> specs, SpecsFrom(*req));
-    return FillFrom(
-        weights_.UpdateWeightsFromDistributed(req->group_name(), std::move(specs), PolicyFrom(*req)),
-        resp);
+    return FillFrom(weights_.UpdateWeightsFromDistributed(req->group_name(), std::move(specs),
+                                                          PolicyFrom(*req)),
+                    resp);
   });
 }
 

@@ -28,7 +28,7 @@ namespace rl::worker {
 class EngineHost final : public GenerateHost {
  public:
   struct Deps {
-    engine::Engine* engine = nullptr;              // outlives the host's last call
+    engine::Engine* engine = nullptr;                 // outlives the host's last call
     const tokenizer::Tokenizer* tokenizer = nullptr;  // null: no tokenizer.json
     RequestLimits limits;
     int64_t context_len = 0;
@@ -50,8 +50,7 @@ class EngineHost final : public GenerateHost {
   engine::Engine& engine() override { return *deps_.engine; }
   const tokenizer::Tokenizer* tokenizer() const override { return deps_.tokenizer; }
   // The control plane's admission check, then Engine::Submit.
-  absl::Status Submit(engine::GenerateRequest request,
-                      engine::RequestCallbacks callbacks) override;
+  absl::Status Submit(engine::GenerateRequest request, engine::RequestCallbacks callbacks) override;
   // "srv-" + 128 random bits: unguessable, and in a namespace client ids cannot use.
   std::string NextRequestId() override;
   const RequestLimits& limits() const override { return deps_.limits; }

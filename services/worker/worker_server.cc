@@ -124,8 +124,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   // The metrics table reads the control plane's asleep state at scrape time (the endpoint
   // starts after the control plane exists).
   WorkerServer* raw = s.get();
-  s->metrics_ = std::make_unique<WorkerMetrics>(s->engine_.get(),
-                                                [raw] { return raw->control_->asleep(); });
+  s->metrics_ =
+      std::make_unique<WorkerMetrics>(s->engine_.get(), [raw] { return raw->control_->asleep(); });
   WorkerMetrics* metrics = s->metrics_.get();
 
   // The weight-update unit, then the control plane over it; both report serving-state changes
@@ -165,9 +165,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   s->worker_service_ = std::make_unique<WorkerService>(s->host_.get(), s->data_auth_.get());
   s->admin_service_ = std::make_unique<AdminService>(*s->host_, *s->control_, *s->weights_,
                                                      *s->admin_executor_, *s->admin_auth_);
-  s->sglang_service_ =
-      std::make_unique<SglangService>(*s->host_, *s->control_, s->config_, *s->admin_executor_,
-                                      *s->data_auth_, *s->admin_auth_);
+  s->sglang_service_ = std::make_unique<SglangService>(
+      *s->host_, *s->control_, s->config_, *s->admin_executor_, *s->data_auth_, *s->admin_auth_);
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
@@ -176,7 +175,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
       std::max<int64_t>(config.limits.max_tensor_chunk_bytes + (1 << 20), 64 << 20));
   ASSIGN_OR_RETURN(s->grpc_,
                    GrpcServer::Start(options, {s->worker_service_.get(), s->admin_service_.get(),
-                                                s->sglang_service_.get()}));
+                                               s->sglang_service_.get()}));
   if (config.metrics_port >= 0) {
     ASSIGN_OR_RETURN(s->metrics_http_, MetricsHttpServer::Start(config.host, config.metrics_port,
                                                                 s->metrics_->registry()));

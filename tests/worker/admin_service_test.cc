@@ -329,7 +329,8 @@ TEST_F(SleepWakeTest, ReleaseAndResumeMemory) {
   ASSERT_TRUE(Call(&Stub::ReleaseMemory, rl::v1::ReleaseMemoryRequest(), &resp).ok());
   EXPECT_TRUE(ServerInfo().asleep());
   rl::v1::GenerateFinal f;
-  EXPECT_EQ(Generate(Greedy(kPromptIds, 4), &f).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Generate(Greedy(kPromptIds, 4), &f).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
   ASSERT_TRUE(Call(&Stub::ResumeMemory, rl::v1::ResumeMemoryRequest(), &resp).ok());
   EXPECT_FALSE(ServerInfo().asleep());
   EXPECT_EQ(Check(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM).rank_sha256(), sums.rank_sha256());
@@ -353,8 +354,9 @@ TEST_F(AuthTest, AdminAndDataKeys) {
   rl::v1::GetModelInfoResponse info;
   EXPECT_EQ(Call(&Stub::GetModelInfo, rl::v1::GetModelInfoRequest(), &info).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_EQ(Call(&Stub::GetModelInfo, rl::v1::GetModelInfoRequest(), &info, "data-key").error_code(),
-            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(
+      Call(&Stub::GetModelInfo, rl::v1::GetModelInfoRequest(), &info, "data-key").error_code(),
+      grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_TRUE(Call(&Stub::GetModelInfo, rl::v1::GetModelInfoRequest(), &info, "admin-key").ok());
   rl::v1::AdminResponse resp;
   rl::v1::PauseGenerationRequest pause;

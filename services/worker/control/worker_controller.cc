@@ -100,7 +100,8 @@ absl::StatusOr<CheckerResult> WorkerController::CheckWeights(CheckerAction actio
           return absl::FailedPreconditionError(
               "weights_checker reset_tensors: requests are running; pause first");
         }
-        result = checker_.ResetTensors(ctx.runner(), static_cast<uint64_t>(ctx.weight_version()) + 1);
+        result =
+            checker_.ResetTensors(ctx.runner(), static_cast<uint64_t>(ctx.weight_version()) + 1);
         if (result.ok()) RETURN_IF_ERROR(ctx.FlushCache());
         break;
       case CheckerAction::kCompare:

@@ -1,6 +1,4 @@
 // The CUDA Backend (cuda_runner.h has the design) and the device helpers.
-#include "services/worker/model/cuda_runner.h"
-
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -13,6 +11,7 @@
 #include "common/gpu/gpu_status.h"
 #include "common/status.h"
 #include "kernels/cuda/ops.h"
+#include "services/worker/model/cuda_runner.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::model {

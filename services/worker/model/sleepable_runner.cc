@@ -41,8 +41,8 @@ absl::StatusOr<std::string> FolderIdentity(const std::string& dir) {
     }
     struct stat st;
     if (::stat(it->path().c_str(), &st) != 0) continue;
-    files.push_back(absl::StrCat(name, " ", st.st_size, " ", st.st_ino, " ", st.st_mtim.tv_sec,
-                                 ".", st.st_mtim.tv_nsec));
+    files.push_back(absl::StrCat(name, " ", st.st_size, " ", st.st_ino, " ", st.st_mtim.tv_sec, ".",
+                                 st.st_mtim.tv_nsec));
   }
   if (ec) return absl::InvalidArgumentError(absl::StrCat(dir, ": ", ec.message()));
   std::sort(files.begin(), files.end());
@@ -50,8 +50,7 @@ absl::StatusOr<std::string> FolderIdentity(const std::string& dir) {
 }
 
 // OK when `dir` still has `identity`; else why waking from it would be wrong.
-absl::Status CheckUnchanged(const std::string& dir, const std::string& identity,
-                            const char* how) {
+absl::Status CheckUnchanged(const std::string& dir, const std::string& identity, const char* how) {
   absl::StatusOr<std::string> now = FolderIdentity(dir);
   if (now.ok() && *now == identity && identity != kUnknownIdentity) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(

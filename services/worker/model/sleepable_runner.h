@@ -45,11 +45,9 @@ class SleepableRunner final : public ModelRunner {
   absl::Status Forward(const ForwardInput& in, ForwardOutput* out) override;
   std::vector<TensorInfo> ListWeights() const override;
   absl::Status VisitWeights(
-      const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn)
-      const override;
+      const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const override;
   absl::Status LoadWeightsFromDisk(const std::string& model_dir) override;
-  absl::Status UpdateWeight(const TensorInfo& info,
-                            absl::Span<const uint8_t> bytes) override;
+  absl::Status UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) override;
 
   // Whether the backend is freed (the worker is asleep). Any thread: it changes only at the end
   // of a successful Release or Resume (on the engine thread).
@@ -72,15 +70,15 @@ class SleepableRunner final : public ModelRunner {
   std::string backend_name_;
   int64_t num_kv_slots_ = 0;
   int32_t page_size_ = 0;
-  std::string model_dir_;    // the factory's folder
-  std::string loaded_from_;  // last LoadWeightsFromDisk path ("" = the factory's weights)
+  std::string model_dir_;        // the factory's folder
+  std::string loaded_from_;      // last LoadWeightsFromDisk path ("" = the factory's weights)
   std::string source_identity_;  // FolderIdentity of loaded_from_ (or model_dir_) before loading
-  bool dirty_ = false;       // weights changed in memory since loaded_from_
+  bool dirty_ = false;           // weights changed in memory since loaded_from_
   bool spilled_ = false;
   std::string spill_path_;
   int num_spills_ = 0;
   std::vector<TensorInfo> infos_;  // the held weights (for checks while released)
-  std::string staged_path_;               // a from-disk update staged while released
+  std::string staged_path_;        // a from-disk update staged while released
   std::string staged_identity_;
   std::map<std::string, std::pair<TensorInfo, std::vector<uint8_t>>> staged_;
 };

@@ -51,8 +51,8 @@ double KvUsage(const engine::ServerInfo& info) {
 // and the write queue are EngineStreamReactor's (shared with rl.v1.Worker's Generate).
 class GenerateReactor final : public EngineStreamReactor<sgl::GenerateResponse> {
  public:
-  GenerateReactor(GenerateHost* host, const BearerAuth* auth,
-                  grpc::CallbackServerContext* context, const sgl::GenerateRequest& request)
+  GenerateReactor(GenerateHost* host, const BearerAuth* auth, grpc::CallbackServerContext* context,
+                  const sgl::GenerateRequest& request)
       : EngineStreamReactor(host) {
     absl::Status s = Start(auth, context, request);
     if (!s.ok()) FailStart(s);
@@ -95,8 +95,9 @@ class GenerateReactor final : public EngineStreamReactor<sgl::GenerateResponse> 
     if (result.finish_reason.kind == engine::FinishKind::kAbort) {
       // The engine's own abort (pause with abort, shutdown, or the client's Abort): the call
       // ends with a status the gateway retries, never an empty "success".
-      CompleteOne({}, absl::UnavailableError(absl::StrCat(
-                          "request ", id_, " aborted by the worker: ", result.finish_reason.message)));
+      CompleteOne({},
+                  absl::UnavailableError(absl::StrCat(
+                      "request ", id_, " aborted by the worker: ", result.finish_reason.message)));
       return;
     }
     sgl::GenerateResponse fin;
@@ -110,7 +111,6 @@ class GenerateReactor final : public EngineStreamReactor<sgl::GenerateResponse> 
   bool stream_ = false;
   engine::GenerateRequest request_;     // as submitted (input ids, logprob options)
   std::vector<int> completion_tokens_;  // per completion; stream thread only
-
 };
 
 // Streams the tokenizer archive in kTokenizerChunkBytes pieces; the last carries the SHA-256.
@@ -252,10 +252,9 @@ grpc::ServerUnaryReactor* SglangService::GetServerInfo(grpc::CallbackServerConte
   auto& sched = *response->mutable_scheduler_info()->mutable_fields();
   sched["max_total_num_tokens"].set_number_value(static_cast<double>(info.kv_tokens_total));
   sched["max_running_requests"].set_number_value(info.req_to_token_total);
-  sched["max_req_input_len"].set_number_value(
-      static_cast<double>(std::min(host_.engine().limits().max_context_len,
-                                   host_.engine().limits().max_kv_tokens) -
-                          1));
+  sched["max_req_input_len"].set_number_value(static_cast<double>(
+      std::min(host_.engine().limits().max_context_len, host_.engine().limits().max_kv_tokens) -
+      1));
   sched["is_generation"].set_bool_value(true);
   sched["weight_version"].set_number_value(static_cast<double>(info.weight_version));
   response->set_active_requests(info.num_running + info.num_waiting);

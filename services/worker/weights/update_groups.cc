@@ -65,7 +65,7 @@ void UpdateGroups::CloseAll() {
     groups_.clear();
   }
   for (const auto& group : groups) group->receiver->Close();  // posted receives fail now
-  prepared.clear();                                            // joins their threads
+  prepared.clear();                                           // joins their threads
 }
 
 std::vector<std::string> UpdateGroups::names() const {

@@ -71,8 +71,7 @@ class UpdateGroups {
 
   bool Contains(const std::string& name) const;
   // Adds a joined group; ALREADY_EXISTS (the receiver closed) when the name is taken.
-  absl::Status Join(const std::string& name,
-                    std::unique_ptr<weight_sync::WeightReceiver> receiver);
+  absl::Status Join(const std::string& name, std::unique_ptr<weight_sync::WeightReceiver> receiver);
   // Closes and forgets the group, joining its prepared receive; NOT_FOUND when there is none.
   absl::Status Leave(const std::string& name);
   // Closes every group (a receive in flight fails promptly), joins prepared receives and forgets
@@ -85,8 +84,7 @@ class UpdateGroups {
   absl::StatusOr<Claim> Take(const std::string& name, ClaimFor what);
   // Parks `prepared` on the claimed group. False (`prepared` left to the caller) when the group
   // was left or closed meanwhile.
-  bool Park(const std::string& name, const Claim& claim,
-            std::unique_ptr<StagedReceive>& prepared);
+  bool Park(const std::string& name, const Claim& claim, std::unique_ptr<StagedReceive>& prepared);
   // Parks the claim's prepared update back on its group (a Complete that applied nothing).
   // False when the group was left meanwhile.
   bool GiveBack(const std::string& name, Claim& claim);

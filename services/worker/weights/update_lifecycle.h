@@ -52,8 +52,8 @@ class UpdateLifecycle {
   explicit UpdateLifecycle(Deps deps) : deps_(std::move(deps)) {}
 
   // Runs one update (see the file comment); `what` names it in messages and logs.
-  absl::StatusOr<AdminOutcome> Run(const char* what, const UpdatePolicy& policy,
-                                   const Apply& apply, Options options);
+  absl::StatusOr<AdminOutcome> Run(const char* what, const UpdatePolicy& policy, const Apply& apply,
+                                   Options options);
 
   bool updating() const { return in_progress_.load() > 0; }
   bool asleep() const { return deps_.sleep != nullptr && deps_.sleep->released(); }

@@ -31,16 +31,16 @@ absl::Status CheckDiskUpdate(const std::string& model_path, const model_io::Mode
   absl::StatusOr<model_io::ModelConfig> config = model_io::ParseModelConfig(*text);
   if (!config.ok()) return Annotate(config.status(), config_path);
   if (config->architecture_name != served.architecture_name) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        config_path, ": architecture ", QuoteForError(config->architecture_name),
-        " but this worker serves ", served.architecture_name));
+    return absl::InvalidArgumentError(
+        absl::StrCat(config_path, ": architecture ", QuoteForError(config->architecture_name),
+                     " but this worker serves ", served.architecture_name));
   }
   if (absl::Status s = model::CheckSameArchitecture(served, *config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         config_path, ": describes another model than the one served (vocab ", config->vocab_size,
         " vs ", served.vocab_size, ", hidden ", config->hidden_size, " vs ", served.hidden_size,
-        ", layers ", config->num_hidden_layers, " vs ", served.num_hidden_layers,
-        ", heads ", config->num_attention_heads, "/", config->num_key_value_heads, " vs ",
+        ", layers ", config->num_hidden_layers, " vs ", served.num_hidden_layers, ", heads ",
+        config->num_attention_heads, "/", config->num_key_value_heads, " vs ",
         served.num_attention_heads, "/", served.num_key_value_heads, ", intermediate ",
         config->intermediate_size, " vs ", served.intermediate_size, ")"));
   }
@@ -52,15 +52,15 @@ absl::Status CheckChunkForModel(const rl::v1::TensorChunk& chunk, const WeightSh
   RETURN_IF_ERROR(CheckTensorChunk(chunk, limits, tensor_bytes));
   auto it = shapes.find(chunk.name());
   if (it == shapes.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk.name: ", QuoteForError(chunk.name(), 128), " is not a weight of the "
-                     "served model"));
+    return absl::InvalidArgumentError(absl::StrCat("chunk.name: ", QuoteForError(chunk.name(), 128),
+                                                   " is not a weight of the "
+                                                   "served model"));
   }
   if (!std::equal(chunk.shape().begin(), chunk.shape().end(), it->second.begin(),
                   it->second.end())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk.shape: tensor ", QuoteForError(chunk.name(), 128), " has shape [",
-        absl::StrJoin(it->second, ", "), "] in the served model"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.shape: tensor ", QuoteForError(chunk.name(), 128), " has shape [",
+                     absl::StrJoin(it->second, ", "), "] in the served model"));
   }
   return absl::OkStatus();
 }

@@ -69,20 +69,19 @@ absl::StatusOr<UpdateGroups::Claim> WeightUpdateController::CheckAndClaim(
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
     const std::string& model_path, const UpdatePolicy& policy) {
   RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
-  return lifecycle_.Run(
-      "update_weights_from_disk", policy,
-      [&](model::ModelRunner& runner) {
-        return Annotate(runner.LoadWeightsFromDisk(model_path), model_path);
-      },
-      {});
+  return lifecycle_.Run("update_weights_from_disk", policy,
+                        [&](model::ModelRunner& runner) {
+                          return Annotate(runner.LoadWeightsFromDisk(model_path), model_path);
+                        },
+                        {});
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
     std::vector<NamedTensor> tensors, const UpdatePolicy& policy) {
   if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
-  return lifecycle_.Run(
-      "update_weights_from_tensor", policy,
-      [&](model::ModelRunner& runner) { return ApplyStaged(runner, tensors); }, {});
+  return lifecycle_.Run("update_weights_from_tensor", policy,
+                        [&](model::ModelRunner& runner) { return ApplyStaged(runner, tensors); },
+                        {});
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::InitWeightsUpdateGroup(const GroupRequest& r) {
@@ -198,13 +197,13 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdate(
                     "was applied; prepare again)");
   }
   bool applying = false;
-  absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
-      "complete_weights_update", policy,
-      [&](model::ModelRunner& runner) {
-        applying = true;
-        return ApplyStaged(runner, prepared.tensors());
-      },
-      {.self_pause = true});
+  absl::StatusOr<AdminOutcome> out =
+      lifecycle_.Run("complete_weights_update", policy,
+                     [&](model::ModelRunner& runner) {
+                       applying = true;
+                       return ApplyStaged(runner, prepared.tensors());
+                     },
+                     {.self_pause = true});
   if (out.ok()) return out;
   if (applying) {
     return WithNote(out.status(),
@@ -222,14 +221,13 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveWeights(const std::s
                                                                     const UpdatePolicy& policy) {
   ASSIGN_OR_RETURN(const UpdateGroups::Claim claim,
                    CheckAndClaim(group_name, buckets, ClaimFor::kReceive));
-  return lifecycle_.Run(
-      "receive_weights", policy,
-      [&](model::ModelRunner& runner) {
-        std::vector<NamedTensor> staged;
-        RETURN_IF_ERROR(ReceiveBuckets(claim.receiver(), buckets, &staged));
-        return ApplyStaged(runner, staged);
-      },
-      {.self_pause = true});
+  return lifecycle_.Run("receive_weights", policy,
+                        [&](model::ModelRunner& runner) {
+                          std::vector<NamedTensor> staged;
+                          RETURN_IF_ERROR(ReceiveBuckets(claim.receiver(), buckets, &staged));
+                          return ApplyStaged(runner, staged);
+                        },
+                        {.self_pause = true});
 }
 
 absl::StatusOr<std::vector<model::TensorInfo>> WeightUpdateController::ListWeights() {

@@ -35,8 +35,8 @@ class WeightUpdateController final : public WeightUpdates {
     int cuda_device = 0;                 // nccl groups use it
     // The owner of the asleep state (model/sleepable_runner.h); null: never asleep.
     const model::SleepableRunner* sleep = nullptr;
-    std::function<void()> updating_changed;          // updating() may have changed; may be empty
-    std::function<void(double)> record_duration;     // an update's seconds; may be empty
+    std::function<void()> updating_changed;       // updating() may have changed; may be empty
+    std::function<void(double)> record_duration;  // an update's seconds; may be empty
     // Joins a group (InitWeightsUpdateGroup); empty: weight_sync::ConnectReceiver. Tests pass
     // fakes.
     std::function<absl::StatusOr<std::unique_ptr<weight_sync::WeightReceiver>>(
@@ -76,8 +76,7 @@ class WeightUpdateController final : public WeightUpdates {
                                                     WeightBuckets buckets) override;
   absl::StatusOr<AdminOutcome> CompleteWeightsUpdate(const std::string& group_name,
                                                      const UpdatePolicy& policy) override;
-  absl::StatusOr<AdminOutcome> ReceiveWeights(const std::string& group_name,
-                                              WeightBuckets buckets,
+  absl::StatusOr<AdminOutcome> ReceiveWeights(const std::string& group_name, WeightBuckets buckets,
                                               const UpdatePolicy& policy) override;
   absl::StatusOr<AdminOutcome> InitWeightsUpdateGroup(const GroupRequest& request) override;
   absl::StatusOr<AdminOutcome> DestroyWeightsUpdateGroup(const std::string& group_name) override;

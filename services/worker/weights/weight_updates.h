@@ -106,8 +106,7 @@ class WeightUpdates {
 
   // ---- weight-update groups ----
   virtual absl::StatusOr<AdminOutcome> InitWeightsUpdateGroup(const GroupRequest& request) = 0;
-  virtual absl::StatusOr<AdminOutcome> DestroyWeightsUpdateGroup(
-      const std::string& group_name) = 0;
+  virtual absl::StatusOr<AdminOutcome> DestroyWeightsUpdateGroup(const std::string& group_name) = 0;
 
   // The served weights' names, dtypes and shapes (FAILED_PRECONDITION while asleep).
   virtual absl::StatusOr<std::vector<model::TensorInfo>> ListWeights() = 0;

@@ -32,8 +32,8 @@ std::string RankDigest(const std::map<std::string, std::string>& tensor_digests)
 absl::StatusOr<std::map<std::string, std::string>> WeightsChecker::Digests(
     const model::ModelRunner& runner) {
   std::map<std::string, std::string> out;
-  RETURN_IF_ERROR(runner.VisitWeights(
-      [&](const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
+  RETURN_IF_ERROR(
+      runner.VisitWeights([&](const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
         out[info.name] = TensorDigest(info, bytes);
       }));
   return out;

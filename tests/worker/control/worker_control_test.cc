@@ -3,16 +3,15 @@
 // runner; the one owner of the asleep state (the sleepable runner) as the control plane, the
 // data-plane admission check, the weight-update unit and the worker info all see it; the
 // serving state derived from asleep and the update in progress.
-#include "services/worker/control/worker_controller.h"
-
 #include <future>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "common/model_io/model_config.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/model_io/model_config.h"
+#include "services/worker/control/worker_controller.h"
 #include "services/worker/model/cpu_model_runner.h"
 #include "services/worker/model/sleepable_runner.h"
 #include "services/worker/weights/weight_update_controller.h"
@@ -130,7 +129,9 @@ class WorkerControlTest : public ::testing::Test {
     request.sampling.max_new_tokens = max_new_tokens;
     request.sampling.ignore_eos = true;
     engine::RequestCallbacks callbacks;
-    callbacks.on_finish = [finished](engine::GenerateResult r) { finished->set_value(std::move(r)); };
+    callbacks.on_finish = [finished](engine::GenerateResult r) {
+      finished->set_value(std::move(r));
+    };
     ASSERT_TRUE(engine_->Submit(request, std::move(callbacks)).ok());
   }
 

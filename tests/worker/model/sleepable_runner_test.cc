@@ -77,7 +77,7 @@ class SleepableRunnerTest : public ::testing::Test {
 
   // The first F32 weight and a copy of it with every value doubled.
   static std::pair<TensorInfo, std::vector<uint8_t>> Doubled(const SleepableRunner& runner,
-                                                              const Weights& served) {
+                                                             const Weights& served) {
     for (const TensorInfo& t : runner.ListWeights()) {
       if (t.dtype != "F32") continue;
       std::vector<uint8_t> bytes = served.at(t.name);
@@ -112,7 +112,7 @@ TEST_F(SleepableRunnerTest, ReleaseFreesTheBackendAndResumeRestoresIt) {
   EXPECT_EQ(runner->ListWeights().size(), infos.size());
   EXPECT_EQ(runner->num_kv_slots(), slots);
   EXPECT_EQ(runner->config().vocab_size, 512);
-  EXPECT_TRUE(runner->Release().ok());  // idempotent
+  EXPECT_TRUE(runner->Release().ok());                              // idempotent
   EXPECT_FALSE(std::filesystem::exists(spill_.path() + "/spill"));  // nothing changed: no spill
 
   ASSERT_TRUE(runner->Resume().ok());

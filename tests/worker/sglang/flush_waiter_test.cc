@@ -69,12 +69,15 @@ class FlushWaiterTest : public ::testing::Test {
                                             max_waiting, absl::Milliseconds(1));
   }
   void TearDown() override {
+    if (!release_.HasBeenNotified()) release_.Notify();
     if (waiter_) waiter_->Shutdown();
     executor_.reset();  // runs or finishes the pump
     waiter_.reset();
   }
 
   ScriptedFlush flush_;
+  // Holds an executor thread until TearDown; outlives the executor's tasks (TearDown joins).
+  absl::Notification release_;
   std::unique_ptr<BoundedExecutor> executor_;
   std::unique_ptr<FlushWaiter> waiter_;
 };
@@ -133,8 +136,7 @@ TEST_F(FlushWaiterTest, TooManyWaitingCallersAreRefused) {
 // The pump runs on the shared executor: when that is full, the flush is refused at once.
 TEST_F(FlushWaiterTest, AFullExecutorRefusesTheFlush) {
   Make(/*threads=*/1, /*queued=*/1, 8);
-  absl::Notification release;
-  ASSERT_TRUE(executor_->Submit([&release] { release.WaitForNotification(); }));
+  ASSERT_TRUE(executor_->Submit([this] { release_.WaitForNotification(); }));
   // The executor's one thread takes it; then one more task fills the queue.
   while (executor_->queued() > 0) absl::SleepFor(absl::Milliseconds(1));
   ASSERT_TRUE(executor_->Submit([] {}));
@@ -144,7 +146,6 @@ TEST_F(FlushWaiterTest, AFullExecutorRefusesTheFlush) {
   EXPECT_EQ(a.status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(a.status.message(), HasSubstr("admin executor is full"));
   EXPECT_EQ(flush_.attempts(), 0);
-  release.Notify();
 }
 
 TEST_F(FlushWaiterTest, ShutdownAnswersWhoeverWaitsAndRefusesNewCallers) {

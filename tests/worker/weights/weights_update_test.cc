@@ -168,7 +168,8 @@ TEST_F(WeightsUpdateTest, FromTensorAppliesAtomically) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(s.error_message().find("incomplete"), std::string::npos);
   // Two chunks of one tensor: applied.
-  ASSERT_TRUE(send({chunk(name, {64, 172}, half, half), chunk(name, {64, 172}, 0, half)}, &resp).ok());
+  ASSERT_TRUE(
+      send({chunk(name, {64, 172}, half, half), chunk(name, {64, 172}, 0, half)}, &resp).ok());
   EXPECT_EQ(resp.weight_version(), 1);
   const auto cmp = Check(rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE);
   EXPECT_EQ(std::vector<std::string>(cmp.changed().begin(), cmp.changed().end()),
@@ -196,7 +197,8 @@ TEST_F(WeightsUpdateTest, CheckerSnapshotResetCompare) {
   ASSERT_TRUE(UpdateFromDisk(Stories(), &a).ok());
   EXPECT_TRUE(Check(rl::v1::WEIGHTS_CHECKER_ACTION_COMPARE).changed().empty());
   req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_UNSPECIFIED);
-  EXPECT_EQ(Call(&Stub::WeightsChecker, req, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Call(&Stub::WeightsChecker, req, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 }  // namespace
