@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "common/status.h"
 #include "common/tokenizer/stream_decoder.h"
+#include "common/tokenizer/vocab_coverage.h"
 #include "services/worker/admin_service.h"
 #include "services/worker/model/cpu_model_runner.h"
 #include "services/worker/model/cuda_runner.h"
@@ -116,6 +117,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
 
   if (std::filesystem::exists(config.model_path + "/tokenizer.json")) {
     ASSIGN_OR_RETURN(s->tokenizer_, tokenizer::Tokenizer::FromDir(config.model_path));
+    RETURN_IF_ERROR(tokenizer::CheckModelVocabulary(*s->tokenizer_, s->model_config_.vocab_size,
+                                                    config.model_path));
   } else {
     spdlog::warn("{} has no tokenizer.json: text prompts and stop strings are refused",
                  config.model_path);
