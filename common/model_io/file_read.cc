@@ -125,8 +125,7 @@ absl::Status ReadRange(int fd, const std::string& path, uint8_t* data, size_t si
 
 }  // namespace
 
-absl::StatusOr<OwnedFileReader> OwnedFileReader::Open(const std::string& path,
-                                                      int64_t max_bytes) {
+absl::StatusOr<OwnedFileReader> OwnedFileReader::Open(const std::string& path, int64_t max_bytes) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
@@ -176,8 +175,8 @@ OwnedFileReader::~OwnedFileReader() {
 absl::Status OwnedFileReader::ReadPrefix(size_t end) {
   end = std::min(end, size());
   if (end <= done_) return absl::OkStatus();
-  RETURN_IF_ERROR(ReadRange(fd_, file_->path_, file_->data_, size(), done_, end,
-                            size_t{1} << 30, nullptr));
+  RETURN_IF_ERROR(
+      ReadRange(fd_, file_->path_, file_->data_, size(), done_, end, size_t{1} << 30, nullptr));
   done_ = end;
   return absl::OkStatus();
 }
@@ -196,9 +195,8 @@ absl::StatusOr<std::shared_ptr<OwnedFile>> OwnedFileReader::ReadRest(const Piece
   // Thread ranges, like pieces, start at multiples of kCheckPieceBytes (file offsets), so a
   // piece boundary never splits an element of a tensor aligned to its element size.
   const size_t base = begin / kCheckPieceBytes * kCheckPieceBytes;
-  const size_t stride =
-      ((size - base + num_threads - 1) / num_threads + kCheckPieceBytes - 1) / kCheckPieceBytes *
-      kCheckPieceBytes;
+  const size_t stride = ((size - base + num_threads - 1) / num_threads + kCheckPieceBytes - 1) /
+                        kCheckPieceBytes * kCheckPieceBytes;
   std::vector<absl::Status> results(num_threads);
   auto read_range = [&](size_t t) {
     const size_t from = std::min(size, std::max(begin, base + t * stride));

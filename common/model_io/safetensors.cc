@@ -90,11 +90,12 @@ class NonFiniteScan {
         at[d] = rest % v.shape[d];
         rest /= v.shape[d];
       }
-      return Invalid(source, absl::StrCat(
-          "tensor '", v.name, "' (", DTypeName(v.dtype), " ", ShapeString(v.shape), ") holds ",
-          NonFiniteName(v.dtype, base_ + bad), " at element ", index, " (index ",
-          ShapeString(at), "): non-finite weights are refused (rl-worker "
-          "--allow-non-finite-weights loads them)"));
+      return Invalid(source, absl::StrCat("tensor '", v.name, "' (", DTypeName(v.dtype), " ",
+                                          ShapeString(v.shape), ") holds ",
+                                          NonFiniteName(v.dtype, base_ + bad), " at element ",
+                                          index, " (index ", ShapeString(at),
+                                          "): non-finite weights are refused (rl-worker "
+                                          "--allow-non-finite-weights loads them)"));
     }
     return absl::InternalError("non-finite scan: offset outside every tensor");
   }
@@ -118,7 +119,7 @@ class NonFiniteScan {
   }
 
   const uint8_t* base_;
-  std::vector<Range> aligned_;     // sorted by begin
+  std::vector<Range> aligned_;  // sorted by begin
   std::vector<Range> misaligned_;
   std::atomic<size_t> first_bad_{kNone};
 };

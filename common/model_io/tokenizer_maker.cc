@@ -91,9 +91,9 @@ std::vector<std::string> PreTokenize(const std::string& text) {
 absl::StatusOr<MadeTokenizer> MakeByteLevelBpeTokenizer(const TokenizerSpec& spec) {
   const int32_t num_regular = spec.vocab_size - static_cast<int32_t>(spec.special_tokens.size());
   if (num_regular < 256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokenizer maker: vocab_size ", spec.vocab_size, " cannot hold the 256 byte tokens and ",
-        spec.special_tokens.size(), " special tokens"));
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer maker: vocab_size ", spec.vocab_size,
+                                                   " cannot hold the 256 byte tokens and ",
+                                                   spec.special_tokens.size(), " special tokens"));
   }
   const std::vector<int> b2u = ByteToCodepoint();
   std::vector<std::string> byte_token(256);
@@ -148,8 +148,8 @@ absl::StatusOr<MadeTokenizer> MakeByteLevelBpeTokenizer(const TokenizerSpec& spe
 
   // The text ran out of pairs: extend deterministically, each token from the first merged one on
   // (new ones included, so the supply never ends) followed by a lowercase letter.
-  for (size_t base = vocab.size() > 256 ? 256 : 0;
-       static_cast<int32_t>(vocab.size()) < num_regular; ++base) {
+  for (size_t base = vocab.size() > 256 ? 256 : 0; static_cast<int32_t>(vocab.size()) < num_regular;
+       ++base) {
     for (char letter = 'a'; letter <= 'z' && static_cast<int32_t>(vocab.size()) < num_regular;
          ++letter) {
       const std::string& suffix = byte_token[static_cast<unsigned char>(letter)];

@@ -116,9 +116,9 @@ TEST(NonFiniteCheckpointTest, EveryFloatDTypeAndBothInfinities) {
   }
   // Finite data of every dtype opens; integer tensors are not checked.
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
-    EXPECT_TRUE(Open(WriteModel(absl::StrCat("ok", DTypeName(dtype)), dtype, {100},
-                                Values(dtype, 100, {})))
-                    .ok());
+    EXPECT_TRUE(
+        Open(WriteModel(absl::StrCat("ok", DTypeName(dtype)), dtype, {100}, Values(dtype, 100, {})))
+            .ok());
   }
   std::vector<uint8_t> ints(400, 0xff);  // 0xffffffff would be a NaN as F32
   EXPECT_TRUE(Open(WriteModel("i32", DType::kI32, {100}, ints)).ok());
@@ -152,8 +152,8 @@ TEST(NonFiniteCheckpointTest, MisalignedTensorsAndPieceBoundaries) {
   const int64_t n = static_cast<int64_t>(kCheckPieceBytes / 4) * 3;  // three pieces of F32
   const std::vector<uint8_t> bad = Values(DType::kF32, n, {{n - 1, -kInf}});
   const std::string header = absl::StrCat(
-      R"({"u":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)",
-      R"("t":{"dtype":"F32","shape":[)", n, R"(],"data_offsets":[3,)", 3 + 4 * n, "]}}");
+      R"({"u":{"dtype":"U8","shape":[3],"data_offsets":[0,3]},)", R"("t":{"dtype":"F32","shape":[)",
+      n, R"(],"data_offsets":[3,)", 3 + 4 * n, "]}}");
   std::vector<uint8_t> file(8);
   for (int i = 0; i < 8; ++i) file[i] = static_cast<uint8_t>(header.size() >> (8 * i));
   file.insert(file.end(), header.begin(), header.end());

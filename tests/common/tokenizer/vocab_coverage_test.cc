@@ -63,8 +63,12 @@ TEST(VocabCoverageTest, HolesAreListedAsRanges) {
   auto made = model_io::MakeByteLevelBpeTokenizer(spec);
   ASSERT_TRUE(made.ok());
   nlohmann::json j = nlohmann::json::parse(made->json);
-  j["added_tokens"].push_back({{"id", 305}, {"content", "<x>"}, {"single_word", false},
-                               {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+  j["added_tokens"].push_back({{"id", 305},
+                               {"content", "<x>"},
+                               {"single_word", false},
+                               {"lstrip", false},
+                               {"rstrip", false},
+                               {"normalized", false},
                                {"special", true}});
   auto tok = Tokenizer::FromJson(j.dump());
   ASSERT_TRUE(tok.ok()) << tok.status();
