@@ -11,12 +11,18 @@
 // pages are really in memory (what the first forward pass after such an update paid). That
 // path is unsafe (a rewritten checkpoint changes the served weights, a truncated one faults) and
 // is only a reference here.
+//
+// Also side by side, each round loads the checkpoint a second time without the non-finite
+// check (model_io::SetNonFiniteWeightsAllowed(true), the worker's --allow-non-finite-weights:
+// plain 1 GiB preads, no scan), in alternating order, and the end prints the medians of both, so
+// the cost of scanning for NaN / Inf while reading shows in one run.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -28,6 +34,7 @@
 #include "common/flags.h"
 #include "common/model_io/file_read.h"
 #include "common/model_io/model_maker.h"
+#include "common/model_io/safetensors.h"
 #include "services/worker/model/cpu_model_runner.h"
 
 namespace {
@@ -92,6 +99,12 @@ int64_t MmapAndReadEveryByte(const std::string& dir) {
   return static_cast<int64_t>(sum >> 1);
 }
 
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -138,7 +151,30 @@ int main(int argc, char** argv) {
   WarmPageCache(model_dir);
   std::cout << absl::StrFormat("checkpoint %s: %.2f GB of safetensors (page cache warm)\n",
                                model_dir, bytes / 1e9);
+  // Wall and CPU seconds of LoadWeightsFromDisk with the non-finite check on ([0]) / off ([1]).
+  std::vector<double> check_wall[2], check_cpu[2];
+  auto timed_load = [&](bool check) -> bool {
+    rl::model_io::SetNonFiniteWeightsAllowed(!check);
+    const double cpu0 = CpuSeconds();
+    const auto t0 = Clock::now();
+    const absl::Status s = (*runner)->LoadWeightsFromDisk(model_dir);
+    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+    rl::model_io::SetNonFiniteWeightsAllowed(false);
+    if (!s.ok()) {
+      std::cerr << s.message() << "\n";
+      return false;
+    }
+    check_wall[check ? 0 : 1].push_back(wall);
+    check_cpu[check ? 0 : 1].push_back(CpuSeconds() - cpu0);
+    return true;
+  };
   for (int r = 0; r < rounds; ++r) {
+    for (const bool check : {r % 2 == 0, r % 2 != 0}) {
+      if (!timed_load(check)) return 1;
+    }
+    std::cout << absl::StrFormat(
+        "round %d: non-finite check on %.3f s (%.3f CPU s), off %.3f s (%.3f CPU s)\n", r + 1,
+        check_wall[0].back(), check_cpu[0].back(), check_wall[1].back(), check_cpu[1].back());
     const int64_t faults0 = MinorFaults();
     const double cpu0 = CpuSeconds();
     const auto t0 = Clock::now();
@@ -178,5 +214,11 @@ int main(int argc, char** argv) {
         ref_s, ref_cpu, ref_sum * 2, swap_s / ref_s, cpu_s / ref_cpu, all_s / ref_s,
         all_cpu / ref_cpu);
   }
+  std::cout << absl::StrFormat(
+      "medians of %d rounds: non-finite check on %.3f s (%.3f CPU s, %.2f GB/s), off %.3f s "
+      "(%.3f CPU s, %.2f GB/s): on / off %.2fx wall, %.2fx CPU\n",
+      rounds, Median(check_wall[0]), Median(check_cpu[0]), bytes / 1e9 / Median(check_wall[0]),
+      Median(check_wall[1]), Median(check_cpu[1]), bytes / 1e9 / Median(check_wall[1]),
+      Median(check_wall[0]) / Median(check_wall[1]), Median(check_cpu[0]) / Median(check_cpu[1]));
   return 0;
 }

@@ -54,6 +54,13 @@ inline uint16_t F32ToBf16(float f) {
 float F16ToF32(uint16_t v);
 uint16_t F32ToF16(float f);
 
+// The index of the first NaN or ±Inf among `n` elements of `data` (F32, F16 or BF16; any
+// alignment), or -1 when all are finite (always -1 for other dtypes). Branch-free blocks the
+// compiler vectorises (an OR of exponent tests per block), so it runs at cache bandwidth.
+int64_t FindNonFinite(DType dtype, const void* data, int64_t n);
+// "NaN", "+Inf" or "-Inf" for a non-finite element of `dtype` at `data`.
+const char* NonFiniteName(DType dtype, const void* data);
+
 // Converts `n` elements of `src` (F32, F16 or BF16) to float32.
 void ConvertToF32(DType src_dtype, const void* src, int64_t n, float* dst);
 // Converts `n` float32 values to `dst_dtype` (F32, F16 or BF16).

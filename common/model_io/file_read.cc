@@ -95,28 +95,55 @@ uint8_t* MapFresh(size_t size) {
   return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
 }
 
+// Reads [begin, end) of `fd` into `data`, in preads that end at multiples of `chunk` (file
+// offsets), calling `visit` (when set) after each one.
+absl::Status ReadRange(int fd, const std::string& path, uint8_t* data, size_t size, size_t begin,
+                       size_t end, size_t chunk, const PieceVisitor& visit) {
+  size_t done = begin;
+  while (done < end) {
+    const size_t want = std::min(end - done, chunk - done % chunk);
+    size_t got_total = 0;
+    while (got_total < want) {
+      const ssize_t got = ::pread(fd, data + done + got_total, want - got_total,
+                                  static_cast<off_t>(done + got_total));
+      if (got < 0) {
+        if (errno == EINTR) continue;
+        return absl::InternalError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+      }
+      if (got == 0) {
+        return absl::DataLossError(absl::StrCat(path, " shrank while being read (",
+                                                done + got_total, " of ", size,
+                                                " bytes): truncated or being rewritten"));
+      }
+      got_total += static_cast<size_t>(got);
+    }
+    if (visit) visit(done, absl::Span<const uint8_t>(data + done, want));
+    done += want;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<OwnedFile>> OwnedFile::Read(const std::string& path,
-                                                           int64_t max_bytes) {
+absl::StatusOr<OwnedFileReader> OwnedFileReader::Open(const std::string& path, int64_t max_bytes) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   }
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { ::close(fd); }
-  } closer{fd};
   struct stat st;
   if (::fstat(fd, &st) != 0) {
-    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(errno)));
+    const int err = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(err)));
   }
   if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
     return absl::InvalidArgumentError(
         absl::StrCat(path, " is ", FileKind(st.st_mode), ", not a regular file"));
   }
   if (st.st_size < 0 || st.st_size > max_bytes) {
+    ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat(path, " is ", st.st_size,
                                                    " bytes, more than the limit of ", max_bytes));
   }
@@ -128,45 +155,69 @@ absl::StatusOr<std::shared_ptr<OwnedFile>> OwnedFile::Read(const std::string& pa
     capacity = size;
     data = MapFresh(size);
     if (data == nullptr) {
+      ::close(fd);
       return absl::ResourceExhaustedError(
           absl::StrCat("cannot allocate ", size, " bytes to read ", path));
     }
   }
-  std::shared_ptr<OwnedFile> file(new OwnedFile(path, data, size, capacity));
+  return OwnedFileReader(fd, std::shared_ptr<OwnedFile>(new OwnedFile(path, data, size, capacity)));
+}
+
+OwnedFileReader::OwnedFileReader(OwnedFileReader&& other) noexcept
+    : fd_(other.fd_), file_(std::move(other.file_)), done_(other.done_) {
+  other.fd_ = -1;
+}
+
+OwnedFileReader::~OwnedFileReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+absl::Status OwnedFileReader::ReadPrefix(size_t end) {
+  end = std::min(end, size());
+  if (end <= done_) return absl::OkStatus();
+  RETURN_IF_ERROR(
+      ReadRange(fd_, file_->path_, file_->data_, size(), done_, end, size_t{1} << 30, nullptr));
+  done_ = end;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<OwnedFile>> OwnedFileReader::ReadRest(const PieceVisitor& visit) {
+  const size_t size = this->size();
+  const size_t begin = std::min(done_, size);
   // Large files are read by a few threads in parallel (page cache → memory is bound by the
-  // page-fault and copy rate of one core).
+  // page-fault and copy rate of one core). With a visitor, each thread reads piece by piece so
+  // that the visitor finds its piece in cache.
   constexpr size_t kPerThread = size_t{64} << 20;
-  const size_t num_threads = std::clamp<size_t>(size / kPerThread, 1,
-      std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
-  const size_t stride = (size + num_threads - 1) / num_threads;
+  const size_t rest = size - begin;
+  const size_t num_threads = std::clamp<size_t>(
+      rest / kPerThread, 1, std::clamp<size_t>(std::thread::hardware_concurrency(), 1, 8));
+  const size_t chunk = visit ? kCheckPieceBytes : size_t{1} << 30;
+  // Thread ranges, like pieces, start at multiples of kCheckPieceBytes (file offsets), so a
+  // piece boundary never splits an element of a tensor aligned to its element size.
+  const size_t base = begin / kCheckPieceBytes * kCheckPieceBytes;
+  const size_t stride = ((size - base + num_threads - 1) / num_threads + kCheckPieceBytes - 1) /
+                        kCheckPieceBytes * kCheckPieceBytes;
   std::vector<absl::Status> results(num_threads);
   auto read_range = [&](size_t t) {
-    size_t done = t * stride;
-    const size_t end = std::min(size, done + stride);
-    while (done < end) {
-      const size_t want = std::min<size_t>(end - done, size_t{1} << 30);
-      const ssize_t got = ::pread(fd, data + done, want, static_cast<off_t>(done));
-      if (got < 0) {
-        if (errno == EINTR) continue;
-        results[t] = absl::InternalError(
-            absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
-        return;
-      }
-      if (got == 0) {
-        results[t] = absl::DataLossError(absl::StrCat(
-            path, " shrank while being read (", done, " of ", size,
-            " bytes): truncated or being rewritten"));
-        return;
-      }
-      done += static_cast<size_t>(got);
-    }
+    const size_t from = std::min(size, std::max(begin, base + t * stride));
+    const size_t to = std::min(size, base + (t + 1) * stride);
+    results[t] = ReadRange(fd_, file_->path_, file_->data_, size, from, to, chunk, visit);
   };
   std::vector<std::thread> threads;
   for (size_t t = 1; t < num_threads; ++t) threads.emplace_back(read_range, t);
   read_range(0);
   for (std::thread& t : threads) t.join();
+  ::close(fd_);
+  fd_ = -1;
   for (const absl::Status& r : results) RETURN_IF_ERROR(r);
-  return file;
+  done_ = size;
+  return std::move(file_);
+}
+
+absl::StatusOr<std::shared_ptr<OwnedFile>> OwnedFile::Read(const std::string& path,
+                                                           int64_t max_bytes) {
+  ASSIGN_OR_RETURN(OwnedFileReader reader, OwnedFileReader::Open(path, max_bytes));
+  return reader.ReadRest(nullptr);
 }
 
 void ReserveSpareBuffers(absl::Span<const size_t> sizes) {

@@ -80,10 +80,31 @@ absl::StatusOr<DType> DTypeFromTorch(const std::string& name) {
       absl::StrCat("make-model: unknown dtype '", name, "' (float32, bfloat16, float16)"));
 }
 
-TokenizerSpec TokenizerSpecFor(Arch arch) {
+// Chat templates in Hugging Face's jinja form (tokenizer_config.json `chat_template`): ChatML as
+// Qwen's models use it (no default system message, like Qwen3 without its thinking parts), and
+// Llama-3's header format. The Llama template leaves BOS out because the made tokenizer's
+// post-processor prepends it when the text is encoded with special tokens.
+constexpr const char kChatMlTemplate[] =
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}";
+constexpr const char kLlama3Template[] =
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + "
+    "message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}"
+    "{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}";
+
+// Special tokens by arch: the first three are (Llama) BOS, EOS, end of turn / (Qwen) end of
+// text, turn start, turn end; the rest are what the chat template needs.
+TokenizerSpec TokenizerSpecFor(Arch arch, int64_t vocab_size) {
   TokenizerSpec spec;
+  spec.vocab_size = static_cast<int32_t>(vocab_size);
   if (arch == Arch::kLlama) {
-    spec.special_tokens = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>"};
+    spec.special_tokens = {"<|begin_of_text|>", "<|end_of_text|>", "<|eot_id|>",
+                           "<|start_header_id|>", "<|end_header_id|>"};
     spec.bos_special_index = 0;
   } else {
     spec.special_tokens = {"<|endoftext|>", "<|im_start|>", "<|im_end|>"};
@@ -167,7 +188,8 @@ absl::StatusOr<ModelConfig> MakeModelConfig(const std::string& arch, const std::
   c.max_position_embeddings = s.max_pos;
   c.torch_dtype = dtype.empty() ? (size == "tiny" ? "float32" : "bfloat16") : dtype;
   RETURN_IF_ERROR(DTypeFromTorch(c.torch_dtype).status());
-  const MadeTokenizer tok = MakeByteLevelBpeTokenizer(TokenizerSpecFor(c.arch));
+  ASSIGN_OR_RETURN(const MadeTokenizer tok,
+                   MakeByteLevelBpeTokenizer(TokenizerSpecFor(c.arch, c.vocab_size)));
   if (c.arch == Arch::kLlama) {
     c.bos_token_id = tok.special_ids[0];
     c.eos_token_ids = {tok.special_ids[1]};
@@ -182,9 +204,10 @@ absl::Status MakeModel(const MakeModelOptions& options) {
   if (options.out_dir.empty()) return absl::InvalidArgumentError("make-model: empty out dir");
   ASSIGN_OR_RETURN(ModelConfig c, MakeModelConfig(options.arch, options.size, options.dtype));
   ASSIGN_OR_RETURN(DType dtype, DTypeFromTorch(c.torch_dtype));
-  const MadeTokenizer tok = MakeByteLevelBpeTokenizer(TokenizerSpecFor(c.arch));
-  if (tok.vocab_size() > c.vocab_size) {
-    return absl::InternalError("make-model: tokenizer larger than the model vocabulary");
+  const TokenizerSpec spec = TokenizerSpecFor(c.arch, c.vocab_size);
+  ASSIGN_OR_RETURN(const MadeTokenizer tok, MakeByteLevelBpeTokenizer(spec));
+  if (tok.vocab_size() != c.vocab_size) {
+    return absl::InternalError("make-model: the tokenizer does not cover the model vocabulary");
   }
 
   std::error_code ec;
@@ -290,10 +313,11 @@ absl::Status MakeModel(const MakeModelOptions& options) {
   }
   RETURN_IF_ERROR(WriteText(dir / "generation_config.json", gen.dump(2) + "\n"));
   RETURN_IF_ERROR(WriteText(dir / "tokenizer.json", tok.json));
-  const TokenizerSpec spec = TokenizerSpecFor(c.arch);
+  const bool llama = c.arch == Arch::kLlama;
   nlohmann::json tok_config = {{"tokenizer_class", "PreTrainedTokenizerFast"},
                                {"model_max_length", c.max_position_embeddings},
-                               {"eos_token", spec.special_tokens[c.arch == Arch::kLlama ? 1 : 0]}};
+                               {"eos_token", spec.special_tokens[llama ? 1 : 0]},
+                               {"chat_template", llama ? kLlama3Template : kChatMlTemplate}};
   if (spec.bos_special_index >= 0) {
     tok_config["bos_token"] = spec.special_tokens[spec.bos_special_index];
   }

@@ -5,12 +5,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -33,7 +35,105 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
   return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
 }
 
+std::atomic<bool> non_finite_allowed{false};
+thread_local int scoped_non_finite_allowed = 0;
+
+// Finds the first non-finite element of a file's float tensors while its pieces are read (see
+// the header). Visit() runs on the reading threads; the earliest bad byte offset wins, so the
+// answer does not depend on which thread got there first.
+class NonFiniteScan {
+ public:
+  NonFiniteScan(const std::vector<TensorView>& views, const uint8_t* base) : base_(base) {
+    for (size_t i = 0; i < views.size(); ++i) {
+      const TensorView& v = views[i];
+      if (!IsFloatWeightDType(v.dtype) || v.data.empty()) continue;
+      const size_t begin = static_cast<size_t>(v.data.data() - base);
+      const size_t element = static_cast<size_t>(DTypeSize(v.dtype));
+      (begin % element == 0 ? aligned_ : misaligned_).push_back({begin, begin + v.data.size(), i});
+    }
+    std::sort(aligned_.begin(), aligned_.end(),
+              [](const Range& a, const Range& b) { return a.begin < b.begin; });
+  }
+
+  // Elements that lie wholly in the piece (aligned tensors: an element never straddles a piece
+  // boundary, which is a multiple of every element size).
+  void Visit(const std::vector<TensorView>& views, size_t offset, size_t size) {
+    const size_t end = offset + size;
+    if (offset >= first_bad_.load(std::memory_order_relaxed)) return;
+    auto it = std::upper_bound(aligned_.begin(), aligned_.end(), offset,
+                               [](size_t o, const Range& r) { return o < r.begin; });
+    if (it != aligned_.begin()) --it;
+    for (; it != aligned_.end() && it->begin < end; ++it) {
+      const size_t from = std::max(offset, it->begin);
+      const size_t to = std::min(end, it->end);
+      if (from >= to) continue;
+      Scan(views[it->view].dtype, from, to);
+    }
+  }
+
+  // Misaligned tensors, whole (their elements may straddle pieces).
+  void Finish(const std::vector<TensorView>& views) {
+    for (const Range& r : misaligned_) Scan(views[r.view].dtype, r.begin, r.end);
+  }
+
+  // InvalidArgument naming the first non-finite element, if any.
+  absl::Status Result(const std::vector<TensorView>& views, const std::string& source) const {
+    const size_t bad = first_bad_.load();
+    if (bad == kNone) return absl::OkStatus();
+    for (const TensorView& v : views) {
+      const size_t begin = static_cast<size_t>(v.data.data() - base_);
+      if (bad < begin || bad >= begin + v.data.size()) continue;
+      const int64_t index = static_cast<int64_t>(bad - begin) / DTypeSize(v.dtype);
+      std::vector<int64_t> at(v.shape.size());
+      int64_t rest = index;
+      for (size_t d = v.shape.size(); d-- > 0;) {
+        at[d] = rest % v.shape[d];
+        rest /= v.shape[d];
+      }
+      return Invalid(source, absl::StrCat("tensor '", v.name, "' (", DTypeName(v.dtype), " ",
+                                          ShapeString(v.shape), ") holds ",
+                                          NonFiniteName(v.dtype, base_ + bad), " at element ",
+                                          index, " (index ", ShapeString(at),
+                                          "): non-finite weights are refused (rl-worker "
+                                          "--allow-non-finite-weights loads them)"));
+    }
+    return absl::InternalError("non-finite scan: offset outside every tensor");
+  }
+
+ private:
+  static constexpr size_t kNone = ~size_t{0};
+  struct Range {
+    size_t begin, end, view;
+  };
+
+  // Scans bytes [from, to) of one tensor (element-aligned) and records the first bad offset.
+  void Scan(DType dtype, size_t from, size_t to) {
+    const size_t element = static_cast<size_t>(DTypeSize(dtype));
+    const int64_t found =
+        FindNonFinite(dtype, base_ + from, static_cast<int64_t>((to - from) / element));
+    if (found < 0) return;
+    const size_t at = from + static_cast<size_t>(found) * element;
+    size_t seen = first_bad_.load(std::memory_order_relaxed);
+    while (at < seen && !first_bad_.compare_exchange_weak(seen, at)) {
+    }
+  }
+
+  const uint8_t* base_;
+  std::vector<Range> aligned_;  // sorted by begin
+  std::vector<Range> misaligned_;
+  std::atomic<size_t> first_bad_{kNone};
+};
+
 }  // namespace
+
+void SetNonFiniteWeightsAllowed(bool allowed) { non_finite_allowed.store(allowed); }
+
+bool NonFiniteWeightsAllowed() {
+  return scoped_non_finite_allowed > 0 || non_finite_allowed.load();
+}
+
+ScopedNonFiniteWeightsAllowed::ScopedNonFiniteWeightsAllowed() { ++scoped_non_finite_allowed; }
+ScopedNonFiniteWeightsAllowed::~ScopedNonFiniteWeightsAllowed() { --scoped_non_finite_allowed; }
 
 int64_t TensorView::NumElements() const {
   int64_t n = 1;
@@ -190,8 +290,32 @@ std::vector<size_t> Checkpoint::file_sizes() const {
 }
 
 absl::Status Checkpoint::AddFile(const std::string& path, const std::vector<std::string>* only) {
-  ASSIGN_OR_RETURN(std::shared_ptr<OwnedFile> file, OwnedFile::Read(path, kMaxShardBytes));
-  ASSIGN_OR_RETURN(std::vector<TensorView> views, ParseSafetensors(file->bytes(), path));
+  // The header first (8-byte length, then the JSON), so the tensors' bytes can be checked for
+  // non-finite values as they are read. ParseSafetensors only reads the header's bytes (after
+  // checking the length), so it may run before the data region is read.
+  ASSIGN_OR_RETURN(OwnedFileReader reader, OwnedFileReader::Open(path, kMaxShardBytes));
+  RETURN_IF_ERROR(reader.ReadPrefix(8));
+  if (reader.size() >= 8) {
+    uint64_t header_len = 0;
+    for (int i = 7; i >= 0; --i) header_len = header_len << 8 | reader.bytes()[i];
+    if (header_len <= std::min<uint64_t>(reader.size() - 8, kMaxSafetensorsHeaderBytes)) {
+      RETURN_IF_ERROR(reader.ReadPrefix(8 + static_cast<size_t>(header_len)));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<TensorView> views, ParseSafetensors(reader.bytes(), path));
+  std::optional<NonFiniteScan> scan;
+  PieceVisitor visit;
+  if (!NonFiniteWeightsAllowed()) {
+    scan.emplace(views, reader.bytes().data());
+    visit = [&](size_t offset, absl::Span<const uint8_t> piece) {
+      scan->Visit(views, offset, piece.size());
+    };
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<OwnedFile> file, reader.ReadRest(visit));
+  if (scan) {
+    scan->Finish(views);
+    RETURN_IF_ERROR(scan->Result(views, path));
+  }
   std::set<std::string> wanted;
   if (only != nullptr) wanted.insert(only->begin(), only->end());
   for (TensorView& v : views) {

@@ -13,6 +13,12 @@
 // never a hang), the header is at most kMaxSafetensorsHeaderBytes and nests at most
 // kMaxJsonDepth levels.
 //
+// Non-finite weights: a checkpoint holding NaN or ±Inf in any F32 / F16 / BF16 tensor is refused
+// (InvalidArgument naming the file, the tensor, the value and its first element) unless allowed.
+// The scan runs on each piece of a file right after it was read into owned memory, while the
+// piece is in cache (file_read.h), so it adds no pass over memory; tensors whose offset is not a
+// multiple of their element size (never written so by the reference writer) are scanned after.
+//
 // Cost: opening reads every file once into memory the process owns (model_io/file_read.h), so
 // a checkpoint rewritten or truncated on disk after opening changes nothing and never faults.
 // A Checkpoint keeps its buffers alive for as long as it (or a copy) lives; spans into it stay
@@ -70,6 +76,22 @@ class Checkpoint {
 
   std::vector<std::shared_ptr<OwnedFile>> files_;
   std::map<std::string, TensorView> tensors_;
+};
+
+// Whether OpenCheckpoint / OpenSafetensorsFile accept non-finite weights. Process-wide, default
+// false (rl-worker --allow-non-finite-weights sets it); a ScopedNonFiniteWeightsAllowed on the
+// calling thread overrides it. Thread-safe.
+void SetNonFiniteWeightsAllowed(bool allowed);
+bool NonFiniteWeightsAllowed();
+
+// Accepts non-finite weights in the checkpoints this thread opens while it lives (a worker
+// re-reading weights it served and spilled itself). Nests.
+class ScopedNonFiniteWeightsAllowed {
+ public:
+  ScopedNonFiniteWeightsAllowed();
+  ~ScopedNonFiniteWeightsAllowed();
+  ScopedNonFiniteWeightsAllowed(const ScopedNonFiniteWeightsAllowed&) = delete;
+  ScopedNonFiniteWeightsAllowed& operator=(const ScopedNonFiniteWeightsAllowed&) = delete;
 };
 
 // Opens one .safetensors file.

@@ -5,6 +5,7 @@
 #include <set>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
 namespace rl::model_io {
@@ -87,7 +88,13 @@ std::vector<std::string> PreTokenize(const std::string& text) {
 
 }  // namespace
 
-MadeTokenizer MakeByteLevelBpeTokenizer(const TokenizerSpec& spec) {
+absl::StatusOr<MadeTokenizer> MakeByteLevelBpeTokenizer(const TokenizerSpec& spec) {
+  const int32_t num_regular = spec.vocab_size - static_cast<int32_t>(spec.special_tokens.size());
+  if (num_regular < 256) {
+    return absl::InvalidArgumentError(absl::StrCat("tokenizer maker: vocab_size ", spec.vocab_size,
+                                                   " cannot hold the 256 byte tokens and ",
+                                                   spec.special_tokens.size(), " special tokens"));
+  }
   const std::vector<int> b2u = ByteToCodepoint();
   std::vector<std::string> byte_token(256);
   for (int b = 0; b < 256; ++b) byte_token[b] = EncodeUtf8(b2u[b]);
@@ -106,7 +113,7 @@ MadeTokenizer MakeByteLevelBpeTokenizer(const TokenizerSpec& spec) {
     for (unsigned char c : w) pieces.push_back(byte_token[c]);
     words.emplace_back(std::move(pieces), count);
   }
-  while (static_cast<int32_t>(vocab.size()) < spec.max_regular_tokens) {
+  while (static_cast<int32_t>(vocab.size()) < num_regular) {
     std::map<std::pair<std::string, std::string>, int> pair_counts;
     for (const auto& [pieces, count] : words) {
       for (size_t i = 0; i + 1 < pieces.size(); ++i) pair_counts[{pieces[i], pieces[i + 1]}] += count;
@@ -136,6 +143,20 @@ MadeTokenizer MakeByteLevelBpeTokenizer(const TokenizerSpec& spec) {
         }
       }
       pieces = std::move(out);
+    }
+  }
+
+  // The text ran out of pairs: extend deterministically, each token from the first merged one on
+  // (new ones included, so the supply never ends) followed by a lowercase letter.
+  for (size_t base = vocab.size() > 256 ? 256 : 0; static_cast<int32_t>(vocab.size()) < num_regular;
+       ++base) {
+    for (char letter = 'a'; letter <= 'z' && static_cast<int32_t>(vocab.size()) < num_regular;
+         ++letter) {
+      const std::string& suffix = byte_token[static_cast<unsigned char>(letter)];
+      std::string merged = vocab[base] + suffix;
+      if (!known.insert(merged).second) continue;
+      merges.emplace_back(vocab[base], suffix);
+      vocab.push_back(std::move(merged));
     }
   }
 

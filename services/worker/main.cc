@@ -8,6 +8,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/model_io/file_read.h"
+#include "common/model_io/safetensors.h"
 #include "common/request_limits.h"
 #include "common/server_runner.h"
 #include "services/worker/worker_server.h"
@@ -58,6 +59,9 @@ int main(int argc, char** argv) {
              "mark the spare read buffers MADV_FREE, so the kernel can reclaim that second copy "
              "of the checkpoint under memory pressure; refilling them makes each "
              "UpdateWeightsFromDisk about 2x slower");
+  flags.Bool("allow-non-finite-weights", &config.allow_non_finite_weights,
+             "load checkpoints holding NaN or Inf weights (refused by default, at start-up and "
+             "on every UpdateWeightsFromDisk, naming the tensor and the first bad element)");
   flags.Bool("cpu-bf16-products", &config.cpu_bf16_products,
              "cpu: matmuls of bf16 weights round activations to bf16 and add bf16 products "
              "(AVX512-BF16 vdpbf16ps, like a bf16 trainer): faster prefill, NOT exact (see the "
@@ -82,6 +86,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   rl::model_io::SetSpareBuffersReclaimable(config.reclaimable_update_buffers);
+  rl::model_io::SetNonFiniteWeightsAllowed(config.allow_non_finite_weights);
   auto server = rl::worker::WorkerServer::Start(config);
   if (!server.ok()) {
     std::cerr << "rl-worker: " << server.status().message() << "\n";

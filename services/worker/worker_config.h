@@ -35,6 +35,7 @@ struct WorkerConfig {
   bool disable_cuda_graph = false;    // cuda: decode eagerly instead of replaying graphs
   bool no_update_buffers = false;     // no spare read buffers reserved at startup
   bool reclaimable_update_buffers = false;  // spare read buffers marked MADV_FREE
+  bool allow_non_finite_weights = false;    // load checkpoints holding NaN / Inf
   bool cpu_bf16_products = false;  // RunnerOptions::cpu_bf16_products (not exact; off)
   std::string kv_cache_dtype = "auto";  // auto | float32 | bfloat16 (cuda only)
   int num_threads = 0;           // 0: all cores

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "common/tokenizer/vocab_coverage.h"
 #include "services/worker/admin_service.h"
 #include "services/worker/engine/tokenizer_text_decoder.h"
 #include "services/worker/model/cpu_model_runner.h"
@@ -77,6 +78,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
 
   if (std::filesystem::exists(config.model_path + "/tokenizer.json")) {
     ASSIGN_OR_RETURN(s->tokenizer_, tokenizer::Tokenizer::FromDir(config.model_path));
+    RETURN_IF_ERROR(tokenizer::CheckModelVocabulary(*s->tokenizer_, s->model_config_.vocab_size,
+                                                    config.model_path));
   } else {
     spdlog::warn("{} has no tokenizer.json: text prompts and stop strings are refused",
                  config.model_path);

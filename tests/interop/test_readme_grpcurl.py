@@ -11,7 +11,7 @@ from rltest import GRPCURL, ROOT
 
 README_ROUTER = "127.0.0.1:50051"
 README_WORKER = "127.0.0.1:50061"
-README_CKPT = "/ckpt/step-100"
+README_CKPT = "build/step-100"
 
 
 def readme_grpcurl_commands():

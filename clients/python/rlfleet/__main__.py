@@ -1,7 +1,7 @@
 """rlfleet command line: prepare a prompt set, inspect or export collector output.
 
   python -m rlfleet prepare-prompts --data DATA.parquet|.jsonl --model DIR --out prompts.jsonl
-        [--messages-key prompt] [--index-key K] [--template-name NAME]
+        [--messages-key prompt] [--index-key K] [--template-name NAME] [--chat-template FILE]
   python -m rlfleet info DIR|FILE.safetensors
   python -m rlfleet export-parquet DIR|FILE.safetensors OUT.parquet
 """
@@ -21,6 +21,9 @@ def main(argv=None) -> int:
     pp.add_argument("--messages-key", default="prompt")
     pp.add_argument("--index-key")
     pp.add_argument("--template-name")
+    pp.add_argument("--chat-template", metavar="FILE",
+                    help="jinja chat template (as Hugging Face's chat_template) instead of the "
+                         "model's own")
     pi = sub.add_parser("info", help="summary of collector output")
     pi.add_argument("path")
     pe = sub.add_parser("export-parquet", help="collector output to Parquet")
@@ -31,7 +34,8 @@ def main(argv=None) -> int:
         if a.cmd == "prepare-prompts":
             from rlfleet.prompts import prepare_prompt_set
             n = prepare_prompt_set(a.data, a.model, a.out, a.messages_key, a.index_key,
-                                   template_name=a.template_name)
+                                   template_name=a.template_name,
+                                   chat_template_file=a.chat_template)
             print(json.dumps({"rows": n, "out": a.out}))
         elif a.cmd == "info":
             from rlfleet.trajectories import load_trajectories

@@ -3,9 +3,12 @@ conversation with the model's own chat template the way Hugging Face's apply_cha
 does (jinja2 sandbox, trim_blocks + lstrip_blocks, loopcontrols, `tojson`, `raise_exception`,
 `strftime_now`, special tokens from tokenizer_config.json).
 
-The template is `chat_template.jinja` in the model folder when present, else
-tokenizer_config.json's `chat_template` (a string, or a list of {name, template} where
-"default" is used unless `template_name` says otherwise).
+The template is a jinja file given explicitly (`chat_template_file`, the CLI's
+`--chat-template FILE`: for models that ship none, such as stories260K), else
+`chat_template.jinja` in the model folder when present, else tokenizer_config.json's
+`chat_template` (a string, or a list of {name, template} where "default" is used unless
+`template_name` says otherwise). The special tokens always come from the model folder's
+tokenizer_config.json (when it has one).
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ from pathlib import Path
 from typing import Iterable, Iterator, Optional, Union
 
 
-def load_chat_template(model_dir: Union[str, Path], template_name: Optional[str] = None):
-    """Returns (template source, special tokens dict) of a model folder."""
+def load_chat_template(model_dir: Union[str, Path], template_name: Optional[str] = None,
+                       chat_template_file: Optional[Union[str, Path]] = None):
+    """Returns (template source, special tokens dict) of a model folder; the source is
+    `chat_template_file`'s text when given."""
     model_dir = Path(model_dir)
     cfg_path = model_dir / "tokenizer_config.json"
     cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
@@ -28,6 +33,8 @@ def load_chat_template(model_dir: Union[str, Path], template_name: Optional[str]
             v = v.get("content")
         if isinstance(v, str):
             specials[key] = v
+    if chat_template_file is not None:
+        return Path(chat_template_file).read_text(encoding="utf-8"), specials
     jinja_file = model_dir / "chat_template.jinja"
     if jinja_file.exists() and template_name is None:
         return jinja_file.read_text(), specials
@@ -37,7 +44,8 @@ def load_chat_template(model_dir: Union[str, Path], template_name: Optional[str]
         tpl = by_name.get(template_name or "default")
     if not isinstance(tpl, str):
         raise ValueError(f"{model_dir}: no chat template (chat_template.jinja or "
-                         f"tokenizer_config.json chat_template{' ' + template_name if template_name else ''})")
+                         f"tokenizer_config.json chat_template{' ' + template_name if template_name else ''}); "
+                         "pass one with --chat-template FILE")
     return tpl, specials
 
 
@@ -64,8 +72,9 @@ class ChatTemplate:
         self._specials = dict(special_tokens or {})
 
     @staticmethod
-    def from_model(model_dir: Union[str, Path], template_name: Optional[str] = None):
-        return ChatTemplate(*load_chat_template(model_dir, template_name))
+    def from_model(model_dir: Union[str, Path], template_name: Optional[str] = None,
+                   chat_template_file: Optional[Union[str, Path]] = None):
+        return ChatTemplate(*load_chat_template(model_dir, template_name, chat_template_file))
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
         return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
@@ -92,12 +101,14 @@ def read_rows(path: Union[str, Path]) -> Iterator[dict]:
 def prepare_prompt_set(data: Union[str, Path, Iterable[dict]], model_dir: Union[str, Path],
                        out: Union[str, Path], messages_key: str = "prompt",
                        index_key: Optional[str] = None, add_generation_prompt: bool = True,
-                       template_name: Optional[str] = None) -> int:
+                       template_name: Optional[str] = None,
+                       chat_template_file: Optional[Union[str, Path]] = None) -> int:
     """Writes rl-collect's JSONL: {"index", "text": rendered messages, other columns as
     metadata}. `index` is the row's `index_key` column, else its position. Returns the number
     of rows. A row without `messages_key` (a list of {role, content}) is a ValueError naming it.
+    `chat_template_file` (a jinja file) replaces the model's own template.
     """
-    template = ChatTemplate.from_model(model_dir, template_name)
+    template = ChatTemplate.from_model(model_dir, template_name, chat_template_file)
     rows = read_rows(data) if isinstance(data, (str, Path)) else iter(data)
     count = 0
     seen = set()

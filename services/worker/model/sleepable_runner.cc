@@ -218,6 +218,7 @@ absl::Status SleepableRunner::Resume() {
     source_identity_ = std::move(staged_identity_);
     staged_path_.clear();
   } else if (spilled_) {
+    model_io::ScopedNonFiniteWeightsAllowed served_before;  // exactly what was served
     RETURN_IF_ERROR(Annotate(fresh->LoadWeightsFromDisk(spill_path_), "restoring spilled weights"));
   } else if (!loaded_from_.empty()) {
     RETURN_IF_ERROR(Annotate(fresh->LoadWeightsFromDisk(loaded_from_), "restoring weights"));
