@@ -50,7 +50,7 @@
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
 #include "services/router/request_table.h"
-#include "services/router/worker_pool.h"
+#include "services/router/pool/worker_pool.h"
 
 namespace rl::router {
 

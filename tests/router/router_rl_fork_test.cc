@@ -5,9 +5,9 @@
 
 #include "common/model_io/model_maker.h"
 #include "gtest/gtest.h"
-#include "services/worker/weight_sync/bucket_plan.h"
+#include "common/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
-#include "tests/router/router_test_util.h"
+#include "tests/testing/router_fleet.h"
 
 namespace rl::router {
 namespace {
