@@ -8,6 +8,7 @@
 #include "common/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "tests/testing/router_fleet.h"
+#include "tests/worker/worker_test_util.h"
 
 namespace rl::router {
 namespace {
