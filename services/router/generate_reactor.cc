@@ -228,8 +228,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     switch (step.kind) {
       case Generation::Step::Kind::kCall: {
         auto call = std::make_shared<WorkerCall>(this, step.worker, generation_->WorkerRequest(),
-                                                 authorization_,
-                                                 deps_->pool->fleet_version());
+                                                 authorization_, deps_->pool->fleet_version());
         bool gone;
         {
           absl::MutexLock lock(&mu_);

@@ -18,8 +18,8 @@
 #include "services/router/admin/admin_service.h"
 #include "services/router/cache/text_cache.h"
 #include "services/router/pool/fleet_weights.h"
-#include "services/router/router_service.h"
 #include "services/router/pool/worker_pool.h"
+#include "services/router/router_service.h"
 
 namespace rl::router {
 

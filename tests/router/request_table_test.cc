@@ -36,7 +36,6 @@ TEST(RequestTableTest, RegistersMarksAndForgets) {
   EXPECT_NE(RequestTable::NewId(), RequestTable::NewId());
 }
 
-
 TEST(RequestTableTest, BetweenAttemptsNoWorkerHoldsIt) {
   RequestTable table;
   RequestTable::Handle h = table.Add("r1");

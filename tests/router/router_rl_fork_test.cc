@@ -4,8 +4,8 @@
 #include <future>
 
 #include "common/model_io/model_maker.h"
-#include "gtest/gtest.h"
 #include "common/weight_sync/bucket_plan.h"
+#include "gtest/gtest.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "tests/testing/router_fleet.h"
 #include "tests/worker/worker_test_util.h"

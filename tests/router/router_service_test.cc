@@ -159,9 +159,9 @@ TEST_F(RouterServiceTest, GenerateRunsOnAWorkerAndItsTrajectoryIsRetrievedExactl
   EXPECT_EQ(r.matched_bytes(), static_cast<int64_t>(req.text().size()));
   EXPECT_EQ(std::vector<int32_t>(r.trajectory().tokens().begin(), r.trajectory().tokens().end()),
             std::vector<int32_t>(t.tokens().begin(), t.tokens().end()));
-  EXPECT_EQ(std::vector<int32_t>(r.trajectory().loss_mask().begin(),
-                                 r.trajectory().loss_mask().end()),
-            std::vector<int32_t>(t.loss_mask().begin(), t.loss_mask().end()));
+  EXPECT_EQ(
+      std::vector<int32_t>(r.trajectory().loss_mask().begin(), r.trajectory().loss_mask().end()),
+      std::vector<int32_t>(t.loss_mask().begin(), t.loss_mask().end()));
   EXPECT_EQ(r.trajectory().loss_mask(t.loss_mask_size() - 1), 1);  // generated
 
   // With tokenize_remainder: the prompt a Generate of a longer text would send, reusing the
@@ -188,9 +188,9 @@ TEST_F(RouterServiceTest, DataAndAdminCallsNeedTheirOwnKeys) {
   EXPECT_EQ(Retrieve(req, &r).error_code(), grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_TRUE(Retrieve(req, &r, "data-key").ok());
   // No key: UNAUTHENTICATED; the data-plane key: PERMISSION_DENIED for admin calls.
-  for (const auto& [key, code] : {std::pair<std::string, grpc::StatusCode>{
-                                      "", grpc::StatusCode::UNAUTHENTICATED},
-                                  {"data-key", grpc::StatusCode::PERMISSION_DENIED}}) {
+  for (const auto& [key, code] :
+       {std::pair<std::string, grpc::StatusCode>{"", grpc::StatusCode::UNAUTHENTICATED},
+        {"data-key", grpc::StatusCode::PERMISSION_DENIED}}) {
     grpc::ClientContext ctx;
     Key(&ctx, key);
     rl::v1::WorkerListResponse list;
@@ -249,8 +249,7 @@ TEST_F(RouterServiceTest, WorkerPoolCalls) {
     rl::v1::SetWorkerEnabledRequest req;
     req.set_address("127.0.0.1:1");
     grpc::ClientContext ctx;
-    EXPECT_EQ(stub_->SetWorkerEnabled(&ctx, req, &list).error_code(),
-              grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(stub_->SetWorkerEnabled(&ctx, req, &list).error_code(), grpc::StatusCode::NOT_FOUND);
   }
   {
     rl::v1::SetWorkerEnabledRequest req;

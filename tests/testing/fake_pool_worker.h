@@ -1,8 +1,8 @@
 // FakePoolWorker: an in-process stand-in for an rl-worker as the router's pool sees it, on
 // 127.0.0.1:0: gRPC health (SetServing), rl.v1.Worker.GetLoad with a weight version the test
 // sets (or UNAUTHENTICATED, as a worker with a data-plane key answers a caller without one, or
-// held until the test releases it), and Generate answered at once by FakeWorker. For pool, health-check and router-service tests that
-// need no model.
+// held until the test releases it), and Generate answered at once by FakeWorker. For pool,
+// health-check and router-service tests that need no model.
 #pragma once
 
 #include <atomic>

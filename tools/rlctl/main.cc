@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
   flags.String("ids", &o.ids, "comma-separated token ids");
   flags.String("request-id", &o.request_id, "abort: the request's id");
   flags.Bool("all", &o.all, "abort: every in-flight request (admin key)");
-  flags.Int("max-new-tokens", &o.max_new_tokens, "generate: tokens to generate (-1: server default)");
+  flags.Int("max-new-tokens", &o.max_new_tokens,
+            "generate: tokens to generate (-1: server default)");
   flags.Double("temperature", &o.temperature, "generate: temperature (-1: server default)");
   flags.Double("top-p", &o.top_p, "generate: nucleus mass (-1: server default)");
   flags.Int("top-k", &o.top_k, "generate: top-k (0 off)");
@@ -78,16 +79,20 @@ int main(int argc, char** argv) {
   flags.Bool("no-flush", &o.no_flush,
              "update-weights: send flush_cache=false (ignored: workers flush the prefix cache on "
              "every update, KV of the old weights is never reused)");
-  flags.Bool("distributed", &o.distributed, "update-weights: metadata for buckets broadcast by the trainer");
+  flags.Bool("distributed", &o.distributed,
+             "update-weights: metadata for buckets broadcast by the trainer");
   flags.String("group-name", &o.group_name, "weight update group name");
-  flags.String("bucket-json", &o.bucket_json, "update-weights --distributed: one bucket's JSON line");
+  flags.String("bucket-json", &o.bucket_json,
+               "update-weights --distributed: one bucket's JSON line");
   flags.String("master-address", &o.master_address, "init-group: the trainer's (rank 0) address");
   flags.Int("master-port", &o.master_port, "init-group: the trainer's port");
-  flags.Int("rank-offset", &o.rank_offset, "init-group: first worker rank (the router adds the worker index)");
+  flags.Int("rank-offset", &o.rank_offset,
+            "init-group: first worker rank (the router adds the worker index)");
   flags.Int("world-size", &o.world_size, "init-group: trainer + every worker rank");
   flags.String("backend", &o.group_backend, "init-group: tcp | nccl");
   flags.Int("group-timeout-ms", &o.group_timeout_ms, "init-group: give up after this long");
-  flags.String("action", &o.action, "weights-checker: snapshot | reset_tensors | compare | checksum");
+  flags.String("action", &o.action,
+               "weights-checker: snapshot | reset_tensors | compare | checksum");
   flags.String("tokenizer", &o.tokenizer, "tokenize / detokenize: folder with tokenizer.json");
   flags.Bool("no-special", &o.no_special, "tokenize: leave out BOS/EOS of the post-processor");
   flags.Bool("skip-special", &o.skip_special, "detokenize: drop special tokens");
@@ -106,7 +111,8 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--json" || arg == "--json=true" || arg == "--json=1") json = true;
   }
-  if (!positional.ok()) return rl::rlctl::UsageError(json, std::string(positional.status().message()));
+  if (!positional.ok())
+    return rl::rlctl::UsageError(json, std::string(positional.status().message()));
   if (positional->empty()) {
     if (!json) std::cerr << kCommands;
     return rl::rlctl::UsageError(json, "no command (see rlctl --help)");

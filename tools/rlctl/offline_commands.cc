@@ -46,9 +46,8 @@ absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
   const std::uintmax_t size = std::filesystem::file_size(path, ec);
   if (ec) return absl::NotFoundError(absl::StrCat("--file: ", path, ": ", ec.message()));
   if (size > kMaxFileBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("--file: ", path, " is ", size,
-                                                   " bytes, more than the limit of ",
-                                                   kMaxFileBytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--file: ", path, " is ", size, " bytes, more than the limit of ", kMaxFileBytes));
   }
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat("--file: cannot open ", path));

@@ -35,7 +35,9 @@ grpc::ServerUnaryReactor* AdminService::Forward(
     return broadcaster_.Broadcast(
         plan, c,
         [req, method](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
-                      Done done) { (w.admin_stub().async()->*method)(ctx, req, r, std::move(done)); },
+                      Done done) {
+          (w.admin_stub().async()->*method)(ctx, req, r, std::move(done));
+        },
         resp);
   });
 }
@@ -120,8 +122,7 @@ grpc::ServerUnaryReactor* AdminService::InitWeightsUpdateGroup(
                     .partial = Partial::kGroup};
     return broadcaster_.Broadcast(
         plan, c,
-        [req](Worker& w, size_t i, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
-              Done done) {
+        [req](Worker& w, size_t i, grpc::ClientContext* ctx, rl::v1::AdminResponse* r, Done done) {
           rl::v1::InitWeightsUpdateGroupRequest mine = *req;
           mine.set_rank_offset(req->rank_offset() + static_cast<int32_t>(i));
           CallOwning(w, &AsyncAdmin::InitWeightsUpdateGroup, std::move(mine), ctx, r,
@@ -189,23 +190,19 @@ grpc::ServerUnaryReactor* AdminService::ReceiveWeights(Ctx* c,
 grpc::ServerUnaryReactor* AdminService::ReleaseMemory(Ctx* c,
                                                       const rl::v1::ReleaseMemoryRequest* req,
                                                       rl::v1::AdminResponse* resp) {
-  return Forward(c, req, resp,
-                 {.what = "ReleaseMemory", .deadline = Deadline::kLoad, .hold = true},
+  return Forward(c, req, resp, {.what = "ReleaseMemory", .deadline = Deadline::kLoad, .hold = true},
                  &AsyncAdmin::ReleaseMemory);
 }
 
-grpc::ServerUnaryReactor* AdminService::ResumeMemory(Ctx* c,
-                                                     const rl::v1::ResumeMemoryRequest* req,
+grpc::ServerUnaryReactor* AdminService::ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest* req,
                                                      rl::v1::AdminResponse* resp) {
-  return Forward(c, req, resp,
-                 {.what = "ResumeMemory", .deadline = Deadline::kLoad, .probe = true},
+  return Forward(c, req, resp, {.what = "ResumeMemory", .deadline = Deadline::kLoad, .probe = true},
                  &AsyncAdmin::ResumeMemory);
 }
 
 // ---- read-only calls: gathered from every live worker, no lock ----
 
-grpc::ServerUnaryReactor* AdminService::GetModelInfo(Ctx* c,
-                                                     const rl::v1::GetModelInfoRequest* req,
+grpc::ServerUnaryReactor* AdminService::GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest* req,
                                                      rl::v1::GetModelInfoResponse* resp) {
   return Run(c, [this, c, req, resp]() -> absl::Status {
     const auto replies = broadcaster_.Gather(c, *req, &AsyncAdmin::GetModelInfo);

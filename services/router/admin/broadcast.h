@@ -49,8 +49,8 @@ using AsyncMethod = void (AsyncAdmin::*)(grpc::ClientContext*, const Req*, Resp*
 using Done = std::function<void(grpc::Status)>;
 // Starts one asynchronous call: (worker, its index among the targets sorted by address,
 // context, response, done). The request must live until `done`.
-using WorkerCall = std::function<void(Worker&, size_t, grpc::ClientContext*,
-                                      rl::v1::AdminResponse*, Done)>;
+using WorkerCall =
+    std::function<void(Worker&, size_t, grpc::ClientContext*, rl::v1::AdminResponse*, Done)>;
 
 enum class Deadline { kControl, kLoad };
 // Which failures may leave a worker's weights partial (it then stays out of routing).
@@ -120,8 +120,7 @@ class Broadcaster {
   // Calls `method` on every live worker at once and waits for all (read-only calls: no admin
   // lock, control deadline).
   template <typename Req, typename Resp>
-  std::vector<Reply<Resp>> Gather(Ctx* caller, const Req& req,
-                                  AsyncMethod<Req, Resp> method) const;
+  std::vector<Reply<Resp>> Gather(Ctx* caller, const Req& req, AsyncMethod<Req, Resp> method) const;
   // Starts one call with the plan's deadline, registered on the worker; `finished` runs once the
   // outcome is in `c->result` (a missed deadline marks the worker dead, UNAVAILABLE counts as a
   // failed call). `plan`, `c` and `w` must outlive it.

@@ -22,8 +22,7 @@ void PauseRetract(Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResp
   CallOwning(w, &AsyncAdmin::PauseGeneration, std::move(req), ctx, out, std::move(done));
 }
 
-void Continue(Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* out,
-              Done done) {
+void Continue(Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* out, Done done) {
   CallOwning(w, &AsyncAdmin::ContinueGeneration, rl::v1::ContinueGenerationRequest(), ctx, out,
              std::move(done));
 }
@@ -62,9 +61,7 @@ void CatchUp::Loop() {
     std::shared_ptr<Worker> w;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !queue_.empty();
-      };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
       w = std::move(queue_.front());

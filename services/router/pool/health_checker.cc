@@ -42,13 +42,11 @@ void HealthChecker::ProbeAsync(const std::shared_ptr<Worker>& w, std::function<v
   call->health_stub = grpc::health::v1::Health::NewStub(w->channel());
   call->hctx.set_deadline(deadline);
   call->lctx.set_deadline(deadline);
-  auto finish = [this, w, call, done = std::move(done)](const grpc::Status& s,
-                                                        bool version_known) {
+  auto finish = [this, w, call, done = std::move(done)](const grpc::Status& s, bool version_known) {
     HealthReport report;
     report.reachable = s.ok();
     if (!s.ok()) report.error = s.error_message();
-    report.serving =
-        call->health.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+    report.serving = call->health.status() == grpc::health::v1::HealthCheckResponse::SERVING;
     if (s.ok() && version_known) report.weight_version = call->load.weight_version();
     sink_(w, report);
     done();

@@ -99,10 +99,9 @@ absl::Status WorkerPool::Add(const std::string& address) {
     absl::MutexLock lock(&mu_);
     if (FindLocked(address) != nullptr) return absl::OkStatus();
     w = std::make_shared<Worker>(address);
-    auto at = std::lower_bound(entries_.begin(), entries_.end(), address,
-                               [](const Entry& e, const std::string& a) {
-                                 return e.worker->address() < a;
-                               });
+    auto at = std::lower_bound(
+        entries_.begin(), entries_.end(), address,
+        [](const Entry& e, const std::string& a) { return e.worker->address() < a; });
     entries_.insert(at, Entry{w, WorkerState()});
   }
   spdlog::info("worker {} added", address);
@@ -233,8 +232,8 @@ Lease WorkerPool::Pick(const PickRequest& request) {
   absl::InlinedVector<Entry*, 16> entries;
   for (Entry& e : entries_) {
     if (!EligibleLocked(e, request)) continue;
-    candidates.push_back({e.worker.get(), &e.worker->address(), e.worker->in_flight(),
-                          e.state.weight_version()});
+    candidates.push_back(
+        {e.worker.get(), &e.worker->address(), e.worker->in_flight(), e.state.weight_version()});
     entries.push_back(&e);
   }
   while (!candidates.empty()) {
@@ -268,8 +267,7 @@ void WorkerPool::DisablePartial(Worker* w, const std::string& reason) {
   Entry* e = FindLocked(w);
   if (e == nullptr) return;
   e->state.DisablePartial(absl::StrCat("weights may be partial: ", reason,
-                                       " (resync it, or rlctl workers enable ", w->address(),
-                                       ")"));
+                                       " (resync it, or rlctl workers enable ", w->address(), ")"));
   spdlog::warn("worker {} left out of routing: {}", w->address(), e->state.disabled_reason());
 }
 

@@ -80,7 +80,7 @@ class WorkerPool final : public WorkerSource {
   // Live workers (enabled or not, behind or not): the targets of admin broadcasts.
   std::vector<std::shared_ptr<Worker>> LiveWorkers() const;
   std::shared_ptr<Worker> Find(const std::string& address) const;  // null when unknown
-  bool IsEnabled(const std::string& address) const;                 // false when unknown
+  bool IsEnabled(const std::string& address) const;                // false when unknown
   // A copy of a worker's state (tests, diagnostics); nullopt when unknown.
   std::optional<WorkerState> StateOf(const std::string& address) const;
 

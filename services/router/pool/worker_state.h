@@ -96,8 +96,8 @@ class WorkerState {
   // version when the fleet has one recorded (`fleet_version` >= 0: an older one is then caught
   // up or listed stale, never routed), else only the newest live version (`newest_live` -1:
   // none live). kRevived then (the caller reopens its calls; a rejoin is pending).
-  Change OnHealthCheck(const HealthReport& report, const HealthThresholds& t,
-                       int64_t fleet_version, int64_t newest_live);
+  Change OnHealthCheck(const HealthReport& report, const HealthThresholds& t, int64_t fleet_version,
+                       int64_t newest_live);
 
   // ---- catch-up hand-off ----
   // True (and marks it syncing, the rejoin consumed) when it should go to the catch-up handler

@@ -66,8 +66,8 @@ TEST(HealthCheckerTest, ReportsServingAndVersion) {
   fake.SetVersion(7);
   auto w = std::make_shared<Worker>(fake.address());
   Reports reports;
-  HealthChecker checker(Manual(), [w] { return std::vector<std::shared_ptr<Worker>>{w}; },
-                        reports.sink());
+  HealthChecker checker(
+      Manual(), [w] { return std::vector<std::shared_ptr<Worker>>{w}; }, reports.sink());
   checker.Probe(w);
   HealthReport r = reports.last(fake.address());
   EXPECT_TRUE(r.reachable) << r.error;
@@ -94,8 +94,8 @@ TEST(HealthCheckerTest, KeyGuardedGetLoadIsReachableWithoutAVersion) {
   fake.service().require_key = true;
   auto w = std::make_shared<Worker>(fake.address());
   Reports reports;
-  HealthChecker checker(Manual(), [w] { return std::vector<std::shared_ptr<Worker>>{w}; },
-                        reports.sink());
+  HealthChecker checker(
+      Manual(), [w] { return std::vector<std::shared_ptr<Worker>>{w}; }, reports.sink());
   checker.Probe(w);
   const HealthReport r = reports.last(fake.address());
   EXPECT_TRUE(r.reachable) << r.error;
@@ -112,9 +112,12 @@ TEST(HealthCheckerTest, ClosedPortAndBlackHoleAreUnreachable) {
   auto closed = std::make_shared<Worker>(stopped.address());
   auto hung = std::make_shared<Worker>(hole.address());
   Reports reports;
-  HealthChecker checker(Manual(std::chrono::milliseconds(300)),
-                        [=] { return std::vector<std::shared_ptr<Worker>>{closed, hung}; },
-                        reports.sink());
+  HealthChecker checker(
+      Manual(std::chrono::milliseconds(300)),
+      [=] {
+        return std::vector<std::shared_ptr<Worker>>{closed, hung};
+      },
+      reports.sink());
   checker.CheckAll();
   for (const std::string& address : {stopped.address(), hole.address()}) {
     const HealthReport r = reports.last(address);
@@ -134,13 +137,13 @@ TEST(HealthCheckerTest, RoundsRunEveryIntervalAndOnWake) {
     Reports reports;
     HealthCheckOptions o;
     o.interval = std::chrono::milliseconds(20);
-    HealthChecker checker(o, [w] { return std::vector<std::shared_ptr<Worker>>{w}; },
-                          reports.sink());
+    HealthChecker checker(
+        o, [w] { return std::vector<std::shared_ptr<Worker>>{w}; }, reports.sink());
     EXPECT_TRUE(reports.WaitCount(fake.address(), 3));
   }
   Reports reports;
-  HealthChecker checker(Manual(), [w] { return std::vector<std::shared_ptr<Worker>>{w}; },
-                        reports.sink());
+  HealthChecker checker(
+      Manual(), [w] { return std::vector<std::shared_ptr<Worker>>{w}; }, reports.sink());
   EXPECT_EQ(reports.count(fake.address()), 0);  // an hour to the first round
   checker.Wake();
   EXPECT_TRUE(reports.WaitCount(fake.address(), 1));
