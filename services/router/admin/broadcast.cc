@@ -158,21 +158,38 @@ void Broadcaster::RecordFleetWeights(const Plan& plan, int64_t version) {
   }
 }
 
+absl::StatusOr<std::vector<std::shared_ptr<Worker>>> Broadcaster::Targets(
+    const Plan& plan) const {
+  if (plan.only.empty()) return pool_->LiveWorkers();
+  std::vector<std::shared_ptr<Worker>> targets;
+  for (const std::string& address : plan.only) {
+    std::shared_ptr<Worker> w = pool_->Find(address);
+    if (w == nullptr) {
+      return absl::NotFoundError(absl::StrCat("workers: no worker '", address, "'"));
+    }
+    targets.push_back(std::move(w));
+  }
+  return targets;
+}
+
 absl::Status Broadcaster::Broadcast(const Plan& plan, Ctx* caller, const WorkerCall& call,
                                     rl::v1::AdminResponse* resp) {
-  std::vector<std::shared_ptr<Worker>> targets;
-  if (plan.only.empty()) {
-    targets = pool_->LiveWorkers();
-  } else {
-    for (const std::string& address : plan.only) {
-      std::shared_ptr<Worker> w = pool_->Find(address);
-      if (w == nullptr) {
-        return absl::NotFoundError(absl::StrCat("workers: no worker '", address, "'"));
-      }
-      targets.push_back(std::move(w));
-    }
-  }
+  ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<Worker>> targets, Targets(plan));
   RETURN_IF_ERROR(lock_.Acquire(plan.what));
+  absl::Status s = BroadcastTo(plan, caller, call, targets, resp);
+  lock_.Release();
+  return s;
+}
+
+absl::Status Broadcaster::BroadcastLocked(const Plan& plan, Ctx* caller, const WorkerCall& call,
+                                          rl::v1::AdminResponse* resp) {
+  ASSIGN_OR_RETURN(const std::vector<std::shared_ptr<Worker>> targets, Targets(plan));
+  return BroadcastTo(plan, caller, call, targets, resp);
+}
+
+absl::Status Broadcaster::BroadcastTo(const Plan& plan, Ctx* caller, const WorkerCall& call,
+                                      const std::vector<std::shared_ptr<Worker>>& targets,
+                                      rl::v1::AdminResponse* resp) {
   if (plan.hold) {
     pool_->BeginHold();
     for (const auto& w : targets) pool_->Hold(w.get());
@@ -214,7 +231,6 @@ absl::Status Broadcaster::Broadcast(const Plan& plan, Ctx* caller, const WorkerC
     absl::MutexLock lock(&paused_mu_);
     fleet_paused_ = *plan.sets_paused;
   }
-  lock_.Release();
   resp->set_success(all_ok);
   resp->set_ready(all_ready);
   resp->set_weight_version(version);

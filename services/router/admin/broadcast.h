@@ -18,6 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/client_context.h"
@@ -117,6 +118,10 @@ class Broadcaster {
   // NotFound for an unknown worker in plan.only; UNAVAILABLE for a held lock or no target.
   absl::Status Broadcast(const Plan& plan, Ctx* caller, const WorkerCall& call,
                          rl::v1::AdminResponse* resp);
+  // Broadcast for a caller that holds the admin lock already (lock()), so that several
+  // broadcasts can run as one admin operation.
+  absl::Status BroadcastLocked(const Plan& plan, Ctx* caller, const WorkerCall& call,
+                               rl::v1::AdminResponse* resp);
   // Calls `method` on every live worker at once and waits for all (read-only calls: no admin
   // lock, control deadline).
   template <typename Req, typename Resp>
@@ -143,6 +148,12 @@ class Broadcaster {
   // the plan wants one).
   void Settle(const Plan& plan, const std::shared_ptr<Worker>& w, Result* r,
               std::function<void()> settled);
+  // The live workers, or the ones plan.only names (NotFound for an unknown one).
+  absl::StatusOr<std::vector<std::shared_ptr<Worker>>> Targets(const Plan& plan) const;
+  // The broadcast itself, the admin lock held.
+  absl::Status BroadcastTo(const Plan& plan, Ctx* caller, const WorkerCall& call,
+                           const std::vector<std::shared_ptr<Worker>>& targets,
+                           rl::v1::AdminResponse* resp);
   // Records what a successful weight update installed (fleet-wide, or a resync's folder).
   void RecordFleetWeights(const Plan& plan, int64_t version);
 

@@ -309,7 +309,11 @@ void WorkerPool::ReportFailure(Worker* w) {
 void WorkerPool::MarkDead(Worker* w, const std::string& reason) {
   absl::MutexLock lock(&mu_);
   Entry* e = FindLocked(w);
-  if (e == nullptr) return;
+  if (e == nullptr) {
+    // Removed from the pool while calls to it still run: a hang still ends them.
+    w->calls().CancelAll(reason);
+    return;
+  }
   const bool was_live = e->state.live();
   OnChange(e, e->state.MarkDead(reason, thresholds_));
   if (was_live) spdlog::warn("worker {} marked dead: {}", w->address(), reason);

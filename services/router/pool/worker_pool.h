@@ -104,8 +104,8 @@ class WorkerPool final : public WorkerSource {
   // A call to `w` failed with UNAVAILABLE: not routed until the next health check passes (it
   // may be restarting, at another weight version); dead after `failure_threshold` of them.
   void ReportFailure(Worker* w) override;
-  // `w` missed an admin deadline or hangs: dead now (its calls are cancelled); health checks
-  // bring it back once it answers again.
+  // `w` missed an admin deadline or hangs: dead now (its calls are cancelled, also when it was
+  // removed from the pool meanwhile); health checks bring it back once it answers again.
   void MarkDead(Worker* w, const std::string& reason);
   // `w` reported weight `version` (responses, admin results).
   void ReportVersion(Worker* w, int64_t version) override;

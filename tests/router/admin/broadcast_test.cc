@@ -7,6 +7,9 @@
 //   worker) does not delay FlushCache / PauseGeneration / ContinueGeneration broadcasts through
 //   a router with a single admin thread: each completes within a generous deadline (the
 //   forwarding holds no thread).
+// - one admin operation may hold the admin lock across several broadcasts (BroadcastLocked)
+//   while other callers wait and are refused UNAVAILABLE; an unknown resync target is NOT_FOUND
+//   before any wait; a broadcast records whether it leaves the fleet paused.
 // Every wait is bounded (deadlines on calls, at most 60 s per wait). No timed assertions.
 #include <atomic>
 #include <chrono>
@@ -20,6 +23,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "rl/v1/admin.grpc.pb.h"
+#include "services/router/admin/broadcast.h"
 #include "services/router/router_server.h"
 #include "tests/testing/fake_worker.h"
 #include "tests/testing/router_fleet.h"
@@ -193,6 +197,58 @@ TEST(BroadcastTest, AbortStormAgainstHungWorkerDoesNotDelayBroadcasts) {
   held->Cancel();
   EXPECT_TRUE(gen_done.WaitForNotificationWithTimeout(absl::Seconds(60)));
   (*router)->Shutdown();
+  node.server->Shutdown();
+}
+
+TEST(BroadcastTest, AnOperationHoldsTheLockAcrossBroadcastsAndRecordsThePauseState) {
+  FakeNode node(/*hold_flush=*/false);
+  ASSERT_NE(node.server, nullptr);
+  PoolOptions po;
+  po.health_interval = std::chrono::hours(1);
+  WorkerPool pool(po);
+  ASSERT_TRUE(pool.Add(node.server->address()).ok());
+  admin::BroadcastOptions bo;
+  bo.lock_timeout = std::chrono::milliseconds(50);
+  admin::Broadcaster b(&pool, bo);
+  const admin::WorkerCall flush = [](Worker& w, size_t, grpc::ClientContext* ctx,
+                                     rl::v1::AdminResponse* r, admin::Done done) {
+    admin::CallOwning(w, &admin::AsyncAdmin::FlushCache, rl::v1::FlushCacheRequest(), ctx, r,
+                      std::move(done));
+  };
+  const admin::Plan plan{.what = "FlushCache"};
+  rl::v1::AdminResponse resp;
+  ASSERT_TRUE(b.lock().Acquire("refit").ok());
+  const absl::Status busy = b.Broadcast(plan, nullptr, flush, &resp);
+  EXPECT_TRUE(absl::IsUnavailable(busy)) << busy;
+  EXPECT_NE(busy.message().find("admin lock"), std::string::npos) << busy;
+  for (int i = 0; i < 2; ++i) {  // the holder's broadcasts run
+    resp.Clear();
+    ASSERT_TRUE(b.BroadcastLocked(plan, nullptr, flush, &resp).ok());
+    EXPECT_TRUE(resp.success()) << resp.message();
+    ASSERT_EQ(resp.results_size(), 1);
+    EXPECT_EQ(resp.results(0).worker(), node.server->address());
+  }
+  // An unknown worker is refused at once, before any wait for the lock.
+  const admin::Plan resync{.what = "resync", .only = {"127.0.0.1:1"}};
+  EXPECT_TRUE(absl::IsNotFound(b.Broadcast(resync, nullptr, flush, &resp)));
+  b.lock().Release();
+  resp.Clear();
+  EXPECT_TRUE(b.Broadcast(plan, nullptr, flush, &resp).ok());
+  EXPECT_TRUE(resp.success()) << resp.message();
+
+  EXPECT_FALSE(b.fleet_paused());
+  const admin::WorkerCall pause = [](Worker& w, size_t, grpc::ClientContext* ctx,
+                                     rl::v1::AdminResponse* r, admin::Done done) {
+    admin::CallOwning(w, &admin::AsyncAdmin::PauseGeneration, rl::v1::PauseGenerationRequest(),
+                      ctx, r, std::move(done));
+  };
+  resp.Clear();
+  ASSERT_TRUE(
+      b.Broadcast({.what = "PauseGeneration", .hold = true, .sets_paused = true}, nullptr, pause,
+                  &resp)
+          .ok());
+  EXPECT_TRUE(b.fleet_paused());
+  EXPECT_TRUE(pool.Pick());  // the hold ended with the call
   node.server->Shutdown();
 }
 

@@ -88,10 +88,17 @@ TEST(WorkerPoolTest, RegistryChecksAddressesSortsAndForgets) {
   EXPECT_EQ(pool.Find(fakes[1]->address()), nullptr);
   EXPECT_FALSE(pool.StateOf(fakes[1]->address()).has_value());
   EXPECT_FALSE(pool.VersionMismatch());
-  // The handle outlives its removal; reports about it change nothing.
+  // The handle outlives its removal; reports about it change nothing, but a hang still cancels
+  // the calls it runs.
+  grpc::ClientContext still_running;
+  CallGuard guard(&gone->calls(), &still_running);
   pool.ReportFailure(gone.get());
   pool.Hold(gone.get());
   pool.ReportVersion(gone.get(), 9);
+  EXPECT_EQ(pool.List().size(), 2u);
+  EXPECT_FALSE(guard.cancelled_by_pool());
+  pool.MarkDead(gone.get(), "hung after removal");
+  EXPECT_TRUE(guard.cancelled_by_pool());
   EXPECT_EQ(pool.List().size(), 2u);
 
   // An address nobody answers on is added, and listed dead with the reason.
