@@ -158,8 +158,7 @@ void Broadcaster::RecordFleetWeights(const Plan& plan, int64_t version) {
   }
 }
 
-absl::StatusOr<std::vector<std::shared_ptr<Worker>>> Broadcaster::Targets(
-    const Plan& plan) const {
+absl::StatusOr<std::vector<std::shared_ptr<Worker>>> Broadcaster::Targets(const Plan& plan) const {
   if (plan.only.empty()) return pool_->LiveWorkers();
   std::vector<std::shared_ptr<Worker>> targets;
   for (const std::string& address : plan.only) {

@@ -11,6 +11,8 @@
 //   while other callers wait and are refused UNAVAILABLE; an unknown resync target is NOT_FOUND
 //   before any wait; a broadcast records whether it leaves the fleet paused.
 // Every wait is bounded (deadlines on calls, at most 60 s per wait). No timed assertions.
+#include "services/router/admin/broadcast.h"
+
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -23,7 +25,6 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "rl/v1/admin.grpc.pb.h"
-#include "services/router/admin/broadcast.h"
 #include "services/router/router_server.h"
 #include "tests/testing/fake_worker.h"
 #include "tests/testing/router_fleet.h"
@@ -239,14 +240,13 @@ TEST(BroadcastTest, AnOperationHoldsTheLockAcrossBroadcastsAndRecordsThePauseSta
   EXPECT_FALSE(b.fleet_paused());
   const admin::WorkerCall pause = [](Worker& w, size_t, grpc::ClientContext* ctx,
                                      rl::v1::AdminResponse* r, admin::Done done) {
-    admin::CallOwning(w, &admin::AsyncAdmin::PauseGeneration, rl::v1::PauseGenerationRequest(),
-                      ctx, r, std::move(done));
+    admin::CallOwning(w, &admin::AsyncAdmin::PauseGeneration, rl::v1::PauseGenerationRequest(), ctx,
+                      r, std::move(done));
   };
   resp.Clear();
-  ASSERT_TRUE(
-      b.Broadcast({.what = "PauseGeneration", .hold = true, .sets_paused = true}, nullptr, pause,
-                  &resp)
-          .ok());
+  ASSERT_TRUE(b.Broadcast({.what = "PauseGeneration", .hold = true, .sets_paused = true}, nullptr,
+                          pause, &resp)
+                  .ok());
   EXPECT_TRUE(b.fleet_paused());
   EXPECT_TRUE(pool.Pick());  // the hold ended with the call
   node.server->Shutdown();
