@@ -388,7 +388,7 @@ TEST_F(RouterTest, MarkingAWorkerDeadCancelsItsStreamsAndRetriesThem) {
   const std::string stuck = workers_[0]->address();
   const std::string good = workers_[1]->address();
   // The stuck worker holds requests (paused in place); the good one is out of routing for now.
-  ASSERT_TRUE(workers_[0]->Pause(rl::engine::PauseMode::kInPlace).ok());
+  ASSERT_TRUE(workers_[0]->control().Pause(rl::engine::PauseMode::kInPlace).ok());
   ASSERT_TRUE(pool.SetEnabled(good, false).ok());
   grpc::Status status;
   rl::v1::GenerateFinal f;
@@ -401,7 +401,7 @@ TEST_F(RouterTest, MarkingAWorkerDeadCancelsItsStreamsAndRetriesThem) {
   EXPECT_EQ(f.worker(), good);
   EXPECT_EQ(f.attempts(), 2);
   EXPECT_EQ(f.completion_tokens(), 4);
-  ASSERT_TRUE(workers_[0]->Continue().ok());
+  ASSERT_TRUE(workers_[0]->control().Continue().ok());
 }
 
 // The text cache learns of a fleet-wide weight update from the pool (the observer wired in
