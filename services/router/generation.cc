@@ -100,8 +100,15 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Create(
 }
 
 Lease Generation::PickWorker() {
-  Lease lease = env_->workers->Pick(tried_);
-  if (!lease) lease = env_->workers->Pick({});
+  PickRequest pick;
+  pick.exclude = &tried_;
+  if (prompt_.from_text) pick.text = request_.text();
+  pick.prompt_ids = prompt_.ids;
+  Lease lease = env_->workers->Pick(pick);
+  if (!lease) {
+    pick.exclude = nullptr;  // every worker was tried: any will do
+    lease = env_->workers->Pick(pick);
+  }
   return lease;
 }
 

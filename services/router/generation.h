@@ -1,31 +1,11 @@
 // Generation: the domain logic of one routed Router.Generate, apart from gRPC streams and
-// threads, so any driver (the router's callback reactor, a test) steps it the same way.
-//
-// Create() checks the request and resolves its prompt: a text prompt through
-// ResolveTextPrompt (cache/prompt_resolver.h: cached generated tokens and the turns they extend
-// reused exactly, the rest encoded as the full text would be, decode(tokens) == text checked),
-// then registers the request id in the RequestTable (Router.Abort finds it there).
-//
-// Attempts: the driver calls Next() and does what the Step says: kCall (call the leased worker
-// with WorkerRequest(), feed every response to OnMessage, then EndAttempt with the call's
-// status), kWait (call Next() again after `wait`: a retry backoff, or a poll while an admin
-// broadcast holds the pool) or kDone (the generation is over with `status`). A generation that
-// fails UNAVAILABLE, or that a worker aborts, before anything was sent to the client is retried
-// with exponential backoff on another live worker (any worker once all were tried), at most
-// `max_attempts` times; after the first forwarded message a failure is reported, never silently
-// replayed. Finding no routable worker while an admin broadcast holds the pool (pause, weight
-// update, group init) is not an attempt: the request waits for the broadcast to end, up to
-// `hold_wait`, so a weight sync loses no request (polling the pool every `hold_poll`, doubled
-// per poll up to 8x, so thousands of waiting requests cost little). When every attempt ended in a worker abort,
-// the last attempt's final message (finish reason abort, partial output, attempts) is returned,
-// not an error. A request aborted through Router.Abort is not retried.
-//
-// Messages: OnMessage decodes text deltas in the context of the prompt and, on a final message,
-// completes it (in-context text, worker, attempts, trajectory: prompt tokens mask 0, generated
-// tokens mask 1 with their logprobs and per-token weight versions) and inserts the trajectory
-// into the text cache under the response's weight version. Only a final of a text prompt
-// blocks (the cache insert): FinalBlocks() says so, so a driver can run it off its callback
-// thread.
+// threads, so any driver (the router's callback reactor, a test) steps it the same way. Create
+// resolves the prompt (through the text cache) and registers the request id; the driver then
+// calls Next() and does what the Step says (kCall a leased worker, kWait, kDone), feeding the
+// worker's messages to OnMessage. Failures before any output are retried on another worker with
+// backoff; a hold by an admin broadcast is waited out, not counted as an attempt; the final's
+// trajectory is inserted into the text cache. docs/routing.md ("Attempts and retries") has the
+// rules in full.
 //
 // Not thread-safe: one driver steps it, one call at a time (calls may come from different
 // threads when ordered by the driver). Cost per message: the stream decode of its tokens.
@@ -49,8 +29,8 @@
 #include "rl/v1/worker.pb.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/pool/worker_pool.h"
 #include "services/router/request_table.h"
-#include "services/router/worker_pool.h"
 
 namespace rl::router {
 

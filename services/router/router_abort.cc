@@ -10,6 +10,7 @@
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "grpcpp/alarm.h"
+#include "services/router/pool/worker_pool.h"
 #include "services/router/router_service.h"
 #include "spdlog/spdlog.h"
 

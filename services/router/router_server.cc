@@ -5,6 +5,24 @@
 #include "spdlog/spdlog.h"
 
 namespace rl::router {
+namespace {
+
+// The text cache learns of fleet version bumps from the pool: its GC threshold follows the
+// fleet's weight version.
+class CacheFollowsFleet final : public FleetObserver {
+ public:
+  explicit CacheFollowsFleet(TextCache* cache) : cache_(cache) {}
+  void OnFleetWeights(const FleetWeights& before, const FleetWeights& after) override {
+    if (after.version >= 0 && after.version != before.version) {
+      cache_->SetCurrentVersion(after.version);
+    }
+  }
+
+ private:
+  TextCache* const cache_;
+};
+
+}  // namespace
 
 absl::Status Validate(const RouterConfig& c) {
   const auto bad = [](const char* flag, const std::string& why) {
@@ -58,6 +76,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   pool_options.failure_threshold = config.health_failure_threshold;
   pool_options.success_threshold = config.health_success_threshold;
   s->pool_ = std::make_unique<WorkerPool>(pool_options);
+  s->cache_follows_fleet_ = std::make_unique<CacheFollowsFleet>(s->cache_.get());
+  s->pool_->AddObserver(s->cache_follows_fleet_.get());
   RETURN_IF_ERROR(s->pool_->AddAll(config.workers));
   s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
   s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
@@ -78,14 +98,14 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   s->router_service_ = std::make_unique<RouterService>(
       s->pool_.get(), s->cache_.get(), s->tokenizer_.get(), s->data_auth_.get(),
       s->admin_auth_.get(), &s->metrics_, service);
-  admin::FanoutOptions fanout;
-  fanout.lock_timeout = std::chrono::milliseconds(config.admin_lock_timeout_ms);
-  fanout.control_timeout = std::chrono::milliseconds(config.admin_call_timeout_ms);
-  fanout.load_timeout = std::chrono::milliseconds(config.admin_load_timeout_ms);
-  fanout.worker_admin_key = config.admin_api_key;
-  fanout.executor = s->admin_executor_.get();
-  s->admin_service_ = std::make_unique<admin::AdminFanout>(s->pool_.get(), s->cache_.get(),
-                                                           s->admin_auth_.get(), fanout);
+  admin::AdminOptions admin;
+  admin.broadcast.lock_timeout = std::chrono::milliseconds(config.admin_lock_timeout_ms);
+  admin.broadcast.control_timeout = std::chrono::milliseconds(config.admin_call_timeout_ms);
+  admin.broadcast.load_timeout = std::chrono::milliseconds(config.admin_load_timeout_ms);
+  admin.broadcast.worker_admin_key = config.admin_api_key;
+  admin.executor = s->admin_executor_.get();
+  s->admin_service_ =
+      std::make_unique<admin::AdminService>(s->pool_.get(), s->admin_auth_.get(), admin);
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;

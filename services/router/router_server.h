@@ -1,5 +1,7 @@
-// RouterServer: the rl-router process. Owns the worker pool, the text cache, the tokenizer,
-// the Router service, the Admin fan-out, health, reflection and the metrics endpoint.
+// RouterServer: the rl-router process and its composition root. Owns and wires the worker pool,
+// the text cache (which follows the pool's fleet version through an observer), the tokenizer,
+// the Router service, the Admin service, health, reflection and the metrics endpoint; it
+// decides nothing itself.
 #pragma once
 
 #include <memory>
@@ -13,10 +15,11 @@
 #include "common/request_limits.h"
 #include "common/server_runner.h"
 #include "common/tokenizer/tokenizer.h"
-#include "services/admin/admin_fanout.h"
+#include "services/router/admin/admin_service.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/pool/fleet_weights.h"
+#include "services/router/pool/worker_pool.h"
 #include "services/router/router_service.h"
-#include "services/router/worker_pool.h"
 
 namespace rl::router {
 
@@ -70,6 +73,8 @@ class RouterServer {
   RouterConfig config_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<TextCache> cache_;
+  // The cache's GC follows the fleet's weight version (declared before pool_: outlives it).
+  std::unique_ptr<FleetObserver> cache_follows_fleet_;
   std::unique_ptr<BoundedExecutor> blocking_;
   std::unique_ptr<BoundedExecutor> admin_executor_;
   std::unique_ptr<WorkerPool> pool_;
@@ -77,7 +82,7 @@ class RouterServer {
   std::unique_ptr<BearerAuth> admin_auth_;
   std::unique_ptr<BearerAuth> data_auth_;
   std::unique_ptr<RouterService> router_service_;
-  std::unique_ptr<admin::AdminFanout> admin_service_;
+  std::unique_ptr<admin::AdminService> admin_service_;
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   bool shut_down_ = false;

@@ -1,22 +1,19 @@
-// rl.v1.Router: the trainers' entry point. Generate runs a Generation (generation.h: prompt
-// resolution through the text cache, attempts and retries, the hold during admin broadcasts,
-// the trajectory insert) on the gRPC callback API at both ends: the client's stream is a
-// WriteQueueReactor, each worker call a ClientReadReactor, retry backoffs gRPC alarms, so no
-// thread waits on a stream. The blocking work left (tokenizing long prompts, cache inserts) runs
-// on a small fixed pool (`blocking`); AddWorker's check of the new worker runs on the bounded
-// admin executor. Router.Abort forwarding is asynchronous too (router_abort.cc).
+// RouterService: rl.v1.Router, the trainers' entry point. It wires what its calls share (the
+// generation environment, admission, the request table, the metric table) and translates the
+// unary RPCs: RetrieveFromText (the text cache, or the prompt a Generate would send), the
+// worker-pool calls (admin key), GetMetrics. Generate runs on its own reactor
+// (generate_reactor.h); Router.Abort forwarding is router_abort.cc. Both are asynchronous: no
+// thread waits on a stream or a forwarded abort.
 //
 // Admission (admission.h): at most --max-in-flight generations run, --max-queued more wait in
 // fair per-client queues (client: the `rl-client-id` header, else the peer), the rest are
-// refused RESOURCE_EXHAUSTED at once. Flow control: a client that does not read its stream has
-// at most --max-stream-buffer-bytes queued for it; beyond, its stream ends RESOURCE_EXHAUSTED
-// and the worker call is cancelled (the worker aborts the request). Thread-safe.
+// refused RESOURCE_EXHAUSTED at once. Blocking work (tokenizing long prompts and texts to
+// retrieve, cache inserts) runs on the small `blocking` pool, AddWorker's check of the new worker
+// on the bounded admin executor. Thread-safe.
 #pragma once
 
 #include <atomic>
-#include <chrono>
 #include <functional>
-#include <memory>
 #include <optional>
 #include <string>
 
@@ -29,15 +26,13 @@
 #include "services/router/admission.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/generate_reactor.h"
 #include "services/router/generation.h"
+#include "services/router/pool/worker_pool.h"
 #include "services/router/request_table.h"
-#include "services/router/worker_pool.h"
+#include "services/router/router_metrics.h"
 
 namespace rl::router {
-
-// The metadata header that names a client for fair admission (else its peer address).
-inline constexpr char kClientIdHeader[] = "rl-client-id";
-inline constexpr size_t kMaxClientIdBytes = 128;
 
 struct RouterServiceOptions {
   RetryOptions retry;
@@ -50,6 +45,7 @@ struct RouterServiceOptions {
 
 class RouterService final : public rl::v1::Router::CallbackService {
  public:
+  // Registers the router's metrics in `metrics`. Every pointer must outlive the service.
   RouterService(WorkerPool* pool, TextCache* cache, const tokenizer::Tokenizer* tokenizer,
                 const BearerAuth* data_auth, const BearerAuth* admin_auth, MetricsRegistry* metrics,
                 const RouterServiceOptions& options);
@@ -84,47 +80,30 @@ class RouterService final : public rl::v1::Router::CallbackService {
   void AbortRequests(const rl::v1::AbortRequest& request, std::optional<std::string> authorization,
                      std::function<void(absl::StatusOr<int32_t>)> done);
 
-  // Router + cache figures (also rendered into the Prometheus registry).
-  void FillMetrics(rl::v1::GetMetricsResponse* out) const;
-
-  // Shared with the Generate reactor.
-  const GenerationEnv* env() const { return &env_; }
+  // Blocks until no Generate stream is alive (after the server stopped taking calls).
+  void WaitForGenerations() { live_.WaitForNone(); }
   WorkerPool* pool() const { return pool_; }
-  const RouterServiceOptions& options() const { return options_; }
-  const BearerAuth* data_auth() const { return data_auth_; }
-  Admission* admission() { return &admission_; }
   RequestTable* requests() { return &requests_; }
-  // Generate streams alive (their reactors exist); WaitForGenerations blocks until none is
-  // (after the server stopped taking calls: each winds down within a retry backoff).
-  void EnterGeneration();
-  void LeaveGeneration();
-  void WaitForGenerations();
-  Counter* requests_total;
-  Counter* retries_total;
-  Counter* failures_total;
-  Counter* rejected_total;
-  Counter* overflows_total;
-  Gauge* in_flight;
 
  private:
   // RetrieveFromText with tokenize_remainder: the prompt a Generate of `text` would send.
   absl::Status ResolveForRetrieve(const std::string& text,
                                   rl::v1::RetrieveFromTextResponse* response);
 
-  WorkerPool* pool_;
-  TextCache* cache_;
-  const tokenizer::Tokenizer* tokenizer_;
-  const BearerAuth* data_auth_;
-  const BearerAuth* admin_auth_;
-  MetricsRegistry* metrics_;
+  WorkerPool* const pool_;
+  TextCache* const cache_;
+  const tokenizer::Tokenizer* const tokenizer_;
+  const BearerAuth* const data_auth_;
+  const BearerAuth* const admin_auth_;
   const RouterServiceOptions options_;
   const RequestLimits& limits_ = options_.limits;
   mutable SeamCounters seam_counters_;
   RequestTable requests_;
   Admission admission_;
+  RouterMetrics metrics_;
   GenerationEnv env_;
-  absl::Mutex live_mu_;
-  int live_generations_ ABSL_GUARDED_BY(live_mu_) = 0;
+  LiveGenerations live_;
+  GenerateContext generate_;
   // Router.Abort calls forwarding now (bounded by kMaxAbortsInFlight).
   std::atomic<int> aborts_in_flight_{0};
 };

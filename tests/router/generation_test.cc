@@ -22,10 +22,12 @@ class FakeWorkers final : public WorkerSource {
   explicit FakeWorkers(const std::vector<std::string>& addresses) {
     for (const std::string& a : addresses) workers_.push_back(std::make_shared<Worker>(a));
   }
-  Lease Pick(const std::set<std::string>& exclude) override {
+  Lease Pick(const PickRequest& request) override {
     if (!available) return Lease();
     for (const auto& w : workers_) {
-      if (exclude.count(w->address()) == 0) return Lease(w);
+      if (request.exclude == nullptr || request.exclude->count(w->address()) == 0) {
+        return Lease(w);
+      }
     }
     return Lease();
   }

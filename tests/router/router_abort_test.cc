@@ -20,7 +20,7 @@
 #include "services/router/request_table.h"
 #include "services/router/router_server.h"
 #include "tests/testing/fake_worker.h"
-#include "tests/router/router_test_util.h"
+#include "tests/testing/router_fleet.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router {
@@ -446,28 +446,6 @@ TEST(RouterAbortCapTest, SixtyFifthAbortInFlightIsRefusedAndSlotsComeBack) {
   }
   (*router)->Shutdown();
   (*worker)->Shutdown();
-}
-
-TEST(RequestTableTest, RegistersMarksAndForgets) {
-  RequestTable table;
-  {
-    RequestTable::Handle h = table.Add("a");
-    EXPECT_FALSE(h.aborted());
-    RequestTable::Handle dup = table.Add("a");  // already in flight: not registered
-    h.SetWorker("127.0.0.1:1");
-    auto w = table.MarkAborted("a");
-    ASSERT_TRUE(w.ok());
-    EXPECT_EQ(*w, "127.0.0.1:1");
-    EXPECT_TRUE(h.aborted());
-    EXPECT_FALSE(dup.aborted());
-    EXPECT_EQ(table.size(), 1u);
-  }
-  EXPECT_EQ(table.size(), 0u);
-  EXPECT_EQ(table.MarkAborted("a").status().code(), absl::StatusCode::kNotFound);
-  RequestTable::Handle x = table.Add("x"), y = table.Add("y");
-  EXPECT_EQ(table.MarkAllAborted(), 2);
-  EXPECT_TRUE(x.aborted() && y.aborted());
-  EXPECT_NE(RequestTable::NewId(), RequestTable::NewId());
 }
 
 }  // namespace

@@ -24,7 +24,7 @@
 #include "gtest/gtest.h"
 #include "services/router/router_server.h"
 #include "tests/testing/fake_worker.h"
-#include "tests/router/router_test_util.h"
+#include "tests/testing/router_fleet.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router {

@@ -4,10 +4,11 @@
 #include <future>
 
 #include "common/model_io/model_maker.h"
+#include "common/weight_sync/bucket_plan.h"
 #include "gtest/gtest.h"
-#include "services/worker/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
-#include "tests/router/router_test_util.h"
+#include "tests/testing/router_fleet.h"
+#include "tests/worker/worker_test_util.h"
 
 namespace rl::router {
 namespace {

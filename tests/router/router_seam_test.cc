@@ -15,7 +15,7 @@
 #include "rl/v1/worker.grpc.pb.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/router_server.h"
-#include "tests/router/router_test_util.h"
+#include "tests/testing/router_fleet.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router {

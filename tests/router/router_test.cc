@@ -1,6 +1,7 @@
 // rl-router over in-process rl-workers on loopback (stories260K): balancing, the text cache
-// with exact tokens / masks / logprobs, GC by weight version, retries around a dead worker,
-// the admin fan-out (broadcast, lock timeout, disable/restore) and auth.
+// with exact tokens / masks / logprobs, GC by weight version (the cache following the fleet's
+// version), retries around a dead worker (and the streams of a worker marked dead cancelled and
+// retried), the admin fan-out (broadcast, lock timeout, disable/restore) and auth.
 #include <atomic>
 #include <cmath>
 #include <set>
@@ -8,7 +9,7 @@
 
 #include "rl/v1/router.grpc.pb.h"
 #include "services/router/router_server.h"
-#include "tests/router/router_test_util.h"
+#include "tests/testing/router_fleet.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router {
@@ -17,64 +18,7 @@ namespace {
 using worker::testing::kGoldenIds;
 using worker::testing::Stories;
 
-class RouterTest : public ::testing::Test {
- protected:
-  void StartFleet(int num_workers, RouterConfig config = {}, worker::WorkerConfig wc = {}) {
-    for (int i = 0; i < num_workers; ++i) {
-      auto w = testing::StartTestWorker(wc);
-      ASSERT_TRUE(w.ok()) << w.status();
-      config.workers.push_back((*w)->address());
-      workers_.push_back(*std::move(w));
-    }
-    auto r = testing::StartTestRouter(config);
-    ASSERT_TRUE(r.ok()) << r.status();
-    router_ = *std::move(r);
-    auto channel = grpc::CreateChannel(router_->address(), grpc::InsecureChannelCredentials());
-    stub_ = rl::v1::Router::NewStub(channel);
-    admin_ = rl::v1::Admin::NewStub(channel);
-  }
-
-  void TearDown() override {
-    if (router_) router_->Shutdown();
-    for (auto& w : workers_) w->Shutdown();
-  }
-
-  grpc::Status Generate(const rl::v1::GenerateRequest& req, rl::v1::GenerateFinal* f,
-                        std::string* streamed_text = nullptr, const std::string& key = "") {
-    grpc::ClientContext ctx;
-    if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
-    auto reader = stub_->Generate(&ctx, req);
-    rl::v1::GenerateResponse msg;
-    while (reader->Read(&msg)) {
-      if (msg.has_chunk() && streamed_text) *streamed_text += msg.chunk().text();
-      if (msg.has_final()) *f = msg.final();
-    }
-    return reader->Finish();
-  }
-
-  static rl::v1::GenerateRequest TextRequest(const std::string& text, int max_new_tokens,
-                                             bool trajectory = true) {
-    rl::v1::GenerateRequest req;
-    req.set_text(text);
-    req.mutable_sampling_params()->set_temperature(0);
-    req.mutable_sampling_params()->set_max_new_tokens(max_new_tokens);
-    req.set_return_logprob(true);
-    req.set_return_trajectory(trajectory);
-    return req;
-  }
-
-  rl::v1::WorkerListResponse ListWorkers() {
-    rl::v1::WorkerListResponse resp;
-    grpc::ClientContext ctx;
-    EXPECT_TRUE(stub_->ListWorkers(&ctx, {}, &resp).ok());
-    return resp;
-  }
-
-  std::vector<std::unique_ptr<worker::WorkerServer>> workers_;
-  std::unique_ptr<RouterServer> router_;
-  std::unique_ptr<rl::v1::Router::Stub> stub_;
-  std::unique_ptr<rl::v1::Admin::Stub> admin_;
-};
+class RouterTest : public testing::RouterFleetTest {};
 
 TEST_F(RouterTest, GreedyThroughTheRouterMatchesTheGolden) {
   StartFleet(2);
@@ -434,6 +378,51 @@ TEST_F(RouterTest, AuthIsCheckedAndForwarded) {
   rl::v1::WorkerListResponse list;
   grpc::ClientContext ctx;
   EXPECT_EQ(stub_->ListWorkers(&ctx, {}, &list).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// A request waiting on a worker the pool marks dead is cancelled at once and retried on
+// another worker (nothing was streamed yet).
+TEST_F(RouterTest, MarkingAWorkerDeadCancelsItsStreamsAndRetriesThem) {
+  StartFleet(2);
+  WorkerPool& pool = router_->pool();
+  const std::string stuck = workers_[0]->address();
+  const std::string good = workers_[1]->address();
+  // The stuck worker holds requests (paused in place); the good one is out of routing for now.
+  ASSERT_TRUE(workers_[0]->control().Pause(rl::engine::PauseMode::kInPlace).ok());
+  ASSERT_TRUE(pool.SetEnabled(good, false).ok());
+  grpc::Status status;
+  rl::v1::GenerateFinal f;
+  std::thread client([&] { status = Generate(TextRequest("Once upon a time", 4), &f); });
+  ASSERT_TRUE(WaitFor([&] { return Status(stuck).in_flight() == 1; }));
+  ASSERT_TRUE(pool.SetEnabled(good, true).ok());
+  pool.MarkDead(pool.Find(stuck).get(), "test: hung");
+  client.join();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(f.worker(), good);
+  EXPECT_EQ(f.attempts(), 2);
+  EXPECT_EQ(f.completion_tokens(), 4);
+  ASSERT_TRUE(workers_[0]->control().Continue().ok());
+}
+
+// The text cache learns of a fleet-wide weight update from the pool (the observer wired in
+// RouterServer), before any response at the new version was inserted.
+TEST_F(RouterTest, CacheFollowsTheFleetVersion) {
+  StartFleet(2);
+  rl::v1::UpdateWeightsFromDiskRequest update;
+  update.set_model_path(Stories());
+  update.set_weight_version(7);
+  rl::v1::AdminResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->UpdateWeightsFromDisk(&ctx, update, &resp).ok());
+  }
+  ASSERT_TRUE(resp.success()) << resp.message();
+  EXPECT_EQ(router_->cache().GetStats().current_version, 7);
+  EXPECT_EQ(ListWorkers().fleet_weight_version(), 7);
+  rl::v1::GetMetricsResponse m;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(stub_->GetMetrics(&ctx, {}, &m).ok());
+  EXPECT_EQ(m.cache().current_weight_version(), 7);
 }
 
 }  // namespace

@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "rl/v1/admin.grpc.pb.h"
 #include "rl/v1/worker.grpc.pb.h"
-#include "services/worker/weight_sync/bucket_plan.h"
+#include "common/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "services/worker/worker_server.h"
 #include "tests/testing/test_data.h"

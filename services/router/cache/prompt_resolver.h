@@ -1,29 +1,11 @@
 // PromptResolver: turns a text request into the exact prompt tokens the model sees, reusing the
-// router's TextCache without ever changing the text.
+// router's TextCache without ever changing the text. Checked on every request: (a) the tokens
+// decode to the text byte for byte; (b) cached generated tokens, and the earlier turns they
+// extend, are reused exactly; (c) every other token equals the full text's encoding (the "seam"
+// rule: the rest is encoded from a pre-token boundary at or before the last cached generated
+// token). A request that cannot meet (a) is served with the whole-text encoding and counted.
+// docs/text-cache.md ("Prompt resolution") has the invariant and its one exception in full.
 //
-// Invariant for every resolved prompt (checked in code on every request):
-//   (a) Decode(tokens) == text, byte for byte (the tokenizer's template prefix such as BOS
-//       left out);
-//   (b) cached generated tokens (loss mask 1), and the cached tokens before them (prompt tokens
-//       of the earlier turns they extend), are reused exactly as cached (with their masks,
-//       logprobs and versions); where cached tokenizations of the text cut it differently, the
-//       path whose generated tokens reach furthest (TextCache MatchGoal::kMostGenerated);
-//   (c) every other token equals the full-text encoding of the text: the cached match is cut
-//       right after its last generated token (the "seam"; cached prompt tokens past it are
-//       dropped, whatever other requests left there), and the rest is encoded from a window
-//       that starts at a pre-token boundary at or before the seam (a space followed by a
-//       letter; for regex pre-tokenizers also a line start), without BOS, normalizer Prepend or
-//       dummy prefix at the window start. With no such boundary within kSeamWindowBytes the
-//       whole text is encoded.
-// Exception to (c): when the full-text encoding has no token boundary at the seam (a
-// generated token ended inside what the full text would encode as one token), the rest is
-// encoded as a continuation from the seam; counted in seam_continuations.
-// A request whose tokens cannot meet (a) (a lossy normalizer such as NFC, or text the
-// tokenizer cannot reproduce) is served with the plain whole-text encoding (Encode with
-// special tokens, no cache reuse) and counted in whole_text_fallbacks: never silently changed.
-//
-// So prompt tokenization never depends on what other requests left in the cache beyond the
-// generated tokens the text continues.
 // Thread safety: ResolveTextPrompt may run concurrently (the cache and tokenizer are thread
 // safe; counters are atomic). Cost: one cache Match, an encode of the new text plus at most
 // kSeamWindowBytes before the seam (or of the whole text when no window start exists), and a

@@ -1,78 +1,19 @@
 // TextCache: the router's prefix cache from trajectory text to the exact tokens the model saw.
+// A radix tree over the bytes of trajectory texts whose edges carry, per token, its id, loss
+// mask, rollout logprob, span end and weight version. Edges split only at token boundaries; a
+// query follows every cached path its text allows and gets the best prefix for its goal; a
+// conflicting insert never replaces generated tokens; retrieval returns a trajectory's own
+// versions; GC removes the oldest-version leaves once over the size limit. docs/text-cache.md
+// has the boundaries, matching, conflicts, versions, invariants and GC in full.
 //
-// A radix tree over the bytes of trajectory texts. Each edge carries a run of tokens with, per
-// token, its id, its loss mask (0 prompt, 1 generated), its rollout logprob (NaN = unknown) and
-// the byte offset where its span ends; each node carries a weight version.
-//
-// Boundaries. A trajectory is text plus, per token, the byte offset where the token's span ends
-// (non-decreasing, the last one equal to the text size). A token spans [end of the previous
-// token, its own end). Tokens that share bytes (Hugging Face offsets give every token inside one
-// multi-byte character that whole character) have equal ends; leading special tokens may end at
-// 0. A *boundary* is a byte offset b > 0 at which a token ends; the tokens of the prefix
-// text[0, b) are exactly the tokens with end <= b. Edges are split only at boundaries, so every
-// node sits on one.
-//
-// Match. Siblings' first token groups may be prefixes of one another ("the" and "there": two
-// tokenizations cut the same text differently), so a query may follow several cached paths.
-// Along each, the match extends while the cached text equals the query's, ending on a boundary:
-// when the query diverges from the cached text inside a token (or inside a group of tokens
-// ending at the same offset), it backs off to the previous boundary and the caller tokenizes
-// the rest. The result is, among those paths' prefixes, per MatchGoal:
-//   - kLongest (Retrieve): the one covering the most bytes, then the one whose last generated
-//     token ends furthest, then one ending where a trajectory ended;
-//   - kMostGenerated (prompt resolution): the one whose last generated token ends furthest,
-//     then one ending where a trajectory ended, then the one covering the most bytes; so a
-//     query extending a cached trajectory that ends in generated tokens gets that trajectory
-//     whole (or a path reusing generated tokens further);
-// the first found on a tie, longer first groups first. With `utf8_safe_match` the result then backs off until
-// the rest does not start with a UTF-8 continuation byte, so the rest of a valid UTF-8 query is
-// valid UTF-8. At most kMaxMatchNodes edges are examined per query (the best found so far is
-// returned past that).
-//
-// Conflicts. An insert follows the child whose first group is exactly its next token group and
-// shares its edge only while tokens, masks, logprobs (bitwise) and span ends agree group by
-// group (versions are not compared); where no child has that first group the rest becomes a
-// new child. A conflict is the same group text cached with other tokens, masks or logprobs:
-//   - when the cached subtree holds a generated token (loss mask 1), it stays: generated tokens,
-//     and the prompt tokens of the earlier turns they extend, are never replaced by another
-//     tokenization of the same text. The insert stops there: the new trajectory is cached up to
-//     the conflict only (Insert's `cached_tokens` says how far; counted in conflicts_kept). Its
-//     caller already has the tokens the model saw; a later request for its text reuses the
-//     cached trajectory's tokens instead.
-//   - otherwise (prompt tokens only) that subtree is removed and the new remainder takes its
-//     place (counted in conflicts_replaced).
-// So a trajectory that ends with generated tokens, once fully cached, stays exactly as
-// inserted until GC removes it.
-//
-// Versions. Every token has a weight version. Where an insert ends, the node keeps that
-// trajectory's versions for its whole path (run-length); a match returns, for the tokens up to
-// the deepest such node on its path, the versions of the trajectory that ended there (the
-// newest insert of exactly that text and tokens), and for tokens below it the versions of the
-// first insert that cached them. So retrieving a cached trajectory returns exactly the versions
-// it was inserted with, even where it shares tokens with trajectories of other versions.
-//
-// Invariants (checked by ValidateForTesting):
-//   - every root-to-node sequence of tokens, masks, logprobs and span ends is a prefix of one
-//     inserted trajectory (the cache never returns a mix the model did not see);
-//   - the first-token-group texts of a node's children are distinct (sorted as unsigned bytes);
-//   - a node's version is >= its children's (inserts raise the whole path to the max);
-//   - a non-root node is in the version-ordered leaf index iff it has no children.
-//
-// GC. After an insert leaves more than `max_cache_size` tokens, every node whose version is
-// <= current_version - gc_threshold_k is removed, oldest leaves first (a parent that becomes a
-// leaf joins the index), at O(log #versions) per removed node; no tree scan. The cache may stay
-// above the limit when everything is recent.
-//
-// Cost. Match: O(matched bytes + depth * log fan-out) per path followed (one, unless cached
-// tokenizations of the query's text cut it differently) plus the copy of the result. Insert:
-// O(bytes + depth * log fan-out) for the shared part, O(new tokens + bytes) for the new edge, O(edge) per split, and
-// O(removed) for conflicts and GC. Memory: 13 B per token (id 4, logprob 4, span end 4, mask 1)
-// and the text bytes in one allocation per edge, plus a ~135 B node per edge; per-token weight
-// versions are run-length encoded per edge (16 B per extra run, none for a uniform edge) and
-// per trajectory end (16 B per run of that trajectory's versions).
+// Cost: Match O(matched bytes + depth * log fan-out) per path followed; Insert O(bytes + depth
+// * log fan-out) plus O(new tokens) for the new edge; GC O(log #versions) per removed node.
+// Memory: 13 B per token plus the text bytes and a ~135 B node per edge.
 //
 // Thread safety: every method may be called concurrently. Insert and SetCurrentVersion hold the
-// writer lock; Match, Retrieve, GetStats and ValidateForTesting a shared reader lock.
+// writer lock; Match, Retrieve, GetStats and ValidateForTesting a shared reader lock. The
+// implementation is split by concern: text_cache.cc (inserts, structure, GC),
+// text_cache_match.cc (lookups), text_cache_validate.cc (the invariant walk).
 #pragma once
 
 #include <atomic>
@@ -177,8 +118,9 @@ class TextCache {
   // matched_bytes == text.size(). Counts a hit or miss like Match.
   CacheRetrieval Retrieve(std::string_view text) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Sets current_version (e.g. on a weight update announced before any response carries it);
-  // later inserts still raise it to their version. Runs GC when over the size limit.
+  // Sets current_version (the router calls it when the fleet's weight version changes, through
+  // the pool's FleetObserver, before any response carries the new version); later inserts still
+  // raise it to their version. Runs GC when over the size limit.
   void SetCurrentVersion(int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
 
   TextCacheStats GetStats() const ABSL_LOCKS_EXCLUDED(mu_);

@@ -16,7 +16,7 @@
 #include "common/logging.h"
 #include "common/model_io/safetensors.h"
 #include "nlohmann/json.hpp"
-#include "services/worker/weight_sync/bucket_plan.h"
+#include "common/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
 
 namespace {

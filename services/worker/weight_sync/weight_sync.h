@@ -33,22 +33,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/weight_sync/tensor_spec.h"  // TensorSpec, TensorBytes, DescribeSpec
 
 namespace rl::weight_sync {
-
-// One tensor of a bucket, as the worker's UpdateWeightsFromDistributed metadata names it.
-struct TensorSpec {
-  std::string name;
-  std::string dtype;  // "F32" | "BF16" | "F16" (safetensors spelling)
-  std::vector<int64_t> shape;
-};
-
-// numel × dtype size. InvalidArgument for an unknown or non-float dtype, a negative dimension
-// or a size that overflows int64.
-absl::StatusOr<int64_t> TensorBytes(const TensorSpec& spec);
-
-// "name BF16[4096, 128]" for messages.
-std::string DescribeSpec(const TensorSpec& spec);
 
 struct GroupOptions {
   std::string backend = "tcp";  // "tcp" | "nccl"

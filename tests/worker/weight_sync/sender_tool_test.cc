@@ -15,7 +15,7 @@
 #include "common/model_io/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/worker/weight_sync/bucket_plan.h"
+#include "common/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
 
 namespace rl::weight_sync {

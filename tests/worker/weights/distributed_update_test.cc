@@ -5,7 +5,7 @@
 #include <thread>
 
 #include "gmock/gmock.h"
-#include "services/worker/weight_sync/bucket_plan.h"
+#include "common/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "services/worker/weights/weights_checker.h"
 #include "tests/worker/worker_test_util.h"

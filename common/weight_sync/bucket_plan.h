@@ -1,0 +1,42 @@
+// Bucketing a checkpoint for a distributed weight update: the trainer broadcasts one bucket
+// per UpdateWeightsFromDistributed call, and the bucket's JSON line is the metadata that call
+// carries (names, dtypes, shapes). A library of its own (rl_bucket_plan) so the worker's
+// transports, rl-weight-sender and rlctl share it without linking any transport or server.
+//
+// Plan: greedy in the given order (a Checkpoint's is by name); a bucket closes when the next
+// tensor would push it past `bucket_bytes`; a tensor larger than `bucket_bytes` travels alone.
+// Every tensor lands in exactly one bucket, none is empty. O(number of tensors); the data
+// spans point into the caller's tensors (no copy) and live as long as they do.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/model_io/safetensors.h"
+#include "common/weight_sync/tensor_spec.h"
+
+namespace rl::weight_sync {
+
+struct Bucket {
+  std::vector<TensorSpec> specs;
+  std::vector<absl::Span<const uint8_t>> data;  // data[i] holds specs[i]'s bytes
+  int64_t bytes = 0;
+};
+
+// INVALID_ARGUMENT for bucket_bytes <= 0 or a tensor whose dtype is not F32 / BF16 / F16.
+absl::StatusOr<std::vector<Bucket>> PlanBuckets(const std::vector<model_io::TensorView>& tensors,
+                                                int64_t bucket_bytes);
+absl::StatusOr<std::vector<Bucket>> PlanBuckets(const model_io::Checkpoint& checkpoint,
+                                                int64_t bucket_bytes);
+
+// One line of JSON (no newline): {"bucket": i, "num_buckets": n, "bytes": b, "last": bool,
+// "names": [...], "dtypes": [...], "shapes": [[...], ...]}.
+std::string BucketJson(const Bucket& bucket, size_t index, size_t num_buckets);
+
+// The specs of a BucketJson line; INVALID_ARGUMENT when it is not one.
+absl::StatusOr<std::vector<TensorSpec>> ParseBucketJson(const std::string& line);
+
+}  // namespace rl::weight_sync

@@ -1,0 +1,288 @@
+#include "services/router/admin/admin_service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "services/router/admin/tensor_fanout.h"
+
+namespace rl::router::admin {
+
+AdminService::AdminService(WorkerPool* pool, const BearerAuth* auth, AdminOptions options)
+    : pool_(pool),
+      auth_(auth),
+      executor_(options.executor),
+      broadcaster_(pool, std::move(options.broadcast)),
+      catch_up_(std::make_unique<CatchUp>(pool, &broadcaster_)) {}
+
+AdminService::~AdminService() { catch_up_.reset(); }
+
+grpc::ServerUnaryReactor* AdminService::Run(Ctx* c, std::function<absl::Status()> fn) {
+  if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishUnary(c, s);
+  grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
+  if (!executor_->Submit([reactor, fn = std::move(fn)] { reactor->Finish(ToGrpcStatus(fn())); })) {
+    reactor->Finish(ToGrpcStatus(executor_->BusyError()));
+  }
+  return reactor;
+}
+
+template <typename Request>
+grpc::ServerUnaryReactor* AdminService::Forward(
+    Ctx* c, const Request* req, rl::v1::AdminResponse* resp, Plan plan,
+    AsyncMethod<Request, rl::v1::AdminResponse> method) {
+  return Run(c, [this, c, req, resp, plan = std::move(plan), method] {
+    return broadcaster_.Broadcast(
+        plan, c,
+        [req, method](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
+                      Done done) {
+          (w.admin_stub().async()->*method)(ctx, req, r, std::move(done));
+        },
+        resp);
+  });
+}
+
+// ---- calls that change fleet state: broadcasts under the admin lock ----
+
+grpc::ServerUnaryReactor* AdminService::PauseGeneration(Ctx* c,
+                                                        const rl::v1::PauseGenerationRequest* req,
+                                                        rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp, {.what = "PauseGeneration", .hold = true, .sets_paused = true},
+                 &AsyncAdmin::PauseGeneration);
+}
+
+grpc::ServerUnaryReactor* AdminService::ContinueGeneration(
+    Ctx* c, const rl::v1::ContinueGenerationRequest* req, rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp, {.what = "ContinueGeneration", .sets_paused = false},
+                 &AsyncAdmin::ContinueGeneration);
+}
+
+grpc::ServerUnaryReactor* AdminService::FlushCache(Ctx* c, const rl::v1::FlushCacheRequest* req,
+                                                   rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp, {.what = "FlushCache"}, &AsyncAdmin::FlushCache);
+}
+
+grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDisk(
+    Ctx* c, const rl::v1::UpdateWeightsFromDiskRequest* req, rl::v1::AdminResponse* resp) {
+  return Run(c, [this, c, req, resp]() -> absl::Status {
+    Plan plan{.what = "UpdateWeightsFromDisk",
+              .deadline = Deadline::kLoad,
+              .hold = true,
+              .bumps_version = true,
+              .source = FleetWeights::Source::kDisk,
+              .path = req->model_path(),
+              .sets_paused = req->keep_pause(),
+              .only = {req->workers().begin(), req->workers().end()}};
+    rl::v1::UpdateWeightsFromDiskRequest mine = *req;
+    mine.clear_workers();
+    if (!plan.only.empty()) {
+      plan.what = "UpdateWeightsFromDisk (resync)";
+      plan.sets_paused.reset();
+      // A resync brings the worker to the fleet's version unless told otherwise.
+      const FleetWeights fleet = pool_->fleet_weights();
+      if (!mine.has_weight_version() && fleet.version >= 0) mine.set_weight_version(fleet.version);
+    }
+    return broadcaster_.Broadcast(
+        plan, c,
+        [&mine](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r, Done done) {
+          w.admin_stub().async()->UpdateWeightsFromDisk(ctx, &mine, r, std::move(done));
+        },
+        resp);
+  });
+}
+
+grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest>*
+AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
+  if (absl::Status s = auth_->Check(*c); !s.ok()) return NewRejectedTensorStream(s);
+  return NewTensorFanout(
+      [this, c, resp](const TensorChunks& chunks) {
+        const Plan plan{.what = "UpdateWeightsFromTensor",
+                        .deadline = Deadline::kLoad,
+                        .hold = true,
+                        .partial = Partial::kTensor,
+                        .bumps_version = true,
+                        .source = FleetWeights::Source::kTensor,
+                        .sets_paused = !chunks.empty() && chunks.front().keep_pause()};
+        return broadcaster_.Broadcast(
+            plan, c,
+            [&chunks](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
+                      Done done) { ReplayTensorStream(w, &chunks, ctx, r, std::move(done)); },
+            resp);
+      },
+      executor_);
+}
+
+// Each worker joins as its own rank: the i-th live worker (by address) gets rank_offset + i.
+grpc::ServerUnaryReactor* AdminService::InitWeightsUpdateGroup(
+    Ctx* c, const rl::v1::InitWeightsUpdateGroupRequest* req, rl::v1::AdminResponse* resp) {
+  return Run(c, [this, c, req, resp] {
+    const Plan plan{.what = "InitWeightsUpdateGroup",
+                    .deadline = Deadline::kLoad,
+                    .hold = true,
+                    .partial = Partial::kGroup};
+    return broadcaster_.Broadcast(
+        plan, c,
+        [req](Worker& w, size_t i, grpc::ClientContext* ctx, rl::v1::AdminResponse* r, Done done) {
+          rl::v1::InitWeightsUpdateGroupRequest mine = *req;
+          mine.set_rank_offset(req->rank_offset() + static_cast<int32_t>(i));
+          CallOwning(w, &AsyncAdmin::InitWeightsUpdateGroup, std::move(mine), ctx, r,
+                     std::move(done));
+        },
+        resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDistributed(
+    Ctx* c, const rl::v1::UpdateWeightsFromDistributedRequest* req, rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp,
+                 {.what = "UpdateWeightsFromDistributed",
+                  .deadline = Deadline::kLoad,
+                  .hold = true,
+                  .partial = Partial::kDistributed,
+                  .bumps_version = true,
+                  .source = FleetWeights::Source::kDistributed,
+                  .sets_paused = false},
+                 &AsyncAdmin::UpdateWeightsFromDistributed);
+}
+
+grpc::ServerUnaryReactor* AdminService::DestroyWeightsUpdateGroup(
+    Ctx* c, const rl::v1::DestroyWeightsUpdateGroupRequest* req, rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp, {.what = "DestroyWeightsUpdateGroup"},
+                 &AsyncAdmin::DestroyWeightsUpdateGroup);
+}
+
+// Answers ready only when every worker posted its receive (the trainer broadcasts after that).
+grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
+    Ctx* c, const rl::v1::PrepareWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp, {.what = "PrepareWeightsUpdate", .deadline = Deadline::kLoad},
+                 &AsyncAdmin::PrepareWeightsUpdate);
+}
+
+// The applying half of the two-phase receive and the single-call receive: like
+// UpdateWeightsFromDistributed, and the fleet stays paused with keep_pause.
+grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
+    Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp,
+                 {.what = "CompleteWeightsUpdate",
+                  .deadline = Deadline::kLoad,
+                  .hold = true,
+                  .partial = Partial::kDistributed,
+                  .bumps_version = true,
+                  .source = FleetWeights::Source::kDistributed,
+                  .sets_paused = req->keep_pause()},
+                 &AsyncAdmin::CompleteWeightsUpdate);
+}
+
+grpc::ServerUnaryReactor* AdminService::ReceiveWeights(Ctx* c,
+                                                       const rl::v1::ReceiveWeightsRequest* req,
+                                                       rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp,
+                 {.what = "ReceiveWeights",
+                  .deadline = Deadline::kLoad,
+                  .hold = true,
+                  .partial = Partial::kDistributed,
+                  .bumps_version = true,
+                  .source = FleetWeights::Source::kDistributed,
+                  .sets_paused = req->keep_pause()},
+                 &AsyncAdmin::ReceiveWeights);
+}
+
+grpc::ServerUnaryReactor* AdminService::ReleaseMemory(Ctx* c,
+                                                      const rl::v1::ReleaseMemoryRequest* req,
+                                                      rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp, {.what = "ReleaseMemory", .deadline = Deadline::kLoad, .hold = true},
+                 &AsyncAdmin::ReleaseMemory);
+}
+
+grpc::ServerUnaryReactor* AdminService::ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest* req,
+                                                     rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp, {.what = "ResumeMemory", .deadline = Deadline::kLoad, .probe = true},
+                 &AsyncAdmin::ResumeMemory);
+}
+
+// ---- read-only calls: gathered from every live worker, no lock ----
+
+grpc::ServerUnaryReactor* AdminService::GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest* req,
+                                                     rl::v1::GetModelInfoResponse* resp) {
+  return Run(c, [this, c, req, resp]() -> absl::Status {
+    const auto replies = broadcaster_.Gather(c, *req, &AsyncAdmin::GetModelInfo);
+    if (replies.empty()) return absl::UnavailableError("GetModelInfo: no live worker");
+    bool have = false;
+    for (const auto& r : replies) {
+      if (!r.status.ok()) continue;
+      if (!have) {
+        *resp = r.resp;
+        have = true;
+      }
+      rl::v1::WorkerModelInfo* w = resp->add_workers();
+      w->set_worker(r.worker);
+      *w->mutable_info() = r.resp;
+    }
+    if (!have) return FromGrpcStatus(replies[0].status);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::GetServerInfo(Ctx* c,
+                                                      const rl::v1::GetServerInfoRequest* req,
+                                                      rl::v1::GetServerInfoResponse* resp) {
+  return Run(c, [this, c, req, resp]() -> absl::Status {
+    // Totals over the workers; paused when any worker is.
+    for (const auto& r : broadcaster_.Gather(c, *req, &AsyncAdmin::GetServerInfo)) {
+      if (!r.status.ok()) continue;
+      const auto& info = r.resp;
+      resp->set_paused(resp->paused() || info.paused());
+      resp->set_num_running(resp->num_running() + info.num_running());
+      resp->set_num_waiting(resp->num_waiting() + info.num_waiting());
+      resp->set_kv_tokens_total(resp->kv_tokens_total() + info.kv_tokens_total());
+      resp->set_kv_tokens_available(resp->kv_tokens_available() + info.kv_tokens_available());
+      resp->set_num_finished(resp->num_finished() + info.num_finished());
+      resp->set_update_failed(resp->update_failed() || info.update_failed());
+      resp->set_weight_version(std::max(resp->weight_version(), info.weight_version()));
+      rl::v1::WorkerServerInfo* w = resp->add_workers();
+      w->set_worker(r.worker);
+      *w->mutable_info() = info;
+    }
+    return absl::OkStatus();
+  });
+}
+
+// One worker answers (every worker serves the same tensors).
+grpc::ServerUnaryReactor* AdminService::ListWeights(Ctx* c, const rl::v1::ListWeightsRequest* req,
+                                                    rl::v1::ListWeightsResponse* resp) {
+  return Run(c, [this, c, req, resp]() -> absl::Status {
+    auto targets = pool_->LiveWorkers();
+    if (targets.empty()) return absl::UnavailableError("ListWeights: no live worker");
+    grpc::ClientContext ctx;
+    broadcaster_.Prepare(c, &ctx, broadcaster_.options().control_timeout);
+    CallGuard guard(&targets.front()->calls(), &ctx);
+    return FromGrpcStatus(targets.front()->admin_stub().ListWeights(&ctx, *req, resp));
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::WeightsChecker(Ctx* c,
+                                                       const rl::v1::WeightsCheckerRequest* req,
+                                                       rl::v1::WeightsCheckerResponse* resp) {
+  return Run(c, [this, c, req, resp]() -> absl::Status {
+    const auto replies = broadcaster_.Gather(c, *req, &AsyncAdmin::WeightsChecker);
+    if (replies.empty()) return absl::UnavailableError("WeightsChecker: no live worker");
+    bool all_ok = true;
+    for (const auto& r : replies) {
+      rl::v1::WorkerWeightsChecker* w = resp->add_workers();
+      w->set_worker(r.worker);
+      if (r.status.ok()) {
+        *w->mutable_result() = r.resp;
+        all_ok = all_ok && r.resp.success();
+      } else {
+        w->mutable_result()->set_success(false);
+        w->mutable_result()->set_message(r.status.error_message());
+        all_ok = false;
+      }
+    }
+    resp->set_success(all_ok);
+    resp->set_message(absl::StrCat(replies.size(), " workers"));
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace rl::router::admin

@@ -1,0 +1,93 @@
+// AdminService: rl.v1.Admin on the router. Translates each RPC into a broadcast plan
+// (broadcast.h: which workers, which deadline, whether they are held out of routing, whether a
+// failure may leave partial weights, what success records) or a read-only gather, and the
+// aggregated per-worker answer back into the proto. It owns the broadcast engine and the
+// catch-up of rejoining workers (catch_up.h). docs/router-admin.md has the semantics.
+//
+// Every call checks the admin key first; its waiting runs on the bounded admin executor (a full
+// executor answers RESOURCE_EXHAUSTED), never on a thread of its own. InitWeightsUpdateGroup
+// gives the i-th live worker (sorted by address) rank rank_offset + i. Thread-safe.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "common/auth.h"
+#include "common/bounded_executor.h"
+#include "rl/v1/admin.grpc.pb.h"
+#include "services/router/admin/broadcast.h"
+#include "services/router/admin/catch_up.h"
+#include "services/router/pool/worker_pool.h"
+
+namespace rl::router::admin {
+
+struct AdminOptions {
+  BroadcastOptions broadcast;
+  // Runs every call's blocking work (required).
+  BoundedExecutor* executor = nullptr;
+};
+
+class AdminService final : public rl::v1::Admin::CallbackService {
+ public:
+  // Starts the catch-up thread; `pool`, `auth` and the executor must outlive this.
+  AdminService(WorkerPool* pool, const BearerAuth* auth, AdminOptions options);
+  ~AdminService() override;  // stops the catch-up thread
+
+  grpc::ServerUnaryReactor* PauseGeneration(Ctx* c, const rl::v1::PauseGenerationRequest* req,
+                                            rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* ContinueGeneration(Ctx* c, const rl::v1::ContinueGenerationRequest* req,
+                                               rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* FlushCache(Ctx* c, const rl::v1::FlushCacheRequest* req,
+                                       rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* UpdateWeightsFromDisk(Ctx* c,
+                                                  const rl::v1::UpdateWeightsFromDiskRequest* req,
+                                                  rl::v1::AdminResponse* resp) override;
+  grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest>* UpdateWeightsFromTensor(
+      Ctx* c, rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* InitWeightsUpdateGroup(Ctx* c,
+                                                   const rl::v1::InitWeightsUpdateGroupRequest* req,
+                                                   rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* UpdateWeightsFromDistributed(
+      Ctx* c, const rl::v1::UpdateWeightsFromDistributedRequest* req,
+      rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* DestroyWeightsUpdateGroup(
+      Ctx* c, const rl::v1::DestroyWeightsUpdateGroupRequest* req,
+      rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* PrepareWeightsUpdate(Ctx* c,
+                                                 const rl::v1::PrepareWeightsUpdateRequest* req,
+                                                 rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* CompleteWeightsUpdate(Ctx* c,
+                                                  const rl::v1::CompleteWeightsUpdateRequest* req,
+                                                  rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* ReceiveWeights(Ctx* c, const rl::v1::ReceiveWeightsRequest* req,
+                                           rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest* req,
+                                         rl::v1::GetModelInfoResponse* resp) override;
+  grpc::ServerUnaryReactor* GetServerInfo(Ctx* c, const rl::v1::GetServerInfoRequest* req,
+                                          rl::v1::GetServerInfoResponse* resp) override;
+  grpc::ServerUnaryReactor* ListWeights(Ctx* c, const rl::v1::ListWeightsRequest* req,
+                                        rl::v1::ListWeightsResponse* resp) override;
+  grpc::ServerUnaryReactor* WeightsChecker(Ctx* c, const rl::v1::WeightsCheckerRequest* req,
+                                           rl::v1::WeightsCheckerResponse* resp) override;
+  grpc::ServerUnaryReactor* ReleaseMemory(Ctx* c, const rl::v1::ReleaseMemoryRequest* req,
+                                          rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest* req,
+                                         rl::v1::AdminResponse* resp) override;
+
+ private:
+  // Checks the key, then runs `fn` on the admin executor and finishes the call with its status.
+  grpc::ServerUnaryReactor* Run(Ctx* c, std::function<absl::Status()> fn);
+  // Broadcasts `method` with the caller's own request, under `plan`.
+  template <typename Request>
+  grpc::ServerUnaryReactor* Forward(Ctx* c, const Request* req, rl::v1::AdminResponse* resp,
+                                    Plan plan, AsyncMethod<Request, rl::v1::AdminResponse> method);
+
+  WorkerPool* const pool_;
+  const BearerAuth* const auth_;
+  BoundedExecutor* const executor_;
+  Broadcaster broadcaster_;
+  std::unique_ptr<CatchUp> catch_up_;  // after broadcaster_: stopped first
+};
+
+}  // namespace rl::router::admin

@@ -1,0 +1,184 @@
+#include "services/router/admin/catch_up.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/grpc_status.h"
+#include "common/status.h"
+#include "spdlog/spdlog.h"
+
+namespace rl::router::admin {
+namespace {
+
+constexpr std::chrono::milliseconds kFirstBackoff{500};
+constexpr std::chrono::milliseconds kMaxBackoff{30000};
+
+// The router's own pause (retract) and continue of one worker.
+void PauseRetract(Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* out,
+                  Done done) {
+  rl::v1::PauseGenerationRequest req;
+  req.set_mode(rl::v1::PAUSE_MODE_RETRACT);
+  CallOwning(w, &AsyncAdmin::PauseGeneration, std::move(req), ctx, out, std::move(done));
+}
+
+void Continue(Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* out, Done done) {
+  CallOwning(w, &AsyncAdmin::ContinueGeneration, rl::v1::ContinueGenerationRequest(), ctx, out,
+             std::move(done));
+}
+
+}  // namespace
+
+CatchUp::CatchUp(WorkerPool* pool, Broadcaster* broadcaster)
+    : pool_(pool), broadcaster_(broadcaster) {
+  thread_ = std::thread([this] { Loop(); });
+  pool_->SetCatchUpHandler([this](std::shared_ptr<Worker> w) { Enqueue(std::move(w)); });
+}
+
+CatchUp::~CatchUp() {
+  pool_->SetCatchUpHandler(nullptr);
+  {
+    absl::MutexLock lock(&own_call_mu_);
+    stopping_ = true;
+    if (own_call_ != nullptr) own_call_->TryCancel();
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+  absl::MutexLock lock(&mu_);
+  for (const auto& w : queue_) pool_->FinishSync(w.get());
+}
+
+void CatchUp::Enqueue(std::shared_ptr<Worker> w) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(w));
+}
+
+void CatchUp::Loop() {
+  while (true) {
+    std::shared_ptr<Worker> w;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      if (stop_) return;
+      w = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const auto now = std::chrono::steady_clock::now();
+    auto it = backoff_.find(w->address());
+    if (it == backoff_.end() || now >= it->second.first) {
+      absl::Status s = Run(w);
+      if (s.ok()) {
+        backoff_.erase(w->address());
+      } else {
+        spdlog::warn("catch-up of {} failed: {}", w->address(), std::string(s.message()));
+        const std::chrono::milliseconds delay =
+            it == backoff_.end() ? kFirstBackoff : std::min(it->second.second * 2, kMaxBackoff);
+        backoff_[w->address()] = {std::chrono::steady_clock::now() + delay, delay};
+      }
+    }
+    // Health checks hand the worker over again while it is still behind.
+    pool_->FinishSync(w.get());
+  }
+}
+
+bool CatchUp::BeginOwnCall(grpc::ClientContext* ctx) {
+  absl::MutexLock lock(&own_call_mu_);
+  if (stopping_) return false;
+  own_call_ = ctx;
+  return true;
+}
+
+void CatchUp::EndOwnCall() {
+  absl::MutexLock lock(&own_call_mu_);
+  own_call_ = nullptr;
+}
+
+Result CatchUp::CallOwn(const Plan& plan, const std::shared_ptr<Worker>& w,
+                        const WorkerCall& call) {
+  WorkerCallState c;
+  if (!BeginOwnCall(&c.ctx)) {
+    c.result.status = grpc::Status(grpc::StatusCode::CANCELLED, "the router is shutting down");
+    return std::move(c.result);
+  }
+  absl::Notification done;
+  broadcaster_->StartOne(plan, /*caller=*/nullptr, w, 0, call, &c, [&done] { done.Notify(); });
+  done.WaitForNotification();
+  EndOwnCall();
+  return std::move(c.result);
+}
+
+absl::Status CatchUp::Run(const std::shared_ptr<Worker>& w) {
+  RETURN_IF_ERROR(broadcaster_->lock().Acquire("catch-up"));
+  pool_->BeginHold();  // requests that find no routable worker wait for it instead of failing
+  absl::Status status = [&]() -> absl::Status {
+    const FleetWeights fleet = pool_->fleet_weights();
+    const bool fleet_paused = broadcaster_->fleet_paused();
+    if (!fleet.replayable() || !pool_->Behind(w.get())) return ReconcilePause(w, fleet_paused);
+    spdlog::info("catching up {} to weight_version {} from {}", w->address(), fleet.version,
+                 fleet.path);
+    Plan plan;
+    plan.what = "catch-up PauseGeneration";
+    auto check = [&](const Result& r) -> absl::Status {
+      if (r.status.ok()) return absl::OkStatus();
+      return absl::Status(static_cast<absl::StatusCode>(r.status.error_code()),
+                          absl::StrCat(plan.what, ": ", r.status.error_message()));
+    };
+    Result r = CallOwn(plan, w, &PauseRetract);
+    RETURN_IF_ERROR(check(r));
+    plan.what = "catch-up UpdateWeightsFromDisk";
+    plan.deadline = Deadline::kLoad;
+    r = CallOwn(plan, w,
+                [&fleet](Worker& worker, size_t, grpc::ClientContext* ctx,
+                         rl::v1::AdminResponse* out, Done done) {
+                  rl::v1::UpdateWeightsFromDiskRequest req;
+                  req.set_model_path(fleet.path);
+                  req.set_weight_version(fleet.version);
+                  req.set_keep_pause(true);
+                  CallOwning(worker, &AsyncAdmin::UpdateWeightsFromDisk, std::move(req), ctx, out,
+                             std::move(done));
+                });
+    RETURN_IF_ERROR(check(r));
+    if (!fleet_paused) {
+      plan.what = "catch-up ContinueGeneration";
+      plan.deadline = Deadline::kControl;
+      r = CallOwn(plan, w, &Continue);
+      RETURN_IF_ERROR(check(r));
+    }
+    pool_->Probe(w);  // version and serving state fresh before it is routed
+    spdlog::info("caught up {} to weight_version {}", w->address(), fleet.version);
+    return absl::OkStatus();
+  }();
+  pool_->EndHold();
+  broadcaster_->lock().Release();
+  return status;
+}
+
+absl::Status CatchUp::ReconcilePause(const std::shared_ptr<Worker>& w, bool fleet_paused) {
+  if (!pool_->IsEnabled(w->address())) return absl::OkStatus();  // operator's or partial
+  rl::v1::GetServerInfoResponse info;
+  {
+    grpc::ClientContext ctx;
+    broadcaster_->Prepare(nullptr, &ctx, broadcaster_->options().control_timeout);
+    if (!BeginOwnCall(&ctx)) return absl::CancelledError("the router is shutting down");
+    CallGuard guard(&w->calls(), &ctx);
+    grpc::Status s = w->admin_stub().GetServerInfo(&ctx, rl::v1::GetServerInfoRequest(), &info);
+    EndOwnCall();
+    if (!s.ok()) return FromGrpcStatus(s);
+  }
+  if (info.asleep() || info.paused() == fleet_paused) return absl::OkStatus();
+  // A call it missed while it was out (marked dead) left it paused or running against the
+  // fleet: e.g. a pause that reached it late, or a continue it never got.
+  Plan plan;
+  plan.what = fleet_paused ? "rejoin PauseGeneration" : "rejoin ContinueGeneration";
+  Result r = CallOwn(plan, w, fleet_paused ? &PauseRetract : &Continue);
+  if (!r.status.ok()) return FromGrpcStatus(r.status);
+  spdlog::info("{} rejoined {}; matched the fleet's pause state", w->address(),
+               fleet_paused ? "running" : "paused");
+  return absl::OkStatus();
+}
+
+}  // namespace rl::router::admin

@@ -1,0 +1,42 @@
+// The fleet's weights as the router records them: the version and source of the last
+// successful fleet-wide weight update (the admin broadcast records it, worker_pool.h keeps it),
+// and the two ways the pool tells the rest of the router about it:
+//   - FleetObserver: told of every change of the record (the text cache follows the version
+//     for its GC; wired at the composition root, router_server.cc);
+//   - CatchUpHandler: given each live worker that must catch up (behind a replayable version,
+//     or just rejoined with a pause state that may differ from the fleet's).
+// docs/router-admin.md has the catch-up rules. Value types and interfaces only.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace rl::router {
+
+class Worker;
+
+struct FleetWeights {
+  enum class Source { kNone, kDisk, kTensor, kDistributed };
+  int64_t version = -1;  // -1: no update recorded
+  Source source = Source::kNone;
+  std::string path;  // kDisk: the folder
+  // A worker behind this version can be brought up to date by replaying the update.
+  bool replayable() const { return source == Source::kDisk && version >= 0; }
+  std::string Describe() const;  // "disk:DIR", "tensor", "distributed", ""
+};
+
+// Told of every change of the fleet's record, in order, on the thread that made it, without the
+// pool's lock held. Must be quick and must not call back into the pool's fleet setters.
+class FleetObserver {
+ public:
+  virtual ~FleetObserver() = default;
+  virtual void OnFleetWeights(const FleetWeights& before, const FleetWeights& after) = 0;
+};
+
+// Takes a worker to catch up. Called from the health thread or a reporting thread; must return
+// quickly (queue the work) and call WorkerPool::FinishSync when done with it.
+using CatchUpHandler = std::function<void(std::shared_ptr<Worker>)>;
+
+}  // namespace rl::router

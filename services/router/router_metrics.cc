@@ -1,0 +1,114 @@
+#include "services/router/router_metrics.h"
+
+#include <vector>
+
+namespace rl::router {
+namespace {
+
+// The cache's figures, one gauge each.
+struct CacheGauge {
+  const char* name;
+  const char* help;
+  double (*get)(const TextCacheStats&);
+};
+
+constexpr CacheGauge kCacheGauges[] = {
+    {"rl_router_cache_entries", "Nodes in the text cache.",
+     [](const TextCacheStats& s) { return double(s.entries); }},
+    {"rl_router_cache_hits_total", "Queries that matched cached tokens.",
+     [](const TextCacheStats& s) { return double(s.hits); }},
+    {"rl_router_cache_misses_total", "Queries that matched nothing.",
+     [](const TextCacheStats& s) { return double(s.misses); }},
+    {"rl_router_cache_hit_ratio", "hits / (hits + misses).",
+     [](const TextCacheStats& s) { return s.hit_rate; }},
+    {"rl_router_cache_size_tokens", "Cached tokens.",
+     [](const TextCacheStats& s) { return double(s.size_tokens); }},
+    {"rl_router_cache_size_bytes", "Cached text bytes.",
+     [](const TextCacheStats& s) { return double(s.size_bytes); }},
+    {"rl_router_cache_gc_runs_total", "Garbage collections.",
+     [](const TextCacheStats& s) { return double(s.gc_runs); }},
+    {"rl_router_cache_gc_removed_tokens_total", "Tokens removed by garbage collection.",
+     [](const TextCacheStats& s) { return double(s.gc_removed_tokens); }},
+    {"rl_router_cache_weight_version", "Newest weight version in the cache.",
+     [](const TextCacheStats& s) { return double(s.current_version); }},
+    {"rl_router_cache_max_cache_size", "GC runs when the cache holds more tokens than this.",
+     [](const TextCacheStats& s) { return double(s.max_cache_size); }},
+    {"rl_router_cache_gc_threshold_k", "GC removes versions <= current - this.",
+     [](const TextCacheStats& s) { return double(s.gc_threshold_k); }},
+};
+
+}  // namespace
+
+RouterMetrics::RouterMetrics(MetricsRegistry* registry, const WorkerPool* pool,
+                             const TextCache* cache, const Admission* admission,
+                             const SeamCounters* seam)
+    : registry_(registry), pool_(pool), cache_(cache), seam_(seam) {
+  MetricsRegistry& m = *registry;
+  requests_total_ = m.GetCounter("rl_router_requests_total", "Generate requests accepted.");
+  retries_total_ = m.GetCounter("rl_router_retries_total", "Generate attempts retried.");
+  failures_total_ = m.GetCounter("rl_router_failures_total", "Generate requests that failed.");
+  in_flight_ = m.GetGauge("rl_router_in_flight_requests", "Generate requests in flight.");
+  rejected_total_ = m.GetCounter(
+      "rl_router_rejected_total",
+      "Generate requests refused RESOURCE_EXHAUSTED by admission (--max-in-flight, --max-queued).");
+  overflows_total_ = m.GetCounter(
+      "rl_router_stream_overflows_total",
+      "Generate streams cancelled because the client did not read (--max-stream-buffer-bytes).");
+  m.SetGaugeCallback("rl_router_admission_queued",
+                     "Generate requests waiting for an in-flight slot.", {},
+                     [admission] { return double(admission->queued()); });
+  for (const CacheGauge& g : kCacheGauges) {
+    m.SetGaugeCallback(g.name, g.help, {}, [cache, get = g.get] { return get(cache->GetStats()); });
+  }
+  m.SetGaugeCallback(
+      "rl_router_seam_continuations_total",
+      "Text prompts whose rest after the last cached generated token was encoded as a "
+      "continuation (the full-text encoding has no token boundary there).",
+      {}, [seam] { return double(seam->seam_continuations.load()); });
+  m.SetGaugeCallback(
+      "rl_router_whole_text_fallbacks_total",
+      "Text prompts whose tokens could not decode to the text exactly: served with the "
+      "whole-text encoding, nothing reused.",
+      {}, [seam] { return double(seam->whole_text_fallbacks.load()); });
+  m.SetGaugeCallback("rl_router_live_workers", "Live workers.", {},
+                     [pool] { return double(pool->LiveWorkers().size()); });
+  m.SetGaugeCallback("rl_router_weight_version_mismatch",
+                     "1 when live workers report different weight versions.", {},
+                     [pool] { return pool->VersionMismatch() ? 1.0 : 0.0; });
+}
+
+void RouterMetrics::Fill(rl::v1::GetMetricsResponse* out) const {
+  const std::vector<rl::v1::WorkerStatus> workers = pool_->List();
+  int32_t active = 0;
+  int64_t in_flight_total = 0;
+  for (const auto& w : workers) {
+    if (w.state() == rl::v1::WORKER_STATE_LIVE && w.enabled()) ++active;
+    in_flight_total += w.in_flight();
+    *out->add_workers() = w;
+  }
+  out->set_active_workers(active);
+  out->set_total_workers(static_cast<int32_t>(workers.size()));
+  out->set_in_flight(in_flight_total);
+  out->set_requests_total(static_cast<int64_t>(requests_total_->value()));
+  out->set_retries_total(static_cast<int64_t>(retries_total_->value()));
+  out->set_failures_total(static_cast<int64_t>(failures_total_->value()));
+  out->set_weight_version_mismatch(pool_->VersionMismatch());
+  const TextCacheStats s = cache_->GetStats();
+  rl::v1::CacheMetrics* c = out->mutable_cache();
+  c->set_entries(s.entries);
+  c->set_hits(s.hits);
+  c->set_misses(s.misses);
+  c->set_hit_rate(s.hit_rate);
+  c->set_size_tokens(s.size_tokens);
+  c->set_size_bytes(s.size_bytes);
+  c->set_gc_runs(s.gc_runs);
+  c->set_gc_removed_tokens(s.gc_removed_tokens);
+  c->set_current_weight_version(s.current_version);
+  c->set_max_cache_size(s.max_cache_size);
+  c->set_gc_threshold_k(s.gc_threshold_k);
+  c->set_seam_continuations(seam_->seam_continuations.load());
+  c->set_whole_text_fallbacks(seam_->whole_text_fallbacks.load());
+  out->set_prometheus_text(registry_->RenderPrometheus());
+}
+
+}  // namespace rl::router

@@ -1,0 +1,155 @@
+// Catch-up of workers that join behind the fleet (services/router/admin/catch_up.h) through a
+// router over in-process rl-workers (stories260K): a worker joining behind a disk update is
+// caught up from the fleet's folder before it is routed; after a tensor update (not replayable)
+// it is STALE, never routed, until resynced; a worker whose weights may be partial (failed group
+// init) stays out of routing until a resync. Processes killed / stopped for real:
+// tests/reliability.
+#include <set>
+#include <string>
+
+#include "rl/v1/router.grpc.pb.h"
+#include "services/router/router_server.h"
+#include "tests/testing/router_fleet.h"
+#include "tests/testing/test_data.h"
+
+namespace rl::router {
+namespace {
+
+using rl::testing::Stories;
+
+class CatchUpTest : public testing::RouterFleetTest {};
+
+// A worker that joins behind the fleet's version is caught up from the fleet's disk source
+// before it is routed.
+TEST_F(CatchUpTest, JoiningWorkerIsCaughtUpFromTheFleetsDiskSource) {
+  StartFleet(2);
+  rl::v1::UpdateWeightsFromDiskRequest update;
+  update.set_model_path(Stories());
+  update.set_weight_version(5);
+  rl::v1::AdminResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->UpdateWeightsFromDisk(&ctx, update, &resp).ok());
+  }
+  ASSERT_TRUE(resp.success()) << resp.message();
+  auto late = StartWorker();
+  ASSERT_NE(late, nullptr);
+  ASSERT_EQ(late->weight_version(), 0);
+  AddWorker(late->address());
+  ASSERT_TRUE(WaitFor([&] {
+    const auto w = Status(late->address());
+    return w.state() == rl::v1::WORKER_STATE_LIVE && w.weight_version() == 5 && w.reason().empty();
+  })) << Status(late->address()).DebugString();
+  EXPECT_EQ(late->weight_version(), 5);
+  EXPECT_FALSE(late->engine().GetServerInfo().paused);  // the fleet is not paused
+  std::set<std::string> served;
+  for (int i = 0; i < 6; ++i) {
+    rl::v1::GenerateFinal f;
+    ASSERT_TRUE(Generate(TextRequest("Once", 2), &f).ok());
+    EXPECT_EQ(f.weight_version(), 5);
+    served.insert(f.worker());
+  }
+  EXPECT_TRUE(served.contains(late->address()));
+  late->Shutdown();
+}
+
+// After an update from a tensor stream (not replayable) a worker joining behind it is STALE,
+// never routed, until the documented resync (UpdateWeightsFromDisk with `workers`).
+TEST_F(CatchUpTest, StaleAfterATensorUpdateUntilResynced) {
+  StartFleet(1);
+  rl::v1::AdminResponse resp;
+  {
+    grpc::ClientContext ctx;
+    auto writer = admin_->UpdateWeightsFromTensor(&ctx, &resp);
+    rl::v1::UpdateWeightsFromTensorRequest m;
+    m.mutable_chunk()->set_name("model.norm.weight");
+    m.mutable_chunk()->set_dtype("F32");
+    m.mutable_chunk()->add_shape(64);
+    const std::vector<float> ones(64, 1.0f);
+    m.mutable_chunk()->set_data(std::string(reinterpret_cast<const char*>(ones.data()), 64 * 4));
+    ASSERT_TRUE(writer->Write(m));
+    writer->WritesDone();
+    ASSERT_TRUE(writer->Finish().ok());
+  }
+  ASSERT_TRUE(resp.success()) << resp.message();
+  EXPECT_EQ(ListWorkers().fleet_weight_source(), "tensor");
+  auto late = StartWorker();
+  ASSERT_NE(late, nullptr);
+  AddWorker(late->address());
+  const auto stale = Status(late->address());
+  EXPECT_EQ(stale.state(), rl::v1::WORKER_STATE_STALE);
+  EXPECT_NE(stale.reason().find("resync"), std::string::npos) << stale.reason();
+  for (int i = 0; i < 4; ++i) {
+    rl::v1::GenerateFinal f;
+    ASSERT_TRUE(Generate(TextRequest("Once", 2), &f).ok());
+    EXPECT_EQ(f.worker(), workers_[0]->address());
+  }
+  rl::v1::UpdateWeightsFromDiskRequest resync;
+  resync.set_model_path(Stories());
+  resync.add_workers(late->address());
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->UpdateWeightsFromDisk(&ctx, resync, &resp).ok());
+  }
+  ASSERT_EQ(resp.results_size(), 1);  // only the named worker
+  EXPECT_TRUE(resp.results(0).success()) << resp.results(0).message();
+  EXPECT_EQ(resp.results(0).weight_version(), 1);  // the fleet's version
+  const auto listing = ListWorkers();
+  EXPECT_EQ(listing.fleet_weight_version(), 1);
+  EXPECT_EQ(listing.fleet_weight_source(), "disk:" + Stories());
+  EXPECT_EQ(Status(late->address()).state(), rl::v1::WORKER_STATE_LIVE);
+  // An unknown address is refused.
+  resync.set_workers(0, "127.0.0.1:1");
+  grpc::ClientContext ctx;
+  EXPECT_EQ(admin_->UpdateWeightsFromDisk(&ctx, resync, &resp).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  late->Shutdown();
+}
+
+// A failed group init may leave a worker's weights partial: it stays out of routing with the
+// reason until a resync loads known weights and puts it back.
+TEST_F(CatchUpTest, PartialWeightsStayOutUntilResynced) {
+  StartFleet(2);
+  rl::v1::InitWeightsUpdateGroupRequest init;
+  init.set_master_address("127.0.0.1");
+  init.set_master_port(1);  // nothing listens there
+  init.set_world_size(3);
+  init.set_rank_offset(1);
+  init.set_group_name("g");
+  init.set_backend(rl::v1::GROUP_BACKEND_TCP);
+  init.set_timeout_ms(300);
+  rl::v1::AdminResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->InitWeightsUpdateGroup(&ctx, init, &resp).ok());
+  }
+  ASSERT_EQ(resp.results_size(), 2);
+  for (const auto& r : resp.results()) {
+    EXPECT_FALSE(r.success());
+    EXPECT_TRUE(r.left_out());
+  }
+  const rl::v1::WorkerListResponse listing = ListWorkers();
+  for (const auto& w : listing.workers()) {
+    EXPECT_FALSE(w.enabled());
+    EXPECT_NE(w.reason().find("weights may be partial"), std::string::npos) << w.reason();
+  }
+  rl::v1::GenerateFinal f;
+  EXPECT_EQ(Generate(TextRequest("Once", 2), &f).error_code(), grpc::StatusCode::UNAVAILABLE);
+  rl::v1::UpdateWeightsFromDiskRequest resync;
+  resync.set_model_path(Stories());
+  resync.add_workers(workers_[1]->address());
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->UpdateWeightsFromDisk(&ctx, resync, &resp).ok());
+  }
+  ASSERT_TRUE(resp.success()) << resp.message();
+  const auto back = Status(workers_[1]->address());
+  EXPECT_TRUE(back.enabled());
+  EXPECT_EQ(back.reason(), "");
+  EXPECT_FALSE(Status(workers_[0]->address()).enabled());
+  ASSERT_TRUE(Generate(TextRequest("Once", 2), &f).ok());
+  EXPECT_EQ(f.worker(), workers_[1]->address());
+}
+
+}  // namespace
+}  // namespace rl::router

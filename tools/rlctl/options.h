@@ -1,0 +1,58 @@
+// rlctl's parsed command line: every flag of every command (main.cc fills it, the commands read
+// the fields they need).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace rl::rlctl {
+
+struct Options {
+  std::string target = "127.0.0.1:50051";
+  std::string api_key;
+  bool json = false;
+  double timeout_s = 60;
+  std::string text;
+  bool text_set = false;  // --text given, even empty
+  std::string file;       // tokenize: the whole file as one text
+  std::string request_id;
+  bool all = false;  // abort: every request
+  std::string ids;
+  int max_new_tokens = -1;
+  double temperature = -1;
+  double top_p = -1;
+  int top_k = 0;
+  int64_t seed = -1;
+  bool logprobs = false;
+  int top_logprobs_num = 0;
+  int logprob_start_len = -1;
+  bool logprobs_at_temperature_one = false;
+  bool ignore_eos = false;
+  std::vector<std::string> stop;
+  std::string mode;
+  std::string from_disk;
+  int64_t version = -1;
+  bool abort_all = false;
+  bool keep_pause = false;
+  bool no_flush = false;
+  std::string action;
+  std::string tokenizer;
+  bool no_special = false;
+  bool skip_special = false;
+  bool distributed = false;
+  std::string group_name;
+  std::string bucket_json;
+  std::string master_address;
+  int master_port = 0;
+  int rank_offset = 1;
+  int world_size = 0;
+  std::string group_backend = "tcp";
+  int group_timeout_ms = 60000;
+  std::string arch;
+  std::string size;
+  std::string dtype;
+  std::string out;
+};
+
+}  // namespace rl::rlctl
