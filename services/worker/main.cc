@@ -22,6 +22,9 @@ int main(int argc, char** argv) {
   rl::FlagSet flags("rl-worker");
   flags.String("model", &config.model_path,
                "Hugging Face model folder (config.json, *.safetensors)");
+  flags.String("model-alias", &config.model_alias,
+               "model name reported to SGLang clients such as the SMG gateway (GetModelInfo "
+               "served_model_name; default: the --model path)");
   flags.String("host", &config.host, "address to bind");
   flags.Int("port", &config.port, "gRPC port (0 picks a free one)");
   flags.String("backend", &config.backend, "auto | cpu | cuda");
@@ -31,6 +34,15 @@ int main(int argc, char** argv) {
       "Worker calls");
   rl::RegisterRequestLimitFlags(flags, &config.limits);
   flags.Int("metrics-port", &config.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
+  flags.Int("sglang-port", &config.sglang_port,
+            "a second gRPC port serving only SGLang's scheduler protocol WITHOUT the API keys, "
+            "for the SMG gateway (which sends none): bind it where only the gateway reaches "
+            "(-1 off, 0 any)");
+  flags.String("sglang-host", &config.sglang_host, "address --sglang-port binds (default: --host)");
+  flags.Double("sglang-pause-timeout-s", &config.sglang_pause_timeout_s,
+               "an SGLang request waits at most this long on a paused worker, then ends "
+               "UNAVAILABLE (the gateway retries elsewhere); new ones are refused until it "
+               "resumes");
   flags.Int("page-size", &config.page_size, "KV cache page size in tokens");
   flags.Double("kv-cache-gb", &config.kv_cache_gb,
                "KV cache budget in GiB (0: 0.25 on cpu, --gpu-memory-fraction on cuda)");
@@ -93,6 +105,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("listening on %s\n", (*server)->address().c_str());
+  if (!(*server)->sglang_address().empty()) {
+    std::printf("sglang listening on %s\n", (*server)->sglang_address().c_str());
+  }
   std::fflush(stdout);
   if ((*server)->metrics_port() >= 0) {
     spdlog::info("metrics on http://{}:{}/metrics", config.host, (*server)->metrics_port());

@@ -16,6 +16,27 @@ absl::Status Validate(const WorkerConfig& c) {
     return bad("model", absl::StrCat("'", c.model_path, "' is not a folder"));
   }
   if (c.port < 0 || c.port > 65535) return bad("port", "must be in [0, 65535]");
+  if (c.model_alias.size() > kMaxModelAliasBytes) {
+    return bad("model-alias", absl::StrCat("longer than ", kMaxModelAliasBytes, " bytes"));
+  }
+  for (char ch : c.model_alias) {
+    if (ch <= ' ' || ch > '~') {
+      return bad("model-alias", "must be printable ASCII without spaces");
+    }
+  }
+  if (c.sglang_port < -1 || c.sglang_port > 65535) {
+    return bad("sglang-port", "must be -1 (off) or in [0, 65535]");
+  }
+  if (c.sglang_port >= 0 && c.port != 0 && c.sglang_port == c.port &&
+      (c.sglang_host.empty() || c.sglang_host == c.host)) {
+    return bad("sglang-port", "must differ from --port");
+  }
+  if (!c.sglang_host.empty() && c.sglang_port < 0) {
+    return bad("sglang-host", "needs --sglang-port");
+  }
+  if (!(c.sglang_pause_timeout_s >= 0 && c.sglang_pause_timeout_s <= 86400)) {
+    return bad("sglang-pause-timeout-s", "must be in [0, 86400]");
+  }
   if (c.metrics_port < -1 || c.metrics_port > 65535) {
     return bad("metrics-port", "must be -1 (off) or in [0, 65535]");
   }

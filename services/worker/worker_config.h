@@ -2,6 +2,7 @@
 // once; nothing below main reads flags.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -9,6 +10,8 @@
 #include "common/request_limits.h"
 
 namespace rl::worker {
+
+inline constexpr size_t kMaxModelAliasBytes = 256;
 
 struct WorkerConfig {
   std::string model_path;
@@ -43,6 +46,15 @@ struct WorkerConfig {
   int chunked_prefill_tokens = 2048;
   int64_t weight_version = 0;
   std::string log_level = "info";
+  // SGLang's scheduler protocol (the SMG gateway). The served model name reported to SGLang
+  // clients ("": model_path).
+  std::string model_alias;
+  // A listener of its own for that protocol, without the keys (SMG sends none): -1 off (served
+  // on --port only, behind the keys); 0 any free port. sglang_host "": --host.
+  int sglang_port = -1;
+  std::string sglang_host;
+  // How long an SGLang request may wait on a paused worker before UNAVAILABLE (PauseGuard).
+  double sglang_pause_timeout_s = 60;
 };
 
 // InvalidArgument naming the first bad flag.

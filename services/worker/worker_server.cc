@@ -1,6 +1,7 @@
 #include "services/worker/worker_server.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -13,6 +14,7 @@
 #include "services/worker/model/cpu_model_runner.h"
 #include "services/worker/model/cuda_runner.h"
 #include "services/worker/model/sleepable_runner.h"
+#include "services/worker/sglang/pause_guard.h"
 #include "services/worker/sglang/sglang_service.h"
 #include "services/worker/worker_service.h"
 #include "spdlog/spdlog.h"
@@ -168,8 +170,15 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   s->worker_service_ = std::make_unique<WorkerService>(s->host_.get(), s->data_auth_.get());
   s->admin_service_ = std::make_unique<AdminService>(*s->host_, *s->control_, *s->weights_,
                                                      *s->admin_executor_, *s->admin_auth_);
-  s->sglang_service_ = std::make_unique<SglangService>(
-      *s->host_, *s->control_, s->config_, *s->admin_executor_, *s->data_auth_, *s->admin_auth_);
+  engine::Engine* const engine = s->engine_.get();
+  s->pause_guard_ = std::make_unique<PauseGuard>(
+      [engine] { return engine->GetServerInfo().paused; },
+      [engine](const std::string& id, const std::string& why) { engine->AbortAsync(id, why); },
+      absl::Milliseconds(static_cast<int64_t>(std::ceil(config.sglang_pause_timeout_s * 1000))));
+  s->pause_guard_->Start();
+  s->sglang_service_ =
+      std::make_unique<SglangService>(*s->host_, *s->control_, s->config_, *s->admin_executor_,
+                                      *s->pause_guard_, *s->data_auth_, *s->admin_auth_);
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
@@ -179,6 +188,26 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   ASSIGN_OR_RETURN(s->grpc_,
                    GrpcServer::Start(options, {s->worker_service_.get(), s->admin_service_.get(),
                                                s->sglang_service_.get()}));
+  if (config.sglang_port >= 0) {
+    // SMG's gRPC client sends no metadata and no client certificate: this listener takes no
+    // key, and only the gateway must reach it (README "OpenAI-compatible API through SMG").
+    s->no_auth_ = std::make_unique<BearerAuth>("");
+    s->sglang_open_service_ =
+        std::make_unique<SglangService>(*s->host_, *s->control_, s->config_, *s->admin_executor_,
+                                        *s->pause_guard_, *s->no_auth_, *s->no_auth_);
+    ServerOptions sglang_options = options;
+    sglang_options.host = config.sglang_host.empty() ? config.host : config.sglang_host;
+    sglang_options.port = config.sglang_port;
+    sglang_options.max_message_bytes = 64 << 20;  // token ids only, no tensor chunks
+    ASSIGN_OR_RETURN(s->sglang_grpc_,
+                     GrpcServer::Start(sglang_options, {s->sglang_open_service_.get()}));
+    if (s->data_auth_->enabled() || s->admin_auth_->enabled()) {
+      spdlog::warn(
+          "--sglang-port: SGLang's scheduler protocol on {} takes no API key (the SMG gateway "
+          "sends none); only the gateway must reach that address",
+          s->sglang_grpc_->address());
+    }
+  }
   if (config.metrics_port >= 0) {
     ASSIGN_OR_RETURN(s->metrics_http_, MetricsHttpServer::Start(config.host, config.metrics_port,
                                                                 s->metrics_->registry()));
@@ -193,7 +222,10 @@ void WorkerServer::Shutdown() {
   shut_down_ = true;
   // Abort generations first so streams end with a final message instead of hanging the drain.
   if (engine_) (void)engine_->AbortAll("worker shutting down");
+  if (pause_guard_) pause_guard_->Shutdown();        // aborts nothing from now on
   if (sglang_service_) sglang_service_->Shutdown();  // FlushCache waits answer now
+  if (sglang_open_service_) sglang_open_service_->Shutdown();
+  if (sglang_grpc_) sglang_grpc_->Shutdown();
   if (grpc_) grpc_->Shutdown();  // refuses new calls; waits for the calls in flight
   if (metrics_http_) metrics_http_->Stop();
   if (weights_) weights_->Shutdown();  // closes the groups: posted receives fail now
@@ -209,7 +241,10 @@ void WorkerServer::Shutdown() {
 }
 
 void WorkerServer::RefreshHealth() {
-  if (grpc_ && control_) grpc_->SetServing(control_->serving());
+  if (!control_) return;
+  const bool serving = control_->serving();
+  if (grpc_) grpc_->SetServing(serving);
+  if (sglang_grpc_) sglang_grpc_->SetServing(serving);
 }
 
 }  // namespace rl::worker

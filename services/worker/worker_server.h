@@ -2,7 +2,8 @@
 // wires. Start loads the model config and tokenizer, picks the backend, and builds in order the
 // sleepable runner (model/) and the engine (engine/), the metrics table, the weight-update unit
 // (weights/), the control plane (control/), the data-plane host (EngineHost), the admin
-// executor, the gRPC services (Worker, Admin, SGLang scheduler, health, reflection) and the
+// executor, the gRPC services (Worker, Admin, SGLang scheduler, health, reflection), the
+// optional key-free SGLang scheduler listener for the SMG gateway (--sglang-port) and the
 // metrics endpoint. No service includes this header; each talks to the interfaces it needs
 // (GenerateHost, WorkerControl, WeightUpdates). Health (grpc.health.v1) follows
 // WorkerControl::serving(). Layout and semantics: docs/worker-control.md.
@@ -32,6 +33,7 @@
 namespace rl::worker {
 
 class AdminService;
+class PauseGuard;
 class SglangService;
 class WorkerService;
 
@@ -54,6 +56,8 @@ class WorkerServer final {
 
   // "HOST:PORT" of the gRPC listener.
   std::string address() const { return grpc_->address(); }
+  // "HOST:PORT" of the key-free SGLang scheduler listener (--sglang-port); "" when off.
+  std::string sglang_address() const { return sglang_grpc_ ? sglang_grpc_->address() : ""; }
   int metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
   std::string backend_name() const { return control_->model_identity().backend; }
   // Graceful drain: refuses new calls, aborts generations, lets calls in flight finish, closes
@@ -81,13 +85,18 @@ class WorkerServer final {
   std::unique_ptr<WorkerController> control_;
   std::unique_ptr<BearerAuth> admin_auth_;
   std::unique_ptr<BearerAuth> data_auth_;
+  std::unique_ptr<BearerAuth> no_auth_;  // the --sglang-port listener's: no key
   std::unique_ptr<EngineHost> host_;
   // Shut down after the gRPC server (every call has finished), before the services go.
   std::unique_ptr<BoundedExecutor> admin_executor_;
   std::unique_ptr<WorkerService> worker_service_;
   std::unique_ptr<AdminService> admin_service_;
-  std::unique_ptr<SglangService> sglang_service_;  // sglang.grpc.scheduler (SMG)
+  // Bounds the wait of SGLang requests on a paused worker; stopped before the engine goes.
+  std::unique_ptr<PauseGuard> pause_guard_;
+  std::unique_ptr<SglangService> sglang_service_;       // sglang.grpc.scheduler (SMG), keyed
+  std::unique_ptr<SglangService> sglang_open_service_;  // the same on --sglang-port, no key
   std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<GrpcServer> sglang_grpc_;  // --sglang-port
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   bool shut_down_ = false;
 };

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 
@@ -78,7 +79,41 @@ absl::Status ApplyCustomParams(const google::protobuf::Struct& params, engine::S
   return absl::OkStatus();
 }
 
+bool IsWordChar(char c) { return absl::ascii_isalnum(c) || c == '_'; }
+
 }  // namespace
+
+absl::StatusOr<std::optional<uint64_t>> SeedFromRequestId(absl::string_view id) {
+  constexpr absl::string_view kToken = "seed=";
+  constexpr absl::string_view kTerminators = "-/:;,|#&";
+  std::optional<uint64_t> seed;
+  for (size_t at = id.find(kToken); at != std::string_view::npos;
+       at = id.find(kToken, at + kToken.size())) {
+    if (at > 0 && IsWordChar(id[at - 1])) continue;  // "myseed=": not the token
+    if (seed.has_value()) {
+      return absl::InvalidArgumentError("request_id: more than one seed= token");
+    }
+    size_t end = at + kToken.size();
+    uint64_t value = 0;
+    size_t num_digits = 0;
+    for (; end < id.size() && absl::ascii_isdigit(id[end]); ++end, ++num_digits) {
+      const uint64_t digit = static_cast<uint64_t>(id[end] - '0');
+      if (value > (std::numeric_limits<uint64_t>::max() - digit) / 10) {
+        return absl::InvalidArgumentError(
+            "request_id: the seed= value is out of range (at most 2^64 - 1)");
+      }
+      value = value * 10 + digit;
+    }
+    if (num_digits == 0 || (end < id.size() && kTerminators.find(id[end]) == kTerminators.npos)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request_id: seed= must be followed by a decimal integer, then the id's "
+                       "end or one of ",
+                       kTerminators, " (got '", id.substr(at, 32), "')"));
+    }
+    seed = value;
+  }
+  return seed;
+}
 
 absl::StatusOr<engine::GenerateRequest> SglangToEngineRequest(const sgl::GenerateRequest& in,
                                                               std::string id,
@@ -152,6 +187,14 @@ absl::StatusOr<engine::GenerateRequest> SglangToEngineRequest(const sgl::Generat
   }
   s.n = sp.n() == 0 ? 1 : static_cast<int32_t>(sp.n());
   if (sp.has_custom_params()) RETURN_IF_ERROR(ApplyCustomParams(sp.custom_params(), &s));
+  ASSIGN_OR_RETURN(const std::optional<uint64_t> id_seed, SeedFromRequestId(in.request_id()));
+  if (id_seed.has_value()) {
+    if (s.seed.has_value() && *s.seed != *id_seed) {
+      return absl::InvalidArgumentError(absl::StrCat("request_id: seed=", *id_seed,
+                                                     " differs from custom_params.seed ", *s.seed));
+    }
+    s.seed = id_seed;
+  }
 
   r.return_logprob = in.return_logprob();
   if (r.return_logprob) {

@@ -8,14 +8,21 @@
 // caller's mistake, a 400 at the gateway, never retried). What the engine has no counterpart
 // for (constraints, LoRA, embeddings, hidden states, multimodal inputs, logit bias, custom
 // logit processors, disaggregation) is INVALID_ARGUMENT naming the field. Cost: O(prompt).
+//
+// The per-request seed comes from `sampling_params.custom_params.seed` (direct gRPC clients) or
+// from a `seed=N` token in the request id: the only free-form field SMG 1.13 forwards, from the
+// request's `rid` or its `x-request-id` header (the gateway drops OpenAI's `seed` and every
+// `custom_params`). Syntax and rationale: docs/smg.md.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "services/worker/engine/request.h"
 #include "sglang_scheduler.pb.h"
@@ -32,6 +39,12 @@ inline constexpr int32_t kSglangDefaultMaxNewTokens = 128;
 absl::StatusOr<engine::GenerateRequest> SglangToEngineRequest(const sgl::GenerateRequest& in,
                                                               std::string id,
                                                               const engine::RequestLimits& limits);
+
+// The seed a request id carries: `seed=N` (N decimal, < 2^64) at the id's start or after a
+// character that is not a letter, digit or underscore, and followed by the id's end or one of
+// `-/:;,|#&` (the gateway appends "-<uuid>" or "-p<i>" to ids it derives). nullopt when the id
+// has no such token; INVALID_ARGUMENT for a malformed or out-of-range value, or two tokens.
+absl::StatusOr<std::optional<uint64_t>> SeedFromRequestId(absl::string_view id);
 
 // "stop", "length" or "abort" (OpenAI's words, as GenerateComplete.finish_reason carries them).
 const char* SglangFinishReason(engine::FinishKind kind);

@@ -22,6 +22,7 @@ namespace common = ::smg::grpc::common;
 constexpr int kTokenizerChunkBytes = 64 << 10;
 constexpr size_t kMaxPendingFlushes = 64;
 constexpr absl::Duration kFlushPoll = absl::Milliseconds(20);
+constexpr int64_t kKeyWarningIntervalS = 60;
 
 double UnixSeconds(std::chrono::system_clock::time_point t) {
   return std::chrono::duration<double>(t.time_since_epoch()).count();
@@ -51,23 +52,30 @@ double KvUsage(const engine::ServerInfo& info) {
 // and the write queue are EngineStreamReactor's (shared with rl.v1.Worker's Generate).
 class GenerateReactor final : public EngineStreamReactor<sgl::GenerateResponse> {
  public:
-  GenerateReactor(GenerateHost* host, const BearerAuth* auth, grpc::CallbackServerContext* context,
+  // `auth`: the key check's outcome, done by the service.
+  GenerateReactor(GenerateHost* host, PauseGuard* pause_guard, const absl::Status& auth,
                   const sgl::GenerateRequest& request)
-      : EngineStreamReactor(host) {
-    absl::Status s = Start(auth, context, request);
+      : EngineStreamReactor(host), pause_guard_(pause_guard) {
+    absl::Status s = Start(auth, request);
     if (!s.ok()) FailStart(s);
+  }
+  ~GenerateReactor() override {
+    if (tracked_) pause_guard_->Untrack(pause_token_);
   }
 
  private:
-  absl::Status Start(const BearerAuth* auth, grpc::CallbackServerContext* context,
-                     const sgl::GenerateRequest& request) {
-    RETURN_IF_ERROR(auth->Check(*context));
+  absl::Status Start(const absl::Status& auth, const sgl::GenerateRequest& request) {
+    RETURN_IF_ERROR(auth);
     id_ = request.request_id().empty() ? server_->NextRequestId() : request.request_id();
     stream_ = request.stream();
     ASSIGN_OR_RETURN(request_, SglangToEngineRequest(request, id_, server_->engine().limits()));
+    RETURN_IF_ERROR(pause_guard_->CheckAdmission());
     const int n = request_.sampling.n;
     ExpectCompletions(n);
     completion_tokens_.assign(n, 0);
+    // Tracked before the engine has it, so a pause that outlasts the bound ends it too.
+    pause_token_ = pause_guard_->Track(id_);
+    tracked_ = true;
     return ForGateway(server_->Submit(request_, StreamThreadCallbacks(stream_)));
   }
 
@@ -108,6 +116,9 @@ class GenerateReactor final : public EngineStreamReactor<sgl::GenerateResponse> 
     CompleteOne(std::move(msgs));
   }
 
+  PauseGuard* const pause_guard_;
+  bool tracked_ = false;
+  uint64_t pause_token_ = 0;
   bool stream_ = false;
   engine::GenerateRequest request_;     // as submitted (input ids, logprob options)
   std::vector<int> completion_tokens_;  // per completion; stream thread only
@@ -155,11 +166,12 @@ class TokenizerReactor final : public grpc::ServerWriteReactor<common::GetTokeni
 }  // namespace
 
 SglangService::SglangService(GenerateHost& host, WorkerControl& control, const WorkerConfig& config,
-                             BoundedExecutor& executor, const BearerAuth& data_auth,
-                             const BearerAuth& admin_auth)
+                             BoundedExecutor& executor, PauseGuard& pause_guard,
+                             const BearerAuth& data_auth, const BearerAuth& admin_auth)
     : host_(host),
       control_(control),
       config_(config),
+      pause_guard_(pause_guard),
       data_auth_(data_auth),
       admin_auth_(admin_auth),
       start_time_(std::chrono::system_clock::now()),
@@ -169,10 +181,42 @@ SglangService::SglangService(GenerateHost& host, WorkerControl& control, const W
 
 void SglangService::Shutdown() { flushes_.Shutdown(); }
 
+absl::Status SglangService::CheckData(const grpc::CallbackServerContext& context,
+                                      const char* method) {
+  absl::Status s = data_auth_.Check(context);
+  if (!s.ok()) WarnMissingKey(s, method);
+  return s;
+}
+
+absl::Status SglangService::CheckAdmin(const grpc::CallbackServerContext& context,
+                                       const char* method) {
+  absl::Status s = admin_auth_.Check(context);
+  if (!s.ok()) WarnMissingKey(s, method);
+  return s;
+}
+
+void SglangService::WarnMissingKey(const absl::Status& s, const char* method) {
+  if (s.code() != absl::StatusCode::kUnauthenticated) return;  // a wrong key: the client's
+  const int64_t now_s = absl::ToUnixSeconds(absl::Now());
+  int64_t last = last_key_warning_s_.load();
+  if (now_s - last < kKeyWarningIntervalS ||
+      !last_key_warning_s_.compare_exchange_strong(last, now_s)) {
+    return;
+  }
+  spdlog::warn(
+      "SglangScheduler.{} without an API key refused. The SMG gateway sends no key on gRPC (it "
+      "then reports \"No worker available\"): point it at the key-free --sglang-port listener",
+      method);
+}
+
+const std::string& SglangService::served_model_name() const {
+  return config_.model_alias.empty() ? config_.model_path : config_.model_alias;
+}
+
 grpc::ServerWriteReactor<sgl::GenerateResponse>* SglangService::Generate(
     grpc::CallbackServerContext* context, const sgl::GenerateRequest* request) {
   last_receive_unix_s_.store(UnixSeconds(std::chrono::system_clock::now()));
-  return new GenerateReactor(&host_, &data_auth_, context, *request);
+  return new GenerateReactor(&host_, &pause_guard_, CheckData(*context, "Generate"), *request);
 }
 
 grpc::ServerUnaryReactor* SglangService::Embed(grpc::CallbackServerContext* context,
@@ -183,7 +227,7 @@ grpc::ServerUnaryReactor* SglangService::Embed(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* SglangService::HealthCheck(grpc::CallbackServerContext* context,
                                                      const sgl::HealthCheckRequest*,
                                                      sgl::HealthCheckResponse* response) {
-  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckData(*context, "HealthCheck"); !s.ok()) return FinishUnary(context, s);
   const ServingState state = control_.serving_state();
   response->set_healthy(state == ServingState::kServing);
   response->set_message(ServingStateName(state));
@@ -193,7 +237,7 @@ grpc::ServerUnaryReactor* SglangService::HealthCheck(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* SglangService::Abort(grpc::CallbackServerContext* context,
                                                const sgl::AbortRequest* request,
                                                sgl::AbortResponse* response) {
-  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckData(*context, "Abort"); !s.ok()) return FinishUnary(context, s);
   if (request->request_id().empty()) {
     return FinishUnary(context, absl::InvalidArgumentError("request_id: must not be empty"));
   }
@@ -210,7 +254,9 @@ grpc::ServerUnaryReactor* SglangService::Abort(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* SglangService::GetModelInfo(grpc::CallbackServerContext* context,
                                                       const sgl::GetModelInfoRequest*,
                                                       sgl::GetModelInfoResponse* response) {
-  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckData(*context, "GetModelInfo"); !s.ok()) {
+    return FinishUnary(context, s);
+  }
   const model_io::ModelConfig& c = host_.engine().model_config();
   const engine::RequestLimits& limits = host_.engine().limits();
   const std::string& model_path = config_.model_path;
@@ -218,7 +264,7 @@ grpc::ServerUnaryReactor* SglangService::GetModelInfo(grpc::CallbackServerContex
   if (host_.tokenizer() != nullptr) response->set_tokenizer_path(model_path);
   response->set_is_generation(true);
   response->set_weight_version(absl::StrCat(host_.weight_version()));
-  response->set_served_model_name(model_path);
+  response->set_served_model_name(served_model_name());
   response->set_max_context_length(static_cast<int32_t>(limits.max_context_len));
   response->set_vocab_size(static_cast<int32_t>(c.vocab_size));
   response->set_supports_vision(false);
@@ -235,13 +281,15 @@ grpc::ServerUnaryReactor* SglangService::GetModelInfo(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* SglangService::GetServerInfo(grpc::CallbackServerContext* context,
                                                        const sgl::GetServerInfoRequest*,
                                                        sgl::GetServerInfoResponse* response) {
-  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckData(*context, "GetServerInfo"); !s.ok()) {
+    return FinishUnary(context, s);
+  }
   const WorkerConfig& config = config_;
   const engine::ServerInfo info = host_.engine().GetServerInfo();
   auto& args = *response->mutable_server_args()->mutable_fields();
   args["model_path"].set_string_value(config.model_path);
   args["tokenizer_path"].set_string_value(host_.tokenizer() != nullptr ? config.model_path : "");
-  args["served_model_name"].set_string_value(config.model_path);
+  args["served_model_name"].set_string_value(served_model_name());
   args["host"].set_string_value(config.host);
   args["page_size"].set_number_value(config.page_size);
   args["max_running_requests"].set_number_value(info.req_to_token_total);
@@ -273,7 +321,7 @@ grpc::ServerUnaryReactor* SglangService::GetServerInfo(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* SglangService::GetLoads(grpc::CallbackServerContext* context,
                                                   const sgl::GetLoadsRequest* request,
                                                   sgl::GetLoadsResponse* response) {
-  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckData(*context, "GetLoads"); !s.ok()) return FinishUnary(context, s);
   if (request->has_dp_rank() && request->dp_rank() != 0) {
     return FinishUnary(context,
                        absl::InvalidArgumentError(absl::StrCat(
@@ -333,7 +381,7 @@ grpc::ServerUnaryReactor* SglangService::GetLoads(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* SglangService::FlushCache(grpc::CallbackServerContext* context,
                                                     const common::FlushCacheRequest* request,
                                                     common::FlushCacheResponse* response) {
-  if (absl::Status s = admin_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckAdmin(*context, "FlushCache"); !s.ok()) return FinishUnary(context, s);
   const float timeout_s = request->timeout_s();
   if (!std::isfinite(timeout_s) || timeout_s < 0 || timeout_s > kMaxFlushTimeoutS) {
     return FinishUnary(
@@ -383,7 +431,9 @@ grpc::ServerUnaryReactor* SglangService::StopProfile(grpc::CallbackServerContext
 
 grpc::ServerWriteReactor<common::GetTokenizerChunk>* SglangService::GetTokenizer(
     grpc::CallbackServerContext* context, const common::GetTokenizerRequest*) {
-  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return new TokenizerReactor(s);
+  if (absl::Status s = CheckData(*context, "GetTokenizer"); !s.ok()) {
+    return new TokenizerReactor(s);
+  }
   if (host_.tokenizer() == nullptr) {
     return new TokenizerReactor(absl::FailedPreconditionError(
         "GetTokenizer: this worker's model folder has no tokenizer.json"));
@@ -420,7 +470,9 @@ grpc::ServerUnaryReactor* SglangService::UnloadLoRAAdapter(grpc::CallbackServerC
 grpc::ServerUnaryReactor* SglangService::ListLoadedLoRAAdapters(
     grpc::CallbackServerContext* context, const sgl::ListLoadedLoRAAdaptersRequest*,
     sgl::ListLoadedLoRAAdaptersResponse* response) {
-  if (absl::Status s = data_auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckData(*context, "ListLoadedLoRAAdapters"); !s.ok()) {
+    return FinishUnary(context, s);
+  }
   response->clear_loaded_adapters();  // none: LoRA is not supported
   return FinishUnary(context, absl::OkStatus());
 }

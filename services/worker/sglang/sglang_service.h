@@ -12,8 +12,12 @@
 // admin executor (flush_waiter.h; at most 64 calls wait); a flush refused because requests are
 // in flight answers success=false with the reason. What the engine has no counterpart for
 // (embeddings, LoRA, profiling, KV events) is UNIMPLEMENTED with a message.
+// A request that waits on a paused worker ends UNAVAILABLE after --sglang-pause-timeout-s
+// (pause_guard.h), and one sent to a worker paused longer is refused with it: none hangs.
 // Auth: the data-plane key (--api-key) guards every call but FlushCache, which takes the admin
-// key (--admin-api-key), as rl.v1 does.
+// key (--admin-api-key), as rl.v1 does. SMG 1.13 sends no key on gRPC: a call refused for a
+// missing key logs (at most once a minute) that the gateway belongs on --sglang-port, where
+// WorkerServer serves a second instance of this service with empty keys.
 // Thread-safe: gRPC handlers call in concurrently.
 #pragma once
 
@@ -26,6 +30,7 @@
 #include "services/worker/control/worker_control.h"
 #include "services/worker/generate_host.h"
 #include "services/worker/sglang/flush_waiter.h"
+#include "services/worker/sglang/pause_guard.h"
 #include "services/worker/sglang/tokenizer_bundle.h"
 #include "services/worker/worker_config.h"
 #include "sglang_scheduler.grpc.pb.h"
@@ -40,7 +45,7 @@ class SglangService final : public ::sglang::grpc::scheduler::SglangScheduler::C
   // Everything referenced must outlive the service; `executor` runs the FlushCache retries and
   // must be destroyed before the service (the composition root's order).
   SglangService(GenerateHost& host, WorkerControl& control, const WorkerConfig& config,
-                BoundedExecutor& executor, const BearerAuth& data_auth,
+                BoundedExecutor& executor, PauseGuard& pause_guard, const BearerAuth& data_auth,
                 const BearerAuth& admin_auth);
   // Ends pending FlushCache waits (they answer "worker shutting down"). Call before the gRPC
   // server drains. Idempotent.
@@ -102,6 +107,13 @@ class SglangService final : public ::sglang::grpc::scheduler::SglangScheduler::C
       ::sglang::grpc::scheduler::ListLoadedLoRAAdaptersResponse* response) override;
 
  private:
+  // The key checks; a refusal for a missing key is logged with the way out (rate-limited).
+  absl::Status CheckData(const grpc::CallbackServerContext& context, const char* method);
+  absl::Status CheckAdmin(const grpc::CallbackServerContext& context, const char* method);
+  void WarnMissingKey(const absl::Status& s, const char* method);
+  // The name reported as served_model_name: --model-alias, else the model path.
+  const std::string& served_model_name() const;
+
   // Answers one FlushCache call from the flush's final status.
   static void FinishFlush(grpc::ServerUnaryReactor* reactor,
                           ::smg::grpc::common::FlushCacheResponse* response, const absl::Status& s,
@@ -110,9 +122,11 @@ class SglangService final : public ::sglang::grpc::scheduler::SglangScheduler::C
   GenerateHost& host_;
   WorkerControl& control_;
   const WorkerConfig& config_;
+  PauseGuard& pause_guard_;
   const BearerAuth& data_auth_;
   const BearerAuth& admin_auth_;
   const std::chrono::system_clock::time_point start_time_;
+  std::atomic<int64_t> last_key_warning_s_{0};
   std::atomic<double> last_receive_unix_s_{0};
   TokenizerBundle tokenizer_bundle_;
   FlushWaiter flushes_;

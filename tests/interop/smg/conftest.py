@@ -48,11 +48,12 @@ class Gateway:
         self.model = model_name
         self.log_path = log_path
 
-    def post(self, path, body, timeout=60):
+    def post(self, path, body, timeout=60, headers=None):
         """(HTTP status, parsed JSON body or raw text)."""
         data = json.dumps(body).encode()
         req = urllib.request.Request(self.url + path, data=data, method="POST",
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json",
+                                              **(headers or {})})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as resp:
                 return resp.status, _parse(resp.read())
@@ -92,52 +93,108 @@ def _parse(raw):
         return raw.decode(errors="replace")
 
 
-def rlctl(*args):
-    r = subprocess.run([RLCTL, *args], capture_output=True, text=True, timeout=120)
+def rlctl(*args, env=None):
+    r = subprocess.run([RLCTL, *args], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, **(env or {})})
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
-def rlctl_json(*args):
-    return json.loads(rlctl("--json", *args))
+def rlctl_json(*args, env=None):
+    return json.loads(rlctl("--json", *args, env=env))
+
+
+class Fleet:
+    """One rl-worker and the real SMG in front of it (optionally through a logging proxy)."""
+
+    def __init__(self, logs, worker_args=(), env=None, sglang_port=False, proxy=False):
+        self.procs = []
+        self.proxy = None
+        self.worker_log = logs / "worker.log"
+        worker = subprocess.Popen([str(BUILD / "bin" / "rl-worker"), "--model", str(MODEL),
+                                   "--port", "0", *worker_args], stdout=subprocess.PIPE,
+                                  stderr=open(self.worker_log, "w"), text=True,
+                                  env={**os.environ, **(env or {})})
+        self.procs.append(worker)
+        line = worker.stdout.readline()
+        if not line.startswith("listening on "):
+            self.stop()
+            raise RuntimeError(f"rl-worker did not start: {line!r}")
+        self.worker = line.split()[-1]
+        # The gateway's own address of the worker: --sglang-port's listener when asked for.
+        target = self.worker
+        if sglang_port:
+            line = worker.stdout.readline()
+            if not line.startswith("sglang listening on "):
+                self.stop()
+                raise RuntimeError(f"rl-worker printed no sglang listener: {line!r}")
+            self.sglang = target = line.split()[-1]
+        if proxy:
+            from sglang_proxy import SglangProxy
+            self.proxy = SglangProxy(target)
+            target = self.proxy.address
+        port = free_port()
+        self.smg_log = logs / "smg.log"
+        self.procs.append(subprocess.Popen(
+            [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port),
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+             "--worker-urls", f"grpc://{target}", "--model-path", str(MODEL),
+             "--chat-template", str(CHAT_TEMPLATE)],
+            stdout=open(self.smg_log, "w"), stderr=subprocess.STDOUT))
+        self.url = f"http://127.0.0.1:{port}"
+
+    def gateway(self, model_name):
+        """Waits until the gateway routes a one-token completion for `model_name`."""
+        gw = Gateway(self.url, self.worker, model_name, self.smg_log)
+        gw.fleet = self
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert self.procs[-1].poll() is None, f"smg exited: {gw.log_tail()}"
+            try:
+                status, _ = gw.post("/v1/completions", {"model": gw.model, "prompt": "Once",
+                                                        "max_tokens": 1}, timeout=5)
+                if status == 200:
+                    return gw
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            assert time.monotonic() < deadline, f"smg not ready: {gw.log_tail()}"
+            time.sleep(0.25)
+
+    def stop(self):
+        for proc in reversed(self.procs):
+            stop(proc)
+        if self.proxy is not None:
+            self.proxy.stop()
 
 
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory):
     assert SMG.exists(), f"{SMG} missing: run scripts/venv (smg is pinned in requirements.txt)"
-    logs = tmp_path_factory.mktemp("smg")
-    worker = subprocess.Popen([str(BUILD / "bin" / "rl-worker"), "--model", str(MODEL),
-                               "--port", "0"], stdout=subprocess.PIPE,
-                              stderr=open(logs / "worker.log", "w"), text=True)
-    line = worker.stdout.readline()
-    if not line.startswith("listening on "):
-        stop(worker)
-        raise RuntimeError(f"rl-worker did not start: {line!r}")
-    address = line.split()[-1]
-    port = free_port()
-    smg_log = logs / "smg.log"
-    smg = subprocess.Popen(
-        [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port),
-         "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-         "--worker-urls", f"grpc://{address}", "--model-path", str(MODEL),
-         "--chat-template", str(CHAT_TEMPLATE)],
-        stdout=open(smg_log, "w"), stderr=subprocess.STDOUT)
-    gw = Gateway(f"http://127.0.0.1:{port}", address, str(MODEL), smg_log)
+    fleet = Fleet(tmp_path_factory.mktemp("smg"))
     try:
-        # Ready when the gateway routes a one-token completion to the worker.
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert smg.poll() is None, f"smg exited: {gw.log_tail()}"
-            try:
-                status, _ = gw.post("/v1/completions", {"model": gw.model, "prompt": "Once",
-                                                        "max_tokens": 1}, timeout=5)
-                if status == 200:
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            assert time.monotonic() < deadline, f"smg not ready: {gw.log_tail()}"
-            time.sleep(0.25)
-        yield gw
+        yield fleet.gateway(str(MODEL))
     finally:
-        stop(smg)
-        stop(worker)
+        fleet.stop()
+
+
+# The keyed worker of test_smg_paths.py: both keys set (in the environment, as RL_API_KEY is
+# usually given), the gateway on the key-free --sglang-port listener through the logging proxy,
+# a served-model alias and a short bound on waiting while paused.
+DATA_KEY = "data-key-for-tests"
+ADMIN_KEY = "admin-key-for-tests"
+ALIAS = "stories"
+PAUSE_TIMEOUT_S = 2
+
+
+@pytest.fixture(scope="module")
+def keyed_gateway(tmp_path_factory):
+    assert SMG.exists(), f"{SMG} missing: run scripts/venv (smg is pinned in requirements.txt)"
+    fleet = Fleet(tmp_path_factory.mktemp("smg-keyed"),
+                  worker_args=["--sglang-port", "0", "--model-alias", ALIAS,
+                               "--sglang-pause-timeout-s", str(PAUSE_TIMEOUT_S)],
+                  env={"RL_API_KEY": DATA_KEY, "RL_ADMIN_API_KEY": ADMIN_KEY},
+                  sglang_port=True, proxy=True)
+    try:
+        yield fleet.gateway(ALIAS)
+    finally:
+        fleet.stop()

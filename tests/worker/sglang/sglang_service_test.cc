@@ -1,6 +1,7 @@
 // SglangScheduler on an in-process worker (stories260K), and the pure translation under it.
 #include <zip.h>
 
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -231,6 +232,87 @@ TEST(SglangConvertTest, CompleteCarriesMatchAndLogprobs) {
   EXPECT_EQ(s.completion_tokens(), 2u);
 }
 
+TEST(SglangConvertTest, SeedFromTheRequestId) {
+  auto seed = [](absl::string_view id) { return SeedFromRequestId(id); };
+  EXPECT_EQ(*seed("seed=42"), 42u);
+  EXPECT_EQ(*seed("ep7/seed=42"), 42u);
+  // As the gateway derives ids: "<x-request-id>-<uuid>", "<rid>-p<i>".
+  EXPECT_EQ(*seed("seed=9-01a2144f-44fa-77fe-95da-a7225822c5f0"), 9u);
+  EXPECT_EQ(*seed("run:seed=0-p1"), 0u);
+  EXPECT_EQ(*seed("seed=18446744073709551615"), UINT64_MAX);
+  EXPECT_FALSE(seed("").value().has_value());
+  EXPECT_FALSE(seed("cmpl-abc-01a2").value().has_value());
+  EXPECT_FALSE(seed("myseed=4").value().has_value());  // not the token
+  EXPECT_FALSE(seed("re_seed=4").value().has_value());
+  auto refused = [&](absl::string_view id, const char* why) {
+    absl::StatusOr<std::optional<uint64_t>> s = seed(id);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << id;
+    EXPECT_THAT(s.status().message(), HasSubstr(why)) << id;
+  };
+  refused("seed=", "decimal integer");
+  refused("seed=x", "decimal integer");
+  refused("seed=12abc", "decimal integer");
+  refused("seed=1.5", "decimal integer");
+  refused("seed=18446744073709551616", "out of range");
+  refused("seed=99999999999999999999999", "out of range");
+  refused("seed=1/seed=2", "more than one");
+
+  // Through the conversion: the id's seed, which custom_params may repeat but not contradict.
+  sgl::GenerateRequest in = Tokens({1, 2});
+  in.set_request_id("ep/seed=7-p0");
+  auto r = SglangToEngineRequest(in, "ep/seed=7-p0", Limits());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->sampling.seed, 7u);
+  auto& fields = *in.mutable_sampling_params()->mutable_custom_params()->mutable_fields();
+  fields["seed"].set_number_value(7);
+  EXPECT_EQ(SglangToEngineRequest(in, "id", Limits())->sampling.seed, 7u);
+  fields["seed"].set_number_value(8);
+  absl::Status s = SglangToEngineRequest(in, "id", Limits()).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("differs from custom_params.seed"));
+  in.set_request_id("seed=oops");
+  EXPECT_EQ(SglangToEngineRequest(in, "id", Limits()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  in.set_request_id("no-seed-here");
+  in.mutable_sampling_params()->clear_custom_params();
+  EXPECT_FALSE(SglangToEngineRequest(in, "id", Limits())->sampling.seed.has_value());
+}
+
+TEST(SglangConfigTest, FlagsAreValidated) {
+  WorkerConfig c;
+  c.model_path = testing::Stories();
+  ASSERT_TRUE(Validate(c).ok());
+  auto refused = [](const WorkerConfig& bad, const char* flag) {
+    absl::Status s = Validate(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << flag;
+    EXPECT_THAT(s.message(), HasSubstr(flag));
+  };
+  WorkerConfig bad = c;
+  bad.model_alias = "has space";
+  refused(bad, "--model-alias");
+  bad.model_alias = std::string(kMaxModelAliasBytes + 1, 'a');
+  refused(bad, "--model-alias");
+  bad = c;
+  bad.sglang_port = 70000;
+  refused(bad, "--sglang-port");
+  bad = c;
+  bad.port = 5000;
+  bad.sglang_port = 5000;
+  refused(bad, "--sglang-port");
+  bad = c;
+  bad.sglang_host = "0.0.0.0";
+  refused(bad, "--sglang-host");
+  bad = c;
+  bad.sglang_pause_timeout_s = -1;
+  refused(bad, "--sglang-pause-timeout-s");
+  bad.sglang_pause_timeout_s = std::nan("");
+  refused(bad, "--sglang-pause-timeout-s");
+  c.model_alias = "stories";
+  c.sglang_port = 0;
+  c.sglang_pause_timeout_s = 0;
+  EXPECT_TRUE(Validate(c).ok());
+}
+
 TEST(TokenizerBundleTest, ZipsTheTokenizerFiles) {
   auto archive = BuildTokenizerArchive(testing::Stories());
   ASSERT_TRUE(archive.ok()) << archive.status();
@@ -263,17 +345,26 @@ class SglangServiceTest : public testing::WorkerFixture {
     sglang_ = sgl::SglangScheduler::NewStub(channel_);
   }
 
+  // Replaces the worker with one started from `config`.
+  void Restart(WorkerConfig config) {
+    server_->Shutdown();
+    server_.reset();
+    StartWorker(std::move(config));
+    sglang_ = sgl::SglangScheduler::NewStub(channel_);
+  }
+
   struct Outcome {
     grpc::Status status;
     std::vector<sgl::GenerateStreamChunk> chunks;
     std::vector<sgl::GenerateComplete> completes;
   };
 
-  Outcome Run(const sgl::GenerateRequest& req) {
+  Outcome Run(const sgl::GenerateRequest& req) { return Run(*sglang_, req); }
+  static Outcome Run(sgl::SglangScheduler::Stub& stub, const sgl::GenerateRequest& req) {
     Outcome out;
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    auto reader = sglang_->Generate(&ctx, req);
+    auto reader = stub.Generate(&ctx, req);
     sgl::GenerateResponse msg;
     while (reader->Read(&msg)) {
       EXPECT_EQ(msg.request_id(), req.request_id());
@@ -300,17 +391,30 @@ class SglangServiceTest : public testing::WorkerFixture {
     ASSERT_EQ(ServerInfo().num_waiting(), n);
   }
 
-  void Pause() {
+  void Pause(const std::string& key = "") {
     rl::v1::PauseGenerationRequest req;
     req.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
     rl::v1::AdminResponse resp;
-    ASSERT_TRUE(Call(&rl::v1::Admin::Stub::PauseGeneration, req, &resp).ok());
+    ASSERT_TRUE(Call(&rl::v1::Admin::Stub::PauseGeneration, req, &resp, key).ok());
   }
-  void Continue() {
+  void Continue(const std::string& key = "") {
     rl::v1::AdminResponse resp;
-    ASSERT_TRUE(
-        Call(&rl::v1::Admin::Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(), &resp)
-            .ok());
+    ASSERT_TRUE(Call(&rl::v1::Admin::Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(),
+                     &resp, key)
+                    .ok());
+  }
+
+  static sgl::GenerateRequest Sampled(const std::string& id) {
+    sgl::GenerateRequest req = Greedy(16, /*stream=*/false);
+    req.set_request_id(id);
+    req.mutable_sampling_params()->set_temperature(1.0f);
+    return req;
+  }
+  std::vector<uint32_t> SampledIds(const std::string& id) {
+    Outcome out = Run(Sampled(id));
+    EXPECT_TRUE(out.status.ok()) << out.status.error_message();
+    if (out.completes.size() != 1) return {};
+    return {out.completes[0].output_ids().begin(), out.completes[0].output_ids().end()};
   }
 
   std::unique_ptr<sgl::SglangScheduler::Stub> sglang_;
@@ -549,6 +653,121 @@ TEST_F(SglangServiceTest, FlushWaitingAtShutdownIsAnswered) {
   // thread stopped, else UNAVAILABLE.
   EXPECT_TRUE(status.ok() || status.error_code() == grpc::StatusCode::UNAVAILABLE)
       << status.error_message();
+}
+
+TEST_F(SglangServiceTest, TheRequestIdsSeedReproducesASample) {
+  const std::vector<uint32_t> a = SampledIds("a/seed=7");
+  ASSERT_EQ(a.size(), 16u);
+  EXPECT_EQ(SampledIds("b/seed=7"), a);
+  EXPECT_NE(SampledIds("c/seed=8"), a);
+  // The same seed as custom_params (a direct client's way) gives the same tokens.
+  sgl::GenerateRequest req = Sampled("d");
+  (*req.mutable_sampling_params()->mutable_custom_params()->mutable_fields())["seed"]
+      .set_number_value(7);
+  Outcome out = Run(req);
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_EQ(out.completes.size(), 1u);
+  EXPECT_EQ(std::vector<uint32_t>(out.completes[0].output_ids().begin(),
+                                  out.completes[0].output_ids().end()),
+            a);
+}
+
+TEST_F(SglangServiceTest, ModelAliasIsTheServedModelName) {
+  WorkerConfig config;
+  config.model_alias = "stories";
+  Restart(config);
+  grpc::ClientContext c1;
+  sgl::GetModelInfoResponse info;
+  ASSERT_TRUE(sglang_->GetModelInfo(&c1, {}, &info).ok());
+  EXPECT_EQ(info.served_model_name(), "stories");
+  EXPECT_EQ(info.model_path(), testing::Stories());  // where the tokenizer is
+  grpc::ClientContext c2;
+  sgl::GetServerInfoResponse server;
+  ASSERT_TRUE(sglang_->GetServerInfo(&c2, {}, &server).ok());
+  EXPECT_EQ(server.server_args().fields().at("served_model_name").string_value(), "stories");
+  EXPECT_EQ(server.server_args().fields().at("model_path").string_value(), testing::Stories());
+}
+
+TEST_F(SglangServiceTest, APauseLongerThanTheBoundEndsRequestsUnavailable) {
+  WorkerConfig config;
+  config.sglang_pause_timeout_s = 0.3;
+  Restart(config);
+  Pause();
+  // Queued on the paused worker, then ended with a status the gateway retries.
+  Outcome queued = Run(Greedy(8, /*stream=*/true));
+  EXPECT_EQ(queued.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(queued.status.error_message(), HasSubstr("--sglang-pause-timeout-s"));
+  EXPECT_TRUE(queued.completes.empty());
+  // Still paused: a new request is refused at once.
+  Outcome refused = Run(Greedy(8, /*stream=*/false));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.status.error_message(), HasSubstr("retry on another worker"));
+  WaitForWaiting(0);
+  Continue();
+  // Resumed: served again (the guard samples the pause every 50 ms).
+  Outcome served;
+  for (int i = 0; i < 400; ++i) {
+    served = Run(Greedy(8, /*stream=*/false));
+    if (served.status.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(served.status.ok()) << served.status.error_message();
+  ASSERT_EQ(served.completes.size(), 1u);
+  EXPECT_EQ(served.completes[0].output_ids_size(), 8);
+}
+
+TEST_F(SglangServiceTest, AShortPauseOnlyDelaysARequest) {
+  Pause();  // the default bound (60 s) is far away
+  Outcome out;
+  std::thread t([&] { out = Run(Greedy(8, /*stream=*/false)); });
+  WaitForWaiting(1);
+  Continue();
+  t.join();
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_EQ(out.completes.size(), 1u);
+}
+
+TEST_F(SglangServiceTest, AKeyedWorkerServesTheGatewayOnTheKeyFreeSglangPort) {
+  WorkerConfig config;
+  config.api_key = "data-key";
+  config.admin_api_key = "admin-key";
+  config.sglang_port = 0;
+  Restart(config);
+  ASSERT_FALSE(server_->sglang_address().empty());
+  // The keyed port refuses a call without the key, as before.
+  grpc::ClientContext c1;
+  sgl::HealthCheckResponse health;
+  EXPECT_EQ(sglang_->HealthCheck(&c1, {}, &health).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  // The SGLang port takes none, for every call the gateway makes, FlushCache included.
+  auto open = grpc::CreateChannel(server_->sglang_address(), grpc::InsecureChannelCredentials());
+  auto gateway = sgl::SglangScheduler::NewStub(open);
+  grpc::ClientContext c2;
+  ASSERT_TRUE(gateway->HealthCheck(&c2, {}, &health).ok());
+  EXPECT_TRUE(health.healthy());
+  grpc::ClientContext c3;
+  sgl::GetModelInfoResponse info;
+  ASSERT_TRUE(gateway->GetModelInfo(&c3, {}, &info).ok());
+  Outcome out = Run(*gateway, Greedy(20, /*stream=*/false));
+  ASSERT_TRUE(out.status.ok()) << out.status.error_message();
+  ASSERT_EQ(out.completes.size(), 1u);
+  EXPECT_EQ(std::vector<int32_t>(out.completes[0].output_ids().begin(),
+                                 out.completes[0].output_ids().end()),
+            testing::kGoldenIds);
+  grpc::ClientContext c4;
+  common::FlushCacheResponse flushed;
+  ASSERT_TRUE(gateway->FlushCache(&c4, {}, &flushed).ok());
+  EXPECT_TRUE(flushed.success()) << flushed.message();
+  // Only SGLang's protocol is there: rl.v1 stays behind the keys.
+  auto admin = rl::v1::Admin::NewStub(open);
+  grpc::ClientContext c5;
+  rl::v1::AdminResponse resp;
+  rl::v1::PauseGenerationRequest pause;
+  EXPECT_EQ(admin->PauseGeneration(&c5, pause, &resp).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
+  // The keyed port still serves a keyed client.
+  grpc::ClientContext c6;
+  c6.AddMetadata("authorization", "Bearer data-key");
+  ASSERT_TRUE(sglang_->HealthCheck(&c6, {}, &health).ok());
 }
 
 TEST_F(SglangServiceTest, GetTokenizerStreamsTheZip) {
