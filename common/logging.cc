@@ -13,6 +13,7 @@ absl::Status InitLogging(absl::string_view level) {
     return absl::InvalidArgumentError(
         absl::StrCat("--log-level: unknown level '", level, "' (trace|debug|info|warn|error|off)"));
   }
+  spdlog::drop("rl");  // a second call (tests) replaces the logger
   auto logger = spdlog::stderr_color_mt("rl");
   logger->set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%L%$ %v");
   logger->set_level(parsed);

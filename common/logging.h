@@ -11,7 +11,7 @@
 namespace rl {
 
 // Sets up the stderr logger with `level` ("trace", "debug", "info", "warn", "error", "off").
-// Unknown levels are an InvalidArgument error.
+// Unknown levels are an InvalidArgument error. Calling it again replaces the logger.
 absl::Status InitLogging(absl::string_view level);
 
 }  // namespace rl

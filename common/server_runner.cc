@@ -97,10 +97,12 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
 
 GrpcServer::~GrpcServer() { Shutdown(); }
 
-std::string GrpcServer::address() const {
-  return host_.find(':') != std::string::npos ? absl::StrCat("[", host_, "]:", port_)
-                                               : absl::StrCat(host_, ":", port_);
+std::string JoinHostPort(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                              : absl::StrCat(host, ":", port);
 }
+
+std::string GrpcServer::address() const { return JoinHostPort(host_, port_); }
 
 void GrpcServer::SetServing(bool serving) {
   if (server_ && server_->GetHealthCheckService() != nullptr) {

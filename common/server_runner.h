@@ -3,8 +3,9 @@
 // grpcurl works without .proto files), and drains gracefully on shutdown: new calls are refused,
 // in-flight calls get `drain` to finish, then are cancelled.
 //
-// Signals: call BlockTerminationSignals() first thing in main (before any thread starts) and
-// WaitForTerminationSignal() when the process has nothing else to do.
+// Signals: BlockTerminationSignals() first thing in main (before any thread starts) and
+// WaitForTerminationSignal() when the process has nothing else to do; RunServerMain
+// (common/server_main.h) does both.
 #pragma once
 
 #include <chrono>
@@ -49,6 +50,9 @@ class GrpcServer {
   std::chrono::milliseconds drain_{0};
   bool shut_down_ = false;
 };
+
+// "HOST:PORT", or "[HOST]:PORT" for an IPv6 host.
+std::string JoinHostPort(const std::string& host, int port);
 
 void BlockTerminationSignals();
 // Blocks until SIGINT or SIGTERM arrives; returns the signal number.

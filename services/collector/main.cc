@@ -5,23 +5,13 @@
 // Exit status: 0 everything collected and merged; 3 merged, but some samples failed (rerun the
 // same command to retry them); 130 interrupted (SIGINT/SIGTERM: finished samples are saved, a
 // second signal exits at once); 2 bad flags or prompt set; 1 any other error.
-#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 
 #include "common/flags.h"
-#include "common/logging.h"
+#include "common/server_main.h"
 #include "services/collector/collector.h"
-
-namespace {
-
-std::atomic<bool> g_stop{false};
-
-void OnSignal(int) {
-  if (g_stop.exchange(true)) std::_Exit(130);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   rl::collector::CollectConfig c;
@@ -50,25 +40,16 @@ int main(int argc, char** argv) {
              "MoE: store every sample's routed experts and weights (R3) in the shards (the "
              "workers need --enable-return-routed-experts)");
   flags.String("progress", &c.progress, "auto|bar|log|off (auto: a bar on a terminal)");
-  flags.String("log-level", &log_level, "trace|debug|info|warn|error|off");
-  if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
+  rl::MainOptions options{.program = "rl-collect",
+                          .flags = &flags,
+                          .log_level = &log_level,
+                          .validate = [&] { return rl::collector::ValidateConfig(c); }};
+  if (std::optional<int> exit_code = rl::PrepareMain(argc, argv, options)) return *exit_code;
   if (c.api_key.empty()) {
     if (const char* k = std::getenv("RL_API_KEY")) c.api_key = k;
   }
-  if (absl::Status s = rl::InitLogging(log_level); !s.ok()) {
-    std::cerr << "rl-collect: " << s.message() << "\n";
-    return 2;
-  }
-  if (absl::Status s = rl::collector::ValidateConfig(c); !s.ok()) {
-    std::cerr << "rl-collect: " << s.message() << "\n";
-    return 2;
-  }
-  struct sigaction sa {};
-  sa.sa_handler = OnSignal;
-  sigemptyset(&sa.sa_mask);
-  sigaction(SIGINT, &sa, nullptr);
-  sigaction(SIGTERM, &sa, nullptr);
-  auto summary = rl::collector::RunCollect(c, &g_stop);
+  const std::atomic<bool>* stop = rl::StopOnTerminationSignal();
+  auto summary = rl::collector::RunCollect(c, stop);
   if (!summary.ok()) {
     std::cerr << "rl-collect: " << summary.status().message() << "\n";
     return absl::IsInvalidArgument(summary.status()) ? 2 : 1;

@@ -1,31 +1,21 @@
 // rl-router: the trainers' entry point (rl.v1.Router + the rl.v1.Admin fan-out).
 // Flags are read here only, turned into a RouterConfig and validated.
-#include <cstdio>
-#include <iostream>
-
-#include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/flags.h"
-#include "common/logging.h"
 #include "common/request_limits.h"
-#include "common/server_runner.h"
+#include "common/server_main.h"
 #include "services/router/router_server.h"
 
 int main(int argc, char** argv) {
-  // Debian builds Abseil without NDEBUG, which leaves its debug-only lock-order (deadlock)
-  // detection on: a graph update on every first lock and every destruction of a mutex (gRPC's
-  // included), ~8% of the router's CPU at 10k streams. Tests keep it on.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  rl::BlockTerminationSignals();
   rl::router::RouterConfig c;
   rl::FlagSet flags("rl-router");
   flags.String("host", &c.host, "address to bind");
   flags.Int("port", &c.port, "gRPC port (0 picks a free one)");
   flags.String("tokenizer", &c.tokenizer_path, "folder with tokenizer.json (the model folder)");
   flags.StringList("worker", &c.workers, "rl-worker address HOST:PORT (repeatable)");
-  rl::RegisterServerKeyFlags(flags,
-                             {&c.admin_api_key, &c.admin_api_key_file, &c.api_key, &c.api_key_file},
-                             "Generate/Retrieve");
+  const rl::ServerKeyFlags keys = {&c.admin_api_key, &c.admin_api_key_file, &c.api_key,
+                                   &c.api_key_file};
+  rl::RegisterServerKeyFlags(flags, keys, "Generate/Retrieve");
   rl::RegisterRequestLimitFlags(flags, &c.limits);
   flags.Int("metrics-port", &c.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
   flags.Int("max-cache-size", &c.max_cache_size, "text cache size in tokens before GC");
@@ -56,26 +46,7 @@ int main(int argc, char** argv) {
             "threads for tokenizing long prompts and cache inserts");
   flags.Int("admin-threads", &c.admin_threads,
             "threads that wait on admin broadcasts (one each) and AddWorker checks");
-  flags.String("log-level", &c.log_level, "trace|debug|info|warn|error|off");
-  if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
-  if (absl::Status s = rl::InitLogging(c.log_level); !s.ok()) {
-    std::cerr << "rl-router: " << s.message() << "\n";
-    return 2;
-  }
-  if (absl::Status s = rl::ResolveServerKeys(
-          argc, argv, {&c.admin_api_key, &c.admin_api_key_file, &c.api_key, &c.api_key_file});
-      !s.ok()) {
-    std::cerr << "rl-router: " << s.message() << "\n";
-    return 2;
-  }
-  auto server = rl::router::RouterServer::Start(c);
-  if (!server.ok()) {
-    std::cerr << "rl-router: " << server.status().message() << "\n";
-    return 1;
-  }
-  std::printf("listening on %s\n", (*server)->address().c_str());
-  std::fflush(stdout);
-  rl::WaitForTerminationSignal();
-  (*server)->Shutdown();
-  return 0;
+  rl::MainOptions options{
+      .program = "rl-router", .flags = &flags, .log_level = &c.log_level, .keys = keys};
+  return rl::RunServerMain(argc, argv, options, [&] { return rl::router::RouterServer::Start(c); });
 }

@@ -1,23 +1,15 @@
 // rl-worker: one model replica serving rl.v1.Worker and rl.v1.Admin over gRPC.
 // Flags are read here only, turned into a WorkerConfig and validated.
-#include <cstdio>
-#include <iostream>
-
-#include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/model_io/file_read.h"
 #include "common/model_io/safetensors.h"
 #include "common/request_limits.h"
-#include "common/server_runner.h"
+#include "common/server_main.h"
 #include "services/worker/worker_server.h"
 
 int main(int argc, char** argv) {
-  // Debian builds Abseil without NDEBUG, which leaves its debug-only lock-order (deadlock)
-  // detection on: a graph update on every first lock and destruction of a mutex. Tests keep it.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  rl::BlockTerminationSignals();
   rl::worker::WorkerConfig config;
   rl::FlagSet flags("rl-worker");
   flags.String("model", &config.model_path,
@@ -28,10 +20,9 @@ int main(int argc, char** argv) {
   flags.String("host", &config.host, "address to bind");
   flags.Int("port", &config.port, "gRPC port (0 picks a free one)");
   flags.String("backend", &config.backend, "auto | cpu | cuda");
-  rl::RegisterServerKeyFlags(
-      flags,
-      {&config.admin_api_key, &config.admin_api_key_file, &config.api_key, &config.api_key_file},
-      "Worker calls");
+  const rl::ServerKeyFlags keys = {&config.admin_api_key, &config.admin_api_key_file,
+                                   &config.api_key, &config.api_key_file};
+  rl::RegisterServerKeyFlags(flags, keys, "Worker calls");
   rl::RegisterRequestLimitFlags(flags, &config.limits);
   flags.Int("metrics-port", &config.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
   flags.Int("sglang-port", &config.sglang_port,
@@ -84,35 +75,18 @@ int main(int argc, char** argv) {
   flags.Int("max-running-requests", &config.max_running_requests, "running batch limit");
   flags.Int("chunked-prefill-tokens", &config.chunked_prefill_tokens, "prefill tokens per step");
   flags.Int("weight-version", &config.weight_version, "initial weight version");
-  flags.String("log-level", &config.log_level, "trace|debug|info|warn|error|off");
-  if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
-  if (absl::Status s = rl::InitLogging(config.log_level); !s.ok()) {
-    std::cerr << "rl-worker: " << s.message() << "\n";
-    return 2;
-  }
-  if (absl::Status s = rl::ResolveServerKeys(argc, argv,
-                                             {&config.admin_api_key, &config.admin_api_key_file,
-                                              &config.api_key, &config.api_key_file});
-      !s.ok()) {
-    std::cerr << "rl-worker: " << s.message() << "\n";
-    return 2;
-  }
-  rl::model_io::SetSpareBuffersReclaimable(config.reclaimable_update_buffers);
-  rl::model_io::SetNonFiniteWeightsAllowed(config.allow_non_finite_weights);
-  auto server = rl::worker::WorkerServer::Start(config);
-  if (!server.ok()) {
-    std::cerr << "rl-worker: " << server.status().message() << "\n";
-    return 1;
-  }
-  std::printf("listening on %s\n", (*server)->address().c_str());
-  if (!(*server)->sglang_address().empty()) {
-    std::printf("sglang listening on %s\n", (*server)->sglang_address().c_str());
-  }
-  std::fflush(stdout);
-  if ((*server)->metrics_port() >= 0) {
-    spdlog::info("metrics on http://{}:{}/metrics", config.host, (*server)->metrics_port());
-  }
-  rl::WaitForTerminationSignal();
-  (*server)->Shutdown();
-  return 0;
+  rl::MainOptions options{
+      .program = "rl-worker", .flags = &flags, .log_level = &config.log_level, .keys = keys};
+  auto start = [&] {
+    rl::model_io::SetSpareBuffersReclaimable(config.reclaimable_update_buffers);
+    rl::model_io::SetNonFiniteWeightsAllowed(config.allow_non_finite_weights);
+    return rl::worker::WorkerServer::Start(config);
+  };
+  auto ready = [&](rl::worker::WorkerServer& server) {
+    if (!server.sglang_address().empty()) rl::AnnounceListening(server.sglang_address(), "sglang");
+    if (server.metrics_port() >= 0) {
+      spdlog::info("metrics on http://{}:{}/metrics", config.host, server.metrics_port());
+    }
+  };
+  return rl::RunServerMain(argc, argv, options, start, ready);
 }

@@ -15,6 +15,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/model_io/safetensors.h"
+#include "common/server_main.h"
 #include "nlohmann/json.hpp"
 #include "common/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
@@ -45,15 +46,16 @@ bool SplitHostPort(const std::string& text, std::string* host, int* port) {
   return absl::SimpleAtoi(text.substr(colon + 1), port) && *port >= 0 && *port <= 65535;
 }
 
-std::string Validate(const SenderConfig& c) {
-  if (c.checkpoint.empty()) return "--checkpoint is required";
-  if (!(c.bucket_mb * (1 << 20) >= 1)) return "--bucket-mb must be > 0";
-  if (c.plan_only) return "";
-  if (c.listen.empty()) return "--listen HOST:PORT is required";
-  if (c.group_name.empty()) return "--group-name is required";
-  if (c.world_size < 2) return "--world-size must be >= 2 (this sender and a receiver)";
-  if (c.timeout_s <= 0) return "--timeout-s must be > 0";
-  return "";
+absl::Status Validate(const SenderConfig& c) {
+  auto bad = [](const char* what) { return absl::InvalidArgumentError(what); };
+  if (c.checkpoint.empty()) return bad("--checkpoint is required");
+  if (!(c.bucket_mb * (1 << 20) >= 1)) return bad("--bucket-mb must be > 0");
+  if (c.plan_only) return absl::OkStatus();
+  if (c.listen.empty()) return bad("--listen HOST:PORT is required");
+  if (c.group_name.empty()) return bad("--group-name is required");
+  if (c.world_size < 2) return bad("--world-size must be >= 2 (this sender and a receiver)");
+  if (c.timeout_s <= 0) return bad("--timeout-s must be > 0");
+  return absl::OkStatus();
 }
 
 void PrintLine(const std::string& line) {
@@ -96,10 +98,7 @@ int Run(const SenderConfig& config) {
     std::cerr << "rl-weight-sender: " << sender.status().message() << "\n";
     return absl::IsInvalidArgument(sender.status()) ? 2 : 1;
   }
-  const std::string host = options.master_address.find(':') == std::string::npos
-                               ? options.master_address
-                               : "[" + options.master_address + "]";
-  PrintLine("listening on " + host + ":" + std::to_string((*sender)->port()));
+  rl::AnnounceListening(rl::JoinHostPort(options.master_address, (*sender)->port()));
   if (absl::Status st = (*sender)->WaitForReceivers(); !st.ok()) {
     std::cerr << "rl-weight-sender: " << st.message() << "\n";
     return 1;
@@ -145,15 +144,10 @@ int main(int argc, char** argv) {
                "bound on group formation and on any stall during a broadcast");
   flags.Int("cuda-device", &config.cuda_device, "nccl: the CUDA device of this rank");
   flags.Bool("plan-only", &config.plan_only, "print the bucket plan and exit");
-  flags.String("log-level", &config.log_level, "trace|debug|info|warn|error|off");
-  if (std::optional<int> exit_code = flags.ParseMain(argc, argv)) return *exit_code;
-  if (std::string error = Validate(config); !error.empty()) {
-    std::cerr << "rl-weight-sender: " << error << "\n";
-    return 2;
-  }
-  if (absl::Status s = rl::InitLogging(config.log_level); !s.ok()) {
-    std::cerr << "rl-weight-sender: " << s.message() << "\n";
-    return 2;
-  }
+  rl::MainOptions options{.program = "rl-weight-sender",
+                          .flags = &flags,
+                          .log_level = &config.log_level,
+                          .validate = [&config] { return Validate(config); }};
+  if (std::optional<int> exit_code = rl::PrepareMain(argc, argv, options)) return *exit_code;
   return Run(config);
 }
