@@ -185,8 +185,8 @@ absl::StatusOr<std::unique_ptr<Engine>> MakeEngine(const Flags& f, int64_t num_k
   auto runner = model::CreateCpuModelRunner(ro);
   if (!runner.ok()) return runner.status();
   EngineOptions eo;
-  eo.max_running_requests = f.requests;
-  eo.chunked_prefill_size = f.chunk;
+  eo.scheduler.max_running_requests = f.requests;
+  eo.scheduler.chunked_prefill_size = f.chunk;
   return Engine::Create(std::move(runner).value(), eo);
 }
 
@@ -255,8 +255,8 @@ int RunThroughput(const Flags& f, const char* name, Prefix prefix) {
   const int64_t steps = info.num_steps - steps_before;
   std::printf("%-16s %8d %10.2f %12.1f %14.1f %12lld %10.3f %8lld %14.4f\n", name, f.requests,
               f.requests / secs, t.tokens() / secs,
-              static_cast<double>(info.prompt_tokens) / secs,
-              static_cast<long long>(info.cache_hit_tokens), secs,
+              static_cast<double>(info.scheduler.prompt_tokens) / secs,
+              static_cast<long long>(info.scheduler.cache_hit_tokens), secs,
               static_cast<long long>(steps), steps > 0 ? cpu * 1e3 / steps : 0.0);
   std::fflush(stdout);
   return 0;

@@ -14,13 +14,13 @@
 #include "common/tokenizer/bpe.h"
 #include "common/tokenizer/byte_level.h"
 #include "common/tokenizer/decoder.h"
+#include "common/tokenizer/fork_join_pool.h"
 #include "common/tokenizer/json_util.h"
 #include "common/tokenizer/normalized_string.h"
 #include "common/tokenizer/normalizer.h"
 #include "common/tokenizer/post_processor.h"
 #include "common/tokenizer/pre_tokenizer.h"
 #include "common/tokenizer/unicode.h"
-#include "common/tokenizer/worker_pool.h"
 
 namespace rl::tokenizer {
 
@@ -336,12 +336,12 @@ absl::StatusOr<std::vector<Encoding>> Tokenizer::EncodeBatch(const std::vector<s
   if (num_threads <= 1) {
     work();
   } else {
-    WorkerPool* pool;
+    ForkJoinPool* pool;
     {
       std::lock_guard<std::mutex> lock(pool_mu_);
       if (!pool_) {
         const int hw = static_cast<int>(std::max(2u, std::thread::hardware_concurrency()));
-        pool_ = std::make_unique<WorkerPool>(hw - 1);
+        pool_ = std::make_unique<ForkJoinPool>(hw - 1);
       }
       pool = pool_.get();
     }

@@ -37,7 +37,7 @@ class NormalizedString;
 class Normalizer;
 class PostProcessor;
 class PreTokenizer;
-class WorkerPool;
+class ForkJoinPool;
 
 class Tokenizer {
  public:
@@ -127,7 +127,7 @@ class Tokenizer {
   std::vector<bool> fallback_byte_ids_;  // empty unless the decoder has ByteFallback
   // Threads of EncodeBatch, started on first use and reused so their BPE caches stay warm.
   mutable std::mutex pool_mu_;
-  mutable std::unique_ptr<WorkerPool> pool_;  // guarded by pool_mu_ (creation only)
+  mutable std::unique_ptr<ForkJoinPool> pool_;  // guarded by pool_mu_ (creation only)
 };
 
 }  // namespace rl::tokenizer

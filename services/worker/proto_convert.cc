@@ -113,19 +113,19 @@ void ToProto(const engine::GenerateResult& in, rl::v1::RoutedExperts* out) {
 void ToProto(const engine::ServerInfo& in, rl::v1::GetServerInfoResponse* out) {
   out->set_paused(in.paused);
   out->set_pause_mode(ToProto(in.pause_mode));
-  out->set_num_running(in.num_running);
+  out->set_num_running(in.scheduler.num_running);
   for (const auto& id : in.running_ids) out->add_running_ids(id);
-  out->set_num_waiting(in.num_waiting);
-  out->set_kv_tokens_total(in.kv_tokens_total);
-  out->set_kv_tokens_available(in.kv_tokens_available);
-  out->set_tree_cache_tokens(in.tree_cache_tokens);
-  out->set_req_to_token_slots_used(in.req_to_token_used);
-  out->set_forward_ct_decode(in.forward_ct_decode);
-  out->set_new_token_ratio(in.new_token_ratio);
+  out->set_num_waiting(in.scheduler.num_waiting);
+  out->set_kv_tokens_total(in.scheduler.total_kv_tokens);
+  out->set_kv_tokens_available(in.scheduler.available_kv_tokens);
+  out->set_tree_cache_tokens(in.scheduler.tree_cache_tokens);
+  out->set_req_to_token_slots_used(in.scheduler.req_to_token_used);
+  out->set_forward_ct_decode(in.scheduler.forward_ct_decode);
+  out->set_new_token_ratio(in.scheduler.new_token_ratio);
   out->set_weight_version(in.weight_version);
   out->set_backend(in.backend);
-  out->set_num_finished(in.num_finished);
-  out->set_cache_hit_tokens(in.cache_hit_tokens);
+  out->set_num_finished(in.scheduler.num_finished);
+  out->set_cache_hit_tokens(in.scheduler.cache_hit_tokens);
 }
 
 absl::StatusOr<engine::PauseMode> FromProto(rl::v1::PauseMode mode) {

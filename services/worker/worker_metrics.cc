@@ -23,20 +23,22 @@ WorkerMetrics::WorkerMetrics(engine::Engine* engine, std::function<bool()> aslee
   update_seconds_ = m.GetHistogram("rl_worker_weight_update_duration_seconds",
                                    "Duration of weight updates.", latency);
   m.SetGaugeCallback("rl_worker_running_requests", "Requests in the running batch.", {},
-                     [engine] { return engine->GetServerInfo().num_running; });
+                     [engine] { return engine->GetServerInfo().scheduler.num_running; });
   m.SetGaugeCallback("rl_worker_waiting_requests", "Requests in the waiting queue.", {},
-                     [engine] { return engine->GetServerInfo().num_waiting; });
+                     [engine] { return engine->GetServerInfo().scheduler.num_waiting; });
   m.SetGaugeCallback("rl_worker_kv_usage_ratio", "Fraction of KV tokens in use.", {}, [engine] {
     const engine::ServerInfo i = engine->GetServerInfo();
-    return i.kv_tokens_total > 0
-               ? 1.0 - static_cast<double>(i.kv_tokens_available) / i.kv_tokens_total
+    return i.scheduler.total_kv_tokens > 0
+               ? 1.0 - static_cast<double>(i.scheduler.available_kv_tokens) /
+                           i.scheduler.total_kv_tokens
                : 0.0;
   });
   m.SetGaugeCallback(
       "rl_worker_cache_hit_ratio", "Prompt tokens served from the prefix cache.", {}, [engine] {
         const engine::ServerInfo i = engine->GetServerInfo();
-        return i.prompt_tokens > 0 ? static_cast<double>(i.cache_hit_tokens) / i.prompt_tokens
-                                   : 0.0;
+        return i.scheduler.prompt_tokens > 0
+                   ? static_cast<double>(i.scheduler.cache_hit_tokens) / i.scheduler.prompt_tokens
+                   : 0.0;
       });
   m.SetGaugeCallback("rl_worker_weight_version", "Version of the served weights.", {},
                      [engine] { return static_cast<double>(engine->weight_version()); });

@@ -114,8 +114,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                        spill_dir, config.model_path));
   model::SleepableRunner* const sleepable = runner.get();  // owned by the engine
   engine::EngineOptions engine_options;
-  engine_options.max_running_requests = config.max_running_requests;
-  engine_options.chunked_prefill_size = config.chunked_prefill_tokens;
+  engine_options.scheduler.max_running_requests = config.max_running_requests;
+  engine_options.scheduler.chunked_prefill_size = config.chunked_prefill_tokens;
   engine_options.initial_weight_version = config.weight_version;
   engine_options.enable_return_routed_experts = config.enable_return_routed_experts;
   std::unique_ptr<engine::TextDecoder> decoder;
@@ -124,7 +124,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
                    engine::Engine::Create(std::move(runner), engine_options, std::move(decoder)));
   spdlog::info("model {}: {} layers, hidden {}, vocab {}, {} KV tokens", config.model_path,
                s->model_config_.num_hidden_layers, s->model_config_.hidden_size,
-               s->model_config_.vocab_size, s->engine_->GetServerInfo().kv_tokens_total);
+               s->model_config_.vocab_size, s->engine_->GetServerInfo().scheduler.total_kv_tokens);
 
   // The metrics table reads the control plane's asleep state at scrape time (the endpoint
   // starts after the control plane exists).

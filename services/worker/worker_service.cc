@@ -181,11 +181,11 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
                                                  rl::v1::GetLoadResponse* response) {
   if (absl::Status s = auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   const engine::ServerInfo info = server_->engine().GetServerInfo();
-  response->set_num_running(info.num_running);
-  response->set_num_waiting(info.num_waiting);
-  response->set_kv_usage(info.kv_tokens_total > 0
-                             ? 1.0 - static_cast<double>(info.kv_tokens_available) /
-                                         info.kv_tokens_total
+  response->set_num_running(info.scheduler.num_running);
+  response->set_num_waiting(info.scheduler.num_waiting);
+  response->set_kv_usage(info.scheduler.total_kv_tokens > 0
+                             ? 1.0 - static_cast<double>(info.scheduler.available_kv_tokens) /
+                                         info.scheduler.total_kv_tokens
                              : 0.0);
   response->set_weight_version(info.weight_version);
   response->set_paused(info.paused);

@@ -90,18 +90,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::unique_ptr<model::Mo
                                                    " KV slots hold no whole page of ",
                                                    runner->page_size()));
   }
-  if (options.max_running_requests <= 0) {
+  const SchedulerOptions& so = options.scheduler;
+  if (so.max_running_requests <= 0) {
     return absl::InvalidArgumentError("max_running_requests: must be > 0");
   }
-  if (options.chunked_prefill_size <= 0) {
+  if (so.chunked_prefill_size <= 0) {
     return absl::InvalidArgumentError("chunked_prefill_size: must be > 0");
   }
   if (options.max_queued_requests <= 0) {
     return absl::InvalidArgumentError("max_queued_requests: must be > 0");
   }
-  if (!(options.min_new_token_ratio >= 0 &&
-        options.min_new_token_ratio <= options.init_new_token_ratio &&
-        options.init_new_token_ratio <= 1)) {
+  if (!(so.min_new_token_ratio >= 0 && so.min_new_token_ratio <= so.init_new_token_ratio &&
+        so.init_new_token_ratio <= 1)) {
     return absl::InvalidArgumentError(
         "new_token_ratio: need 0 <= min_new_token_ratio <= init_new_token_ratio <= 1");
   }
@@ -124,16 +124,12 @@ Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& 
   limits_.has_text_decoder = decoder_ != nullptr;
   limits_.routing_export = options.enable_return_routed_experts && config_.IsMoe();
 
-  SchedulerOptions so;
+  SchedulerOptions so = options.scheduler;
   so.num_kv_slots = runner_->num_kv_slots();
   so.page_size = runner_->page_size();
   so.max_context_len = limits_.max_context_len;
   so.eos_token_ids = config_.eos_token_ids;
-  so.max_running_requests = options.max_running_requests;
-  so.chunked_prefill_size = options.chunked_prefill_size;
-  so.init_new_token_ratio = options.init_new_token_ratio;
-  so.min_new_token_ratio = options.min_new_token_ratio;
-  so.new_token_ratio_decay_steps = options.new_token_ratio_decay_steps;
+  so.routing_layers = so.routing_top_k = so.routing_width = 0;
   if (limits_.routing_export) {
     so.routing_layers = static_cast<int64_t>(config_.MoeLayers().size());
     so.routing_top_k = config_.num_experts_per_tok;
@@ -380,29 +376,12 @@ void Engine::Step() {
 }
 
 ServerInfo Engine::BuildInfo() const {
-  SchedulerStats st = scheduler_->Stats();
   ServerInfo info;
   info.paused = paused_;
   info.pause_mode = pause_mode_;
   info.backend = runner_->backend_name();
-  info.num_running = st.num_running;
-  info.num_waiting = st.num_waiting;
-  info.has_chunked_prefill = st.has_chunked_prefill;
-  info.kv_tokens_total = st.total_kv_tokens;
-  info.kv_tokens_available = st.available_kv_tokens;
-  info.kv_tokens_evictable = st.evictable_kv_tokens;
-  info.tree_cache_tokens = st.tree_cache_tokens;
-  info.req_to_token_used = st.req_to_token_used;
-  info.req_to_token_total = st.req_to_token_total;
-  info.forward_ct_decode = st.forward_ct_decode;
-  info.new_token_ratio = st.new_token_ratio;
+  info.scheduler = scheduler_->Stats();
   info.num_steps = num_steps_;
-  info.num_finished = st.num_finished;
-  info.num_aborted = st.num_aborted;
-  info.num_retractions = st.num_retractions;
-  info.cache_hit_tokens = st.cache_hit_tokens;
-  info.prompt_tokens = st.prompt_tokens;
-  info.generated_tokens = st.generated_tokens;
   info.weight_version = weight_version_.load();
   info.invariant_error = invariant_error_;
   return info;

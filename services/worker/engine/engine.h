@@ -51,15 +51,12 @@ enum class PauseMode { kNone = 0, kInPlace = 1, kRetract = 2, kAbort = 3 };
 const char* PauseModeName(PauseMode mode);
 
 struct EngineOptions {
-  // Most sequences holding KV at once (req_to_token rows).
-  int32_t max_running_requests = 256;
-  // Most prefill tokens per step.
-  int32_t chunked_prefill_size = 2048;
+  // Batching and admission (max_running_requests, chunked_prefill_size, new_token_ratio). The
+  // engine sets the fields that come from the runner and the model itself: num_kv_slots,
+  // page_size, max_context_len, eos_token_ids and routing_*.
+  SchedulerOptions scheduler;
   // Most requests in flight (waiting + running); Submit beyond is RESOURCE_EXHAUSTED.
   int32_t max_queued_requests = 65536;
-  double init_new_token_ratio = 0.7;
-  double min_new_token_ratio = 0.1;
-  int32_t new_token_ratio_decay_steps = 600;
   int64_t initial_weight_version = 0;
   // Verify the KV page accounting after every step (tests); a violation is reported in
   // ServerInfo::invariant_error.
@@ -75,25 +72,9 @@ struct ServerInfo {
   bool paused = false;
   PauseMode pause_mode = PauseMode::kNone;
   std::string backend;
-  int32_t num_running = 0;
+  SchedulerStats scheduler;  // queues, KV and req_to_token usage, token and request counters
   std::vector<std::string> running_ids;  // "id" or "id#index" for completions of n > 1
-  int32_t num_waiting = 0;
-  bool has_chunked_prefill = false;
-  int64_t kv_tokens_total = 0;
-  int64_t kv_tokens_available = 0;  // free pages (the radix cache's pages are not free)
-  int64_t kv_tokens_evictable = 0;
-  int64_t tree_cache_tokens = 0;
-  int32_t req_to_token_used = 0;
-  int32_t req_to_token_total = 0;
-  int64_t forward_ct_decode = 0;
-  double new_token_ratio = 0;
   int64_t num_steps = 0;
-  int64_t num_finished = 0;  // including aborted
-  int64_t num_aborted = 0;
-  int64_t num_retractions = 0;
-  int64_t cache_hit_tokens = 0;
-  int64_t prompt_tokens = 0;
-  int64_t generated_tokens = 0;
   int64_t weight_version = 0;
   std::string invariant_error;  // with EngineOptions::check_invariants
 };
@@ -161,7 +142,7 @@ class Engine {
   // Non-blocking: the snapshot published after the latest step or command.
   ServerInfo GetServerInfo() const;
   const model_io::ModelConfig& model_config() const { return config_; }
-  const RequestLimits& limits() const { return limits_; }
+  const EngineLimits& limits() const { return limits_; }
 
  private:
   friend class EngineContext;
@@ -184,7 +165,7 @@ class Engine {
 
   const EngineOptions options_;
   const model_io::ModelConfig config_;
-  RequestLimits limits_;
+  EngineLimits limits_;
   std::atomic<int64_t> weight_version_;
 
   mutable absl::Mutex mu_;

@@ -15,7 +15,7 @@ bool Finite(double x) { return std::isfinite(x); }
 
 }  // namespace
 
-absl::Status ValidateRequest(const GenerateRequest& r, const RequestLimits& limits) {
+absl::Status ValidateRequest(const GenerateRequest& r, const EngineLimits& limits) {
   const SamplingParams& s = r.sampling;
   if (r.id.empty()) return Invalid("id", "must not be empty");
   if (r.input_ids.empty()) return Invalid("input_ids", "the prompt must not be empty");

@@ -162,8 +162,10 @@ struct RequestCallbacks {
   std::function<void(GenerateResult)> on_finish;      // required
 };
 
-// Limits the request is validated against (from the model and the KV pool).
-struct RequestLimits {
+// What this engine can serve (from its model, its KV pool and its options): the bounds
+// ValidateRequest checks a request against. Not the client-side request limits of
+// common/request_limits.h, which bound what a gRPC message may carry.
+struct EngineLimits {
   int64_t vocab_size = 0;
   int64_t max_context_len = 0;     // prompt + max_new_tokens must fit
   int64_t max_kv_tokens = 0;       // one completion must fit in the KV pool on its own
@@ -173,6 +175,6 @@ struct RequestLimits {
 
 // Checks every field. INVALID_ARGUMENT names the field; a prompt plus max_new_tokens longer
 // than the context or the KV pool is RESOURCE_EXHAUSTED.
-absl::Status ValidateRequest(const GenerateRequest& request, const RequestLimits& limits);
+absl::Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limits);
 
 }  // namespace rl::engine

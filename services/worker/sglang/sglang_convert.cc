@@ -117,7 +117,7 @@ absl::StatusOr<std::optional<uint64_t>> SeedFromRequestId(absl::string_view id) 
 
 absl::StatusOr<engine::GenerateRequest> SglangToEngineRequest(const sgl::GenerateRequest& in,
                                                               std::string id,
-                                                              const engine::RequestLimits& limits) {
+                                                              const engine::EngineLimits& limits) {
   if (!in.has_tokenized()) {
     return absl::InvalidArgumentError("tokenized: required (this worker takes token ids only)");
   }

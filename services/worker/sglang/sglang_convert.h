@@ -38,7 +38,7 @@ inline constexpr int32_t kSglangDefaultMaxNewTokens = 128;
 // rest at Submit and names the field.
 absl::StatusOr<engine::GenerateRequest> SglangToEngineRequest(const sgl::GenerateRequest& in,
                                                               std::string id,
-                                                              const engine::RequestLimits& limits);
+                                                              const engine::EngineLimits& limits);
 
 // The seed a request id carries: `seed=N` (N decimal, < 2^64) at the id's start or after a
 // character that is not a letter, digit or underscore, and followed by the id's end or one of

@@ -43,8 +43,8 @@ absl::Status ForGateway(absl::Status s) {
 }
 
 double KvUsage(const engine::ServerInfo& info) {
-  return info.kv_tokens_total > 0
-             ? 1.0 - static_cast<double>(info.kv_tokens_available) / info.kv_tokens_total
+  return info.scheduler.total_kv_tokens > 0
+             ? 1.0 - static_cast<double>(info.scheduler.available_kv_tokens) / info.scheduler.total_kv_tokens
              : 0.0;
 }
 
@@ -258,7 +258,7 @@ grpc::ServerUnaryReactor* SglangService::GetModelInfo(grpc::CallbackServerContex
     return FinishUnary(context, s);
   }
   const model_io::ModelConfig& c = host_.engine().model_config();
-  const engine::RequestLimits& limits = host_.engine().limits();
+  const engine::EngineLimits& limits = host_.engine().limits();
   const std::string& model_path = config_.model_path;
   response->set_model_path(model_path);
   if (host_.tokenizer() != nullptr) response->set_tokenizer_path(model_path);
@@ -292,20 +292,20 @@ grpc::ServerUnaryReactor* SglangService::GetServerInfo(grpc::CallbackServerConte
   args["served_model_name"].set_string_value(served_model_name());
   args["host"].set_string_value(config.host);
   args["page_size"].set_number_value(config.page_size);
-  args["max_running_requests"].set_number_value(info.req_to_token_total);
+  args["max_running_requests"].set_number_value(info.scheduler.req_to_token_total);
   args["chunked_prefill_size"].set_number_value(config.chunked_prefill_tokens);
   args["tp_size"].set_number_value(1);
   args["dp_size"].set_number_value(1);
   args["backend"].set_string_value(control_.model_identity().backend);
   auto& sched = *response->mutable_scheduler_info()->mutable_fields();
-  sched["max_total_num_tokens"].set_number_value(static_cast<double>(info.kv_tokens_total));
-  sched["max_running_requests"].set_number_value(info.req_to_token_total);
+  sched["max_total_num_tokens"].set_number_value(static_cast<double>(info.scheduler.total_kv_tokens));
+  sched["max_running_requests"].set_number_value(info.scheduler.req_to_token_total);
   sched["max_req_input_len"].set_number_value(static_cast<double>(
       std::min(host_.engine().limits().max_context_len, host_.engine().limits().max_kv_tokens) -
       1));
   sched["is_generation"].set_bool_value(true);
   sched["weight_version"].set_number_value(static_cast<double>(info.weight_version));
-  response->set_active_requests(info.num_running + info.num_waiting);
+  response->set_active_requests(info.scheduler.num_running + info.scheduler.num_waiting);
   response->set_is_paused(info.paused);
   response->set_last_receive_timestamp(last_receive_unix_s_.load());
   const auto now = std::chrono::system_clock::now();
@@ -314,7 +314,7 @@ grpc::ServerUnaryReactor* SglangService::GetServerInfo(grpc::CallbackServerConte
   response->set_server_type("grpc");
   *response->mutable_start_time() = google::protobuf::util::TimeUtil::NanosecondsToTimestamp(
       std::chrono::duration_cast<std::chrono::nanoseconds>(start_time_.time_since_epoch()).count());
-  response->set_max_total_num_tokens(static_cast<int32_t>(info.kv_tokens_total));
+  response->set_max_total_num_tokens(static_cast<int32_t>(info.scheduler.total_kv_tokens));
   return FinishUnary(context, absl::OkStatus());
 }
 
@@ -345,25 +345,25 @@ grpc::ServerUnaryReactor* SglangService::GetLoads(grpc::CallbackServerContext* c
   const engine::ServerInfo info = host_.engine().GetServerInfo();
   sgl::SchedulerLoad* load = response->add_loads();
   load->set_dp_rank(0);
-  load->set_num_running_reqs(info.num_running);
-  load->set_num_waiting_reqs(info.num_waiting);
-  load->set_num_total_reqs(info.num_running + info.num_waiting);
-  load->set_num_used_tokens(static_cast<int32_t>(info.kv_tokens_total - info.kv_tokens_available));
-  load->set_max_total_num_tokens(static_cast<int32_t>(info.kv_tokens_total));
+  load->set_num_running_reqs(info.scheduler.num_running);
+  load->set_num_waiting_reqs(info.scheduler.num_waiting);
+  load->set_num_total_reqs(info.scheduler.num_running + info.scheduler.num_waiting);
+  load->set_num_used_tokens(static_cast<int32_t>(info.scheduler.total_kv_tokens - info.scheduler.available_kv_tokens));
+  load->set_max_total_num_tokens(static_cast<int32_t>(info.scheduler.total_kv_tokens));
   load->set_token_usage(KvUsage(info));
-  load->set_cache_hit_rate(info.prompt_tokens > 0
-                               ? static_cast<double>(info.cache_hit_tokens) / info.prompt_tokens
+  load->set_cache_hit_rate(info.scheduler.prompt_tokens > 0
+                               ? static_cast<double>(info.scheduler.cache_hit_tokens) / info.scheduler.prompt_tokens
                                : 0.0);
-  load->set_max_running_requests(info.req_to_token_total);
-  load->set_utilization(info.req_to_token_total > 0
-                            ? static_cast<double>(info.num_running) / info.req_to_token_total
+  load->set_max_running_requests(info.scheduler.req_to_token_total);
+  load->set_utilization(info.scheduler.req_to_token_total > 0
+                            ? static_cast<double>(info.scheduler.num_running) / info.scheduler.req_to_token_total
                             : 0.0);
   if (all || memory) {
-    load->mutable_memory()->set_token_capacity(static_cast<int32_t>(info.kv_tokens_total));
+    load->mutable_memory()->set_token_capacity(static_cast<int32_t>(info.scheduler.total_kv_tokens));
   }
   if (all || queues) {
-    load->mutable_queues()->set_waiting(info.num_waiting);
-    load->mutable_queues()->set_paused(info.paused ? info.num_waiting : 0);
+    load->mutable_queues()->set_waiting(info.scheduler.num_waiting);
+    load->mutable_queues()->set_paused(info.paused ? info.scheduler.num_waiting : 0);
   }
   response->set_timestamp(google::protobuf::util::TimeUtil::ToString(
       google::protobuf::util::TimeUtil::GetCurrentTime()));

@@ -69,7 +69,7 @@ absl::StatusOr<AdminOutcome> UpdateLifecycle::Run(const char* what, const Update
       if (active && !policy.abort_all_requests && !retracted && !options.self_pause) {
         const engine::ServerInfo info = ctx.info();
         return absl::FailedPreconditionError(
-            absl::StrCat(what, ": ", info.num_running, " running and ", info.num_waiting,
+            absl::StrCat(what, ": ", info.scheduler.num_running, " running and ", info.scheduler.num_waiting,
                          " waiting requests; pass abort_all_requests or pause with retract first"));
       }
       if (!options.self_pause) resume_on_failure = !ctx.paused();

@@ -142,7 +142,7 @@ TEST_F(EngineCpuTest, BatchedAndCachedRunsEqualSoloRuns) {
   }
   Collector c;
   EngineOptions eo;
-  eo.chunked_prefill_size = 7;
+  eo.scheduler.chunked_prefill_size = 7;
   std::unique_ptr<Engine> engine = MakeEngine(4, 4096, eo);
   for (int i = 0; i < n; ++i) {
     GenerateRequest r = Greedy(absl::StrCat("b", i), StoryPrompt(i), 24);
@@ -157,7 +157,7 @@ TEST_F(EngineCpuTest, BatchedAndCachedRunsEqualSoloRuns) {
     for (const TokenLogprob& l : res.output_logprobs) lp.push_back(l.logprob);
     EXPECT_EQ(lp, solo_lp[i]) << "batch-invariant CPU kernels give bit-identical logprobs";
   }
-  EXPECT_GT(engine->GetServerInfo().cache_hit_tokens, 0);
+  EXPECT_GT(engine->GetServerInfo().scheduler.cache_hit_tokens, 0);
   ExpectNoLeak(*engine);
 }
 
@@ -189,8 +189,9 @@ TEST_F(EngineCpuTest, RetractAndAbortAreDeterministicWithRealKv) {
   ASSERT_TRUE(PauseGated(*engine, *gate, PauseMode::kRetract).ok());
   gate->SetStepBudget(-1);
   const ServerInfo paused = engine->GetServerInfo();
-  EXPECT_EQ(paused.num_running, 0);
-  EXPECT_EQ(paused.kv_tokens_available + paused.tree_cache_tokens, paused.kv_tokens_total);
+  EXPECT_EQ(paused.scheduler.num_running, 0);
+  EXPECT_EQ(paused.scheduler.available_kv_tokens + paused.scheduler.tree_cache_tokens,
+            paused.scheduler.total_kv_tokens);
   ASSERT_TRUE(engine->FlushCache().ok());
   ASSERT_TRUE(*engine->Abort("abort_me") == 1);
   ASSERT_TRUE(engine->Continue().ok());
@@ -217,7 +218,7 @@ TEST_F(EngineCpuTest, KvExhaustionWithRealKvFinishesEveryRequest) {
     ASSERT_TRUE(engine->Submit(r, c.Callbacks()).ok());
   }
   ASSERT_TRUE(c.WaitFor(n));
-  EXPECT_GT(engine->GetServerInfo().num_retractions, 0);
+  EXPECT_GT(engine->GetServerInfo().scheduler.num_retractions, 0);
   // Same prompts run one by one give the same tokens.
   for (int i = 0; i < n; i += 5) {
     GenerateRequest r = Greedy(absl::StrCat("solo", i), StoryPrompt(i), 80);

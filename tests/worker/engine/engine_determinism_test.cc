@@ -19,7 +19,7 @@ FakeRunnerOptions Options() {
 
 EngineOptions SmallChunks() {
   EngineOptions eo;
-  eo.chunked_prefill_size = 4;
+  eo.scheduler.chunked_prefill_size = 4;
   return eo;
 }
 
@@ -166,7 +166,7 @@ TEST(DeterministicGenerationTest, ManyConcurrentRequestsUnderKvPressureVsNoPause
               ReferenceGreedy(fo, prompts[i], kMaxNew))
         << i;
   }
-  EXPECT_GT(fe.engine->GetServerInfo().num_retractions, 0);
+  EXPECT_GT(fe.engine->GetServerInfo().scheduler.num_retractions, 0);
   ExpectNoLeak(*fe.engine);
 }
 

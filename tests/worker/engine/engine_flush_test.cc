@@ -34,15 +34,15 @@ class FlushCacheTest : public ::testing::Test {
 
   void ExpectFlushed() {
     const ServerInfo info = fe_.engine->GetServerInfo();
-    EXPECT_EQ(info.kv_tokens_available, initial_.kv_tokens_available);
-    EXPECT_EQ(info.kv_tokens_available, info.kv_tokens_total);
-    EXPECT_EQ(info.tree_cache_tokens, 0);
-    EXPECT_EQ(info.req_to_token_used, 0);
-    EXPECT_EQ(info.forward_ct_decode, 0);
-    EXPECT_DOUBLE_EQ(info.new_token_ratio, initial_.new_token_ratio);
-    EXPECT_EQ(info.num_running, 0);
-    EXPECT_EQ(info.num_waiting, 0);
-    EXPECT_FALSE(info.has_chunked_prefill);
+    EXPECT_EQ(info.scheduler.available_kv_tokens, initial_.scheduler.available_kv_tokens);
+    EXPECT_EQ(info.scheduler.available_kv_tokens, info.scheduler.total_kv_tokens);
+    EXPECT_EQ(info.scheduler.tree_cache_tokens, 0);
+    EXPECT_EQ(info.scheduler.req_to_token_used, 0);
+    EXPECT_EQ(info.scheduler.forward_ct_decode, 0);
+    EXPECT_DOUBLE_EQ(info.scheduler.new_token_ratio, initial_.scheduler.new_token_ratio);
+    EXPECT_EQ(info.scheduler.num_running, 0);
+    EXPECT_EQ(info.scheduler.num_waiting, 0);
+    EXPECT_FALSE(info.scheduler.has_chunked_prefill);
     EXPECT_TRUE(CheckInvariants(*fe_.engine).ok());
   }
 
@@ -54,13 +54,13 @@ class FlushCacheTest : public ::testing::Test {
 };
 
 TEST_F(FlushCacheTest, FlushCacheAfterGeneration) {
-  EXPECT_EQ(initial_.kv_tokens_available, initial_.kv_tokens_total);
+  EXPECT_EQ(initial_.scheduler.available_kv_tokens, initial_.scheduler.total_kv_tokens);
   Generate("a", 6);
   const ServerInfo used = fe_.engine->GetServerInfo();
-  EXPECT_GT(used.tree_cache_tokens, 0);
-  EXPECT_LT(used.kv_tokens_available, used.kv_tokens_total);
-  EXPECT_GT(used.forward_ct_decode, 0);
-  EXPECT_LT(used.new_token_ratio, initial_.new_token_ratio);
+  EXPECT_GT(used.scheduler.tree_cache_tokens, 0);
+  EXPECT_LT(used.scheduler.available_kv_tokens, used.scheduler.total_kv_tokens);
+  EXPECT_GT(used.scheduler.forward_ct_decode, 0);
+  EXPECT_LT(used.scheduler.new_token_ratio, initial_.scheduler.new_token_ratio);
   ASSERT_TRUE(fe_.engine->FlushCache().ok());
   ExpectFlushed();
 }
@@ -91,9 +91,9 @@ TEST_F(FlushCacheTest, FlushRefusedWhileBusyUnlessRetracted) {
   ASSERT_TRUE(fe_.engine->Pause(PauseMode::kRetract).ok());
   ASSERT_TRUE(fe_.engine->FlushCache().ok());
   const ServerInfo info = fe_.engine->GetServerInfo();
-  EXPECT_EQ(info.num_waiting, 2);
-  EXPECT_EQ(info.tree_cache_tokens, 0);
-  EXPECT_EQ(info.kv_tokens_available, info.kv_tokens_total);
+  EXPECT_EQ(info.scheduler.num_waiting, 2);
+  EXPECT_EQ(info.scheduler.tree_cache_tokens, 0);
+  EXPECT_EQ(info.scheduler.available_kv_tokens, info.scheduler.total_kv_tokens);
   fe_.runner->SetStepBudget(-1);
   ASSERT_TRUE(fe_.engine->Continue().ok());
   ASSERT_TRUE(collector_.WaitFor(2));

@@ -62,11 +62,12 @@ TEST_F(PauseContinueTest, PauseGenerationRetractMode) {
   const ServerInfo paused = fe_.engine->GetServerInfo();
   EXPECT_TRUE(paused.paused);
   EXPECT_EQ(paused.pause_mode, PauseMode::kRetract);
-  EXPECT_EQ(paused.num_running, 0);
-  EXPECT_EQ(paused.num_waiting, kNumRequests);
-  EXPECT_EQ(paused.req_to_token_used, 0);
+  EXPECT_EQ(paused.scheduler.num_running, 0);
+  EXPECT_EQ(paused.scheduler.num_waiting, kNumRequests);
+  EXPECT_EQ(paused.scheduler.req_to_token_used, 0);
   // The running requests' KV was freed: everything not in the radix cache is free.
-  EXPECT_EQ(paused.kv_tokens_available + paused.tree_cache_tokens, paused.kv_tokens_total);
+  EXPECT_EQ(paused.scheduler.available_kv_tokens + paused.scheduler.tree_cache_tokens,
+            paused.scheduler.total_kv_tokens);
   EXPECT_EQ(collector_.num_finished(), 0u);
   Release();
   ASSERT_TRUE(fe_.engine->Continue().ok());
@@ -81,7 +82,7 @@ TEST_F(PauseContinueTest, RetractFreesKvThatInPlaceKeeps) {
   const ServerInfo in_place = fe_.engine->GetServerInfo();
   ASSERT_TRUE(fe_.engine->Pause(PauseMode::kRetract).ok());
   const ServerInfo retracted = fe_.engine->GetServerInfo();
-  EXPECT_GT(retracted.kv_tokens_available, in_place.kv_tokens_available);
+  EXPECT_GT(retracted.scheduler.available_kv_tokens, in_place.scheduler.available_kv_tokens);
   EXPECT_EQ(retracted.pause_mode, PauseMode::kRetract);
   Release();
   ASSERT_TRUE(fe_.engine->Continue().ok());
@@ -100,7 +101,7 @@ TEST_F(PauseContinueTest, RunningIdsFollowTheRunningBatch) {
   std::set<std::string> rest = AllIds();
   rest.erase(Id(0));
   EXPECT_EQ(std::set<std::string>(b.running_ids.begin(), b.running_ids.end()), rest);
-  EXPECT_EQ(b.num_running, kNumRequests - 1);
+  EXPECT_EQ(b.scheduler.num_running, kNumRequests - 1);
   std::vector<std::string> on_engine;
   ASSERT_TRUE(fe_.engine
                   ->RunOnEngineThread([&](EngineContext& ctx) {
@@ -112,7 +113,7 @@ TEST_F(PauseContinueTest, RunningIdsFollowTheRunningBatch) {
   ASSERT_TRUE(fe_.engine->Pause(PauseMode::kRetract).ok());
   const ServerInfo c = fe_.engine->GetServerInfo();
   EXPECT_TRUE(c.running_ids.empty());
-  EXPECT_EQ(c.num_running, 0);
+  EXPECT_EQ(c.scheduler.num_running, 0);
   Release();
   ASSERT_TRUE(fe_.engine->Continue().ok());
   ASSERT_TRUE(collector_.WaitFor(kNumRequests));
@@ -125,19 +126,20 @@ TEST_F(PauseContinueTest, PauseGenerationInPlaceMode) {
   const ServerInfo a = fe_.engine->GetServerInfo();
   EXPECT_TRUE(a.paused);
   EXPECT_EQ(a.pause_mode, PauseMode::kInPlace);
-  EXPECT_EQ(a.num_running, kNumRequests);
+  EXPECT_EQ(a.scheduler.num_running, kNumRequests);
   EXPECT_EQ(std::set<std::string>(a.running_ids.begin(), a.running_ids.end()), AllIds());
-  EXPECT_EQ(a.num_waiting, 0);
-  EXPECT_EQ(a.req_to_token_used, kNumRequests);
+  EXPECT_EQ(a.scheduler.num_waiting, 0);
+  EXPECT_EQ(a.scheduler.req_to_token_used, kNumRequests);
   // KV is held by the running requests, and stays so while paused.
-  EXPECT_LT(a.kv_tokens_available + a.tree_cache_tokens, a.kv_tokens_total);
+  EXPECT_LT(a.scheduler.available_kv_tokens + a.scheduler.tree_cache_tokens,
+            a.scheduler.total_kv_tokens);
   fe_.runner->AllowSteps(100);  // nothing may run while paused
   ASSERT_TRUE(fe_.engine->RunOnEngineThread([](EngineContext&) { return absl::OkStatus(); }).ok());
   const ServerInfo b = fe_.engine->GetServerInfo();
-  EXPECT_EQ(b.kv_tokens_available, a.kv_tokens_available);
+  EXPECT_EQ(b.scheduler.available_kv_tokens, a.scheduler.available_kv_tokens);
   EXPECT_EQ(b.running_ids, a.running_ids);
   EXPECT_EQ(b.num_steps, a.num_steps);
-  EXPECT_EQ(b.generated_tokens, a.generated_tokens);
+  EXPECT_EQ(b.scheduler.generated_tokens, a.scheduler.generated_tokens);
   Release();
   ASSERT_TRUE(fe_.engine->Continue().ok());
   ExpectAllMatchReference();
@@ -153,9 +155,9 @@ TEST_F(PauseContinueTest, PauseContinueMultipleCycles) {
     const ServerInfo info = fe_.engine->GetServerInfo();
     EXPECT_EQ(info.pause_mode, mode);
     if (mode == PauseMode::kRetract) {
-      EXPECT_EQ(info.num_running, 0);
+      EXPECT_EQ(info.scheduler.num_running, 0);
     } else {
-      EXPECT_GT(info.num_running, 0);
+      EXPECT_GT(info.scheduler.num_running, 0);
     }
     ASSERT_TRUE(fe_.engine->Continue().ok());
     EXPECT_FALSE(fe_.engine->GetServerInfo().paused);
@@ -174,8 +176,8 @@ TEST_F(PauseContinueTest, PauseGenerationAbortMode) {
   const ServerInfo info = fe_.engine->GetServerInfo();
   EXPECT_TRUE(info.paused);
   EXPECT_EQ(info.pause_mode, PauseMode::kAbort);
-  EXPECT_EQ(info.num_running, 0);
-  EXPECT_EQ(info.num_waiting, 0);
+  EXPECT_EQ(info.scheduler.num_running, 0);
+  EXPECT_EQ(info.scheduler.num_waiting, 0);
   ASSERT_EQ(collector_.num_finished(), static_cast<size_t>(kNumRequests));
   for (int i = 0; i < kNumRequests; ++i) {
     const GenerateResult r = collector_.result(Id(i));
@@ -197,8 +199,8 @@ TEST_F(PauseContinueTest, RequestsArrivingWhilePausedWait) {
   }
   ASSERT_TRUE(fe_.engine->RunOnEngineThread([](EngineContext&) { return absl::OkStatus(); }).ok());
   const ServerInfo info = fe_.engine->GetServerInfo();
-  EXPECT_EQ(info.num_waiting, kNumRequests);
-  EXPECT_EQ(info.num_running, 0);
+  EXPECT_EQ(info.scheduler.num_waiting, kNumRequests);
+  EXPECT_EQ(info.scheduler.num_running, 0);
   EXPECT_EQ(info.num_steps, 0);
   EXPECT_EQ(collector_.num_finished(), 0u);
   ASSERT_TRUE(fe_.engine->Continue().ok());
@@ -208,16 +210,16 @@ TEST_F(PauseContinueTest, RequestsArrivingWhilePausedWait) {
 TEST_F(PauseContinueTest, PausingAPausedEngineKeepsTheStrongerMode) {
   StartAndHold(5);
   ASSERT_TRUE(PauseGated(*fe_.engine, *fe_.runner, PauseMode::kInPlace).ok());
-  EXPECT_EQ(fe_.engine->GetServerInfo().num_running, kNumRequests);
+  EXPECT_EQ(fe_.engine->GetServerInfo().scheduler.num_running, kNumRequests);
   ASSERT_TRUE(fe_.engine->Pause(PauseMode::kRetract).ok());
   EXPECT_EQ(fe_.engine->GetServerInfo().pause_mode, PauseMode::kRetract);
-  EXPECT_EQ(fe_.engine->GetServerInfo().num_running, 0);
+  EXPECT_EQ(fe_.engine->GetServerInfo().scheduler.num_running, 0);
   ASSERT_TRUE(fe_.engine->Pause(PauseMode::kInPlace).ok());
   EXPECT_EQ(fe_.engine->GetServerInfo().pause_mode, PauseMode::kRetract);
-  EXPECT_EQ(fe_.engine->GetServerInfo().num_waiting, kNumRequests);
+  EXPECT_EQ(fe_.engine->GetServerInfo().scheduler.num_waiting, kNumRequests);
   ASSERT_TRUE(fe_.engine->Pause(PauseMode::kAbort).ok());
   EXPECT_EQ(fe_.engine->GetServerInfo().pause_mode, PauseMode::kAbort);
-  EXPECT_EQ(fe_.engine->GetServerInfo().num_waiting, 0);
+  EXPECT_EQ(fe_.engine->GetServerInfo().scheduler.num_waiting, 0);
   EXPECT_EQ(collector_.num_finished(), static_cast<size_t>(kNumRequests));
   ASSERT_TRUE(fe_.engine->Pause(PauseMode::kRetract).ok());
   EXPECT_EQ(fe_.engine->GetServerInfo().pause_mode, PauseMode::kAbort);

@@ -52,7 +52,7 @@ TEST_P(EngineGreedyTest, ConcurrentRequestsMatchTheReference) {
   FakeRunnerOptions fo;
   fo.page_size = GetParam();
   EngineOptions eo;
-  eo.chunked_prefill_size = 16;  // forces chunked prefill of the longer prompts
+  eo.scheduler.chunked_prefill_size = 16;  // forces chunked prefill of the longer prompts
   Collector c;
   FakeEngine fe = MakeFakeEngine(fo, eo);
   std::vector<std::vector<int32_t>> prompts;
@@ -75,7 +75,7 @@ TEST_P(EngineGreedyTest, ConcurrentRequestsMatchTheReference) {
     EXPECT_EQ(r.completion_tokens, static_cast<int32_t>(r.output_ids.size()));
     EXPECT_EQ(c.finish_calls(id), 1);
   }
-  EXPECT_GT(fe.engine->GetServerInfo().cache_hit_tokens, 0);
+  EXPECT_GT(fe.engine->GetServerInfo().scheduler.cache_hit_tokens, 0);
   ExpectNoLeak(*fe.engine);
 }
 
@@ -105,7 +105,7 @@ TEST(EngineTest, KvExhaustionUnderLoadFinishesEveryRequest) {
   fo.page_size = 4;
   fo.num_kv_slots = 320;  // 80 pages; the load below needs ~10x that at once
   EngineOptions eo;
-  eo.chunked_prefill_size = 64;
+  eo.scheduler.chunked_prefill_size = 64;
   Collector c;
   FakeEngine fe = MakeFakeEngine(fo, eo);
   std::vector<std::vector<int32_t>> prompts;
@@ -120,7 +120,7 @@ TEST(EngineTest, KvExhaustionUnderLoadFinishesEveryRequest) {
     EXPECT_EQ(r.finish_reason.kind, FinishKind::kLength) << r.finish_reason.message;
     EXPECT_EQ(r.output_ids, ReferenceGreedy(fo, prompts[i], 60)) << i;
   }
-  EXPECT_GT(fe.engine->GetServerInfo().num_retractions, 0);
+  EXPECT_GT(fe.engine->GetServerInfo().scheduler.num_retractions, 0);
   ExpectNoLeak(*fe.engine);
 }
 
@@ -129,7 +129,7 @@ TEST(EngineTest, TenThousandShortRequestsLeaveNoLeak) {
   fo.page_size = 2;
   fo.num_kv_slots = 2048;
   EngineOptions eo;
-  eo.max_running_requests = 128;
+  eo.scheduler.max_running_requests = 128;
   Collector c;
   FakeEngine fe = MakeFakeEngine(fo, eo);
   const int n = 10000;
@@ -150,15 +150,15 @@ TEST(EngineTest, TenThousandShortRequestsLeaveNoLeak) {
   ExpectNoLeak(*fe.engine);
   ASSERT_TRUE(fe.engine->FlushCache().ok());
   const ServerInfo info = fe.engine->GetServerInfo();
-  EXPECT_EQ(info.kv_tokens_available, info.kv_tokens_total);
-  EXPECT_EQ(info.num_finished, n);
+  EXPECT_EQ(info.scheduler.available_kv_tokens, info.scheduler.total_kv_tokens);
+  EXPECT_EQ(info.scheduler.num_finished, n);
 }
 
 TEST(EngineTest, PrefillOnlyRequestsMixedWithDecodingLeakNothing) {
   FakeRunnerOptions fo;
   fo.page_size = 4;
   EngineOptions eo;
-  eo.max_running_requests = 6;  // a leaked row would soon block everything
+  eo.scheduler.max_running_requests = 6;  // a leaked row would soon block everything
   Collector c;
   FakeEngine fe = MakeFakeEngine(fo, eo);
   std::vector<std::vector<int32_t>> long_prompts;
@@ -193,7 +193,7 @@ TEST(EngineTest, PromptLogprobsMatchLogSoftmax) {
   FakeRunnerOptions fo;
   fo.page_size = 4;
   EngineOptions eo;
-  eo.chunked_prefill_size = 8;
+  eo.scheduler.chunked_prefill_size = 8;
   Collector c;
   FakeEngine fe = MakeFakeEngine(fo, eo);
   const std::vector<int32_t> prompt = Prompt(30, 3);
@@ -297,7 +297,7 @@ TEST(EngineTest, SeededSamplingDoesNotDependOnTheBatch) {
   FakeRunnerOptions fo4 = fo;
   fo4.page_size = 4;
   EngineOptions eo;
-  eo.chunked_prefill_size = 5;
+  eo.scheduler.chunked_prefill_size = 5;
   Collector c;
   FakeEngine fe = MakeFakeEngine(fo4, eo);
   for (int i = 0; i < 30; ++i) {

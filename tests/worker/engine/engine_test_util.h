@@ -198,11 +198,12 @@ absl::Status PauseGated(Engine& engine, Runner& runner, PauseMode mode) {
 inline void ExpectNoLeak(Engine& engine) {
   ASSERT_TRUE(CheckInvariants(engine).ok()) << CheckInvariants(engine);
   const ServerInfo info = engine.GetServerInfo();
-  EXPECT_EQ(info.num_running, 0);
-  EXPECT_EQ(info.num_waiting, 0);
-  EXPECT_EQ(info.req_to_token_used, 0);
-  EXPECT_EQ(info.kv_tokens_available + info.tree_cache_tokens, info.kv_tokens_total);
-  EXPECT_EQ(info.kv_tokens_evictable, info.tree_cache_tokens);
+  EXPECT_EQ(info.scheduler.num_running, 0);
+  EXPECT_EQ(info.scheduler.num_waiting, 0);
+  EXPECT_EQ(info.scheduler.req_to_token_used, 0);
+  EXPECT_EQ(info.scheduler.available_kv_tokens + info.scheduler.tree_cache_tokens,
+            info.scheduler.total_kv_tokens);
+  EXPECT_EQ(info.scheduler.evictable_kv_tokens, info.scheduler.tree_cache_tokens);
   EXPECT_EQ(info.invariant_error, "");
 }
 

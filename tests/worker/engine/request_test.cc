@@ -7,8 +7,8 @@
 namespace rl::engine {
 namespace {
 
-RequestLimits Limits() {
-  RequestLimits l;
+EngineLimits Limits() {
+  EngineLimits l;
   l.vocab_size = 100;
   l.max_context_len = 64;
   l.max_kv_tokens = 48;
@@ -81,7 +81,7 @@ TEST(ValidateRequestTest, NamesTheBadField) {
 TEST(ValidateRequestTest, StopStringsNeedADecoder) {
   GenerateRequest r = Good();
   r.sampling.stop = {"x"};
-  RequestLimits l = Limits();
+  EngineLimits l = Limits();
   l.has_text_decoder = false;
   EXPECT_EQ(ValidateRequest(r, l).code(), absl::StatusCode::kInvalidArgument);
 }

@@ -20,8 +20,8 @@ namespace {
 using ::testing::HasSubstr;
 namespace common = ::smg::grpc::common;
 
-engine::RequestLimits Limits() {
-  engine::RequestLimits l;
+engine::EngineLimits Limits() {
+  engine::EngineLimits l;
   l.vocab_size = 512;
   l.max_context_len = 512;
   l.max_kv_tokens = 100000;

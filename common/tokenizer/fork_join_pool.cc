@@ -1,15 +1,15 @@
-#include "common/tokenizer/worker_pool.h"
+#include "common/tokenizer/fork_join_pool.h"
 
 #include <latch>
 
 namespace rl::tokenizer {
 
-WorkerPool::WorkerPool(int num_threads) {
+ForkJoinPool::ForkJoinPool(int num_threads) {
   threads_.reserve(num_threads);
   for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Loop(); });
 }
 
-WorkerPool::~WorkerPool() {
+ForkJoinPool::~ForkJoinPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;
@@ -18,7 +18,7 @@ WorkerPool::~WorkerPool() {
   for (std::thread& t : threads_) t.join();
 }
 
-void WorkerPool::Loop() {
+void ForkJoinPool::Loop() {
   for (;;) {
     std::function<void()> task;
     {
@@ -32,7 +32,7 @@ void WorkerPool::Loop() {
   }
 }
 
-void WorkerPool::Run(int helpers, const std::function<void()>& fn) {
+void ForkJoinPool::Run(int helpers, const std::function<void()>& fn) {
   helpers = std::max(0, std::min(helpers, size()));
   std::latch done(helpers);
   {

@@ -1,8 +1,8 @@
-// WorkerPool: a fixed set of threads that EncodeBatch reuses, so the per-thread BPE word
+// ForkJoinPool: a fixed set of threads that EncodeBatch reuses, so the per-thread BPE word
 // caches stay warm from one batch to the next (fresh threads would start with empty caches).
 //
-// Run(helpers, fn) runs `fn` on up to `helpers` pool threads and on the caller, and returns
-// when every copy has returned; `fn` itself must split the work (e.g. an atomic index).
+// Run(helpers, fn) forks `fn` onto up to `helpers` pool threads and the caller, and joins:
+// it returns when every copy has returned; `fn` itself must split the work (e.g. an atomic index).
 // Thread safety: Run may be called from several threads at once (tasks queue up).
 // Cost: one queue push and one wake-up per helper.
 #pragma once
@@ -16,12 +16,12 @@
 
 namespace rl::tokenizer {
 
-class WorkerPool {
+class ForkJoinPool {
  public:
-  explicit WorkerPool(int num_threads);
-  ~WorkerPool();
-  WorkerPool(const WorkerPool&) = delete;
-  WorkerPool& operator=(const WorkerPool&) = delete;
+  explicit ForkJoinPool(int num_threads);
+  ~ForkJoinPool();
+  ForkJoinPool(const ForkJoinPool&) = delete;
+  ForkJoinPool& operator=(const ForkJoinPool&) = delete;
 
   int size() const { return static_cast<int>(threads_.size()); }
   void Run(int helpers, const std::function<void()>& fn);
