@@ -11,6 +11,7 @@
 
 #include "common/flags.h"
 #include "common/server_main.h"
+#include "services/collector/collect_config.h"
 #include "services/collector/collector.h"
 
 int main(int argc, char** argv) {

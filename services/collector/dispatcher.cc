@@ -1,0 +1,230 @@
+#include "services/collector/dispatcher.h"
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+
+namespace rl::collector {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+std::chrono::milliseconds Jittered(std::chrono::milliseconds d) {
+  thread_local absl::BitGen gen;
+  return std::chrono::milliseconds(
+      static_cast<int64_t>(static_cast<double>(d.count()) * absl::Uniform(gen, 0.75, 1.25)));
+}
+
+bool Retriable(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::RESOURCE_EXHAUSTED ||
+         code == grpc::StatusCode::ABORTED || code == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+const char* CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::UNKNOWN:
+      return "UNKNOWN";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::NOT_FOUND:
+      return "NOT_FOUND";
+    case grpc::StatusCode::PERMISSION_DENIED:
+      return "PERMISSION_DENIED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return "FAILED_PRECONDITION";
+    case grpc::StatusCode::ABORTED:
+      return "ABORTED";
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return "OUT_OF_RANGE";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::DATA_LOSS:
+      return "DATA_LOSS";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    default:
+      return "ERROR";
+  }
+}
+
+}  // namespace
+
+uint64_t SampleSeed(uint64_t base, int64_t index, int32_t sample) {
+  return SplitMix64(base ^ SplitMix64(static_cast<uint64_t>(index) ^
+                                      SplitMix64(static_cast<uint64_t>(sample) + 1))) >>
+         1;
+}
+
+void ResultQueue::Push(Result r) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    q_.push_back(std::move(r));
+  }
+  cv_.notify_one();
+}
+
+std::optional<Result> ResultQueue::PopUntil(Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!cv_.wait_until(lock, deadline, [&] { return !q_.empty(); })) return std::nullopt;
+  Result r = std::move(q_.front());
+  q_.pop_front();
+  return r;
+}
+
+Dispatcher::Dispatcher(const CollectConfig& c, const std::atomic<bool>* stop) : c_(c), stop_(stop) {
+  for (int i = 0; i < std::max(1, c.channels); ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(512 << 20);
+    args.SetMaxSendMessageSize(512 << 20);
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt("rl.collector.channel", i);  // distinct args: one connection per channel
+    // gRPC's own reconnect backoff (1 s growing to 120 s by default) would keep a channel in
+    // TRANSIENT_FAILURE long after a restarted router is back, failing every retry at once;
+    // reconnect at the collector's own retry cadence instead. (The minimum stays at gRPC's
+    // default: it is also the connect timeout, and a short one fails every handshake on a
+    // loaded machine.)
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(20, c.retry_backoff_ms));
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(20, c.max_backoff_ms));
+    stubs_.push_back(rl::v1::Router::NewStub(
+        grpc::CreateCustomChannel(c.router, grpc::InsecureChannelCredentials(), args)));
+  }
+}
+
+void Dispatcher::CancelInFlight() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (grpc::ClientContext* ctx : in_flight_) ctx->TryCancel();
+}
+
+rl::v1::GenerateRequest Dispatcher::BuildRequest(const Task& t, std::string* error) const {
+  rl::v1::GenerateRequest req;
+  if (t.row->has_text) {
+    req.set_text(t.row->text);
+  } else {
+    req.mutable_input_ids()->mutable_ids()->Assign(t.row->input_ids.begin(),
+                                                   t.row->input_ids.end());
+  }
+  rl::v1::SamplingParams* p = req.mutable_sampling_params();
+  p->set_max_new_tokens(c_.max_new_tokens);
+  p->set_temperature(static_cast<float>(c_.temperature));
+  p->set_top_p(static_cast<float>(c_.top_p));
+  if (c_.seed >= 0) p->set_seed(static_cast<uint64_t>(c_.seed));
+  absl::Status s = ApplySamplingOverrides(t.row->sampling_json, p);
+  if (!s.ok()) *error = std::string(s.message());
+  if (p->has_seed()) p->set_seed(SampleSeed(p->seed(), t.row->index, t.sample));
+  p->set_n(1);
+  req.set_return_logprob(true);
+  req.set_return_trajectory(true);
+  if (c_.return_routed_experts) {
+    req.set_return_routed_experts(true);
+    req.set_return_expert_weights(true);
+  }
+  req.set_stream(false);
+  req.set_request_id(absl::StrCat("collect-", t.row->index, "-", t.sample));
+  return req;
+}
+
+Result Dispatcher::Run(const Task& t, size_t slot) {
+  Result res;
+  SampleRecord& r = res.record;
+  r.key = SampleKey{t.row->index, t.sample};
+  r.group = t.row->group;
+  r.metadata_json = t.row->metadata_json;
+  std::string error;
+  const rl::v1::GenerateRequest req = BuildRequest(t, &error);
+  if (!error.empty()) {
+    r.status = absl::StrCat("INVALID_ARGUMENT: ", error);
+    return res;
+  }
+  rl::v1::Router::Stub* stub = stubs_[slot % stubs_.size()].get();
+  auto backoff = std::chrono::milliseconds(c_.retry_backoff_ms);
+  std::string last_error;
+  for (int attempt = 1; attempt <= c_.max_attempts; ++attempt) {
+    if (attempt > 1) {
+      ++res.retries;
+      // +-25% jitter: samples that failed together do not all retry in the same instant.
+      const auto until = Clock::now() + Jittered(backoff);
+      while (Clock::now() < until) {
+        if (Stopping()) {
+          res.cancelled = true;
+          return res;
+        }
+        std::this_thread::sleep_for(
+            std::min<Clock::duration>(std::chrono::milliseconds(20), until - Clock::now()));
+      }
+      backoff = std::min(backoff * 2, std::chrono::milliseconds(c_.max_backoff_ms));
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(c_.request_timeout_s));
+    if (!c_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + c_.api_key);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (Stopping()) {  // checked under the lock: CancelInFlight cannot miss this call
+        res.cancelled = true;
+        return res;
+      }
+      in_flight_.insert(&ctx);
+    }
+    auto reader = stub->Generate(&ctx, req);
+    rl::v1::GenerateResponse msg;
+    std::optional<rl::v1::GenerateFinal> final;
+    while (reader->Read(&msg)) {
+      if (msg.has_final()) final = std::move(*msg.mutable_final());
+    }
+    grpc::Status s = reader->Finish();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_.erase(&ctx);
+    }
+    if (Stopping() && s.error_code() == grpc::StatusCode::CANCELLED) {
+      res.cancelled = true;
+      return res;
+    }
+    r.attempts = attempt;
+    if (!s.ok()) {
+      last_error = absl::StrCat(CodeName(s.error_code()), ": ", s.error_message());
+      if (Retriable(s.error_code())) continue;
+      r.status = last_error;
+      return res;
+    }
+    if (!final) {
+      last_error = "INTERNAL: the router's stream ended without a final message";
+      continue;
+    }
+    if (final->finish_reason() == rl::v1::FINISH_REASON_ABORT) {
+      last_error = absl::StrCat("ABORTED: ", final->abort_message());
+      continue;
+    }
+    r.attempts = attempt - 1 + std::max(1, final->attempts());
+    absl::Status fill = FillFromFinal(*final, &r);
+    r.status = fill.ok() ? "ok" : absl::StrCat("INVALID_ARGUMENT: ", fill.message());
+    return res;
+  }
+  if (Stopping()) {
+    res.cancelled = true;
+    return res;
+  }
+  r.status = absl::StrCat(last_error, " (after ", c_.max_attempts, " attempts)");
+  return res;
+}
+
+}  // namespace rl::collector
