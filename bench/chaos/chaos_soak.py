@@ -16,14 +16,14 @@ Needs a build (build/bin/rl-worker, rl-router) and the venv (scripts/venv).
 
 import argparse
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "reliability"))
-import chaos  # noqa: E402
-from chaos import BUILD, DATA, Client, WorkerProc, pb, wait_listening  # noqa: E402
+import chaos  # noqa: E402  (puts tests/testing and the client sources on sys.path)
+from chaos import Client, pb, start_fixed_worker  # noqa: E402
+from rltest import start_router  # noqa: E402
 
 
 def detection_time(num_holes, log):
@@ -33,15 +33,12 @@ def detection_time(num_holes, log):
         s.bind(("127.0.0.1", 0))
         s.listen(64)
         holes.append(s)
-    w = WorkerProc(chaos.free_port(), log)
-    args = [str(BUILD / "bin" / "rl-router"), "--tokenizer", str(DATA / "stories260K"),
-            "--port", "0", "--health-interval-ms", "500", "--health-timeout-ms", "1000",
-            "--health-failures", "1", "--worker", w.address]
-    for s in holes:
-        args += ["--worker", f"127.0.0.1:{s.getsockname()[1]}"]
-    router = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
+    w = start_fixed_worker(log)
+    router = start_router([w] + [f"127.0.0.1:{s.getsockname()[1]}" for s in holes],
+                          "--health-interval-ms", "500", "--health-timeout-ms", "1000",
+                          "--health-failures", "1", log=log)
     try:
-        client = Client(wait_listening(router, "rl-router"), timeout=30)
+        client = Client(router.address, timeout=30)
         time.sleep(1.5)
         w.kill()
         start = time.monotonic()
@@ -53,9 +50,8 @@ def detection_time(num_holes, log):
             time.sleep(0.02)
         return float("nan")
     finally:
-        router.terminate()
-        router.wait(timeout=20)
-        w.terminate()
+        router.stop()
+        w.stop()
         for s in holes:
             s.close()
 

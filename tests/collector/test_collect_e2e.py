@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rltest import BIN, DATA, start_router
+from rltest import BIN, DATA, start_router, start_worker, wait_for
 
 ROWS = 100  # x n=2 = 200 samples per collection
 N = 2
@@ -133,8 +133,7 @@ def test_sigkill_resume_and_router_restart_match_an_uninterrupted_run(fleet, tmp
                          stderr=subprocess.PIPE, text=True)
     time.sleep(0.2 * took)
     port = router.rsplit(":", 1)[1]
-    fleet["router"].proc.kill()
-    fleet["router"].proc.wait()
+    fleet["router"].kill()
     time.sleep(0.5)
     fleet["router"] = start_router([fleet["worker"]], port=port)
     stdout, stderr = p.communicate(timeout=300)
@@ -154,9 +153,8 @@ def test_sigterm_saves_what_finished_and_exits_130(fleet, tmp_path):
     out = tmp_path / "out"
     cmd = collect_cmd(fleet["router"].address, prompts, out, max_new_tokens=40)
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not (out / "checkpoint.json").exists() and time.time() < deadline:
-        time.sleep(0.01)
+    wait_for(lambda: (out / "checkpoint.json").exists(), "the first checkpoint", timeout_s=60,
+             interval_s=0.01)
     p.send_signal(signal.SIGTERM)
     stdout, stderr = p.communicate(timeout=120)
     if p.returncode == 0:
@@ -176,9 +174,8 @@ def test_pause_update_continue_during_collection_loses_nothing(fleet, tmp_path):
     out = tmp_path / "out"
     p = subprocess.Popen(collect_cmd(fleet["router"].address, prompts, out, max_new_tokens=40),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 60
-    while not (out / "checkpoint.json").exists() and time.time() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: (out / "checkpoint.json").exists(), "the first checkpoint", timeout_s=60,
+             interval_s=0.02)
     with Client(fleet["router"].address, timeout=120) as c:
         c.pause("retract")
         r = c.update_weights_from_disk(str(DATA / "stories260K-bf16"))
@@ -306,14 +303,11 @@ def test_routed_experts_reach_the_shards_and_the_loader(tmp_path):
     sample has ids [prompt + response - 1, 2 MoE layers, top-4] in range and weights that sum
     to 1 per token (norm_topk_prob)."""
     from rlfleet import load_trajectories
-    from rltest import Server
     model = tmp_path / "moe"
     subprocess.run([str(BIN / "rlctl"), "make-model", "--arch", "qwen3_moe", "--size", "tiny",
                     "--out", str(model)], check=True, capture_output=True, timeout=60)
-    worker = Server([str(BIN / "rl-worker"), "--model", str(model), "--port", "0",
-                     "--kv-cache-gb", "0.02", "--enable-return-routed-experts"])
-    router = Server([str(BIN / "rl-router"), "--tokenizer", str(model), "--port", "0",
-                     "--worker", worker.address, "--health-interval-ms", "100"])
+    worker = start_worker("--kv-cache-gb", "0.02", "--enable-return-routed-experts", model=model)
+    router = start_router([worker], tokenizer=model)
     try:
         prompts = tmp_path / "p.jsonl"
         with open(prompts, "w") as f:

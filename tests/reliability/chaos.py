@@ -14,102 +14,38 @@ Used by tests/reliability/test_chaos.py (about a minute, in ctest) and bench/cha
 
 import os
 import random
-import signal
-import socket
-import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "clients" / "python"))
-BUILD = Path(os.environ.get("RL_BUILD_DIR", ROOT / "build"))
-DATA = Path(os.environ.get("RL_TEST_DATA", ROOT.parent / "shared" / "models"))
+# Also run outside pytest (bench/chaos/chaos_soak.py): the shared helpers and the client sources.
+_TESTS = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(_TESTS / "testing"), str(_TESTS.parent / "clients" / "python")]
 
 import grpc  # noqa: E402
 
 from rl_client import Client, pb  # noqa: E402
+from rltest import STORIES, free_port, start_router, start_worker  # noqa: E402
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went", "One day, a bird",
            "The sun was", "A big red ball"]
 REQUEST_DEADLINE_S = 60.0
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_listening(proc, what):
-    line = proc.stdout.readline()
-    if not line.startswith("listening on "):
-        proc.kill()
-        raise RuntimeError(f"{what} did not start: {line!r} {proc.stderr.read()}")
-    return line.split()[-1]
-
-
-class WorkerProc:
-    """One rl-worker on a fixed port, so a restart comes back at the same address."""
-
-    def __init__(self, port, log):
-        self.port = port
-        self.address = f"127.0.0.1:{port}"
-        self.log = log
-        self.proc = None
-        self.stopped = False
-        self.start()
-
-    def start(self):
-        args = [str(BUILD / "bin" / "rl-worker"), "--model", str(DATA / "stories260K"),
-                "--port", str(self.port), "--kv-cache-gb", "0.02", "--log-level", "warn"]
-        for attempt in range(50):  # the port may linger for a moment after a kill
-            self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=self.log, text=True)
-            line = self.proc.stdout.readline()
-            if line.startswith("listening on "):
-                return
-            self.proc.wait(timeout=30)
-            time.sleep(0.1)
-        raise RuntimeError(f"rl-worker on port {self.port} did not start")
-
-    def kill(self):
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=30)
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGSTOP)
-        self.stopped = True
-
-    def cont(self):
-        self.proc.send_signal(signal.SIGCONT)
-        self.stopped = False
-
-    def terminate(self):
-        if self.proc.poll() is None:
-            if self.stopped:
-                self.cont()
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=20)
+def start_fixed_worker(log):
+    """An rl-worker on a fixed port (a restart, kill() then start(tries=50), comes back at the
+    same address), its stderr into the shared `log`."""
+    return start_worker("--kv-cache-gb", "0.02", "--log-level", "warn", port=free_port(),
+                        log=log, tries=50)
 
 
 def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_every_s=2.5,
         verbose=False, log_dir=None):
     log_path = Path(log_dir or os.environ.get("RL_CHAOS_LOG_DIR", "/tmp")) / f"chaos-{os.getpid()}.log"
     log = open(log_path, "w")
-    workers = [WorkerProc(free_port(), log) for _ in range(3)]
-    router_args = [str(BUILD / "bin" / "rl-router"), "--tokenizer", str(DATA / "stories260K"),
-                   "--port", "0", "--health-interval-ms", "200", "--health-timeout-ms", "500",
-                   "--health-failures", "2", "--retry-backoff-ms", "20", "--max-attempts", "30",
-                   "--admin-call-timeout-ms", "2000", "--admin-load-timeout-ms", "20000",
-                   "--admin-lock-timeout-ms", "60000", "--log-level", "info"]
-    for w in workers:
-        router_args += ["--worker", w.address]
-    router = subprocess.Popen(router_args, stdout=subprocess.PIPE, stderr=log, text=True)
+    workers = []
+    router = None
     counts = {"requests": 0, "ok": 0, "streamed_then_failed": 0, "kills": 0, "stops": 0,
               "admin_cycles": 0, "admin_worker_failures": 0, "admin_call_errors": 0}
     violations = []
@@ -118,7 +54,13 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
     stop = threading.Event()
     fleet_version = [0]
     try:
-        router_address = wait_listening(router, "rl-router")
+        workers = [start_fixed_worker(log) for _ in range(3)]
+        router = start_router(workers, "--health-interval-ms", "200", "--health-timeout-ms",
+                              "500", "--health-failures", "2", "--max-attempts", "30",
+                              "--admin-call-timeout-ms", "2000", "--admin-load-timeout-ms",
+                              "20000", "--admin-lock-timeout-ms", "60000", "--log-level", "info",
+                              log=log)
+        router_address = router.address
         client = Client(router_address, timeout=REQUEST_DEADLINE_S)
 
         def generate_once(rng):
@@ -171,15 +113,15 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
                 w.kill()
                 counts["kills"] += 1
                 time.sleep(0.1)
-                w.start()
+                w.start(tries=50)
 
         def stopper():
             w = workers[1]
             while not stop.wait(stop_for_s):
-                w.stop()
+                w.freeze()
                 counts["stops"] += 1
                 stop.wait(stop_for_s)
-                w.cont()
+                w.thaw()
 
         def admin():
             admin_client = Client(router_address, timeout=120)
@@ -188,7 +130,7 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
                     r = admin_client.pause("retract")
                     counts["admin_worker_failures"] += sum(not x.success for x in r.results)
                     version = fleet_version[0] + 1
-                    r = admin_client.update_weights_from_disk(str(DATA / "stories260K"),
+                    r = admin_client.update_weights_from_disk(str(STORIES),
                                                               weight_version=version)
                     counts["admin_worker_failures"] += sum(not x.success for x in r.results)
                     if any(x.success for x in r.results):
@@ -220,8 +162,8 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
             t.join(timeout=REQUEST_DEADLINE_S + 30)
             if t.is_alive():
                 violations.append("a driver thread did not finish (hang)")
-        if workers[1].stopped:
-            workers[1].cont()
+        if workers[1].frozen:
+            workers[1].thaw()
         # The fleet converges: every worker live, at the fleet's version, serving.
         version = fleet_version[0]
         converged = False
@@ -254,12 +196,9 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
     finally:
         stop.set()
         for w in workers:
-            w.terminate()
-        router.terminate()
-        try:
-            router.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            router.kill()
+            w.stop()
+        if router is not None:
+            router.stop()
         log.close()
     counts["log"] = str(log_path)
     return counts, violations

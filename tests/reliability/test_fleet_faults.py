@@ -5,57 +5,48 @@ the fleet, a restarted worker is caught up to the fleet's version before it is r
 import json
 import subprocess
 import threading
-import time
 
 import grpc
 
-import chaos
-from chaos import BUILD, DATA, Client, WorkerProc, pb, wait_listening
+from chaos import Client, pb, start_fixed_worker
+from rltest import BIN, STORIES, start_router, wait_for
 
 ROUTER = pb["router_pb2"]
-
-
-def start_router(workers, log, *extra):
-    args = [str(BUILD / "bin" / "rl-router"), "--tokenizer", str(DATA / "stories260K"),
-            "--port", "0", "--retry-backoff-ms", "20", *extra]
-    for w in workers:
-        args += ["--worker", w.address]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log, text=True)
-    return proc, wait_listening(proc, "rl-router")
 
 
 def listing(client):
     return client.router.ListWorkers(ROUTER.ListWorkersRequest(), timeout=10)
 
 
-def wait_for(pred, what, tries=300):
-    for _ in range(tries):
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 class Fleet:
+    """`n` rl-workers on fixed ports (restartable at the same address) behind one rl-router,
+    every log in tmp_path/fleet.log."""
+
     def __init__(self, tmp_path, n, *router_flags):
         self.log = open(tmp_path / "fleet.log", "w")
-        self.workers = [WorkerProc(chaos.free_port(), self.log) for _ in range(n)]
-        self.router, self.address = start_router(self.workers, self.log, *router_flags)
+        self.workers = []
+        self.router = None
+        try:
+            self.workers = [start_fixed_worker(self.log) for _ in range(n)]
+            self.router = start_router(self.workers, *router_flags, log=self.log)
+        except BaseException:
+            self.close()
+            raise
+        self.address = self.router.address
         self.client = Client(self.address, timeout=60)
 
     def close(self):
         for w in self.workers:
-            w.terminate()
-        self.router.terminate()
-        self.router.wait(timeout=20)
+            w.stop()
+        if self.router is not None:
+            self.router.stop()
         self.log.close()
 
 
 def test_typo_update_keeps_every_worker_serving(tmp_path):
     fleet = Fleet(tmp_path, 2, "--health-interval-ms", "100")
     try:
-        out = subprocess.run([str(BUILD / "bin" / "rlctl"), "--target", fleet.address, "--json",
+        out = subprocess.run([str(BIN / "rlctl"), "--target", fleet.address, "--json",
                               "update-weights", "--from-disk", "/typo/path"],
                              capture_output=True, text=True, timeout=60)
         r = json.loads(out.stdout)
@@ -77,7 +68,7 @@ def test_stopped_worker_never_holds_the_admin_lock_or_the_fleet(tmp_path):
                   "1500", "--admin-lock-timeout-ms", "120000")
     stuck, good = fleet.workers
     try:
-        stuck.stop()
+        stuck.freeze()
         r = fleet.client.pause("retract")
         by_worker = {x.worker: x for x in r.results}
         assert by_worker[good.address].success
@@ -88,7 +79,7 @@ def test_stopped_worker_never_holds_the_admin_lock_or_the_fleet(tmp_path):
         assert states[stuck.address].state == ROUTER.WORKER_STATE_DEAD
         assert "deadline" in states[stuck.address].reason
         # The lock is free and the stuck worker is left out of the rest of the cycle.
-        r = fleet.client.update_weights_from_disk(str(DATA / "stories260K"), weight_version=4)
+        r = fleet.client.update_weights_from_disk(str(STORIES), weight_version=4)
         assert [x.worker for x in r.results] == [good.address] and r.success
         r = fleet.client.continue_generation()
         assert r.success
@@ -97,8 +88,6 @@ def test_stopped_worker_never_holds_the_admin_lock_or_the_fleet(tmp_path):
             f = fleet.client.generate(text="Once upon a time", max_new_tokens=4, temperature=0.0)
             assert f.worker == good.address and f.weight_version == 4
     finally:
-        if stuck.stopped:
-            stuck.cont()
         fleet.close()
 
 
@@ -118,7 +107,7 @@ def test_hung_worker_streams_are_cancelled_and_retried(tmp_path):
             except grpc.RpcError as e:
                 errors.append(e)
 
-        stuck.stop()
+        stuck.freeze()
         threads = [threading.Thread(target=one) for _ in range(8)]
         for t in threads:
             t.start()
@@ -131,8 +120,6 @@ def test_hung_worker_streams_are_cancelled_and_retried(tmp_path):
             assert e.code() == grpc.StatusCode.UNAVAILABLE and "marked dead" in e.details()
         assert all(f.worker == good.address for f in results)
     finally:
-        if stuck.stopped:
-            stuck.cont()
         fleet.close()
 
 
@@ -143,13 +130,13 @@ def test_restarted_worker_is_caught_up_before_it_is_routed(tmp_path):
     fleet = Fleet(tmp_path, 2, "--health-interval-ms", "100", "--health-failures", "1")
     w0 = fleet.workers[0]
     try:
-        r = fleet.client.update_weights_from_disk(str(DATA / "stories260K"), weight_version=7)
+        r = fleet.client.update_weights_from_disk(str(STORIES), weight_version=7)
         assert r.success and r.weight_version == 7
         lst = listing(fleet.client)
         assert lst.fleet_weight_version == 7
-        assert lst.fleet_weight_source == "disk:" + str(DATA / "stories260K")
+        assert lst.fleet_weight_source == "disk:" + str(STORIES)
         w0.kill()
-        w0.start()  # back at its start-up version 0, same address
+        w0.start(tries=50)  # back at its start-up version 0, same address
         # Never routed before it is caught up: every output is at the fleet's version.
         for _ in range(20):
             f = fleet.client.generate(text="Once upon a time", max_new_tokens=2, temperature=0.0)

@@ -1,10 +1,13 @@
-"""The Python tests' shared helpers: where the build, the test data and the checkout are, and
-one process helper for servers that print `listening on HOST:PORT` when ready.
+"""The Python tests' shared helpers: where the build, the test data and the checkout are, one
+process helper for servers that print `listening on HOST:PORT` when ready (start, restart,
+freeze, stop), free ports, polling, and the rlfleet package installed as a user installs it.
 
 Tests import it as `rltest` (tests/conftest.py puts tests/testing on sys.path)."""
 
+import atexit
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -41,59 +44,96 @@ def stop_process(proc, grace_s=20):
 
 class Server:
     """A process that prints `listening on HOST:PORT` on stdout when ready (rl-worker,
-    rl-router). Its stderr goes to `log_path` (a temporary file when not given), which a failed
-    start quotes."""
+    rl-router, rl-weight-sender). Its stderr goes to `log`, an open file that several processes
+    may share, else to `log_path` (a temporary file when not given), which a failed start
+    quotes. `tries` > 1 retries a start that fails (a killed process's fixed port may linger a
+    moment); kill() then start() restarts it with the same arguments, so a fixed port comes back
+    at the same address; freeze() / thaw() stop and resume it (SIGSTOP / SIGCONT)."""
 
-    def __init__(self, args, log_path=None, env=None):
+    def __init__(self, args, log_path=None, env=None, log=None, tries=1):
         self.args = [str(a) for a in args]
-        if log_path is None:
-            fd, log_path = tempfile.mkstemp(prefix="rl-test-", suffix=".log")
-            os.close(fd)
-        self.log_path = Path(log_path)
-        self.log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True, env=env)
-        line = self.proc.stdout.readline()
-        if not line.startswith("listening on "):
+        self.env = env
+        self._own_log = log is None
+        if log is None:
+            if log_path is None:
+                fd, log_path = tempfile.mkstemp(prefix="rl-test-", suffix=".log")
+                os.close(fd)
+            log = open(log_path, "w")
+        self.log = log
+        self.log_path = Path(log.name)
+        self.frozen = False
+        self.start(tries)
+
+    def start(self, tries=1):
+        for attempt in range(tries):
+            self.proc = subprocess.Popen(self.args, stdout=subprocess.PIPE, stderr=self.log,
+                                         text=True, env=self.env)
+            line = self.proc.stdout.readline()
+            if line.startswith("listening on "):
+                self.address = line.split()[-1]
+                return
             self.proc.kill()
             self.proc.wait()
+            if attempt + 1 < tries:
+                time.sleep(0.1)
+        if self._own_log:
             self.log.close()
-            raise RuntimeError(f"{self.args[0]} did not start: {line!r}\n"
-                               f"{self.log_path.read_text()[-4000:]}")
-        self.address = line.split()[-1]
+        else:
+            self.log.flush()
+        raise RuntimeError(f"{self.args[0]} did not start: {line!r}\n"
+                           f"{self.log_path.read_text()[-4000:]}")
+
+    def kill(self):
+        """SIGKILL, and waits for the exit."""
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+    def freeze(self):
+        self.proc.send_signal(signal.SIGSTOP)
+        self.frozen = True
+
+    def thaw(self):
+        self.proc.send_signal(signal.SIGCONT)
+        self.frozen = False
 
     def stop(self, grace_s=20):
+        """Thawed if frozen, then stop_process; closes its own log."""
+        if self.frozen and self.proc.poll() is None:
+            self.thaw()
         stop_process(self.proc, grace_s)
-        if not self.log.closed:
+        if self._own_log and not self.log.closed:
             self.log.close()
 
 
-def start_worker(*extra, model=None, log_path=None):
-    """rl-worker on stories260K (or `model`), port 0, a small KV cache unless `extra` sets
-    one."""
+def start_worker(*extra, model=None, log_path=None, log=None, port=0, tries=1):
+    """rl-worker on stories260K (or `model`), port 0 (or `port`), a small KV cache unless
+    `extra` sets one."""
     kv = [] if "--kv-cache-gb" in extra else ["--kv-cache-gb", "0.05"]
-    return Server([BIN / "rl-worker", "--model", model or STORIES, "--port", "0", *kv, *extra],
-                  log_path)
+    return Server([BIN / "rl-worker", "--model", model or STORIES, "--port", str(port), *kv,
+                   *extra], log_path, log=log, tries=tries)
 
 
-def start_router(workers, *extra, tokenizer=None, port="0", log_path=None):
-    """rl-router over `workers` (addresses or Servers), fast health checks and retries."""
+def start_router(workers, *extra, tokenizer=None, port="0", log_path=None, log=None):
+    """rl-router over `workers` (addresses or Servers), fast health checks and retries; `extra`
+    flags override those."""
     args = [BIN / "rl-router", "--tokenizer", tokenizer or STORIES, "--port", str(port),
             "--health-interval-ms", "100", "--retry-backoff-ms", "20"]
     for w in workers:
         args += ["--worker", getattr(w, "address", w)]
-    return Server(args + list(extra), log_path)
+    return Server(args + list(extra), log_path, log=log)
 
 
-def wait_for(pred, what, timeout_s=30.0, interval_s=0.1):
-    """Polls `pred` until it returns a truthy value (returned); fails naming `what`."""
+def wait_for(pred, what, timeout_s=30.0, interval_s=0.1, detail=None):
+    """Polls `pred` until it returns a truthy value (returned); fails naming `what` (and
+    `detail()`, when given, e.g. a log's tail)."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = pred()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            extra = f"\n{detail()}" if detail is not None else ""
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}{extra}")
         time.sleep(interval_s)
 
 
@@ -108,4 +148,14 @@ def install_rlfleet(tmp: Path) -> Path:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
                     "--no-build-isolation", "--no-deps", "--target", str(site),
                     str(src / "clients" / "python")], check=True, timeout=300)
+    return site
+
+
+def use_installed_rlfleet():
+    """install_rlfleet into a fresh temporary folder (removed at exit), put first on sys.path, so
+    `import rlfleet` is the package as a user installs it."""
+    tmp = Path(tempfile.mkdtemp(prefix="rlfleet_pkg_"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    site = install_rlfleet(tmp)
+    sys.path.insert(0, str(site))
     return site

@@ -2,16 +2,14 @@
 by id without pausing the fleet or reaching the worker itself."""
 
 import threading
-import time
 
-from rltest import BUILD, DATA, Server
+from rltest import start_router, wait_for
 from rl_client import Client, pb
 
 
 def test_abort_one_request_through_the_router(start_worker):
     w = start_worker("--kv-cache-gb", "0.01", "--threads", "1")
-    router = Server([str(BUILD / "bin" / "rl-router"), "--tokenizer", str(DATA / "stories260K"),
-                     "--port", "0", "--worker", w.address])
+    router = start_router([w])
     try:
         worker, fleet = Client(w.address), Client(router.address)
         worker.pause("in_place")  # the request waits in the worker's queue
@@ -23,10 +21,8 @@ def test_abort_one_request_through_the_router(start_worker):
 
         t = threading.Thread(target=run)
         t.start()
-        deadline = time.monotonic() + 60
-        while worker.server_info().num_waiting != 1:
-            assert time.monotonic() < deadline, "the request never reached the worker"
-            time.sleep(0.02)
+        wait_for(lambda: worker.server_info().num_waiting == 1,
+                 "the request to reach the worker", timeout_s=60, interval_s=0.02)
         assert fleet.abort("trainer-7") == 1
         t.join(timeout=60)
         assert out["final"].finish_reason == pb["generate_pb2"].FINISH_REASON_ABORT

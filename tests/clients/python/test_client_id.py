@@ -8,12 +8,11 @@ client (Python channels to one target may or may not share a connection). rlflee
 tests/collector/test_rlfleet_client.py."""
 
 import threading
-import time
 
 import grpc
 import pytest
 
-from rltest import BUILD, DATA, Server
+from rltest import start_router, wait_for
 from rl_client import Client, pb
 
 
@@ -25,18 +24,9 @@ def _queued(fleet) -> int:
     raise AssertionError("rl_router_admission_queued missing from the router's metrics")
 
 
-def _wait(cond, what, limit=60.0):
-    deadline = time.monotonic() + limit
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.02)
-
-
 def test_router_fair_admission_keys_on_client_id(start_worker):
     w = start_worker("--kv-cache-gb", "0.01", "--threads", "1")
-    router = Server([str(BUILD / "bin" / "rl-router"), "--tokenizer", str(DATA / "stories260K"),
-                     "--port", "0", "--worker", w.address, "--max-in-flight", "1",
-                     "--max-queued", "2"])
+    router = start_router([w], "--max-in-flight", "1", "--max-queued", "2")
     results = {}
 
     def run(name, client):
@@ -58,11 +48,12 @@ def test_router_fair_admission_keys_on_client_id(start_worker):
         worker.pause("in_place")  # the one admitted generation waits in the worker's queue
         flood = Client(router.address, client_id="flood")
         start("flood-0", flood)
-        _wait(lambda: worker.server_info().num_waiting == 1, "the first request never ran")
+        wait_for(lambda: worker.server_info().num_waiting == 1, "the first request to run",
+                 timeout_s=60, interval_s=0.02)
         start("flood-1", flood)
-        _wait(lambda: _queued(fleet) == 1, "flood-1 never queued")
+        wait_for(lambda: _queued(fleet) == 1, "flood-1 to queue", timeout_s=60, interval_s=0.02)
         start("flood-2", flood)
-        _wait(lambda: _queued(fleet) == 2, "flood-2 never queued")
+        wait_for(lambda: _queued(fleet) == 2, "flood-2 to queue", timeout_s=60, interval_s=0.02)
 
         # Same id from another Client object: the same client, refused at once.
         with pytest.raises(grpc.RpcError) as refused:
@@ -73,7 +64,8 @@ def test_router_fair_admission_keys_on_client_id(start_worker):
 
         # Another id: takes the flood's newest place.
         start("other", Client(router.address, client_id="trainer-b"))
-        _wait(lambda: "flood-2" in results, "the flood's newest request was not displaced")
+        wait_for(lambda: "flood-2" in results, "the flood's newest request to be displaced",
+                 timeout_s=60, interval_s=0.02)
         assert isinstance(results["flood-2"], grpc.RpcError)
         assert results["flood-2"].code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "gave its place to another client" in results["flood-2"].details()

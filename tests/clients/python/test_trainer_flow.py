@@ -5,20 +5,11 @@ check that no request is lost."""
 import json
 import subprocess
 import threading
-import time
 
 import grpc
 
-from rltest import BUILD, DATA, Server
+from rltest import BUILD, DATA, Server, start_router, wait_for
 from rl_client import Client, pb
-
-
-def start_router(workers, *extra):
-    args = [str(BUILD / "bin" / "rl-router"), "--tokenizer", str(DATA / "stories260K"),
-            "--port", "0", "--health-interval-ms", "100", "--retry-backoff-ms", "20", *extra]
-    for w in workers:
-        args += ["--worker", w.address]
-    return Server(args)
 
 
 def test_update_weights_from_disk_mid_run(start_worker):
@@ -80,15 +71,12 @@ def test_worker_killed_mid_run_loses_no_request(start_worker):
         assert len(done) + len(errors) == 32
         assert len(done) >= 28, errors
         # The health checks mark the killed worker dead.
-        dead = False
-        for _ in range(100):
+        def dead():
             listing = c.router.ListWorkers(pb["router_pb2"].ListWorkersRequest(), timeout=10)
             states = {w.address: w.state for w in listing.workers}
-            if states[workers[0].address] == pb["router_pb2"].WORKER_STATE_DEAD:
-                dead = True
-                break
-            time.sleep(0.05)
-        assert dead
+            return states[workers[0].address] == pb["router_pb2"].WORKER_STATE_DEAD
+
+        wait_for(dead, "the killed worker to be marked dead", timeout_s=10, interval_s=0.05)
     finally:
         router.stop()
 
@@ -98,14 +86,9 @@ def test_distributed_update_through_the_router_with_the_sender_tool(start_worker
     router: both workers join as ranks 1 and 2 and receive every bucket."""
     workers = [start_worker("--kv-cache-gb", "0.02") for _ in range(2)]
     router = start_router(workers)
-    sender = subprocess.Popen(
-        [str(BUILD / "bin" / "rl-weight-sender"), "--checkpoint", str(DATA / "stories260K-bf16"),
-         "--listen", "127.0.0.1:0", "--world-size", "3", "--group-name", "g", "--bucket-mb",
-         "0.2", "--timeout-s", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sender = _sender("g")
     try:
-        ready = sender.stdout.readline()
-        assert ready.startswith("listening on "), ready
-        port = ready.split(":")[-1].strip()
+        port = sender.address.rsplit(":", 1)[1]
         rlctl = [str(BUILD / "bin" / "rlctl"), "--target", router.address, "--json"]
         init = subprocess.run(rlctl + ["init-group", "--master-address", "127.0.0.1",
                                        "--master-port", port, "--world-size", "3",
@@ -114,12 +97,13 @@ def test_distributed_update_through_the_router_with_the_sender_tool(start_worker
         assert init.returncode == 0, init.stdout + init.stderr
         assert json.loads(init.stdout)["success"]
         update = subprocess.run(rlctl + ["update-weights", "--distributed", "--group-name", "g"],
-                                stdin=sender.stdout, capture_output=True, text=True, timeout=300)
+                                stdin=sender.proc.stdout, capture_output=True, text=True,
+                                timeout=300)
         assert update.returncode == 0, update.stdout + update.stderr
         buckets = json.loads(update.stdout)["buckets"]
         assert len(buckets) >= 2
         assert all(b["success"] for b in buckets)
-        assert sender.wait(timeout=60) == 0, sender.stderr.read()
+        assert sender.proc.wait(timeout=60) == 0, sender.log_path.read_text()
         c = Client(router.address)
         assert c.model_info().weight_version == len(buckets)
         f = c.generate(text="Once upon a time", max_new_tokens=20, temperature=0.0)
@@ -130,17 +114,18 @@ def test_distributed_update_through_the_router_with_the_sender_tool(start_worker
         digests = {w.result.rank_sha256 for w in sums.workers}
         assert len(sums.workers) == 2 and len(digests) == 1
     finally:
-        sender.kill()
+        sender.stop()
         router.stop()
 
 
 def _sender(group, plan_only=False):
+    """rl-weight-sender of stories260K-bf16 in 0.2 MiB buckets: the bucket plan, or rank 0 of a
+    3-rank group (a Server: its bucket lines follow the ready line on proc.stdout)."""
     args = [str(BUILD / "bin" / "rl-weight-sender"), "--checkpoint", str(DATA / "stories260K-bf16"),
             "--bucket-mb", "0.2", "--group-name", group, "--timeout-s", "60"]
     if plan_only:
         return subprocess.run(args + ["--plan-only"], capture_output=True, text=True, timeout=60)
-    return subprocess.Popen(args + ["--listen", "127.0.0.1:0", "--world-size", "3"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return Server(args + ["--listen", "127.0.0.1:0", "--world-size", "3"])
 
 
 def test_two_phase_and_single_call_receive_with_the_sender_tool(start_worker):
@@ -160,9 +145,7 @@ def test_two_phase_and_single_call_receive_with_the_sender_tool(start_worker):
             assert plan.stdout.count('"names"') >= 2
             sender = _sender(group)
             senders.append(sender)
-            ready = sender.stdout.readline()
-            assert ready.startswith("listening on "), ready
-            port = ready.split(":")[-1].strip()
+            port = sender.address.rsplit(":", 1)[1]
             init = subprocess.run(rlctl + ["init-group", "--master-address", "127.0.0.1",
                                            "--master-port", port, "--world-size", "3",
                                            "--group-name", group],
@@ -176,7 +159,7 @@ def test_two_phase_and_single_call_receive_with_the_sender_tool(start_worker):
                                       timeout=120)
                 assert prep.returncode == 0, prep.stdout + prep.stderr
                 assert json.loads(prep.stdout)["ready"]
-                assert sender.wait(timeout=120) == 0, sender.stderr.read()
+                assert sender.proc.wait(timeout=120) == 0, sender.log_path.read_text()
                 assert c.model_info().weight_version == before  # received, not applied
                 done = subprocess.run(rlctl + ["complete-weights", "--group-name", group],
                                       capture_output=True, text=True, timeout=120)
@@ -184,7 +167,7 @@ def test_two_phase_and_single_call_receive_with_the_sender_tool(start_worker):
                 done = subprocess.run(rlctl + ["receive-weights", "--group-name", group],
                                       input=plan.stdout, capture_output=True, text=True,
                                       timeout=120)
-                assert sender.wait(timeout=120) == 0, sender.stderr.read()
+                assert sender.proc.wait(timeout=120) == 0, sender.log_path.read_text()
             assert done.returncode == 0, done.stdout + done.stderr
             assert json.loads(done.stdout)["success"]
             assert c.model_info().weight_version == before + 1
@@ -194,5 +177,5 @@ def test_two_phase_and_single_call_receive_with_the_sender_tool(start_worker):
                            text=True, timeout=60)
     finally:
         for s in senders:
-            s.kill()
+            s.stop()
         router.stop()

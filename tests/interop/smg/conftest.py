@@ -3,40 +3,21 @@ Gateway (the pinned `smg` from requirements.txt) in front of it, both on 127.0.0
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-BUILD = Path(os.environ.get("RL_BUILD_DIR", ROOT / "build"))
-DATA = Path(os.environ.get("RL_TEST_DATA", ROOT.parent / "shared" / "models"))
-MODEL = DATA / "stories260K"
+from rltest import BIN, STORIES, Server, free_port, stop_process, wait_for
+
+MODEL = STORIES
 SMG = Path(sys.executable).parent / "smg"
-RLCTL = str(BUILD / "bin" / "rlctl")
+RLCTL = str(BIN / "rlctl")
 CHAT_TEMPLATE = Path(__file__).resolve().parent / "chat_template.jinja"
 START_TIMEOUT_S = 90
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop(proc, grace_s=20):
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
 
 
 class Gateway:
@@ -108,61 +89,62 @@ class Fleet:
     """One rl-worker and the real SMG in front of it (optionally through a logging proxy)."""
 
     def __init__(self, logs, worker_args=(), env=None, sglang_port=False, proxy=False):
-        self.procs = []
+        self.server = None
+        self.smg = None
         self.proxy = None
         self.worker_log = logs / "worker.log"
-        worker = subprocess.Popen([str(BUILD / "bin" / "rl-worker"), "--model", str(MODEL),
-                                   "--port", "0", *worker_args], stdout=subprocess.PIPE,
-                                  stderr=open(self.worker_log, "w"), text=True,
-                                  env={**os.environ, **(env or {})})
-        self.procs.append(worker)
-        line = worker.stdout.readline()
-        if not line.startswith("listening on "):
+        try:
+            self.server = Server([BIN / "rl-worker", "--model", MODEL, "--port", "0",
+                                  *worker_args], self.worker_log,
+                                 env={**os.environ, **env} if env else None)
+            self.worker = self.server.address
+            # The gateway's own address of the worker: --sglang-port's listener when asked for.
+            target = self.worker
+            if sglang_port:
+                line = self.server.proc.stdout.readline()
+                if not line.startswith("sglang listening on "):
+                    raise RuntimeError(f"rl-worker printed no sglang listener: {line!r}")
+                self.sglang = target = line.split()[-1]
+            if proxy:
+                from sglang_proxy import SglangProxy
+                self.proxy = SglangProxy(target)
+                target = self.proxy.address
+            port = free_port()
+            self.smg_log = logs / "smg.log"
+            self.smg = subprocess.Popen(
+                [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port),
+                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+                 "--worker-urls", f"grpc://{target}", "--model-path", str(MODEL),
+                 "--chat-template", str(CHAT_TEMPLATE)],
+                stdout=open(self.smg_log, "w"), stderr=subprocess.STDOUT)
+        except BaseException:
             self.stop()
-            raise RuntimeError(f"rl-worker did not start: {line!r}")
-        self.worker = line.split()[-1]
-        # The gateway's own address of the worker: --sglang-port's listener when asked for.
-        target = self.worker
-        if sglang_port:
-            line = worker.stdout.readline()
-            if not line.startswith("sglang listening on "):
-                self.stop()
-                raise RuntimeError(f"rl-worker printed no sglang listener: {line!r}")
-            self.sglang = target = line.split()[-1]
-        if proxy:
-            from sglang_proxy import SglangProxy
-            self.proxy = SglangProxy(target)
-            target = self.proxy.address
-        port = free_port()
-        self.smg_log = logs / "smg.log"
-        self.procs.append(subprocess.Popen(
-            [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port),
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-             "--worker-urls", f"grpc://{target}", "--model-path", str(MODEL),
-             "--chat-template", str(CHAT_TEMPLATE)],
-            stdout=open(self.smg_log, "w"), stderr=subprocess.STDOUT))
+            raise
         self.url = f"http://127.0.0.1:{port}"
 
     def gateway(self, model_name):
         """Waits until the gateway routes a one-token completion for `model_name`."""
         gw = Gateway(self.url, self.worker, model_name, self.smg_log)
         gw.fleet = self
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            assert self.procs[-1].poll() is None, f"smg exited: {gw.log_tail()}"
+
+        def ready():
+            assert self.smg.poll() is None, f"smg exited: {gw.log_tail()}"
             try:
                 status, _ = gw.post("/v1/completions", {"model": gw.model, "prompt": "Once",
                                                         "max_tokens": 1}, timeout=5)
-                if status == 200:
-                    return gw
+                return status == 200
             except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            assert time.monotonic() < deadline, f"smg not ready: {gw.log_tail()}"
-            time.sleep(0.25)
+                return False
+
+        wait_for(ready, "smg to serve", timeout_s=START_TIMEOUT_S, interval_s=0.25,
+                 detail=gw.log_tail)
+        return gw
 
     def stop(self):
-        for proc in reversed(self.procs):
-            stop(proc)
+        if self.smg is not None:
+            stop_process(self.smg)
+        if self.server is not None:
+            self.server.stop()
         if self.proxy is not None:
             self.proxy.stop()
 

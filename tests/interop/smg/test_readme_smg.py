@@ -7,7 +7,8 @@ import shlex
 import subprocess
 import time
 
-from conftest import BUILD, MODEL, ROOT, SMG, free_port, stop
+from conftest import MODEL, SMG
+from rltest import BUILD, ROOT, free_port, stop_process
 
 README_WORKER_PORT = "50061"
 README_PORTS = ("30000", "29000")
@@ -103,4 +104,4 @@ def test_readme_smg_block_runs_as_written(tmp_path):
                 raise AssertionError(f"a curl line this test does not check: {words}")
     finally:
         for p in reversed(procs):
-            stop(p)
+            stop_process(p)

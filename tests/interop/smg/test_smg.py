@@ -3,25 +3,15 @@ traffic reaches our engine through sglang.grpc.scheduler.SglangScheduler."""
 
 import json
 import socket
-import time
 
 from conftest import MODEL, rlctl, rlctl_json
+from rltest import wait_for
 
 PROMPT = "Once upon a time"
 
 
 def server_info(gw):
     return rlctl_json("--target", gw.worker, "server-info")
-
-
-def wait_until(pred, what, timeout_s=30):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = pred()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def rlctl_generate_ids(gw, ids, max_new_tokens, logprobs=False):
@@ -127,13 +117,13 @@ def _drop_client_while_queued(gateway, stream):
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                       % len(body) + body)
-            wait_until(lambda: server_info(gateway).get("num_waiting", 0) == 1,
-                       "the request to reach the worker")
+            wait_for(lambda: server_info(gateway).get("num_waiting", 0) == 1,
+                     "the request to reach the worker", interval_s=0.05)
         # The client is gone: the gateway cancels the call (and, streaming, calls Abort); the
         # worker frees the request although it is paused and never ran it.
-        after = wait_until(
+        after = wait_for(
             lambda: (lambda i: i if i.get("num_waiting", 0) == 0 else None)(server_info(gateway)),
-            "the worker to drop the request")
+            "the worker to drop the request", interval_s=0.05)
         assert after.get("num_running", 0) == 0
         assert int(after.get("num_finished", 0)) == int(before.get("num_finished", 0)) + 1
     finally:
@@ -152,8 +142,8 @@ def test_client_disconnect_mid_stream_frees_the_worker(gateway):
     resp = urllib.request.urlopen(req, timeout=30)
     resp.readline()
     resp.close()
-    wait_until(lambda: (lambda i: i.get("num_running", 0) == 0 and i.get("num_waiting", 0) == 0)(
-        server_info(gateway)), "no running request")
+    wait_for(lambda: (lambda i: i.get("num_running", 0) == 0 and i.get("num_waiting", 0) == 0)(
+        server_info(gateway)), "no running request", interval_s=0.05)
 
 
 def test_client_disconnect_non_streaming_frees_the_worker(gateway):
