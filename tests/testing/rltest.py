@@ -45,8 +45,8 @@ def stop_process(proc, grace_s=20):
 class Server:
     """A process that prints `listening on HOST:PORT` on stdout when ready (rl-worker,
     rl-router, rl-weight-sender). Its stderr goes to `log`, an open file that several processes
-    may share, else to `log_path` (a temporary file when not given), which a failed start
-    quotes. `tries` > 1 retries a start that fails (a killed process's fixed port may linger a
+    may share, else to `log_path` (a temporary file when not given, removed by stop()), which a
+    failed start quotes. `tries` > 1 retries a start that fails (a killed process's fixed port may linger a
     moment); kill() then start() restarts it with the same arguments, so a fixed port comes back
     at the same address; freeze() / thaw() stop and resume it (SIGSTOP / SIGCONT)."""
 
@@ -54,6 +54,7 @@ class Server:
         self.args = [str(a) for a in args]
         self.env = env
         self._own_log = log is None
+        self._temp_log = log is None and log_path is None  # removed by stop()
         if log is None:
             if log_path is None:
                 fd, log_path = tempfile.mkstemp(prefix="rl-test-", suffix=".log")
@@ -97,12 +98,15 @@ class Server:
         self.frozen = False
 
     def stop(self, grace_s=20):
-        """Thawed if frozen, then stop_process; closes its own log."""
+        """Thawed if frozen, then stop_process; closes its own log (a temporary one is
+        removed)."""
         if self.frozen and self.proc.poll() is None:
             self.thaw()
         stop_process(self.proc, grace_s)
         if self._own_log and not self.log.closed:
             self.log.close()
+        if self._temp_log:
+            self.log_path.unlink(missing_ok=True)
 
 
 def start_worker(*extra, model=None, log_path=None, log=None, port=0, tries=1):

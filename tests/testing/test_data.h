@@ -1,6 +1,6 @@
 // Where tests find things: the shared test data (RL_TEST_DATA, which ctest sets; default
-// ../shared/models from the checkout), the build folder (RL_BUILD_DIR) and fresh temporary
-// folders. Header-only; every C++ test reaches these through here.
+// ../shared/models from the checkout), the build folder (RL_BUILD_DIR), fresh temporary
+// folders, and whole files read back. Header-only; every C++ test reaches these through here.
 #pragma once
 
 #include <stdlib.h>
@@ -8,6 +8,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 #include <system_error>
 
@@ -50,5 +52,25 @@ class TempDir {
  private:
   std::string path_;
 };
+
+// A fresh, empty folder `name` (emptied if it exists) inside one temporary folder per test
+// process, removed with it at exit: for fixtures whose files live as long as the binary, or
+// whose setup names its folders.
+inline std::string ProcessTempDir(const std::string& name) {
+  static const TempDir root;
+  const std::string dir = root.Sub(name);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::create_directories(dir, ec);
+  return dir;
+}
+
+// The whole file at `path` (bytes as they are); empty when it cannot be read.
+inline std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
 
 }  // namespace rl::testing

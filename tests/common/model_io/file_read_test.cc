@@ -13,6 +13,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/test_data.h"
 
 namespace rl::model_io {
 namespace {
@@ -20,12 +21,8 @@ namespace {
 using ::testing::HasSubstr;
 
 std::string TempDir() {
-  static const std::string dir = [] {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "rl-file-read-test-XXXXXX").string();
-    return std::string(mkdtemp(tmpl.data()));
-  }();
-  return dir;
+  static const rl::testing::TempDir dir;
+  return dir.path();
 }
 
 std::string WriteFile(const std::string& name, size_t size, char fill) {

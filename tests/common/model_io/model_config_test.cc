@@ -6,6 +6,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/test_data.h"
 
 namespace rl::model_io {
 namespace {
@@ -22,9 +23,7 @@ const char kQwen3[] = R"({
 })";
 
 TEST(ModelConfigTest, ParsesStories260K) {
-  const char* data = std::getenv("RL_TEST_DATA");
-  if (data == nullptr) GTEST_SKIP() << "RL_TEST_DATA not set";
-  auto c = LoadModelConfig(std::string(data) + "/stories260K");
+  auto c = LoadModelConfig(rl::testing::Stories());
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->arch, Arch::kLlama);
   EXPECT_EQ(c->hidden_size, 64);

@@ -1,30 +1,19 @@
 #include "common/model_io/model_maker.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/model_io/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/test_data.h"
 
 namespace rl::model_io {
 namespace {
 
 std::string TempDir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             absl::StrCat("model_maker_test_", name, "_", ::getpid());
-  std::filesystem::remove_all(dir);
-  return dir.string();
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return rl::testing::ProcessTempDir("model_maker_test_" + name);
 }
 
 class MakeModelTest : public ::testing::TestWithParam<std::string> {};
@@ -74,7 +63,7 @@ TEST_P(MakeModelTest, TinyModelLoadsAndIsDeterministic) {
   EXPECT_NEAR(std, 1.0 / std::sqrt(static_cast<double>(config->hidden_size)), 0.02);
 
   // tokenizer.json: valid JSON, byte-level BPE within the model vocabulary.
-  auto tok = nlohmann::json::parse(ReadAll(dir + "/tokenizer.json"), nullptr, false);
+  auto tok = nlohmann::json::parse(rl::testing::ReadFile(dir + "/tokenizer.json"), nullptr, false);
   ASSERT_FALSE(tok.is_discarded());
   EXPECT_EQ(tok["model"]["type"], "BPE");
   EXPECT_EQ(tok["pre_tokenizer"]["type"], "ByteLevel");
@@ -92,11 +81,11 @@ TEST_P(MakeModelTest, TinyModelLoadsAndIsDeterministic) {
   opts.out_dir = dir2;
   opts.num_threads = 1;
   ASSERT_TRUE(MakeModel(opts).ok());
-  EXPECT_EQ(ReadAll(dir + "/model.safetensors"), ReadAll(dir2 + "/model.safetensors"));
-  EXPECT_EQ(ReadAll(dir + "/tokenizer.json"), ReadAll(dir2 + "/tokenizer.json"));
+  EXPECT_EQ(rl::testing::ReadFile(dir + "/model.safetensors"), rl::testing::ReadFile(dir2 + "/model.safetensors"));
+  EXPECT_EQ(rl::testing::ReadFile(dir + "/tokenizer.json"), rl::testing::ReadFile(dir2 + "/tokenizer.json"));
   opts.seed = 8;
   ASSERT_TRUE(MakeModel(opts).ok());
-  EXPECT_NE(ReadAll(dir + "/model.safetensors"), ReadAll(dir2 + "/model.safetensors"));
+  EXPECT_NE(rl::testing::ReadFile(dir + "/model.safetensors"), rl::testing::ReadFile(dir2 + "/model.safetensors"));
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(dir2);
 }

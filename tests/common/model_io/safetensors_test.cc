@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/test_data.h"
 
 namespace rl::model_io {
 namespace {
@@ -17,12 +18,8 @@ using ::testing::HasSubstr;
 
 std::string TempDir(const std::string& name) {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = std::filesystem::temp_directory_path() /
-             absl::StrCat("model_io_", info->test_suite_name(), "_", info->name(), "_", name, "_",
-                          ::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
+  return rl::testing::ProcessTempDir(
+      absl::StrCat("model_io_", info->test_suite_name(), "_", info->name(), "_", name));
 }
 
 // Builds raw safetensors bytes from a header text and a data region.
@@ -205,15 +202,14 @@ TEST(SafetensorsFileTest, MissingAndCorruptFiles) {
 }
 
 TEST(SafetensorsFileTest, ReadsSharedStoriesCheckpoint) {
-  const char* data = std::getenv("RL_TEST_DATA");
-  if (data == nullptr) GTEST_SKIP() << "RL_TEST_DATA not set";
-  auto ckpt = OpenCheckpoint(std::string(data) + "/stories260K");
+  const std::string data = rl::testing::DataDir();
+  auto ckpt = OpenCheckpoint(data + "/stories260K");
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   const TensorView* e = ckpt->Find("model.embed_tokens.weight");
   ASSERT_NE(e, nullptr);
   EXPECT_EQ(e->shape, (std::vector<int64_t>{512, 64}));
   EXPECT_EQ(e->dtype, DType::kF32);
-  auto bf = OpenCheckpoint(std::string(data) + "/stories260K-bf16");
+  auto bf = OpenCheckpoint(data + "/stories260K-bf16");
   ASSERT_TRUE(bf.ok()) << bf.status();
   EXPECT_EQ(bf->Find("model.embed_tokens.weight")->dtype, DType::kBF16);
 }

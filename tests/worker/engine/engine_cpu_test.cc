@@ -2,22 +2,19 @@
 // against the golden logits, prefix caching, batch invariance and pause/continue determinism
 // with real KV.
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/engine/engine.h"
 #include "services/worker/model/cpu_model_runner.h"
+#include "tests/testing/test_data.h"
 #include "tests/worker/engine/engine_test_util.h"
 
 namespace rl::engine::testing {
 namespace {
 
-std::string ModelDir() {
-  const char* d = std::getenv("RL_TEST_DATA");
-  return d == nullptr ? std::string() : std::string(d) + "/stories260K";
-}
+std::string ModelDir() { return rl::testing::Stories(); }
 
 struct Golden {
   std::vector<int32_t> prompt;
@@ -38,7 +35,6 @@ Golden LoadGolden() {
 class EngineCpuTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (std::getenv("RL_TEST_DATA") == nullptr) GTEST_SKIP() << "RL_TEST_DATA not set";
     golden_ = LoadGolden();
   }
 

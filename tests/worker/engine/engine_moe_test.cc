@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/model/cpu_model_runner.h"
+#include "tests/testing/test_data.h"
 #include "tests/worker/engine/engine_test_util.h"
 
 namespace rl::engine::testing {
@@ -20,8 +21,7 @@ constexpr int64_t kSlots = 512;
 class EngineMoeTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = (std::filesystem::temp_directory_path() / absl::StrCat("rl_engine_moe_", ::getpid()))
-               .string();
+    dir_ = tmp_.path();
     model_io::MakeModelOptions mo;
     mo.arch = "qwen3_moe";
     mo.seed = 11;
@@ -29,7 +29,6 @@ class EngineMoeTest : public ::testing::Test {
     ASSERT_TRUE(model_io::MakeModel(mo).ok());
     reference_ = MakeRunner();
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::unique_ptr<model::ModelRunner> MakeRunner() {
     model::RunnerOptions ro;
@@ -89,6 +88,7 @@ class EngineMoeTest : public ::testing::Test {
     return static_cast<int64_t>(c.MoeLayers().size()) * c.num_experts_per_tok;
   }
 
+  const rl::testing::TempDir tmp_;
   std::string dir_;
   std::unique_ptr<model::ModelRunner> reference_;
 };

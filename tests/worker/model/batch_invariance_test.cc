@@ -31,8 +31,7 @@ class BatchInvarianceTest : public ::testing::TestWithParam<std::string> {
   void SetUp() override {
     const std::string which = GetParam();
     if (which == "stories") {
-      if (testing::TestDataDir().empty()) GTEST_SKIP() << "RL_TEST_DATA not set";
-      dir_ = testing::TestDataDir() + "/stories260K";
+      dir_ = testing::DataDir() + "/stories260K";
     } else {
       dir_ = testing::FreshTempDir("batch_" + which);
       model_io::MakeModelOptions mo;

@@ -86,8 +86,7 @@ Difference Measure(const std::string& dir, int32_t len) {
 }
 
 TEST(Bf16ProductsTest, RefusedWithoutAvx512Bf16OrLogprobsStayClose) {
-  if (testing::TestDataDir().empty()) GTEST_SKIP() << "RL_TEST_DATA not set";
-  const std::string dir = testing::TestDataDir() + "/stories260K-bf16";
+  const std::string dir = testing::DataDir() + "/stories260K-bf16";
   if (!kernels::cpu::Bf16ProductsSupported()) {
     RunnerOptions ro;
     ro.model_dir = dir;
@@ -108,9 +107,8 @@ TEST(Bf16ProductsTest, RefusedWithoutAvx512Bf16OrLogprobsStayClose) {
 
 // A row's logits do not depend on the batch in this mode either.
 TEST(Bf16ProductsTest, BatchInvariant) {
-  if (testing::TestDataDir().empty()) GTEST_SKIP() << "RL_TEST_DATA not set";
   if (!kernels::cpu::Bf16ProductsSupported()) GTEST_SKIP() << "this CPU has no AVX512-BF16";
-  auto runner = Runner(testing::TestDataDir() + "/stories260K-bf16", true);
+  auto runner = Runner(testing::DataDir() + "/stories260K-bf16", true);
   ASSERT_NE(runner, nullptr);
   const int64_t vocab = runner->config().vocab_size;
   auto seq = [](int32_t seed, int32_t len, int32_t slot0) {

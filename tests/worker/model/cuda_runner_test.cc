@@ -23,7 +23,7 @@ namespace {
 
 using testing::Greedy;
 using testing::ReadJson;
-using testing::TestDataDir;
+using testing::DataDir;
 
 float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
@@ -87,11 +87,10 @@ class CudaStoriesGoldenTest : public ::testing::TestWithParam<GoldenCase> {};
 
 TEST_P(CudaStoriesGoldenTest, GreedyTokensMatchGolden) {
   if (NumCudaDevices() == 0) GTEST_SKIP() << "no CUDA device visible";
-  if (TestDataDir().empty()) GTEST_SKIP() << "RL_TEST_DATA not set";
   const GoldenCase& c = GetParam();
-  const nlohmann::json golden = ReadJson(TestDataDir() + "/stories260K/golden_greedy.json");
+  const nlohmann::json golden = ReadJson(DataDir() + "/stories260K/golden_greedy.json");
   RunnerOptions o;
-  o.model_dir = TestDataDir() + "/" + c.model;
+  o.model_dir = DataDir() + "/" + c.model;
   o.kv_cache_dtype = "float32";
   o.fp32_lm_head = c.fp32_lm_head;
   o.batch_invariant = c.batch_invariant;
@@ -280,10 +279,9 @@ TEST_F(CudaRunnerTest, GraphReplayEqualsEager) {
 // The default bf16 KV cache: logits close to the float32 cache's, greedy stories260K tokens as
 // the golden, half the bytes per slot.
 TEST_F(CudaRunnerTest, Bf16KvCache) {
-  if (TestDataDir().empty()) GTEST_SKIP() << "RL_TEST_DATA not set";
-  const nlohmann::json golden = ReadJson(TestDataDir() + "/stories260K/golden_greedy.json");
+  const nlohmann::json golden = ReadJson(DataDir() + "/stories260K/golden_greedy.json");
   RunnerOptions o;
-  o.model_dir = TestDataDir() + "/stories260K";
+  o.model_dir = DataDir() + "/stories260K";
   o.num_kv_slots = 1024;
   RunnerOptions f32 = o;
   o.kv_cache_dtype = "bfloat16";

@@ -219,8 +219,7 @@ TEST(RunnerOptionsTest, BadOptions) {
   RunnerOptions ro;
   ro.model_dir = "/nonexistent";
   EXPECT_FALSE(CreateCpuModelRunner(ro).ok());
-  if (testing::TestDataDir().empty()) return;
-  ro.model_dir = testing::TestDataDir() + "/stories260K";
+  ro.model_dir = testing::DataDir() + "/stories260K";
   ro.page_size = 0;
   EXPECT_EQ(CreateCpuModelRunner(ro).status().code(), absl::StatusCode::kInvalidArgument);
   ro.page_size = 16;

@@ -14,7 +14,7 @@ namespace {
 
 using testing::Greedy;
 using testing::ReadJson;
-using testing::TestDataDir;
+using testing::DataDir;
 
 struct Case {
   std::string model;
@@ -25,11 +25,10 @@ struct Case {
 class StoriesGoldenTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(StoriesGoldenTest, LogitsAndGreedyTokens) {
-  if (TestDataDir().empty()) GTEST_SKIP() << "RL_TEST_DATA not set";
   const Case& c = GetParam();
-  const nlohmann::json golden = ReadJson(TestDataDir() + "/stories260K/" + c.golden);
+  const nlohmann::json golden = ReadJson(DataDir() + "/stories260K/" + c.golden);
   RunnerOptions opts;
-  opts.model_dir = TestDataDir() + "/" + c.model;
+  opts.model_dir = DataDir() + "/" + c.model;
   opts.num_kv_slots = 256;
   auto runner = CreateCpuModelRunner(opts);
   ASSERT_TRUE(runner.ok()) << runner.status();

@@ -1,16 +1,12 @@
-// Helpers shared by the model tests: shared-data paths, temp dirs, greedy decoding through a
-// ModelRunner with a trivial slot allocator.
+// Helpers shared by the model tests: golden fixtures, checkpoints re-made from them, greedy
+// decoding through a ModelRunner with a trivial slot allocator (paths and temp dirs come from
+// tests/testing/test_data.h).
 #pragma once
 
 #include <cstdint>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "common/model_io/model_maker.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -19,23 +15,16 @@
 
 namespace rl::model::testing {
 
-inline std::string TestDataDir() { return ::rl::testing::DataDir(); }
+using ::rl::testing::DataDir;
 
-// A fresh directory under the temp dir, unique per process and name.
+// A fresh directory `name` for this process's models (test_data.h's ProcessTempDir).
 inline std::string FreshTempDir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() /
-             absl::StrCat("rl_model_test_", name, "_", ::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
+  return ::rl::testing::ProcessTempDir(name);
 }
 
 // The JSON document at `path` (a golden fixture); parse errors throw, failing the test.
 inline nlohmann::json ReadJson(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return nlohmann::json::parse(ss.str());
+  return nlohmann::json::parse(::rl::testing::ReadFile(path));
 }
 
 // Options re-creating the checkpoint a Hugging Face fixture was computed from: its "maker"

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "common/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
+#include "tests/testing/test_data.h"
 
 namespace rl::weight_sync {
 namespace {
@@ -24,9 +25,8 @@ namespace {
 class SenderToolTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = ::testing::TempDir() + "/weight_sync_tool_XXXXXX";
-    ASSERT_NE(mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
+    ASSERT_FALSE(tmp_.path().empty());
+    dir_ = tmp_.path();
     model_io::MakeModelOptions options;
     options.arch = "qwen3";
     options.size = "tiny";
@@ -38,8 +38,6 @@ class SenderToolTest : public ::testing::Test {
     ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
     checkpoint_ = *std::move(checkpoint);
   }
-
-  void TearDown() override { std::system(("rm -rf '" + dir_ + "'").c_str()); }
 
   FILE* Start(const std::string& args) {
     const std::string command = std::string(RL_WEIGHT_SENDER_PATH) + " --checkpoint '" + dir_ +
@@ -67,6 +65,7 @@ class SenderToolTest : public ::testing::Test {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
 
+  const rl::testing::TempDir tmp_;
   std::string dir_;
   model_io::Checkpoint checkpoint_;
 };
