@@ -17,19 +17,13 @@
 #include "kernels/cpu/silu_mul.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_ops.h"
+#include "tests/testing/numeric.h"
 
 namespace rl::kernels::cpu {
 namespace {
 
 using model_io::DType;
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using ::rl::testing::Random;
 
 // Stores `f` in `dtype` and returns the raw bytes plus the values as actually stored.
 std::vector<uint8_t> Store(const std::vector<float>& f, DType dtype, std::vector<float>* stored) {
@@ -155,7 +149,7 @@ TEST_P(MatmulTest, PackedPathRowsEqualRowsAlone) {
     std::vector<float> w_stored;
     auto w = Store(Random(static_cast<size_t>(n * k), 7, 0.1f), dtype, &w_stored);
     for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-      SCOPED_TRACE(testing::Message() << hwy::TargetName(target) << " k=" << k);
+      SCOPED_TRACE(::testing::Message() << hwy::TargetName(target) << " k=" << k);
       hwy::SetSupportedTargetsForTest(target);
       MatmulParams p;
       p.w = w.data();
@@ -211,7 +205,7 @@ TEST(MatmulBf16ProductsTest, MatchesBf16ReferenceAndRowsAlone) {
   }
   ThreadPool pool(2);
   for (auto [n, k] : {std::pair<int64_t, int64_t>{13, 37}, {40, 96}, {19, 1300}}) {
-    SCOPED_TRACE(testing::Message() << "n=" << n << " k=" << k);
+    SCOPED_TRACE(::testing::Message() << "n=" << n << " k=" << k);
     const int64_t max_m = 14;
     auto x = Random(static_cast<size_t>(max_m * k), 40);
     std::vector<float> w_stored, b_stored, x_rounded;
@@ -517,7 +511,7 @@ TEST(AttentionTest, TiledRowsEqualRowsAloneBitForBit) {
   };
   for (const Case& c :
        {Case{4, 4, 16, 64}, Case{8, 2, 20, 64}, Case{16, 1, 8, 64}, Case{8, 2, 16, 24}}) {
-    SCOPED_TRACE(testing::Message()
+    SCOPED_TRACE(::testing::Message()
                  << "hq=" << c.hq << " hk=" << c.hk << " d=" << c.d << " max_ctx=" << c.max_ctx);
     const int64_t num_slots = 48, kv_dim = c.hk * c.d;
     auto kc = Random(static_cast<size_t>(num_slots * kv_dim), 20);
@@ -584,7 +578,7 @@ TEST(AttentionTest, LongContextsMatchReferenceAndRowsAloneOnEveryTarget) {
     p.max_context = 4096;
     p.scale = 1.0f / std::sqrt(static_cast<float>(d));
     for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
-      SCOPED_TRACE(testing::Message() << hwy::TargetName(target) << " d=" << d);
+      SCOPED_TRACE(::testing::Message() << hwy::TargetName(target) << " d=" << d);
       hwy::SetSupportedTargetsForTest(target);
       std::vector<float> batched;
       ExpectBatchedEqualsAlone(p, q.data(), context.data(), begin.data(), t, &batched);

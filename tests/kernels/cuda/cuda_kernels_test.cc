@@ -11,31 +11,19 @@
 #include "gtest/gtest.h"
 #include "services/worker/model/backend.h"
 #include "services/worker/model/cuda_runner.h"
+#include "tests/testing/numeric.h"
 
 namespace rl::model {
 namespace {
 
 using model_io::DType;
-
-std::vector<float> Random(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using ::rl::testing::MaxAbsDiff;
+using ::rl::testing::Random;
 
 std::vector<uint8_t> Store(const std::vector<float>& f, DType dtype) {
   std::vector<uint8_t> raw(f.size() * model_io::DTypeSize(dtype));
   model_io::ConvertFromF32(f.data(), static_cast<int64_t>(f.size()), dtype, raw.data());
   return raw;
-}
-
-float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
 }
 
 class CudaKernelsTest : public ::testing::Test {

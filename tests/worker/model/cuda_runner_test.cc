@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/model/cpu_model_runner.h"
+#include "tests/testing/numeric.h"
 #include "tests/worker/model/test_util.h"
 
 namespace rl::model {
@@ -25,12 +26,7 @@ using testing::Greedy;
 using testing::ReadJson;
 using testing::DataDir;
 
-float MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  EXPECT_EQ(a.size(), b.size());
-  float m = 0;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
-}
+using ::rl::testing::MaxAbsDiff;
 
 // float32 KV unless the test says otherwise, so the CUDA runner is compared with the CPU oracle
 // on equal terms.
