@@ -5,20 +5,12 @@
 //         → sampler.Sample(batch, logits) → scheduler.Update(batch, tokens)
 //         → publish a ServerInfo snapshot
 //
-// Every public method may be called from any thread. Commands reach the engine thread through
-// a mutex + condition-variable queue; the blocking ones (Pause, Continue, FlushCache, Abort,
-// RunOnEngineThread) return after the engine thread applied them, between two steps (never
-// during a forward pass), and refuse to run on the engine thread itself (a callback calling
-// them would deadlock). Request callbacks run on the engine thread and must not block.
-//
-// Control semantics (DESIGN.md): Pause(kAbort) finishes every waiting and running request
-// with kAbort; kInPlace stops scheduling and keeps KV; kRetract moves running requests back to
-// the waiting queue and frees their KV (they are prefilled again on Continue). Pausing a paused
-// engine keeps the stronger mode (in_place < retract < abort). Requests submitted while paused
-// wait. FlushCache is refused with FAILED_PRECONDITION while a request runs or waits, unless
-// the engine is paused with retract (or abort): then waiting requests survive.
-//
-// Cost: a blocking command waits for at most the forward pass in flight.
+// Every public method may be called from any thread: commands reach the engine thread through a
+// mutex + condition-variable queue, and the blocking ones return once it applied them, between
+// two steps. Request callbacks run on the engine thread and must not block. Pause modes and
+// FlushCache follow DESIGN.md's control-plane semantics; docs/life-of-a-request.md follows a
+// request through the loop. Cost: a blocking command waits for at most the forward pass in
+// flight.
 #pragma once
 
 #include <atomic>
@@ -131,9 +123,18 @@ class Engine {
   // Like Abort but returns at once (e.g. from a gRPC OnCancel).
   void AbortAsync(const std::string& id, const std::string& message = "aborted");
   absl::StatusOr<int32_t> AbortAll(const std::string& message = "aborted");
+  // kAbort finishes every waiting and running request with kAbort; kInPlace stops scheduling
+  // and keeps the KV; kRetract moves running requests back to the waiting queue and frees their
+  // KV (prefilled again on Continue). A paused engine keeps the stronger mode (in_place <
+  // retract < abort); requests submitted while paused wait.
   absl::Status Pause(PauseMode mode);
   absl::Status Continue();
+  // FAILED_PRECONDITION while a request runs or waits, unless paused with retract (or abort):
+  // then the waiting requests survive and are recomputed.
   absl::Status FlushCache();
+  // Blocking commands (Pause, Continue, FlushCache, Abort, AbortAll, RunOnEngineThread,
+  // SetWeightVersion) refuse to run on the engine thread itself (a request callback calling one
+  // would deadlock): FAILED_PRECONDITION.
   // Runs `fn` on the engine thread between two steps and returns its status.
   absl::Status RunOnEngineThread(std::function<absl::Status(EngineContext&)> fn);
 
