@@ -99,7 +99,7 @@ GrpcServer::~GrpcServer() { Shutdown(); }
 
 std::string JoinHostPort(const std::string& host, int port) {
   return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
-                                              : absl::StrCat(host, ":", port);
+                                             : absl::StrCat(host, ":", port);
 }
 
 std::string GrpcServer::address() const { return JoinHostPort(host_, port_); }

@@ -41,10 +41,8 @@ int main(int argc, char** argv) {
              "MoE: store every sample's routed experts and weights (R3) in the shards (the "
              "workers need --enable-return-routed-experts)");
   flags.String("progress", &c.progress, "auto|bar|log|off (auto: a bar on a terminal)");
-  rl::MainOptions options{.program = "rl-collect",
-                          .flags = &flags,
-                          .log_level = &log_level,
-                          .validate = [&] { return rl::collector::ValidateConfig(c); }};
+  rl::MainOptions options{.program = "rl-collect", .flags = &flags, .log_level = &log_level};
+  options.validate = [&c] { return rl::collector::ValidateConfig(c); };
   if (std::optional<int> exit_code = rl::PrepareMain(argc, argv, options)) return *exit_code;
   if (c.api_key.empty()) {
     if (const char* k = std::getenv("RL_API_KEY")) c.api_key = k;

@@ -144,10 +144,9 @@ int main(int argc, char** argv) {
                "bound on group formation and on any stall during a broadcast");
   flags.Int("cuda-device", &config.cuda_device, "nccl: the CUDA device of this rank");
   flags.Bool("plan-only", &config.plan_only, "print the bucket plan and exit");
-  rl::MainOptions options{.program = "rl-weight-sender",
-                          .flags = &flags,
-                          .log_level = &config.log_level,
-                          .validate = [&config] { return Validate(config); }};
+  rl::MainOptions options{
+      .program = "rl-weight-sender", .flags = &flags, .log_level = &config.log_level};
+  options.validate = [&config] { return Validate(config); };
   if (std::optional<int> exit_code = rl::PrepareMain(argc, argv, options)) return *exit_code;
   return Run(config);
 }

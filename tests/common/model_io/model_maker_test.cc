@@ -81,11 +81,14 @@ TEST_P(MakeModelTest, TinyModelLoadsAndIsDeterministic) {
   opts.out_dir = dir2;
   opts.num_threads = 1;
   ASSERT_TRUE(MakeModel(opts).ok());
-  EXPECT_EQ(rl::testing::ReadFile(dir + "/model.safetensors"), rl::testing::ReadFile(dir2 + "/model.safetensors"));
-  EXPECT_EQ(rl::testing::ReadFile(dir + "/tokenizer.json"), rl::testing::ReadFile(dir2 + "/tokenizer.json"));
+  EXPECT_EQ(rl::testing::ReadFile(dir + "/model.safetensors"),
+            rl::testing::ReadFile(dir2 + "/model.safetensors"));
+  EXPECT_EQ(rl::testing::ReadFile(dir + "/tokenizer.json"),
+            rl::testing::ReadFile(dir2 + "/tokenizer.json"));
   opts.seed = 8;
   ASSERT_TRUE(MakeModel(opts).ok());
-  EXPECT_NE(rl::testing::ReadFile(dir + "/model.safetensors"), rl::testing::ReadFile(dir2 + "/model.safetensors"));
+  EXPECT_NE(rl::testing::ReadFile(dir + "/model.safetensors"),
+            rl::testing::ReadFile(dir2 + "/model.safetensors"));
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(dir2);
 }

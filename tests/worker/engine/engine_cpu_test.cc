@@ -34,9 +34,7 @@ Golden LoadGolden() {
 
 class EngineCpuTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    golden_ = LoadGolden();
-  }
+  void SetUp() override { golden_ = LoadGolden(); }
 
   // `gate`, when given, receives the step gate wrapped around the runner.
   std::unique_ptr<Engine> MakeEngine(int32_t page_size, int64_t num_kv_slots,

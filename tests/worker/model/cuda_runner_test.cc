@@ -22,9 +22,9 @@
 namespace rl::model {
 namespace {
 
+using testing::DataDir;
 using testing::Greedy;
 using testing::ReadJson;
-using testing::DataDir;
 
 using ::rl::testing::MaxAbsDiff;
 

@@ -12,9 +12,9 @@
 namespace rl::model {
 namespace {
 
+using testing::DataDir;
 using testing::Greedy;
 using testing::ReadJson;
-using testing::DataDir;
 
 struct Case {
   std::string model;
