@@ -54,7 +54,8 @@ absl::StatusOr<AdminOutcome> WorkerController::Pause(engine::PauseMode mode) {
   const engine::ServerInfo before = engine.GetServerInfo();
   RETURN_IF_ERROR(engine.Pause(mode));
   AdminOutcome out;
-  out.num_aborted = static_cast<int32_t>(engine.GetServerInfo().scheduler.num_aborted - before.scheduler.num_aborted);
+  out.num_aborted = static_cast<int32_t>(engine.GetServerInfo().scheduler.num_aborted -
+                                         before.scheduler.num_aborted);
   out.message = absl::StrCat("paused (", engine::PauseModeName(mode), ")");
   out.weight_version = engine.weight_version();
   out.duration_us = MicrosSince(start);

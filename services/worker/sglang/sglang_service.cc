@@ -44,7 +44,8 @@ absl::Status ForGateway(absl::Status s) {
 
 double KvUsage(const engine::ServerInfo& info) {
   return info.scheduler.total_kv_tokens > 0
-             ? 1.0 - static_cast<double>(info.scheduler.available_kv_tokens) / info.scheduler.total_kv_tokens
+             ? 1.0 - static_cast<double>(info.scheduler.available_kv_tokens) /
+                         info.scheduler.total_kv_tokens
              : 0.0;
 }
 
@@ -298,7 +299,8 @@ grpc::ServerUnaryReactor* SglangService::GetServerInfo(grpc::CallbackServerConte
   args["dp_size"].set_number_value(1);
   args["backend"].set_string_value(control_.model_identity().backend);
   auto& sched = *response->mutable_scheduler_info()->mutable_fields();
-  sched["max_total_num_tokens"].set_number_value(static_cast<double>(info.scheduler.total_kv_tokens));
+  sched["max_total_num_tokens"].set_number_value(
+      static_cast<double>(info.scheduler.total_kv_tokens));
   sched["max_running_requests"].set_number_value(info.scheduler.req_to_token_total);
   sched["max_req_input_len"].set_number_value(static_cast<double>(
       std::min(host_.engine().limits().max_context_len, host_.engine().limits().max_kv_tokens) -
@@ -348,18 +350,22 @@ grpc::ServerUnaryReactor* SglangService::GetLoads(grpc::CallbackServerContext* c
   load->set_num_running_reqs(info.scheduler.num_running);
   load->set_num_waiting_reqs(info.scheduler.num_waiting);
   load->set_num_total_reqs(info.scheduler.num_running + info.scheduler.num_waiting);
-  load->set_num_used_tokens(static_cast<int32_t>(info.scheduler.total_kv_tokens - info.scheduler.available_kv_tokens));
+  load->set_num_used_tokens(
+      static_cast<int32_t>(info.scheduler.total_kv_tokens - info.scheduler.available_kv_tokens));
   load->set_max_total_num_tokens(static_cast<int32_t>(info.scheduler.total_kv_tokens));
   load->set_token_usage(KvUsage(info));
   load->set_cache_hit_rate(info.scheduler.prompt_tokens > 0
-                               ? static_cast<double>(info.scheduler.cache_hit_tokens) / info.scheduler.prompt_tokens
+                               ? static_cast<double>(info.scheduler.cache_hit_tokens) /
+                                     info.scheduler.prompt_tokens
                                : 0.0);
   load->set_max_running_requests(info.scheduler.req_to_token_total);
   load->set_utilization(info.scheduler.req_to_token_total > 0
-                            ? static_cast<double>(info.scheduler.num_running) / info.scheduler.req_to_token_total
+                            ? static_cast<double>(info.scheduler.num_running) /
+                                  info.scheduler.req_to_token_total
                             : 0.0);
   if (all || memory) {
-    load->mutable_memory()->set_token_capacity(static_cast<int32_t>(info.scheduler.total_kv_tokens));
+    load->mutable_memory()->set_token_capacity(
+        static_cast<int32_t>(info.scheduler.total_kv_tokens));
   }
   if (all || queues) {
     load->mutable_queues()->set_waiting(info.scheduler.num_waiting);

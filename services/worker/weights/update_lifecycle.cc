@@ -68,9 +68,9 @@ absl::StatusOr<AdminOutcome> UpdateLifecycle::Run(const char* what, const Update
       // the pause below. A self-pausing update retracts whatever a Continue let run meanwhile.
       if (active && !policy.abort_all_requests && !retracted && !options.self_pause) {
         const engine::ServerInfo info = ctx.info();
-        return absl::FailedPreconditionError(
-            absl::StrCat(what, ": ", info.scheduler.num_running, " running and ", info.scheduler.num_waiting,
-                         " waiting requests; pass abort_all_requests or pause with retract first"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            what, ": ", info.scheduler.num_running, " running and ", info.scheduler.num_waiting,
+            " waiting requests; pass abort_all_requests or pause with retract first"));
       }
       if (!options.self_pause) resume_on_failure = !ctx.paused();
       if (!retracted) ctx.Pause(engine::PauseMode::kRetract);

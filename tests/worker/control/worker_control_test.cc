@@ -162,7 +162,7 @@ TEST_F(WorkerControlTest, PauseContinueAndFlushMoveTheEngine) {
   Submit("queued", 4, &finished);
   auto refused = control_->FlushCache();
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(engine_->GetServerInfo().num_waiting, 1);
+  EXPECT_EQ(engine_->GetServerInfo().scheduler.num_waiting, 1);
 
   auto resumed = control_->Continue();
   ASSERT_TRUE(resumed.ok()) << resumed.status();
@@ -173,11 +173,11 @@ TEST_F(WorkerControlTest, PauseContinueAndFlushMoveTheEngine) {
   EXPECT_EQ(result.get().output_ids.size(), 4u);
 
   // Idle: the flush empties the prefix cache.
-  EXPECT_GT(engine_->GetServerInfo().tree_cache_tokens, 0);
+  EXPECT_GT(engine_->GetServerInfo().scheduler.tree_cache_tokens, 0);
   auto flushed = control_->FlushCache();
   ASSERT_TRUE(flushed.ok()) << flushed.status();
   EXPECT_EQ(flushed->message, "cache flushed");
-  EXPECT_EQ(engine_->GetServerInfo().tree_cache_tokens, 0);
+  EXPECT_EQ(engine_->GetServerInfo().scheduler.tree_cache_tokens, 0);
 }
 
 TEST_F(WorkerControlTest, PauseWithAbortCountsTheAbortedRequests) {
