@@ -19,6 +19,7 @@
 #include "common/model_io/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/test_data.h"
 
 namespace rl::model_io {
 namespace {
@@ -27,11 +28,7 @@ using ::testing::HasSubstr;
 
 std::string TempDir() {
   const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = std::filesystem::temp_directory_path() /
-             absl::StrCat("non_finite_", info->name(), "_", ::getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
+  return rl::testing::ProcessTempDir(absl::StrCat("non_finite_", info->name()));
 }
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
