@@ -77,10 +77,11 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   std::unique_ptr<GrpcServer> s(new GrpcServer());
   s->host_ = options.host;
   s->drain_ = options.drain;
-  const std::string want = options.host.find(':') != std::string::npos
-                               ? absl::StrCat("[", options.host, "]:", options.port)
-                               : absl::StrCat(options.host, ":", options.port);
+  const std::string want = JoinHostPort(options.host, options.port);
   builder.AddListeningPort(want, grpc::InsecureServerCredentials(), &s->port_);
+  // gRPC sets SO_REUSEPORT by default: a second process started on a port in use would bind it
+  // too and silently take a share of its connections. A port in use is an error instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
   for (grpc::Service* service : services) builder.RegisterService(service);

@@ -1,7 +1,8 @@
 // gRPC server runner shared by rl-worker and rl-router: binds HOST:PORT (port 0 picks a free
-// port), registers the given services plus grpc.health.v1.Health and server reflection (so
-// grpcurl works without .proto files), and drains gracefully on shutdown: new calls are refused,
-// in-flight calls get `drain` to finish, then are cancelled.
+// port; a port another process listens on is an error, never shared), registers the given
+// services plus grpc.health.v1.Health and server reflection (so grpcurl works without .proto
+// files), and drains gracefully on shutdown: new calls are refused, in-flight calls get `drain`
+// to finish, then are cancelled.
 //
 // Signals: BlockTerminationSignals() first thing in main (before any thread starts) and
 // WaitForTerminationSignal() when the process has nothing else to do; RunServerMain

@@ -19,6 +19,26 @@ TEST(GrpcServer, BindsPortZeroAndReportsHealth) {
   (*server)->Shutdown();  // idempotent
 }
 
+// A port in use is refused, not shared (gRPC's default SO_REUSEPORT would let a second server
+// bind it and take a share of the first one's connections).
+TEST(GrpcServer, RefusesAPortInUse) {
+  auto first = GrpcServer::Start(ServerOptions{}, {});
+  ASSERT_TRUE(first.ok()) << first.status();
+  ServerOptions same;
+  same.port = (*first)->port();
+  auto second = GrpcServer::Start(same, {});
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(second.status().message().find("cannot listen on 127.0.0.1:" + std::to_string(same.port)),
+            std::string::npos)
+      << second.status();
+  // Once the first is gone, the port is free again (a restart at the same address).
+  (*first)->Shutdown();
+  first->reset();
+  auto again = GrpcServer::Start(same, {});
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
 TEST(GrpcServer, RejectsBadPort) {
   ServerOptions options;
   options.port = 70000;

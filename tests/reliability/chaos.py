@@ -34,10 +34,17 @@ REQUEST_DEADLINE_S = 60.0
 
 
 def start_fixed_worker(log):
-    """An rl-worker on a fixed port (a restart, kill() then start(tries=50), comes back at the
-    same address), its stderr into the shared `log`."""
-    return start_worker("--kv-cache-gb", "0.02", "--log-level", "warn", port=free_port(),
-                        log=log, tries=50)
+    """An rl-worker on a fixed port, so that a restart (kill(), then start(tries=50): the port
+    may linger a moment) comes back at the same address; its stderr into the shared `log`. A
+    port taken between free_port() and the bind (the machine is shared) is refused by the
+    worker: another one is tried."""
+    for attempt in range(20):
+        try:
+            return start_worker("--kv-cache-gb", "0.02", "--log-level", "warn", port=free_port(),
+                                log=log)
+        except RuntimeError:
+            if attempt == 19:
+                raise
 
 
 def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_every_s=2.5,
