@@ -29,8 +29,9 @@ TEST(GrpcServer, RefusesAPortInUse) {
   auto second = GrpcServer::Start(same, {});
   ASSERT_FALSE(second.ok());
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_NE(second.status().message().find("cannot listen on 127.0.0.1:" + std::to_string(same.port)),
-            std::string::npos)
+  EXPECT_NE(
+      second.status().message().find("cannot listen on 127.0.0.1:" + std::to_string(same.port)),
+      std::string::npos)
       << second.status();
   // Once the first is gone, the port is free again (a restart at the same address).
   (*first)->Shutdown();
