@@ -119,6 +119,14 @@ TEST(PrepareMain, EachFailureIsOneLineAndExitTwo) {
   }
 }
 
+TEST(AnnounceListening, OneFlushedLineWithAnOptionalLabel) {
+  ::testing::internal::CaptureStdout();
+  AnnounceListening("127.0.0.1:5");
+  AnnounceListening("127.0.0.1:6", "sglang");
+  EXPECT_EQ(::testing::internal::GetCapturedStdout(),
+            "listening on 127.0.0.1:5\nsglang listening on 127.0.0.1:6\n");
+}
+
 TEST(JoinHostPort, BracketsIpv6) {
   EXPECT_EQ(JoinHostPort("127.0.0.1", 50051), "127.0.0.1:50051");
   EXPECT_EQ(JoinHostPort("::1", 7), "[::1]:7");
@@ -134,12 +142,14 @@ class FakeServer {
 int ServeUntilSignal() {
   static Binary b;
   static Argv args({"rl-test"});
-  return RunServerMain(args.argc(), args.argv(), b.Options(),
-                       []() -> absl::StatusOr<std::unique_ptr<FakeServer>> {
-                         // Started after the signals were blocked: the signal waits for sigwait.
-                         std::thread([] { kill(getpid(), SIGTERM); }).detach();
-                         return std::make_unique<FakeServer>();
-                       });
+  return RunServerMain(
+      args.argc(), args.argv(), b.Options(),
+      []() -> absl::StatusOr<std::unique_ptr<FakeServer>> {
+        // Started after the signals were blocked: the signal waits for sigwait.
+        std::thread([] { kill(getpid(), SIGTERM); }).detach();
+        return std::make_unique<FakeServer>();
+      },
+      [](FakeServer& server) { std::fprintf(stderr, "ready at %s\n", server.address().c_str()); });
 }
 
 int FailToStart() {
@@ -153,7 +163,8 @@ int FailToStart() {
 
 TEST(RunServerMainDeathTest, ServesUntilSigtermThenDrainsAndExitsZero) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(std::exit(ServeUntilSignal()), ::testing::ExitedWithCode(0), "fake server drained");
+  EXPECT_EXIT(std::exit(ServeUntilSignal()), ::testing::ExitedWithCode(0),
+              "ready at 127.0.0.1:4242.*fake server drained");
 }
 
 TEST(RunServerMainDeathTest, StartFailureExitsOne) {
