@@ -64,8 +64,7 @@ int StartFailed(const std::string& program, const absl::Status& status);
 // `void Shutdown()` (WorkerServer, RouterServer); `ready(Server&)`, when given, runs right after
 // the `listening on` line (more lines, a log line). Returns the process's exit status.
 template <typename StartFn, typename ReadyFn>
-int RunServerMain(int argc, char** argv, const MainOptions& options, StartFn start,
-                  ReadyFn ready) {
+int RunServerMain(int argc, char** argv, const MainOptions& options, StartFn start, ReadyFn ready) {
   internal::BeginServerMain();
   if (std::optional<int> exit_code = PrepareMain(argc, argv, options)) return *exit_code;
   auto server = start();

@@ -16,8 +16,8 @@
 #include "common/logging.h"
 #include "common/model_io/safetensors.h"
 #include "common/server_main.h"
-#include "nlohmann/json.hpp"
 #include "common/weight_sync/bucket_plan.h"
+#include "nlohmann/json.hpp"
 #include "services/worker/weight_sync/weight_sync.h"
 
 namespace {

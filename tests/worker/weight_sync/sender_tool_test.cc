@@ -13,9 +13,9 @@
 #include "absl/strings/numbers.h"
 #include "common/model_io/model_maker.h"
 #include "common/model_io/safetensors.h"
+#include "common/weight_sync/bucket_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/weight_sync/bucket_plan.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "tests/testing/test_data.h"
 
