@@ -33,8 +33,8 @@ bool BoundedExecutor::Submit(absl::AnyInvocable<void() &&>&& task) {
 }
 
 absl::Status BoundedExecutor::BusyError() const {
-  return absl::ResourceExhaustedError(absl::StrCat("the ", name_, " pool has ",
-                                                   max_queued_, " tasks waiting; retry shortly"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the ", name_, " pool has ", max_queued_, " tasks waiting; retry shortly"));
 }
 
 size_t BoundedExecutor::queued() const {
@@ -47,9 +47,7 @@ void BoundedExecutor::Loop() {
     absl::AnyInvocable<void() &&> task;
     {
       absl::MutexLock lock(&mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !queue_.empty();
-      };
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !queue_.empty(); };
       mu_.Await(absl::Condition(&ready));
       if (queue_.empty()) return;  // stopping, nothing left
       task = std::move(queue_.front());

@@ -6,10 +6,10 @@
 #include <cstdio>
 #include <cstdlib>
 
-#define RL_CHECK(cond)                                                                  \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
+#define RL_CHECK(cond)                                                                 \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
       std::fprintf(stderr, "%s:%d: RL_CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      std::abort();                                                                     \
-    }                                                                                   \
+      std::abort();                                                                    \
+    }                                                                                  \
   } while (0)

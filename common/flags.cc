@@ -93,8 +93,8 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::s
       help_requested_ = true;
       continue;
     }
-    auto it = std::find_if(flags_.begin(), flags_.end(),
-                           [&](const Flag& f) { return f.name == name; });
+    auto it =
+        std::find_if(flags_.begin(), flags_.end(), [&](const Flag& f) { return f.name == name; });
     if (it == flags_.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown flag --", name, " (see ", program_, " --help)"));

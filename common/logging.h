@@ -3,9 +3,8 @@
 // spdlog::info(...) directly after InitLogging.
 #pragma once
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "spdlog/spdlog.h"
 
 namespace rl {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "common/check.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/check.h"
 
 namespace rl {
 namespace {
@@ -120,8 +120,7 @@ Gauge* MetricsRegistry::GetGauge(const std::string& name, const std::string& hel
 }
 
 Histogram* MetricsRegistry::GetHistogram(const std::string& name, const std::string& help,
-                                         const std::vector<double>& bounds,
-                                         const Labels& labels) {
+                                         const std::vector<double>& bounds, const Labels& labels) {
   absl::MutexLock lock(&mu_);
   Series* s = GetSeries(name, help, Kind::kHistogram, labels);
   if (!s->histogram) s->histogram = std::make_unique<Histogram>(bounds);
@@ -142,9 +141,8 @@ void MetricsRegistry::RemoveSeries(const std::string& name, const std::string& k
   auto& series = it->second.series;
   for (auto s = series.begin(); s != series.end();) {
     const Labels& l = s->second.labels;
-    const bool match = std::any_of(l.begin(), l.end(), [&](const auto& kv) {
-      return kv.first == key && kv.second == value;
-    });
+    const bool match = std::any_of(
+        l.begin(), l.end(), [&](const auto& kv) { return kv.first == key && kv.second == value; });
     s = match ? series.erase(s) : std::next(s);
   }
 }
@@ -153,12 +151,13 @@ std::string MetricsRegistry::RenderPrometheus() const {
   absl::MutexLock lock(&mu_);
   std::string out;
   for (const auto& [name, family] : families_) {
-    const char* type = family.kind == Kind::kCounter   ? "counter"
-                       : family.kind == Kind::kGauge   ? "gauge"
-                                                       : "histogram";
+    const char* type = family.kind == Kind::kCounter ? "counter"
+                       : family.kind == Kind::kGauge ? "gauge"
+                                                     : "histogram";
     absl::StrAppend(&out, "# HELP ", name, " ", family.help, "\n# TYPE ", name, " ", type, "\n");
     for (const auto& [label_text, s] : family.series) {
-      if (s.counter) absl::StrAppend(&out, name, label_text, " ", FormatValue(s.counter->value()), "\n");
+      if (s.counter)
+        absl::StrAppend(&out, name, label_text, " ", FormatValue(s.counter->value()), "\n");
       if (s.gauge || s.callback) {
         const double v = s.callback ? s.callback() : s.gauge->value();
         absl::StrAppend(&out, name, label_text, " ", FormatValue(v), "\n");
@@ -170,8 +169,8 @@ std::string MetricsRegistry::RenderPrometheus() const {
           cumulative += counts[i];
           const std::string le =
               i < s.histogram->bounds().size() ? FormatValue(s.histogram->bounds()[i]) : "+Inf";
-          absl::StrAppend(&out, name, "_bucket", RenderLabels(s.labels, "le", le), " ",
-                          cumulative, "\n");
+          absl::StrAppend(&out, name, "_bucket", RenderLabels(s.labels, "le", le), " ", cumulative,
+                          "\n");
         }
         absl::StrAppend(&out, name, "_sum", label_text, " ", FormatValue(s.histogram->sum()), "\n",
                         name, "_count", label_text, " ", s.histogram->count(), "\n");

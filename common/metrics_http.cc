@@ -186,14 +186,12 @@ class BoundedServer final : public httplib::Server {
     bool ok = true;
     for (int served = 0; served < options_.keep_alive_max_requests; ++served) {
       // The first request must start within the read timeout, later ones within keep-alive.
-      const Clock::duration wait =
-          served == 0 ? Clock::duration(options_.read_timeout)
-                      : Clock::duration(options_.keep_alive_timeout);
+      const Clock::duration wait = served == 0 ? Clock::duration(options_.read_timeout)
+                                               : Clock::duration(options_.keep_alive_timeout);
       if (svr_sock_ == INVALID_SOCKET || !WaitFor(sock, POLLIN, wait)) break;
       stream.StartRequest();
       bool closed = false;
-      ok = process_request(stream, served + 1 == options_.keep_alive_max_requests, closed,
-                           nullptr);
+      ok = process_request(stream, served + 1 == options_.keep_alive_max_requests, closed, nullptr);
       if (!ok || closed) break;
     }
     table_->Remove(sock);
@@ -258,9 +256,8 @@ class ElasticTaskQueue final : public httplib::TaskQueue {
     --starting_;
     for (;;) {
       ++idle_;
-      const bool got = cv_.wait_for(lock, std::chrono::seconds(10), [&] {
-        return !jobs_.empty() || shutting_down_;
-      });
+      const bool got = cv_.wait_for(lock, std::chrono::seconds(10),
+                                    [&] { return !jobs_.empty() || shutting_down_; });
       --idle_;
       if (jobs_.empty()) {
         // Idle long enough (or shutting down): threads above the minimum go away.
@@ -316,8 +313,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   const auto sec_usec = [](std::chrono::milliseconds d) {
     return std::pair<time_t, time_t>(d.count() / 1000, (d.count() % 1000) * 1000);
   };
-  srv.set_read_timeout(sec_usec(options.read_timeout).first,
-                       sec_usec(options.read_timeout).second);
+  srv.set_read_timeout(sec_usec(options.read_timeout).first, sec_usec(options.read_timeout).second);
   srv.set_write_timeout(sec_usec(options.write_timeout).first,
                         sec_usec(options.write_timeout).second);
   srv.set_payload_max_length(options.max_payload_bytes);
@@ -327,8 +323,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   srv.Get("/healthz", [](const httplib::Request&, httplib::Response& res) {
     res.set_content("ok\n", "text/plain");
   });
-  const int bound = port == 0 ? srv.bind_to_any_port(host)
-                              : (srv.bind_to_port(host, port) ? port : -1);
+  const int bound =
+      port == 0 ? srv.bind_to_any_port(host) : (srv.bind_to_port(host, port) ? port : -1);
   if (bound <= 0) {
     return absl::UnavailableError(absl::StrCat("metrics: cannot bind ", host, ":", port));
   }
@@ -344,9 +340,7 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
 
 MetricsHttpServer::~MetricsHttpServer() { Stop(); }
 
-int MetricsHttpServer::open_connections() const {
-  return connections_ ? connections_->size() : 0;
-}
+int MetricsHttpServer::open_connections() const { return connections_ ? connections_->size() : 0; }
 
 void MetricsHttpServer::Stop() {
   if (server_) server_->stop();

@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/flags.h"
-#include "common/status.h"
 #include "common/model_io/dtype.h"
+#include "common/status.h"
 
 namespace rl {
 
@@ -105,9 +105,9 @@ absl::Status CheckGenerateRequest(const rl::v1::GenerateRequest& r, const Reques
                      "max-request-id-bytes (", l.max_request_id_bytes, ")"));
   }
   if (absl::StartsWith(r.request_id(), kServerRequestIdPrefix)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("request_id: the prefix '", kServerRequestIdPrefix,
-                     "' is reserved for ids the server assigns (leave request_id empty to get one)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request_id: the prefix '", kServerRequestIdPrefix,
+        "' is reserved for ids the server assigns (leave request_id empty to get one)"));
   }
   if (r.prompt_case() == rl::v1::GenerateRequest::kText &&
       static_cast<int64_t>(r.text().size()) > l.max_prompt_bytes) {
@@ -133,14 +133,14 @@ absl::Status CheckGenerateRequest(const rl::v1::GenerateRequest& r, const Reques
     }
     // RESOURCE_EXHAUSTED, as for a prompt + max_new_tokens longer than the context (DESIGN.md).
     if (sp.max_new_tokens() > l.max_new_tokens) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("max_new_tokens: ", sp.max_new_tokens(), " is more than --",
-                       "max-new-tokens-limit (", l.max_new_tokens, ")"));
+      return absl::ResourceExhaustedError(absl::StrCat("max_new_tokens: ", sp.max_new_tokens(),
+                                                       " is more than --", "max-new-tokens-limit (",
+                                                       l.max_new_tokens, ")"));
     }
     if (context_len > 0 && sp.max_new_tokens() > context_len) {
       return absl::ResourceExhaustedError(absl::StrCat("max_new_tokens: ", sp.max_new_tokens(),
-                                                     " is more than the model's context (",
-                                                     context_len, " tokens)"));
+                                                       " is more than the model's context (",
+                                                       context_len, " tokens)"));
     }
   }
   if (sp.stop_size() > l.max_stop_strings) {
@@ -180,8 +180,9 @@ std::string NewServerRequestId(absl::string_view prefix) {
     // No entropy source: fall back to a process-unique counter mixed with the clock (still in
     // the server namespace, so it cannot collide with client ids).
     static std::atomic<uint64_t> counter{0};
-    const uint64_t a = counter.fetch_add(1) ^ static_cast<uint64_t>(
-        std::chrono::steady_clock::now().time_since_epoch().count());
+    const uint64_t a =
+        counter.fetch_add(1) ^
+        static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     std::memcpy(bytes, &a, sizeof(a));
     std::memset(bytes + 8, 0, 8);
   }
@@ -202,20 +203,18 @@ absl::Status CheckPromptTokens(int64_t num_tokens, const RequestLimits& l) {
 absl::Status CheckAddress(absl::string_view address, const RequestLimits& l) {
   if (address.empty()) return absl::InvalidArgumentError("address: must not be empty");
   if (static_cast<int64_t>(address.size()) > l.max_address_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat("address: ", address.size(), " bytes (",
-                                                   QuoteForError(address),
-                                                   ") is more than --max-address-bytes (",
-                                                   l.max_address_bytes, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("address: ", address.size(), " bytes (", QuoteForError(address),
+                     ") is more than --max-address-bytes (", l.max_address_bytes, ")"));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckPath(absl::string_view field, absl::string_view path, const RequestLimits& l) {
   if (static_cast<int64_t>(path.size()) > l.max_path_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path.size(), " bytes (",
-                                                   QuoteForError(path),
-                                                   ") is more than --max-path-bytes (",
-                                                   l.max_path_bytes, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", path.size(), " bytes (", QuoteForError(path),
+                     ") is more than --max-path-bytes (", l.max_path_bytes, ")"));
   }
   if (path.find('\0') != absl::string_view::npos) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": contains a NUL byte"));
@@ -225,9 +224,8 @@ absl::Status CheckPath(absl::string_view field, absl::string_view path, const Re
 
 absl::Status CheckedNumElements(absl::Span<const int64_t> shape, int64_t max_rank, int64_t* out) {
   if (static_cast<int64_t>(shape.size()) > max_rank) {
-    return absl::InvalidArgumentError(absl::StrCat("shape: rank ", shape.size(),
-                                                   " is more than --max-tensor-rank (", max_rank,
-                                                   ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shape: rank ", shape.size(), " is more than --max-tensor-rank (", max_rank, ")"));
   }
   ASSIGN_OR_RETURN(*out, model_io::CheckedNumElements(shape));
   return absl::OkStatus();
@@ -237,9 +235,8 @@ absl::Status CheckTensorChunk(const rl::v1::TensorChunk& c, const RequestLimits&
                               int64_t* num_bytes) {
   if (c.name().empty()) return absl::InvalidArgumentError("chunk.name: must not be empty");
   if (c.name().size() > 1024) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk.name: ", c.name().size(), " bytes (", QuoteForError(c.name()),
-                     ") is more than 1024"));
+    return absl::InvalidArgumentError(absl::StrCat("chunk.name: ", c.name().size(), " bytes (",
+                                                   QuoteForError(c.name()), ") is more than 1024"));
   }
   const std::optional<model_io::DType> dtype = model_io::ParseDType(c.dtype());
   if (!dtype || !model_io::IsFloatWeightDType(*dtype)) {
@@ -248,20 +245,20 @@ absl::Status CheckTensorChunk(const rl::v1::TensorChunk& c, const RequestLimits&
                                                    " (F32, BF16 or F16)"));
   }
   if (static_cast<int64_t>(c.data().size()) > l.max_tensor_chunk_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk.data: ", c.data().size(), " bytes is more than --max-tensor-chunk-bytes (",
-        l.max_tensor_chunk_bytes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("chunk.data: ", c.data().size(),
+                                                   " bytes is more than --max-tensor-chunk-bytes (",
+                                                   l.max_tensor_chunk_bytes, ")"));
   }
   int64_t numel = 0;  // the rank is checked before the shape is read, without a copy
   if (absl::Status s = CheckedNumElements(c.shape(), l.max_tensor_rank, &numel); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk.", s.message(), " (tensor ",
-                                                   QuoteForError(c.name()), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.", s.message(), " (tensor ", QuoteForError(c.name()), ")"));
   }
   const int64_t size = model_io::DTypeSize(*dtype);
   if (numel > l.max_update_bytes / size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk.shape: tensor ", QuoteForError(c.name()), " needs more than --max-update-bytes (",
-        l.max_update_bytes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("chunk.shape: tensor ", QuoteForError(c.name()),
+                                                   " needs more than --max-update-bytes (",
+                                                   l.max_update_bytes, ")"));
   }
   *num_bytes = numel * size;
   return absl::OkStatus();

@@ -12,11 +12,11 @@
 
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
-#include "absl/types/span.h"
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "rl/v1/admin.pb.h"
 #include "rl/v1/generate.pb.h"
 
@@ -25,20 +25,20 @@ namespace rl {
 class FlagSet;
 
 struct RequestLimits {
-  int64_t max_n = 64;                         // --max-n: samples per request
-  int64_t max_prompt_bytes = 4 << 20;         // --max-prompt-bytes: text prompt size
-  int64_t max_prompt_tokens = 131072;         // --max-prompt-tokens: ids sent or tokenized
-  int64_t max_new_tokens = 131072;            // --max-new-tokens-limit (worker: also <= context)
-  int64_t max_stop_strings = 32;              // --max-stop-strings
-  int64_t max_stop_string_bytes = 256;        // --max-stop-string-bytes: each stop string
-  int64_t max_stop_token_ids = 256;           // --max-stop-token-ids
-  int64_t max_top_logprobs = 20;              // --max-top-logprobs
-  int64_t max_request_id_bytes = 256;         // --max-request-id-bytes
-  int64_t max_tensor_chunk_bytes = 256 << 20;  // --max-tensor-chunk-bytes: one chunk's data
+  int64_t max_n = 64;                            // --max-n: samples per request
+  int64_t max_prompt_bytes = 4 << 20;            // --max-prompt-bytes: text prompt size
+  int64_t max_prompt_tokens = 131072;            // --max-prompt-tokens: ids sent or tokenized
+  int64_t max_new_tokens = 131072;               // --max-new-tokens-limit (worker: also <= context)
+  int64_t max_stop_strings = 32;                 // --max-stop-strings
+  int64_t max_stop_string_bytes = 256;           // --max-stop-string-bytes: each stop string
+  int64_t max_stop_token_ids = 256;              // --max-stop-token-ids
+  int64_t max_top_logprobs = 20;                 // --max-top-logprobs
+  int64_t max_request_id_bytes = 256;            // --max-request-id-bytes
+  int64_t max_tensor_chunk_bytes = 256 << 20;    // --max-tensor-chunk-bytes: one chunk's data
   int64_t max_update_bytes = int64_t{64} << 30;  // --max-update-bytes: one tensor update
-  int64_t max_tensor_rank = 8;                // --max-tensor-rank
-  int64_t max_address_bytes = 256;            // --max-address-bytes: AddWorker & co.
-  int64_t max_path_bytes = 4096;              // --max-path-bytes: UpdateWeightsFromDisk path
+  int64_t max_tensor_rank = 8;                   // --max-tensor-rank
+  int64_t max_address_bytes = 256;               // --max-address-bytes: AddWorker & co.
+  int64_t max_path_bytes = 4096;                 // --max-path-bytes: UpdateWeightsFromDisk path
 };
 
 // Declares the --max-* flags above on `flags`, bound to `limits` (one call in each main.cc).
@@ -69,7 +69,8 @@ absl::Status CheckPromptTokens(int64_t num_tokens, const RequestLimits& limits);
 // A worker address (AddWorker / RemoveWorker / SetWorkerEnabled).
 absl::Status CheckAddress(absl::string_view address, const RequestLimits& limits);
 // A folder path (UpdateWeightsFromDisk.model_path).
-absl::Status CheckPath(absl::string_view field, absl::string_view path, const RequestLimits& limits);
+absl::Status CheckPath(absl::string_view field, absl::string_view path,
+                       const RequestLimits& limits);
 
 // Header of one tensor chunk: name, dtype, shape (rank and element count with checked
 // arithmetic, byte size at most --max-update-bytes) and data size. On success `*num_bytes` is

@@ -36,10 +36,10 @@ class BadMessageInterceptor final : public grpc::experimental::Interceptor {
       const grpc::Status status = methods->GetSendStatus();
       if (status.error_code() == grpc::StatusCode::UNIMPLEMENTED &&
           status.error_message().empty()) {
-        methods->ModifySendStatus(grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            "request: the message body is not a valid " + method_ +
-                " request (malformed or truncated protobuf)"));
+        methods->ModifySendStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                               "request: the message body is not a valid " +
+                                                   method_ +
+                                                   " request (malformed or truncated protobuf)"));
       }
     }
     methods->Proceed();
@@ -64,7 +64,8 @@ class BadMessageInterceptorFactory final
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const ServerOptions& options, const std::vector<grpc::Service*>& services) {
   if (options.port < 0 || options.port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat("--port: ", options.port, " is not in [0, 65535]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--port: ", options.port, " is not in [0, 65535]"));
   }
   grpc::EnableDefaultHealthCheckService(true);
   // gRPC's built-in health service does not use generated protobuf classes, so nothing pulls

@@ -30,8 +30,8 @@ struct ServerOptions {
 class GrpcServer {
  public:
   // `services` must outlive the server.
-  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const ServerOptions& options,
-                                                           const std::vector<grpc::Service*>& services);
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
+      const ServerOptions& options, const std::vector<grpc::Service*>& services);
   ~GrpcServer();
 
   int port() const { return port_; }

@@ -8,19 +8,18 @@
 
 #include <utility>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 #define RL_STATUS_CONCAT_INNER_(a, b) a##b
 #define RL_STATUS_CONCAT_(a, b) RL_STATUS_CONCAT_INNER_(a, b)
 
 // Returns from the current function when `expr` (an absl::Status) is not OK.
-#define RETURN_IF_ERROR(expr)                                \
-  do {                                                       \
-    ::absl::Status rl_status_ = (expr);                      \
-    if (!rl_status_.ok()) return rl_status_;                 \
+#define RETURN_IF_ERROR(expr)                \
+  do {                                       \
+    ::absl::Status rl_status_ = (expr);      \
+    if (!rl_status_.ok()) return rl_status_; \
   } while (0)
 
 // `ASSIGN_OR_RETURN(auto x, MakeX());` binds the value of an absl::StatusOr or returns its

@@ -89,8 +89,7 @@ class WriteQueueReactor : public grpc::ServerWriteReactor<Response> {
     {
       absl::MutexLock lock(&mu_);
       if (gone_ || ended_) return false;
-      const int64_t bytes =
-          max_buffered_bytes_ > 0 ? static_cast<int64_t>(msg.ByteSizeLong()) : 0;
+      const int64_t bytes = max_buffered_bytes_ > 0 ? static_cast<int64_t>(msg.ByteSizeLong()) : 0;
       if (max_buffered_bytes_ > 0 && buffered_bytes_ + bytes > max_buffered_bytes_ &&
           !queue_.empty()) {
         overflow = true;
@@ -160,7 +159,7 @@ class WriteQueueReactor : public grpc::ServerWriteReactor<Response> {
   std::atomic<int> refs_{2};  // gRPC's and the producer's
   absl::Mutex mu_;
   std::deque<std::pair<Response, int64_t>> queue_ ABSL_GUARDED_BY(mu_);
-  Response current_;               // the message being written
+  Response current_;  // the message being written
   int64_t current_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t buffered_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // queued + being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;

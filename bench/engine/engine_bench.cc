@@ -19,6 +19,10 @@
 // shared, noisy machine disturbs much less than wall time. The CPU runner's worker threads are
 // not counted (the engine thread's share of the forward pass is). bench/engine/compare.py runs
 // two engine_bench binaries alternately and prints both side by side.
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -26,10 +30,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
-#include <pthread.h>
 #include <string>
-#include <time.h>
-#include <unistd.h>
 #include <utility>
 #include <vector>
 
@@ -90,8 +91,10 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags* f) {
     }
   }
   for (const auto& [name, v] : {std::pair<const char*, int>{"requests", f->requests},
-                                {"prompt", f->prompt}, {"output", f->output},
-                                {"page-size", f->page_size}, {"chunk", f->chunk}}) {
+                                {"prompt", f->prompt},
+                                {"output", f->output},
+                                {"page-size", f->page_size},
+                                {"chunk", f->chunk}}) {
     if (v <= 0) {
       std::fprintf(stderr, "engine_bench: --%s: must be > 0, got %d\n", name, v);
       return 2;
@@ -213,8 +216,8 @@ double CpuSeconds(clockid_t clock) {
 
 int RunThroughput(const Flags& f, const char* name, Prefix prefix) {
   const int prefix_len = prefix == Prefix::kNone ? 0 : f.prefix;
-  const int64_t slots = static_cast<int64_t>(f.requests) * (prefix_len + f.prompt + f.output) +
-                        4 * f.page_size;
+  const int64_t slots =
+      static_cast<int64_t>(f.requests) * (prefix_len + f.prompt + f.output) + 4 * f.page_size;
   auto engine = MakeEngine(f, slots);
   if (!engine.ok()) {
     std::fprintf(stderr, "engine_bench: %s\n", engine.status().ToString().c_str());
@@ -224,10 +227,9 @@ int RunThroughput(const Flags& f, const char* name, Prefix prefix) {
   const std::vector<int32_t> shared = Tokens(prefix_len, 424242, vocab);
   std::vector<GenerateRequest> requests;
   for (int i = 0; i < f.requests; ++i) {
-    std::vector<int32_t> p = prefix == Prefix::kShared ? shared
-                             : prefix == Prefix::kDistinct
-                                 ? Tokens(prefix_len, 1000000 + i, vocab)
-                                 : std::vector<int32_t>();
+    std::vector<int32_t> p = prefix == Prefix::kShared     ? shared
+                             : prefix == Prefix::kDistinct ? Tokens(prefix_len, 1000000 + i, vocab)
+                                                           : std::vector<int32_t>();
     const std::vector<int32_t> own = Tokens(f.prompt, i + 1, vocab);
     p.insert(p.end(), own.begin(), own.end());
     requests.push_back(MakeRequest(absl::StrCat(name, i), std::move(p), f.output, i));
@@ -268,8 +270,7 @@ double Median(std::vector<double> v) {
 }
 
 int RunControlLatency(const Flags& f) {
-  const int64_t slots =
-      static_cast<int64_t>(f.requests) * (f.prompt + f.output) + 4 * f.page_size;
+  const int64_t slots = static_cast<int64_t>(f.requests) * (f.prompt + f.output) + 4 * f.page_size;
   auto engine_or = MakeEngine(f, slots);
   if (!engine_or.ok()) return 1;
   Engine& engine = **engine_or;
@@ -279,10 +280,10 @@ int RunControlLatency(const Flags& f) {
   for (int round = 0; round < rounds; ++round) {
     Tracker t;
     for (int i = 0; i < f.requests; ++i) {
-      absl::Status s = engine.Submit(
-          MakeRequest(absl::StrCat("c", round, "_", i), Tokens(f.prompt, 7 * i + round, vocab),
-                      f.output, i),
-          t.Callbacks());
+      absl::Status s =
+          engine.Submit(MakeRequest(absl::StrCat("c", round, "_", i),
+                                    Tokens(f.prompt, 7 * i + round, vocab), f.output, i),
+                        t.Callbacks());
       if (!s.ok()) return 1;
     }
     // Wait until every request is decoding (a few tokens each).
@@ -312,8 +313,8 @@ int RunControlLatency(const Flags& f) {
     t.WaitFinished(f.requests);
     if (!engine.FlushCache().ok()) return 1;
   }
-  std::printf("\ncontrol latency with %d decoding requests, ms (median / max of %d):\n",
-              f.requests, rounds);
+  std::printf("\ncontrol latency with %d decoding requests, ms (median / max of %d):\n", f.requests,
+              rounds);
   auto row = [](const char* name, const std::vector<double>& v) {
     std::printf("  %-34s %8.3f / %8.3f\n", name, Median(v), *std::max_element(v.begin(), v.end()));
   };
@@ -330,8 +331,8 @@ int Main(int argc, char** argv) {
   if (std::optional<int> exit = ParseFlags(argc, argv, &f)) return *exit;
   std::string tmp;
   if (f.model.empty()) {
-    tmp = (std::filesystem::temp_directory_path() / absl::StrCat("engine_bench_", getpid()))
-              .string();
+    tmp =
+        (std::filesystem::temp_directory_path() / absl::StrCat("engine_bench_", getpid())).string();
     model_io::MakeModelOptions mo;
     mo.arch = "llama";
     mo.size = "tiny";
@@ -344,13 +345,12 @@ int Main(int argc, char** argv) {
     }
     f.model = tmp;
   }
-  std::printf("engine_bench: model %s, %d requests x (prompt %d + output %d), prefix %d, "
-              "page %d, chunk %d, threads %d\n\n",
-              f.model.c_str(), f.requests, f.prompt, f.output, f.prefix, f.page_size, f.chunk,
-              f.threads);
+  std::printf(
+      "engine_bench: model %s, %d requests x (prompt %d + output %d), prefix %d, "
+      "page %d, chunk %d, threads %d\n\n",
+      f.model.c_str(), f.requests, f.prompt, f.output, f.prefix, f.page_size, f.chunk, f.threads);
   std::printf("%-16s %8s %10s %12s %14s %12s %10s %8s %14s\n", "scenario", "requests", "req/s",
-              "out tok/s", "prompt tok/s", "cache hits", "seconds", "steps",
-              "eng cpu ms/step");
+              "out tok/s", "prompt tok/s", "cache hits", "seconds", "steps", "eng cpu ms/step");
   int rc = 0;
   if (f.Wants("no_prefix")) rc = RunThroughput(f, "no_prefix", Prefix::kNone);
   if (rc == 0 && f.prefix > 0 && f.Wants("distinct_prefix")) {

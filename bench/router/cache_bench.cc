@@ -110,8 +110,7 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 // check on every request. Assistant replies are encoded as continuations and stream-decoded in
 // the prompt's context, as the router caches a worker's output.
 static absl::Status RunSeamReplay(const CacheBenchConfig& config,
-                                  const std::vector<Trajectory>& workload,
-                                  std::ostream& out) {
+                                  const std::vector<Trajectory>& workload, std::ostream& out) {
   ASSIGN_OR_RETURN(std::unique_ptr<tokenizer::Tokenizer> tok,
                    tokenizer::Tokenizer::FromDir(config.seam_tokenizer_dir));
   router::TextCacheOptions options;
@@ -153,20 +152,20 @@ static absl::Status RunSeamReplay(const CacheBenchConfig& config,
                          counters.requests.load(), n)
       << absl::StrFormat("resolve ops/s         %12.0f  (match + window encode + decode check)\n",
                          requests / Seconds(resolve_time))
-      << absl::StrFormat("prompt tokens reused  %12.4f  (%d of %d)\n",
-                         static_cast<double>(reused) /
-                             static_cast<double>(std::max<int64_t>(prompt_tokens, 1)),
-                         reused, prompt_tokens)
+      << absl::StrFormat(
+             "prompt tokens reused  %12.4f  (%d of %d)\n",
+             static_cast<double>(reused) / static_cast<double>(std::max<int64_t>(prompt_tokens, 1)),
+             reused, prompt_tokens)
       << absl::StrFormat("seam continuations    %12.4f%% (%d)\n",
                          100.0 * static_cast<double>(counters.seam_continuations.load()) / requests,
                          counters.seam_continuations.load())
       << absl::StrFormat("whole-text windows    %12.4f%% (%d; no window start near the seam)\n",
                          100.0 * static_cast<double>(counters.whole_text_windows.load()) / requests,
                          counters.whole_text_windows.load())
-      << absl::StrFormat("whole-text fallbacks  %12.4f%% (%d; decode(tokens) != text)\n",
-                         100.0 * static_cast<double>(counters.whole_text_fallbacks.load()) /
-                             requests,
-                         counters.whole_text_fallbacks.load());
+      << absl::StrFormat(
+             "whole-text fallbacks  %12.4f%% (%d; decode(tokens) != text)\n",
+             100.0 * static_cast<double>(counters.whole_text_fallbacks.load()) / requests,
+             counters.whole_text_fallbacks.load());
   return absl::OkStatus();
 }
 
@@ -272,8 +271,7 @@ absl::Status RunCacheBench(const CacheBenchConfig& config, std::ostream& out) {
              static_cast<double>(stats.size_bytes) / tokens_cached)
       << absl::StrFormat(
              "gc runs %d, gc removed tokens %d, conflicts replaced %d, conflicts kept %d\n",
-             stats.gc_runs, stats.gc_removed_tokens, stats.conflicts_replaced,
-             stats.conflicts_kept)
+             stats.gc_runs, stats.gc_removed_tokens, stats.conflicts_replaced, stats.conflicts_kept)
       << absl::StrFormat("replay wall time      %12.3f s (tokenization included)\n", wall);
   if (!config.seam_tokenizer_dir.empty()) RETURN_IF_ERROR(RunSeamReplay(config, workload, out));
   return absl::OkStatus();

@@ -10,7 +10,8 @@
 // Match and Insert calls are timed. With a seam tokenizer, a second replay resolves every prompt
 // through ResolveTextPrompt (cached generated tokens reused, the rest encoded as the full text,
 // decode(tokens) == text checked) with the real tokenizer, and reports the resolve rate and the
-// shares of seam continuations and whole-text fallbacks. Heap bytes come from heap_counter (the binary must link it).
+// shares of seam continuations and whole-text fallbacks. Heap bytes come from heap_counter (the
+// binary must link it).
 #pragma once
 
 #include <cstdint>

@@ -286,9 +286,16 @@ absl::Status SideBySide(const LatencyBenchConfig& c, const std::vector<std::stri
     const std::string binary = eq == std::string::npos ? spec : spec.substr(eq + 1);
     // The fake workers share the bench's cores with thousands of client streams: health checks
     // get slack so an overloaded bench host does not make the router mark them dead.
-    std::vector<std::string> args = {"--tokenizer", c.tokenizer_dir, "--port", "0",
-                                     "--log-level", "error", "--health-timeout-ms", "30000",
-                                     "--health-failures", "100"};
+    std::vector<std::string> args = {"--tokenizer",
+                                     c.tokenizer_dir,
+                                     "--port",
+                                     "0",
+                                     "--log-level",
+                                     "error",
+                                     "--health-timeout-ms",
+                                     "30000",
+                                     "--health-failures",
+                                     "100"};
     for (const std::string& w : workers) {
       args.push_back("--worker");
       args.push_back(w);
@@ -388,8 +395,7 @@ absl::Status RunLatencyBench(const LatencyBenchConfig& c, std::ostream& out) {
     auto router_stub = rl::v1::Router::NewStub(
         grpc::CreateChannel(router->address(), grpc::InsecureChannelCredentials()));
     ASSIGN_OR_RETURN(std::vector<double> direct, Sequential(*worker_stub, ids_req, c.requests));
-    ASSIGN_OR_RETURN(std::vector<double> routed_ids,
-                     Sequential(*router_stub, ids_req, c.requests));
+    ASSIGN_OR_RETURN(std::vector<double> routed_ids, Sequential(*router_stub, ids_req, c.requests));
     ASSIGN_OR_RETURN(std::vector<double> routed_text,
                      Sequential(*router_stub, text_req, c.requests));
     out << absl::StrFormat(

@@ -34,7 +34,7 @@ struct LatencyBenchConfig {
   // Side by side: "label=PATH" rl-router binaries, and the stream counts to run each at.
   std::vector<std::string> router_binaries;
   std::vector<int> streams = {1000, 10000};
-  int rounds = 3;  // requests per stream in the concurrency runs
+  int rounds = 3;                // requests per stream in the concurrency runs
   std::vector<int> router_cpus;  // empty: not pinned
 };
 

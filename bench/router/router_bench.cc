@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
   flags.String("tokenizer", &latency.tokenizer_dir, "latency: the router's tokenizer folder");
   flags.Int("requests", &latency.requests, "latency: sequential requests per measurement");
   flags.Int("concurrency", &latency.concurrency, "latency: streams for the throughput run");
-  flags.Int("throughput-requests", &latency.throughput_requests, "latency: requests in the throughput run");
+  flags.Int("throughput-requests", &latency.throughput_requests,
+            "latency: requests in the throughput run");
   flags.Int("workers", &latency.num_workers, "latency: fast workers behind the router");
   flags.StringList("router-binary", &latency.router_binaries,
                    "latency: LABEL=PATH of an rl-router binary to run side by side (repeatable; "

@@ -14,9 +14,9 @@ struct DTypeEntry {
   int64_t size;
 };
 constexpr DTypeEntry kDTypes[] = {
-    {DType::kF32, "F32", 4}, {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
-    {DType::kF64, "F64", 8}, {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
-    {DType::kI16, "I16", 2}, {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
+    {DType::kF32, "F32", 4},   {DType::kF16, "F16", 2}, {DType::kBF16, "BF16", 2},
+    {DType::kF64, "F64", 8},   {DType::kI64, "I64", 8}, {DType::kI32, "I32", 4},
+    {DType::kI16, "I16", 2},   {DType::kI8, "I8", 1},   {DType::kU8, "U8", 1},
     {DType::kBool, "BOOL", 1},
 };
 }  // namespace
@@ -77,7 +77,7 @@ uint16_t F32ToF16(float f) {
   std::memcpy(&bits, &f, sizeof(bits));
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;  // NaN
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN
   if (abs >= 0x477ff000u) return sign | 0x7c00u;  // overflow (incl. rounding up) → inf
   if (abs < 0x38800000u) {                        // subnormal or zero in f16
     if (abs < 0x33000000u) return sign;           // rounds to zero

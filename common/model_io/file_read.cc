@@ -144,8 +144,8 @@ absl::StatusOr<OwnedFileReader> OwnedFileReader::Open(const std::string& path, i
   }
   if (st.st_size < 0 || st.st_size > max_bytes) {
     ::close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(path, " is ", st.st_size,
-                                                   " bytes, more than the limit of ", max_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is ", st.st_size, " bytes, more than the limit of ", max_bytes));
   }
   const size_t size = static_cast<size_t>(st.st_size);
   uint8_t* data = nullptr;

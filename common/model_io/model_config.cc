@@ -1,13 +1,12 @@
 #include "common/model_io/model_config.h"
 
-#include "common/model_io/file_read.h"
-
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/model_io/file_read.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
 
@@ -32,7 +31,8 @@ absl::StatusOr<int64_t> GetInt(const Json& j, absl::string_view field, bool requ
     // Some configs store integral values as floats (e.g. 8192.0).
     if (it->is_number_float()) {
       double v = it->get<double>();
-      if (v == static_cast<double>(static_cast<int64_t>(v)) && v >= static_cast<double>(min_value)) {
+      if (v == static_cast<double>(static_cast<int64_t>(v)) &&
+          v >= static_cast<double>(min_value)) {
         return static_cast<int64_t>(v);
       }
     }
@@ -105,9 +105,9 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const Json& j, int64_t max_pos) {
   } else if (type == "llama3") {
     rs.type = RopeScaling::Type::kLlama3;
   } else {
-    return FieldError("rope_scaling.rope_type",
-                      absl::StrCat("has unsupported value '", type,
-                                   "' (supported: linear, dynamic, llama3)"));
+    return FieldError(
+        "rope_scaling.rope_type",
+        absl::StrCat("has unsupported value '", type, "' (supported: linear, dynamic, llama3)"));
   }
   auto f = r.find("factor");
   if (f == r.end() || !f->is_number() || !(f->get<double>() > 0)) {
@@ -234,8 +234,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& json_text) {
   ASSIGN_OR_RETURN(c.rope_theta, GetDouble(j, "rope_theta", 10000.0, true));
   ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(j, c.max_position_embeddings));
   ASSIGN_OR_RETURN(c.tie_word_embeddings, GetBool(j, "tie_word_embeddings", false));
-  ASSIGN_OR_RETURN(c.attention_bias,
-                   GetBool(j, "attention_bias", c.arch == Arch::kQwen2));
+  ASSIGN_OR_RETURN(c.attention_bias, GetBool(j, "attention_bias", c.arch == Arch::kQwen2));
   if (c.arch == Arch::kQwen2) c.attention_bias = true;  // Qwen2 always has q/k/v bias
   c.qk_norm = c.arch == Arch::kQwen3 || c.arch == Arch::kQwen3Moe;
   if (c.arch == Arch::kQwen3Moe) RETURN_IF_ERROR(ParseMoe(j, &c));
@@ -273,8 +272,7 @@ absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& model_dir) {
     ASSIGN_OR_RETURN(std::string gen_text, ReadFile(gen.string()));
     Json g = Json::parse(gen_text, nullptr, /*allow_exceptions=*/false);
     if (g.is_discarded() || !g.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(gen.string(), ": not a JSON object"));
+      return absl::InvalidArgumentError(absl::StrCat(gen.string(), ": not a JSON object"));
     }
     absl::Status s = AppendEosIds(g, "eos_token_id", &config->eos_token_ids);
     if (!s.ok()) return Annotate(s, gen.string());
@@ -307,17 +305,16 @@ std::string ModelConfigToJson(const ModelConfig& c) {
     case RopeScaling::Type::kDynamic:
       j["rope_scaling"] = {{"rope_type", "dynamic"}, {"factor", rs.factor}};
       if (rs.original_max_position_embeddings > 0) {
-        j["rope_scaling"]["original_max_position_embeddings"] =
-            rs.original_max_position_embeddings;
+        j["rope_scaling"]["original_max_position_embeddings"] = rs.original_max_position_embeddings;
       }
       break;
     case RopeScaling::Type::kLlama3:
-      j["rope_scaling"] = {{"rope_type", "llama3"},
-                           {"factor", rs.factor},
-                           {"low_freq_factor", rs.low_freq_factor},
-                           {"high_freq_factor", rs.high_freq_factor},
-                           {"original_max_position_embeddings",
-                            rs.original_max_position_embeddings}};
+      j["rope_scaling"] = {
+          {"rope_type", "llama3"},
+          {"factor", rs.factor},
+          {"low_freq_factor", rs.low_freq_factor},
+          {"high_freq_factor", rs.high_freq_factor},
+          {"original_max_position_embeddings", rs.original_max_position_embeddings}};
       break;
   }
   if (c.arch == Arch::kQwen3Moe) {

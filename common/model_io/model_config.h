@@ -21,8 +21,8 @@ struct RopeScaling {
   enum class Type { kNone, kLinear, kDynamic, kLlama3 };
   Type type = Type::kNone;
   double factor = 1.0;
-  double low_freq_factor = 1.0;                 // llama3
-  double high_freq_factor = 4.0;                // llama3
+  double low_freq_factor = 1.0;                  // llama3
+  double high_freq_factor = 4.0;                 // llama3
   int64_t original_max_position_embeddings = 0;  // llama3 / dynamic
 };
 
@@ -71,7 +71,7 @@ struct ModelConfig {
     }
     return out;
   }
-  std::string torch_dtype;      // "float32", "bfloat16", "float16" as stored
+  std::string torch_dtype;  // "float32", "bfloat16", "float16" as stored
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;  // -1: none
 };

@@ -151,9 +151,9 @@ absl::StatusOr<std::vector<TensorView>> ParseSafetensors(absl::Span<const uint8_
   for (int i = 7; i >= 0; --i) header_len = header_len << 8 | bytes[i];
   const uint64_t available = bytes.size() - 8;
   if (header_len > available) {
-    return Invalid(source, absl::StrCat("header length ", header_len,
-                                        " is larger than the rest of the file (", available,
-                                        " bytes): truncated or corrupt"));
+    return Invalid(
+        source, absl::StrCat("header length ", header_len, " is larger than the rest of the file (",
+                             available, " bytes): truncated or corrupt"));
   }
   if (header_len < 2) return Invalid(source, "header length too small for a JSON object");
   if (header_len > kMaxSafetensorsHeaderBytes) {
@@ -209,13 +209,13 @@ absl::StatusOr<std::vector<TensorView>> ParseSafetensors(absl::Span<const uint8_
     const uint64_t begin = (*off)[0].get<uint64_t>();
     const uint64_t end = (*off)[1].get<uint64_t>();
     if (begin > end) {
-      return Invalid(source, absl::StrCat(where, ": data_offsets [", begin, ", ", end,
-                                          "] are reversed"));
+      return Invalid(source,
+                     absl::StrCat(where, ": data_offsets [", begin, ", ", end, "] are reversed"));
     }
     if (end > data_size) {
-      return Invalid(source, absl::StrCat(where, ": data_offsets [", begin, ", ", end,
-                                          "] out of range of the ", data_size,
-                                          "-byte data region"));
+      return Invalid(source,
+                     absl::StrCat(where, ": data_offsets [", begin, ", ", end,
+                                  "] out of range of the ", data_size, "-byte data region"));
     }
     const absl::StatusOr<int64_t> numel = CheckedNumElements(shape);
     if (!numel.ok()) {
@@ -229,9 +229,9 @@ absl::StatusOr<std::vector<TensorView>> ParseSafetensors(absl::Span<const uint8_
     }
     const uint64_t expected = static_cast<uint64_t>(*numel) * dtype_size;
     if (expected != end - begin) {
-      return Invalid(source, absl::StrCat(where, ": shape ", ShapeString(shape), " x ",
-                                          DTypeName(*dtype), " needs ", expected,
-                                          " bytes but data_offsets span ", end - begin));
+      return Invalid(
+          source, absl::StrCat(where, ": shape ", ShapeString(shape), " x ", DTypeName(*dtype),
+                               " needs ", expected, " bytes but data_offsets span ", end - begin));
     }
     TensorView v;
     v.name = name;
@@ -245,29 +245,26 @@ absl::StatusOr<std::vector<TensorView>> ParseSafetensors(absl::Span<const uint8_
   // The ranges must tile [0, data_size) in some order: no overlap, no hole.
   std::vector<size_t> order(views.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return ranges[a] < ranges[b];
-  });
+  std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ranges[a] < ranges[b]; });
   uint64_t cursor = 0;
   for (size_t i : order) {
     if (ranges[i].first < cursor) {
       return Invalid(source, absl::StrCat("tensor '", views[i].name, "' data_offsets [",
                                           ranges[i].first, ", ", ranges[i].second,
-                                          "] overlap the previous tensor (ends at ", cursor,
-                                          ")"));
+                                          "] overlap the previous tensor (ends at ", cursor, ")"));
     }
     if (ranges[i].first > cursor) {
-      return Invalid(source, absl::StrCat("tensor '", views[i].name, "' data_offsets [",
-                                          ranges[i].first, ", ", ranges[i].second,
-                                          "] leave a hole after byte ", cursor,
-                                          " (offsets must be contiguous)"));
+      return Invalid(
+          source, absl::StrCat("tensor '", views[i].name, "' data_offsets [", ranges[i].first, ", ",
+                               ranges[i].second, "] leave a hole after byte ", cursor,
+                               " (offsets must be contiguous)"));
     }
     cursor = ranges[i].second;
   }
   if (cursor != data_size) {
-    return Invalid(source, absl::StrCat("data region is ", data_size,
-                                        " bytes but the tensors cover ", cursor,
-                                        " (trailing bytes or truncated header)"));
+    return Invalid(
+        source, absl::StrCat("data region is ", data_size, " bytes but the tensors cover ", cursor,
+                             " (trailing bytes or truncated header)"));
   }
   return views;
 }
@@ -322,9 +319,8 @@ absl::Status Checkpoint::AddFile(const std::string& path, const std::vector<std:
     if (only != nullptr && !wanted.contains(v.name)) continue;
     wanted.erase(v.name);
     if (tensors_.contains(v.name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("checkpoint: tensor '", v.name, "' appears in more than one file (",
-                       path, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "checkpoint: tensor '", v.name, "' appears in more than one file (", path, ")"));
     }
     std::string name = v.name;
     tensors_.emplace(std::move(name), std::move(v));
@@ -357,8 +353,7 @@ absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir) {
     RETURN_IF_ERROR(CheckJsonDepth(text, kMaxJsonDepth, index_path.string()));
     Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (index.is_discarded() || !index.is_object()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(index_path.string(), ": not a JSON object"));
+      return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": not a JSON object"));
     }
     auto wm = index.find("weight_map");
     if (wm == index.end() || !wm->is_object()) {
@@ -368,8 +363,8 @@ absl::StatusOr<Checkpoint> OpenCheckpoint(const std::string& dir) {
     std::map<std::string, std::vector<std::string>> by_file;
     for (auto it = wm->begin(); it != wm->end(); ++it) {
       if (!it.value().is_string()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            index_path.string(), ": weight_map['", it.key(), "'] is not a file name"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path.string(), ": weight_map['", it.key(), "'] is not a file name"));
       }
       const std::string file = it.value().get<std::string>();
       if (file.find('/') != std::string::npos || file.empty() || file[0] == '.') {
@@ -443,8 +438,8 @@ absl::Status WriteSafetensorsStreaming(const std::string& path,
   for (size_t i = 0; ok && i < specs.size(); ++i) {
     buffer.resize(sizes[i]);
     fill_status = fill(i, absl::MakeSpan(buffer));
-    ok = fill_status.ok() && (buffer.empty() || std::fwrite(buffer.data(), 1, buffer.size(), f) ==
-                                                     buffer.size());
+    ok = fill_status.ok() &&
+         (buffer.empty() || std::fwrite(buffer.data(), 1, buffer.size(), f) == buffer.size());
   }
   const int write_errno = errno;
   ok = (std::fclose(f) == 0) && ok;

@@ -116,7 +116,8 @@ absl::StatusOr<MadeTokenizer> MakeByteLevelBpeTokenizer(const TokenizerSpec& spe
   while (static_cast<int32_t>(vocab.size()) < num_regular) {
     std::map<std::pair<std::string, std::string>, int> pair_counts;
     for (const auto& [pieces, count] : words) {
-      for (size_t i = 0; i + 1 < pieces.size(); ++i) pair_counts[{pieces[i], pieces[i + 1]}] += count;
+      for (size_t i = 0; i + 1 < pieces.size(); ++i)
+        pair_counts[{pieces[i], pieces[i + 1]}] += count;
     }
     // Most frequent pair; ties broken by the (ordered) map's first, so deterministic.
     const std::pair<std::string, std::string>* best = nullptr;
@@ -197,8 +198,7 @@ absl::StatusOr<MadeTokenizer> MakeByteLevelBpeTokenizer(const TokenizerSpec& spe
               {{"Sequence", {{"id", "A"}, {"type_id", 0}}}},
               {{"SpecialToken", {{"id", bos}, {"type_id", 1}}}},
               {{"Sequence", {{"id", "B"}, {"type_id", 1}}}}}},
-            {"special_tokens",
-             {{bos, {{"id", bos}, {"ids", {bos_id}}, {"tokens", {bos}}}}}}};
+            {"special_tokens", {{bos, {{"id", bos}, {"ids", {bos_id}}, {"tokens", {bos}}}}}}};
   }
   Json tok = {{"version", "1.0"},
               {"truncation", nullptr},

@@ -33,8 +33,9 @@ size_t DecodeContextStart(const Tokenizer& tokenizer, absl::Span<const int32_t> 
   return start;
 }
 
-absl::StatusOr<StreamDecoder::Context> StreamDecoder::ContextFor(
-    const Tokenizer& tokenizer, absl::Span<const int32_t> prompt, bool skip_special_tokens) {
+absl::StatusOr<StreamDecoder::Context> StreamDecoder::ContextFor(const Tokenizer& tokenizer,
+                                                                 absl::Span<const int32_t> prompt,
+                                                                 bool skip_special_tokens) {
   Context ctx;
   size_t start = DecodeContextStart(tokenizer, prompt);
   if (!tokenizer.fallback_byte_ids_.empty()) {
@@ -75,7 +76,8 @@ absl::StatusOr<StreamDecoder::Context> StreamDecoder::ContextFor(
     std::string bytes;
     for (int32_t id : ctx.ids) {
       if (tokenizer.TokenText(id) == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat("token id ", id, " is not in the vocabulary"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", id, " is not in the vocabulary"));
       }
       if (!(skip_special_tokens && tokenizer.IsSpecial(id))) bytes += tokenizer.id_bytes_[id];
     }

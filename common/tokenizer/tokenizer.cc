@@ -255,8 +255,8 @@ absl::StatusOr<Encoding> Tokenizer::EncodeImpl(std::string_view text, bool add_s
         enc.offsets.push_back({static_cast<uint32_t>(s.begin), static_cast<uint32_t>(s.end)});
       } else {
         RETURN_IF_ERROR(EncodeSegment(text.substr(s.begin, s.end - s.begin),
-                                      static_cast<uint32_t>(s.begin),
-                                      continuation && s.begin == 0, &enc));
+                                      static_cast<uint32_t>(s.begin), continuation && s.begin == 0,
+                                      &enc));
       }
     }
   } else if (!text.empty()) {
@@ -285,8 +285,7 @@ absl::Status Tokenizer::EncodeSegment(std::string_view text, uint32_t shift, boo
       out->ids.push_back(s.id);
       out->offsets.push_back({b, e});
     } else {
-      RETURN_IF_ERROR(
-          EncodeWords(piece.Slice(s.begin, s.end), continuation && s.begin == 0, out));
+      RETURN_IF_ERROR(EncodeWords(piece.Slice(s.begin, s.end), continuation && s.begin == 0, out));
     }
   }
   return absl::OkStatus();

@@ -66,11 +66,11 @@ absl::StatusOr<CollectCheckpoint> DecodeCheckpoint(const std::string& json,
         }
         const int64_t first = k[0].get<int64_t>(), last = k[1].get<int64_t>();
         const int32_t sample = k[2].get<int32_t>();
-        if (sample < 0 || sample >= c.n) return bad(absl::StrCat(name, " holds a bad sample number"));
+        if (sample < 0 || sample >= c.n)
+          return bad(absl::StrCat(name, " holds a bad sample number"));
         // Unsigned difference: last - first cannot overflow once last >= first.
-        if (last < first ||
-            static_cast<uint64_t>(last) - static_cast<uint64_t>(first) >=
-                static_cast<uint64_t>(budget)) {
+        if (last < first || static_cast<uint64_t>(last) - static_cast<uint64_t>(first) >=
+                                static_cast<uint64_t>(budget)) {
           return bad(absl::StrCat(name, " covers more samples than the total ", c.total));
         }
         budget -= last - first + 1;

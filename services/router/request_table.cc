@@ -1,12 +1,11 @@
 #include "services/router/request_table.h"
 
-#include "common/request_limits.h"
-
 #include <atomic>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/request_limits.h"
 
 namespace rl::router {
 

@@ -179,16 +179,16 @@ grpc::ServerUnaryReactor* RouterService::Abort(grpc::CallbackServerContext* cont
     return FinishUnary(context, absl::InvalidArgumentError("request_id: set it or abort_all"));
   }
   if (static_cast<int64_t>(request->request_id().size()) > limits_.max_request_id_bytes) {
-    return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
-                                    "request_id: ", request->request_id().size(),
-                                    " bytes is more than --max-request-id-bytes (",
-                                    limits_.max_request_id_bytes, ")")));
+    return FinishUnary(context, absl::InvalidArgumentError(
+                                    absl::StrCat("request_id: ", request->request_id().size(),
+                                                 " bytes is more than --max-request-id-bytes (",
+                                                 limits_.max_request_id_bytes, ")")));
   }
   if (aborts_in_flight_.fetch_add(1) >= kMaxAbortsInFlight) {
     aborts_in_flight_.fetch_sub(1);
-    return FinishUnary(context, absl::ResourceExhaustedError(absl::StrCat(
-                                    "Router.Abort: ", kMaxAbortsInFlight,
-                                    " aborts are in flight already; retry shortly")));
+    return FinishUnary(context, absl::ResourceExhaustedError(
+                                    absl::StrCat("Router.Abort: ", kMaxAbortsInFlight,
+                                                 " aborts are in flight already; retry shortly")));
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   AbortRequests(*request, AuthorizationHeader(*context),

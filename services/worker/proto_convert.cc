@@ -137,9 +137,9 @@ absl::StatusOr<engine::PauseMode> FromProto(rl::v1::PauseMode mode) {
     case rl::v1::PAUSE_MODE_RETRACT:
       return engine::PauseMode::kRetract;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("mode: must be PAUSE_MODE_ABORT, PAUSE_MODE_IN_PLACE or PAUSE_MODE_RETRACT (got ",
-                       static_cast<int>(mode), ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mode: must be PAUSE_MODE_ABORT, PAUSE_MODE_IN_PLACE or PAUSE_MODE_RETRACT (got ",
+          static_cast<int>(mode), ")"));
   }
 }
 

@@ -17,15 +17,15 @@ struct WorkerConfig {
   std::string model_path;
   std::string host = "127.0.0.1";
   int port = 0;
-  std::string backend = "auto";  // auto | cpu | cuda
-  std::string admin_api_key;     // empty: admin calls need no key
-  std::string api_key;           // optional separate data-plane key
+  std::string backend = "auto";    // auto | cpu | cuda
+  std::string admin_api_key;       // empty: admin calls need no key
+  std::string api_key;             // optional separate data-plane key
   std::string admin_api_key_file;  // read the admin key from this file (a mounted Secret)
   std::string api_key_file;        // read the data-plane key from this file
   RequestLimits limits;            // --max-* bounds on what a client may send
-  int metrics_port = -1;         // -1: no metrics endpoint; 0: any free port
+  int metrics_port = -1;           // -1: no metrics endpoint; 0: any free port
   int page_size = 16;
-  double kv_cache_gb = 0;        // 0: auto (0.25 GiB on cpu; gpu_memory_fraction on cuda)
+  double kv_cache_gb = 0;  // 0: auto (0.25 GiB on cpu; gpu_memory_fraction on cuda)
   int cuda_device = 0;
   double gpu_memory_fraction = 0.85;  // cuda: share of free memory after the weights for KV
   bool batch_invariant = false;       // cuda: batch-invariant GEMMs
@@ -35,13 +35,13 @@ struct WorkerConfig {
   // The fork's alignment switch: "" | xorl | xorl-batch-invariant. xorl turns on fp32_lm_head
   // and fp32_router; xorl-batch-invariant also batch_invariant (ApplyOnPolicyTarget).
   std::string rl_on_policy_target;
-  bool disable_cuda_graph = false;    // cuda: decode eagerly instead of replaying graphs
-  bool no_update_buffers = false;     // no spare read buffers reserved at startup
+  bool disable_cuda_graph = false;          // cuda: decode eagerly instead of replaying graphs
+  bool no_update_buffers = false;           // no spare read buffers reserved at startup
   bool reclaimable_update_buffers = false;  // spare read buffers marked MADV_FREE
   bool allow_non_finite_weights = false;    // load checkpoints holding NaN / Inf
-  bool cpu_bf16_products = false;  // RunnerOptions::cpu_bf16_products (not exact; off)
-  std::string kv_cache_dtype = "auto";  // auto | float32 | bfloat16 (cuda only)
-  int num_threads = 0;           // 0: all cores
+  bool cpu_bf16_products = false;           // RunnerOptions::cpu_bf16_products (not exact; off)
+  std::string kv_cache_dtype = "auto";      // auto | float32 | bfloat16 (cuda only)
+  int num_threads = 0;                      // 0: all cores
   int max_running_requests = 256;
   int chunked_prefill_tokens = 2048;
   int64_t weight_version = 0;

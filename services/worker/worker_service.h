@@ -4,8 +4,8 @@
 #pragma once
 
 #include "common/auth.h"
-#include "services/worker/generate_host.h"
 #include "rl/v1/worker.grpc.pb.h"
+#include "services/worker/generate_host.h"
 
 namespace rl::worker {
 

@@ -17,8 +17,8 @@
 namespace rl {
 namespace {
 
-using ::testing::HasSubstr;
 using ::rl::testing::ConnectLoopback;
+using ::testing::HasSubstr;
 
 TEST(Metrics, RendersPrometheusText) {
   MetricsRegistry r;

@@ -68,12 +68,21 @@ TEST(RequestLimitsTest, DefaultsAreValidAndEveryFlagIsRegistered) {
   EXPECT_TRUE(ValidateRequestLimits(l).ok());
   FlagSet flags("t");
   RegisterRequestLimitFlags(flags, &l);
-  const std::vector<std::string> args = {
-      "t", "--max-n=2", "--max-prompt-bytes=3", "--max-prompt-tokens=4",
-      "--max-new-tokens-limit=5", "--max-stop-strings=6", "--max-stop-string-bytes=7",
-      "--max-stop-token-ids=8", "--max-top-logprobs=9", "--max-request-id-bytes=10",
-      "--max-tensor-chunk-bytes=2048", "--max-update-bytes=4096", "--max-tensor-rank=4",
-      "--max-address-bytes=64", "--max-path-bytes=128"};
+  const std::vector<std::string> args = {"t",
+                                         "--max-n=2",
+                                         "--max-prompt-bytes=3",
+                                         "--max-prompt-tokens=4",
+                                         "--max-new-tokens-limit=5",
+                                         "--max-stop-strings=6",
+                                         "--max-stop-string-bytes=7",
+                                         "--max-stop-token-ids=8",
+                                         "--max-top-logprobs=9",
+                                         "--max-request-id-bytes=10",
+                                         "--max-tensor-chunk-bytes=2048",
+                                         "--max-update-bytes=4096",
+                                         "--max-tensor-rank=4",
+                                         "--max-address-bytes=64",
+                                         "--max-path-bytes=128"};
   ASSERT_TRUE(flags.Parse(args).ok()) << flags.Parse(args).status();
   EXPECT_EQ(l.max_n, 2);
   EXPECT_EQ(l.max_prompt_bytes, 3);
@@ -109,8 +118,7 @@ TEST(RequestLimitsTest, EveryFlagIsRangeCheckedAtBothEnds) {
       {"max-stop-token-ids", &RequestLimits::max_stop_token_ids, 0, 1 << 20},
       {"max-top-logprobs", &RequestLimits::max_top_logprobs, 0, 1024},
       {"max-request-id-bytes", &RequestLimits::max_request_id_bytes, 1, 1 << 16},
-      {"max-tensor-chunk-bytes", &RequestLimits::max_tensor_chunk_bytes, 1024,
-       int64_t{2} << 30},
+      {"max-tensor-chunk-bytes", &RequestLimits::max_tensor_chunk_bytes, 1024, int64_t{2} << 30},
       {"max-update-bytes", &RequestLimits::max_update_bytes, 1024, int64_t{1} << 50},
       {"max-tensor-rank", &RequestLimits::max_tensor_rank, 1, 64},
       {"max-address-bytes", &RequestLimits::max_address_bytes, 8, 1 << 16},
@@ -215,19 +223,19 @@ TEST(RequestLimitsTest, MaxNewTokensAgainstTheLimitAndTheContext) {
   r.mutable_sampling_params()->set_max_new_tokens(50);
   EXPECT_TRUE(CheckGenerateRequest(r, l).ok());
   r.mutable_sampling_params()->set_max_new_tokens(51);
-  ExpectRefused(CheckGenerateRequest(r, l), absl::StatusCode::kResourceExhausted,
-                "max_new_tokens", "max-new-tokens-limit");
+  ExpectRefused(CheckGenerateRequest(r, l), absl::StatusCode::kResourceExhausted, "max_new_tokens",
+                "max-new-tokens-limit");
   r.mutable_sampling_params()->set_max_new_tokens(2147483647);
-  ExpectRefused(CheckGenerateRequest(r, l), absl::StatusCode::kResourceExhausted,
-                "max_new_tokens", "max-new-tokens-limit");
+  ExpectRefused(CheckGenerateRequest(r, l), absl::StatusCode::kResourceExhausted, "max_new_tokens",
+                "max-new-tokens-limit");
   r.mutable_sampling_params()->set_max_new_tokens(-1);
   ExpectInvalid(CheckGenerateRequest(r, l), "max_new_tokens");
   // The model's context bounds it too (a worker passes it).
   r.mutable_sampling_params()->set_max_new_tokens(32);
   EXPECT_TRUE(CheckGenerateRequest(r, l, /*context_len=*/32).ok());
   r.mutable_sampling_params()->set_max_new_tokens(33);
-  ExpectRefused(CheckGenerateRequest(r, l, 32), absl::StatusCode::kResourceExhausted,
-                "context", "");
+  ExpectRefused(CheckGenerateRequest(r, l, 32), absl::StatusCode::kResourceExhausted, "context",
+                "");
   EXPECT_TRUE(CheckGenerateRequest(r, l, /*context_len=*/0).ok());
 }
 

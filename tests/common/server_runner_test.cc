@@ -1,8 +1,8 @@
 #include "common/server_runner.h"
 
+#include "google/protobuf/descriptor.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
 
 namespace rl {
@@ -14,7 +14,8 @@ TEST(GrpcServer, BindsPortZeroAndReportsHealth) {
   EXPECT_GT((*server)->port(), 0);
   EXPECT_EQ((*server)->address(), "127.0.0.1:" + std::to_string((*server)->port()));
   auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
-  EXPECT_TRUE(channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(5)));
+  EXPECT_TRUE(
+      channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(5)));
   (*server)->Shutdown();
   (*server)->Shutdown();  // idempotent
 }

@@ -38,8 +38,9 @@ std::string Mutate(const std::string& in, std::mt19937_64& rng) {
         s.resize(pos);
         break;
       case 4: {
-        static const char* kTokens[] = {"{", "}", "[", "]", "\"", ":", ",", "-1", "1e999",
-                                        "18446744073709551615", "\xff", "\x80", "\0"};
+        static const char* kTokens[] = {"{",    "}",    "[",  "]",     "\"",
+                                        ":",    ",",    "-1", "1e999", "18446744073709551615",
+                                        "\xff", "\x80", "\0"};
         s.insert(pos, kTokens[rng() % (sizeof(kTokens) / sizeof(kTokens[0]))]);
         break;
       }

@@ -54,8 +54,8 @@ TEST(ParamsTest, WriteKvChecksSlotsNotDtype) {
   std::vector<float> k(4), v(4);
   std::vector<uint16_t> kc(8), vc(8);
   std::vector<int32_t> slots = {3, 1};
-  WriteKvParams p{k.data(), v.data(), slots.data(), kc.data(), vc.data(), 2, 2, 2, 2, 4,
-                  DType::kBF16};
+  WriteKvParams p{k.data(), v.data(), slots.data(), kc.data(), vc.data(), 2, 2, 2,
+                  2,        4,        DType::kBF16};
   EXPECT_TRUE(p.Validate().ok());
   slots[1] = -1;
   EXPECT_TRUE(p.ValidateShapes().ok());
@@ -78,8 +78,7 @@ TEST(ParamsTest, EmbeddingMatmulNormRopeSiluMoe) {
   MatmulParams b = a;
   b.m = 1;
   const MatmulParams group[] = {a, b};
-  EXPECT_EQ(ValidateMatmulGroup(group).message(),
-            "matmul group: m=1 differs from the first's m=2");
+  EXPECT_EQ(ValidateMatmulGroup(group).message(), "matmul group: m=1 differs from the first's m=2");
   EXPECT_EQ(ValidateMatmulGroup({}).message(), "matmul group: empty");
   a.w_dtype = DType::kI8;
   EXPECT_EQ(a.Validate().message(), "matmul: weights must be F32, BF16 or F16");

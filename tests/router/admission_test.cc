@@ -14,8 +14,8 @@ namespace {
 struct Recorder final : Admission::Waiter {
   explicit Recorder(std::string n, std::vector<std::string>* log) : name(std::move(n)), log(log) {}
   void Admitted(const absl::Status& status) override {
-    log->push_back(name + (status.ok() ? ":ok" : ":" + std::string(absl::StatusCodeToString(
-                                                           status.code()))));
+    log->push_back(
+        name + (status.ok() ? ":ok" : ":" + std::string(absl::StatusCodeToString(status.code()))));
   }
   std::string name;
   std::vector<std::string>* log;

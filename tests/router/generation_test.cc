@@ -81,8 +81,8 @@ class GenerationTest : public ::testing::Test {
     return msg;
   }
 
-  static rl::v1::GenerateResponse Final(std::vector<int32_t> ids,
-                                        rl::v1::FinishReason reason = rl::v1::FINISH_REASON_LENGTH) {
+  static rl::v1::GenerateResponse Final(
+      std::vector<int32_t> ids, rl::v1::FinishReason reason = rl::v1::FINISH_REASON_LENGTH) {
     rl::v1::GenerateResponse msg;
     rl::v1::GenerateFinal* f = msg.mutable_final();
     for (int32_t id : ids) {

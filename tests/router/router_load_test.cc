@@ -106,8 +106,8 @@ class RouterLoadTest : public ::testing::Test {
       args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
       args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
     }
-    return rl::v1::Router::NewStub(grpc::CreateCustomChannel(
-        router_->address(), grpc::InsecureChannelCredentials(), args));
+    return rl::v1::Router::NewStub(
+        grpc::CreateCustomChannel(router_->address(), grpc::InsecureChannelCredentials(), args));
   }
 
   static rl::v1::GenerateRequest Request() {
@@ -137,8 +137,8 @@ TEST_F(RouterLoadTest, TwoThousandConcurrentStreamsOnABoundedNumberOfThreads) {
   for (int i = 0; i < 4; ++i) stubs.push_back(NewStub());
   Tally tally;
   for (int i = 0; i < kStreams; ++i) {
-    RouterCall::Start(stubs[i % stubs.size()].get(), Request(), tally.Callback(), "",
-                      true, std::chrono::seconds(60));
+    RouterCall::Start(stubs[i % stubs.size()].get(), Request(), tally.Callback(), "", true,
+                      std::chrono::seconds(60));
   }
   int peak_threads = 0;
   const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);

@@ -79,8 +79,8 @@ class RouterSeamTest : public ::testing::Test {
 
 TEST_F(RouterSeamTest, MultiTurnConversationsSeeExactlyTheTextSent) {
   const std::vector<std::string> users = {
-      "Lily went to the park", " Tom isn't", "\n", "  two  spaces ", ".\n\n", "\nOnce",
-      " 123 apples", "She said, \"Hi!\"\n"};
+      "Lily went to the park", " Tom isn't",         "\n", "  two  spaces ", ".\n\n", "\nOnce",
+      " 123 apples",           "She said, \"Hi!\"\n"};
   int turns = 0;
   for (int conv = 0; conv < 6; ++conv) {
     std::string text = conv % 2 == 0 ? "Once upon a time" : "Tom had a red ball.\n";

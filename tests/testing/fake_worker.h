@@ -23,7 +23,7 @@
 namespace rl::router::testing {
 
 struct FakeWorkerOptions {
-  int chunks = 1;            // chunk messages before the final
+  int chunks = 1;  // chunk messages before the final
   int tokens_per_chunk = 16;
   std::chrono::milliseconds delay{0};  // before the first message
 };
@@ -117,8 +117,8 @@ class AsyncGenerate final : public grpc::ClientReadReactor<rl::v1::GenerateRespo
  public:
   using Done = std::function<void(const grpc::Status&, bool final_seen)>;
   static AsyncGenerate* Start(Stub* stub, const rl::v1::GenerateRequest& req, Done done,
-                    const std::string& client_id = "", bool read = true,
-                    std::chrono::milliseconds deadline = std::chrono::milliseconds(0)) {
+                              const std::string& client_id = "", bool read = true,
+                              std::chrono::milliseconds deadline = std::chrono::milliseconds(0)) {
     auto* call = new AsyncGenerate(req, std::move(done), read);
     if (!client_id.empty()) call->ctx_.AddMetadata("rl-client-id", client_id);
     if (deadline.count() > 0) call->ctx_.set_deadline(std::chrono::system_clock::now() + deadline);

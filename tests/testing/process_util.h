@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -29,7 +29,6 @@
 #include "tests/testing/test_data.h"
 
 namespace rl::testing {
-
 
 // One child process; stdout+stderr go to a log file that is scanned for lines.
 class Process {

@@ -188,11 +188,14 @@ TEST_F(WorkerServiceTest, InvalidRequestsNameTheField) {
   };
   const std::vector<Case> cases = {
       {[](auto* r) { r->mutable_input_ids()->clear_ids(); }, grpc::INVALID_ARGUMENT, "input_ids"},
-      {[](auto* r) { r->mutable_input_ids()->add_ids(100000); }, grpc::INVALID_ARGUMENT, "input_ids"},
-      {[](auto* r) { r->mutable_sampling_params()->set_top_p(1.5); }, grpc::INVALID_ARGUMENT, "top_p"},
-      {[](auto* r) { r->mutable_sampling_params()->set_top_p(0); }, grpc::INVALID_ARGUMENT, "top_p"},
-      {[](auto* r) { r->mutable_sampling_params()->set_max_new_tokens(-1); }, grpc::INVALID_ARGUMENT,
-       "max_new_tokens"},
+      {[](auto* r) { r->mutable_input_ids()->add_ids(100000); }, grpc::INVALID_ARGUMENT,
+       "input_ids"},
+      {[](auto* r) { r->mutable_sampling_params()->set_top_p(1.5); }, grpc::INVALID_ARGUMENT,
+       "top_p"},
+      {[](auto* r) { r->mutable_sampling_params()->set_top_p(0); }, grpc::INVALID_ARGUMENT,
+       "top_p"},
+      {[](auto* r) { r->mutable_sampling_params()->set_max_new_tokens(-1); },
+       grpc::INVALID_ARGUMENT, "max_new_tokens"},
       {[](auto* r) { r->mutable_sampling_params()->set_temperature(-1); }, grpc::INVALID_ARGUMENT,
        "temperature"},
       {[](auto* r) { r->mutable_sampling_params()->set_max_new_tokens(1 << 20); },
@@ -249,9 +252,9 @@ TEST_F(WorkerServiceTest, PauseInPlaceHoldsNewRequestsUntilContinue) {
     std::this_thread::sleep_for(milliseconds(5));
   }
   EXPECT_EQ(ServerInfo().num_waiting(), 1);  // waits, not rejected
-  ASSERT_TRUE(Call(&rl::v1::Admin::Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(),
-                   &resp)
-                  .ok());
+  ASSERT_TRUE(
+      Call(&rl::v1::Admin::Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(), &resp)
+          .ok());
   t.join();
   EXPECT_EQ(std::vector<int32_t>(f.output_ids().begin(), f.output_ids().end()), kGoldenIds);
 }
@@ -271,9 +274,9 @@ TEST_F(WorkerServiceTest, RetractThenContinueEqualsAnUninterruptedRun) {
   const auto info = ServerInfo();
   EXPECT_EQ(info.pause_mode(), rl::v1::PAUSE_MODE_RETRACT);
   EXPECT_EQ(info.num_running(), 0);
-  ASSERT_TRUE(Call(&rl::v1::Admin::Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(),
-                   &resp)
-                  .ok());
+  ASSERT_TRUE(
+      Call(&rl::v1::Admin::Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(), &resp)
+          .ok());
   t.join();
   EXPECT_EQ(std::vector<int32_t>(f.output_ids().begin(), f.output_ids().end()),
             std::vector<int32_t>(reference.output_ids().begin(), reference.output_ids().end()));
@@ -314,9 +317,9 @@ TEST_F(WorkerServiceTest, FlushIsRefusedWhileBusyAndWorksWhenIdle) {
   pause.set_mode(rl::v1::PAUSE_MODE_ABORT);
   ASSERT_TRUE(Call(&rl::v1::Admin::Stub::PauseGeneration, pause, &resp).ok());
   t.join();
-  ASSERT_TRUE(Call(&rl::v1::Admin::Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(),
-                   &resp)
-                  .ok());
+  ASSERT_TRUE(
+      Call(&rl::v1::Admin::Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(), &resp)
+          .ok());
 }
 
 TEST_F(WorkerServiceTest, GetLoadAndServerInfo) {
@@ -357,7 +360,8 @@ TEST_F(WorkerServiceTest, ManyConcurrentStreamsAllFinish) {
   std::vector<std::thread> threads;
   std::vector<rl::v1::GenerateFinal> finals(8);
   for (int i = 0; i < 8; ++i) {
-    threads.emplace_back([&, i] { EXPECT_TRUE(Generate(Greedy(kPromptIds, 20), &finals[i]).ok()); });
+    threads.emplace_back(
+        [&, i] { EXPECT_TRUE(Generate(Greedy(kPromptIds, 20), &finals[i]).ok()); });
   }
   for (auto& t : threads) t.join();
   for (const auto& f : finals) {

@@ -156,8 +156,9 @@ class Engine {
   void Loop();
   void Step();
   bool CanStep() const;
-  // Publishes the post-step ServerInfo (running ids only when they changed), then delivers the finish callbacks of that step, so a
-  // client that has its final message never reads an older snapshot (GetServerInfo, gauges).
+  // Publishes the post-step ServerInfo (running ids only when they changed), then delivers the
+  // finish callbacks of that step, so a client that has its final message never reads an older
+  // snapshot (GetServerInfo, gauges).
   void PublishSnapshot();
   ServerInfo BuildInfo() const;
   void ApplyPause(PauseMode mode);

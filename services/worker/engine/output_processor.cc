@@ -128,9 +128,8 @@ void OutputProcessor::Finish(Sequence* seq, FinishReason reason, int64_t weight_
   result.completion_tokens = seq->output_len();
   result.cached_tokens = std::max(seq->cached_tokens, 0);
   result.num_retractions = seq->num_retractions;
-  result.weight_version = seq->version_segments.empty()
-                              ? weight_version
-                              : seq->version_segments.back().weight_version;
+  result.weight_version =
+      seq->version_segments.empty() ? weight_version : seq->version_segments.back().weight_version;
   result.dispatch_weight_version = seq->dispatch_version;
   result.weight_version_segments = std::move(seq->version_segments);
   if (seq->request().return_routed_experts) {
@@ -141,8 +140,8 @@ void OutputProcessor::Finish(Sequence* seq, FinishReason reason, int64_t weight_
     result.routed_top_k = static_cast<int32_t>(options_.routing_top_k);
   }
   const int64_t submit = seq->group->submit_us;
-  result.timings.queue_us = seq->first_scheduled_us < 0 ? now_us - submit
-                                                        : seq->first_scheduled_us - submit;
+  result.timings.queue_us =
+      seq->first_scheduled_us < 0 ? now_us - submit : seq->first_scheduled_us - submit;
   result.timings.ttft_us = seq->first_token_us < 0 ? 0 : seq->first_token_us - submit;
   result.timings.total_us = now_us - submit;
   if (seq->group->callbacks.on_finish) seq->group->callbacks.on_finish(std::move(result));

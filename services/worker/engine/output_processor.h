@@ -38,8 +38,8 @@ class OutputProcessor {
 
   // Appends `sampled`'s token (>= 0) to `seq`, sampled with weights `weight_version`, and
   // streams it. Returns why the sequence stops after this token, if it does.
-  std::optional<FinishReason> Append(Sequence* seq, SampledEntry* sampled,
-                                     int64_t weight_version, int64_t now_us);
+  std::optional<FinishReason> Append(Sequence* seq, SampledEntry* sampled, int64_t weight_version,
+                                     int64_t now_us);
   // Why `seq` stops after its latest token `token`, if it does.
   // Stop strings are looked for in seq.stop_tail (see AppendStopText).
   std::optional<FinishReason> CheckStop(const Sequence& seq, int32_t token) const;

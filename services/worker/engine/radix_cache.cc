@@ -62,7 +62,8 @@ RadixCache::Node* RadixCache::Walk(int64_t ns, absl::Span<const int32_t> tokens,
     int64_t k = 1;  // the first page matched through the map key
     while (k < child_pages && pos + (k + 1) * page_size_ <= len &&
            std::equal(child->key.begin() + k * page_size_,
-                      child->key.begin() + (k + 1) * page_size_, tokens.begin() + pos + k * page_size_)) {
+                      child->key.begin() + (k + 1) * page_size_,
+                      tokens.begin() + pos + k * page_size_)) {
       ++k;
     }
     child->last_access = ++clock_;
@@ -81,7 +82,8 @@ RadixCache::MatchResult RadixCache::Match(int64_t ns, absl::Span<const int32_t> 
   const int64_t len = static_cast<int64_t>(tokens.size()) / page_size_ * page_size_;
   std::vector<const Node*> path;
   Node* node = Walk(ns, tokens, len, &result.num_tokens, &path);
-  for (const Node* n : path) result.pages.insert(result.pages.end(), n->pages.begin(), n->pages.end());
+  for (const Node* n : path)
+    result.pages.insert(result.pages.end(), n->pages.begin(), n->pages.end());
   result.last_node = node->parent == nullptr ? nullptr : node;
   return result;
 }

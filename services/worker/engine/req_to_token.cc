@@ -5,9 +5,7 @@
 namespace rl::engine {
 
 ReqToTokenPool::ReqToTokenPool(int32_t num_rows, int32_t row_len)
-    : num_rows_(num_rows),
-      row_len_(row_len),
-      table_(static_cast<size_t>(num_rows) * row_len, -1) {
+    : num_rows_(num_rows), row_len_(row_len), table_(static_cast<size_t>(num_rows) * row_len, -1) {
   RL_CHECK(num_rows > 0 && row_len > 0);
   Reset();
 }

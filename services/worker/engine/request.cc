@@ -22,9 +22,9 @@ absl::Status ValidateRequest(const GenerateRequest& r, const EngineLimits& limit
   for (size_t i = 0; i < r.input_ids.size(); ++i) {
     const int32_t t = r.input_ids[i];
     if (t < 0 || t >= limits.vocab_size) {
-      return Invalid("input_ids", absl::StrCat("token ", t, " at position ", i,
-                                               " is outside the vocabulary [0, ",
-                                               limits.vocab_size, ")"));
+      return Invalid("input_ids",
+                     absl::StrCat("token ", t, " at position ", i,
+                                  " is outside the vocabulary [0, ", limits.vocab_size, ")"));
     }
   }
   if (!Finite(s.temperature) || s.temperature < 0) {
@@ -83,14 +83,14 @@ absl::Status ValidateRequest(const GenerateRequest& r, const EngineLimits& limit
   }
   const int64_t total = prompt_len + s.max_new_tokens;
   if (total > limits.max_context_len) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "prompt (", prompt_len, " tokens) + max_new_tokens (", s.max_new_tokens,
-        ") exceeds the context length ", limits.max_context_len));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("prompt (", prompt_len, " tokens) + max_new_tokens (", s.max_new_tokens,
+                     ") exceeds the context length ", limits.max_context_len));
   }
   if (total > limits.max_kv_tokens) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "prompt (", prompt_len, " tokens) + max_new_tokens (", s.max_new_tokens,
-        ") exceeds the KV cache capacity ", limits.max_kv_tokens));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("prompt (", prompt_len, " tokens) + max_new_tokens (", s.max_new_tokens,
+                     ") exceeds the KV cache capacity ", limits.max_kv_tokens));
   }
   return absl::OkStatus();
 }

@@ -167,10 +167,10 @@ struct RequestCallbacks {
 // common/request_limits.h, which bound what a gRPC message may carry.
 struct EngineLimits {
   int64_t vocab_size = 0;
-  int64_t max_context_len = 0;     // prompt + max_new_tokens must fit
-  int64_t max_kv_tokens = 0;       // one completion must fit in the KV pool on its own
-  bool has_text_decoder = false;   // stop strings need one
-  bool routing_export = false;     // return_routed_experts allowed (MoE model, flag on)
+  int64_t max_context_len = 0;    // prompt + max_new_tokens must fit
+  int64_t max_kv_tokens = 0;      // one completion must fit in the KV pool on its own
+  bool has_text_decoder = false;  // stop strings need one
+  bool routing_export = false;    // return_routed_experts allowed (MoE model, flag on)
 };
 
 // Checks every field. INVALID_ARGUMENT names the field; a prompt plus max_new_tokens longer

@@ -84,8 +84,7 @@ void Sampler::SampleEntry(const BatchEntry& entry, const float* rows, int64_t nu
                                                 seq.tokens[target], r.top_logprobs_num));
     }
   }
-  const bool prefill_left =
-      entry.start + entry.count < static_cast<int64_t>(seq.tokens.size());
+  const bool prefill_left = entry.start + entry.count < static_cast<int64_t>(seq.tokens.size());
   if (prefill_left || seq.output_len() >= p.max_new_tokens || num_rows == 0) return;
   const float* last = rows + (num_rows - 1) * vocab;
   banned_.clear();
@@ -200,8 +199,8 @@ int32_t Sampler::Sample(const SampleInput& in) {
   return order_[num - 1];
 }
 
-TokenLogprob Sampler::Logprob(const float* logits, int64_t vocab, double temperature,
-                              int32_t token, int32_t top_n) {
+TokenLogprob Sampler::Logprob(const float* logits, int64_t vocab, double temperature, int32_t token,
+                              int32_t top_n) {
   const double inv_t = 1.0 / temperature;
   double zmax = kNegInf;
   for (int64_t i = 0; i < vocab; ++i) zmax = std::max(zmax, logits[i] * inv_t);

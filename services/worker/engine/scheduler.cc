@@ -29,8 +29,7 @@ Scheduler::Scheduler(const SchedulerOptions& options, const TextDecoder* decoder
       kv_(options.num_kv_slots, options.page_size, options.max_running_requests,
           static_cast<int32_t>(std::max<int64_t>(
               1, std::min<int64_t>(options.max_context_len,
-                                   options.num_kv_slots / options.page_size *
-                                       options.page_size)))),
+                                   options.num_kv_slots / options.page_size * options.page_size)))),
       new_token_ratio_(options.init_new_token_ratio),
       new_token_ratio_decay_((options.init_new_token_ratio - options.min_new_token_ratio) /
                              std::max(1, options.new_token_ratio_decay_steps)) {}
@@ -134,8 +133,8 @@ bool Scheduler::PrefixInFlight(const Sequence& seq, int64_t matched,
 int64_t Scheduler::ReservedTokens() const {
   int64_t reserved = 0;
   for (const auto& s : running_) {
-    const int64_t left = std::min<int64_t>(s->params().max_new_tokens - s->output_len(),
-                                           kReserveCapTokens);
+    const int64_t left =
+        std::min<int64_t>(s->params().max_new_tokens - s->output_len(), kReserveCapTokens);
     reserved += static_cast<int64_t>(s->tokens.size()) - s->num_allocated;
     reserved += static_cast<int64_t>(std::ceil(std::max<int64_t>(left, 0) * new_token_ratio_));
   }
@@ -186,11 +185,10 @@ bool Scheduler::TryAdmit(Sequence* seq, int64_t budget, int64_t* chunk) {
   const int64_t extend = len - m.num_tokens;
   *chunk = std::min(extend, budget);
   if (!running_.empty()) {
-    const int64_t left = std::min<int64_t>(seq->params().max_new_tokens - seq->output_len(),
-                                           kReserveCapTokens);
+    const int64_t left =
+        std::min<int64_t>(seq->params().max_new_tokens - seq->output_len(), kReserveCapTokens);
     const int64_t need = extend + static_cast<int64_t>(std::ceil(left * new_token_ratio_));
-    const int64_t avail =
-        kv_.available_tokens() + kv_.evictable_tokens() - ReservedTokens();
+    const int64_t avail = kv_.available_tokens() + kv_.evictable_tokens() - ReservedTokens();
     if (avail < need) return false;
   }
   if (!kv_.Admit(seq, m, weight_version_)) return false;
@@ -238,8 +236,7 @@ ScheduledBatch Scheduler::BuildOnce(int64_t now_us) {
     if (kv_.num_free_rows() == 0) break;
     Sequence* seq = it->get();
     const int64_t matched =
-        kv_.Match(weight_version_,
-                    absl::MakeConstSpan(seq->tokens.data(), MatchLimit(*seq)))
+        kv_.Match(weight_version_, absl::MakeConstSpan(seq->tokens.data(), MatchLimit(*seq)))
             .num_tokens;
     if (PrefixInFlight(*seq, matched, in_flight)) {
       if (++deferred > kMaxDeferredScan) break;
@@ -337,8 +334,7 @@ void Scheduler::Update(const ScheduledBatch& batch, SampledBatch* sampled, int64
   RemoveFinished(/*include_waiting=*/false);
 }
 
-void Scheduler::FailBatch(const ScheduledBatch& batch, const absl::Status& error,
-                          int64_t now_us) {
+void Scheduler::FailBatch(const ScheduledBatch& batch, const absl::Status& error, int64_t now_us) {
   for (const BatchEntry& e : batch.entries) {
     Finish(e.seq,
            FinishReason{FinishKind::kAbort, -1, "",
@@ -371,8 +367,7 @@ int32_t Scheduler::Abort(const std::string& id, const std::string& message, int6
   int32_t count = 0;
   auto visit = [&](const std::unique_ptr<Sequence>& s) {
     if (s->finished || s->request().id != id) return;
-    Finish(s.get(), FinishReason{FinishKind::kAbort, -1, "", message}, /*cache_kv=*/true,
-           now_us);
+    Finish(s.get(), FinishReason{FinishKind::kAbort, -1, "", message}, /*cache_kv=*/true, now_us);
     ++count;
   };
   for (const auto& s : running_) visit(s);
@@ -385,8 +380,7 @@ int32_t Scheduler::AbortAll(const std::string& message, int64_t now_us) {
   int32_t count = 0;
   auto visit = [&](const std::unique_ptr<Sequence>& s) {
     if (s->finished) return;
-    Finish(s.get(), FinishReason{FinishKind::kAbort, -1, "", message}, /*cache_kv=*/true,
-           now_us);
+    Finish(s.get(), FinishReason{FinishKind::kAbort, -1, "", message}, /*cache_kv=*/true, now_us);
     ++count;
   };
   for (const auto& s : running_) visit(s);

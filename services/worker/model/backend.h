@@ -20,8 +20,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "kernels/attention.h"
 #include "kernels/embedding.h"
 #include "kernels/matmul.h"

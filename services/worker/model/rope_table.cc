@@ -1,9 +1,9 @@
 #include "services/worker/model/rope_table.h"
 
+#include <sleef.h>
+
 #include <algorithm>
 #include <cmath>
-
-#include <sleef.h>
 
 namespace rl::model {
 
@@ -62,17 +62,15 @@ RopeTable::RopeTable(const model_io::ModelConfig& config) : config_(config) {
 std::vector<float> RopeTable::InvFreq(int64_t seq_len) const {
   const RopeScaling& rs = config_.rope_scaling;
   if (rs.type != RopeScaling::Type::kDynamic) return inv_freq_;
-  const int64_t orig = rs.original_max_position_embeddings > 0
-                           ? rs.original_max_position_embeddings
-                           : config_.max_position_embeddings;
+  const int64_t orig = rs.original_max_position_embeddings > 0 ? rs.original_max_position_embeddings
+                                                               : config_.max_position_embeddings;
   if (seq_len <= orig) return inv_freq_;
   // transformers' dynamic update passes seq_len as an int64 tensor, so the base is computed in
   // float32: base * ((factor * seq_len / orig) - (factor - 1)) ** (dim / (dim - 2)).
   const double dim = static_cast<double>(config_.head_dim);
   const float factor = static_cast<float>(rs.factor);
-  const float ratio =
-      factor * static_cast<float>(seq_len) / static_cast<float>(orig) -
-      static_cast<float>(rs.factor - 1.0);
+  const float ratio = factor * static_cast<float>(seq_len) / static_cast<float>(orig) -
+                      static_cast<float>(rs.factor - 1.0);
   // tensor ** Python float: the float base raised to the double exponent, rounded once.
   const float scale = static_cast<float>(std::pow(static_cast<double>(ratio), dim / (dim - 2.0)));
   const float base = static_cast<float>(config_.rope_theta) * scale;
@@ -80,9 +78,9 @@ std::vector<float> RopeTable::InvFreq(int64_t seq_len) const {
 }
 
 void RopeTable::Fill(int64_t position, int64_t seq_len, float* cos, float* sin) const {
-  const std::vector<float> dynamic =
-      config_.rope_scaling.type == RopeScaling::Type::kDynamic ? InvFreq(seq_len)
-                                                               : std::vector<float>();
+  const std::vector<float> dynamic = config_.rope_scaling.type == RopeScaling::Type::kDynamic
+                                         ? InvFreq(seq_len)
+                                         : std::vector<float>();
   const std::vector<float>& f = dynamic.empty() ? inv_freq_ : dynamic;
   const float pos = static_cast<float>(position);
   for (size_t i = 0; i < f.size(); ++i) {

@@ -6,8 +6,8 @@
 // reciprocal, and the scaling (linear division, Llama-3 smoothing, dynamic-NTK base) in float32
 // ops with the config's scalars rounded to float. Computing in double and rounding once differs
 // by 1-4 ulp in many frequencies, an angle error that grows linearly with the position.
-// tests/worker/model/rope_table_test.cc checks every scaling type bit for bit against tables produced
-// by transformers (tests/golden/model/rope_inv_freq.json).
+// tests/worker/model/rope_table_test.cc checks every scaling type bit for bit against tables
+// produced by transformers (tests/golden/model/rope_inv_freq.json).
 //
 // Dynamic NTK rescales the base from the sequence's length; the runner uses each sequence's own
 // length (start_pos + tokens this step), so a token's rotation never depends on the batch.

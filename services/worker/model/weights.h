@@ -51,9 +51,9 @@ struct LayerWeights {
   const WeightTensor* o_proj = nullptr;      // [hidden, num_heads · head_dim]
   const WeightTensor* post_norm = nullptr;   // [hidden]
   // Dense MLP (null in MoE layers).
-  const WeightTensor* gate_proj = nullptr;   // [intermediate, hidden]
-  const WeightTensor* up_proj = nullptr;     // [intermediate, hidden]
-  const WeightTensor* down_proj = nullptr;   // [hidden, intermediate]
+  const WeightTensor* gate_proj = nullptr;  // [intermediate, hidden]
+  const WeightTensor* up_proj = nullptr;    // [intermediate, hidden]
+  const WeightTensor* down_proj = nullptr;  // [hidden, intermediate]
   // MoE layers (config.IsMoeLayer): the router ("mlp.gate") and num_experts experts, every
   // expert tensor in one dtype (checked at load; updates keep the held dtype).
   const WeightTensor* router = nullptr;          // [num_experts, hidden]
@@ -90,7 +90,7 @@ class Weights {
 
  private:
   friend absl::StatusOr<std::unique_ptr<Weights>> LoadWeights(const std::string&,
-                                                             const model_io::ModelConfig&);
+                                                              const model_io::ModelConfig&);
   friend absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
       model_io::Checkpoint, const model_io::ModelConfig&);
   friend absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights&, Backend*, bool,
@@ -119,8 +119,8 @@ class Weights {
 // Opens DIR's safetensors checkpoint (single file or sharded) and checks it against `config`.
 absl::StatusOr<std::unique_ptr<Weights>> LoadWeights(const std::string& model_dir,
                                                      const model_io::ModelConfig& config);
-absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
-    model_io::Checkpoint checkpoint, const model_io::ModelConfig& config);
+absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(model_io::Checkpoint checkpoint,
+                                                               const model_io::ModelConfig& config);
 
 // A copy of `host` in `backend` memory (tensor data are device pointers; names, dtypes and
 // shapes are the host's), for device backends. With `fp32_lm_head` and a 16-bit LM head, the

@@ -4,9 +4,9 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/gpu/gpu_status.h"
 #include "common/status.h"
 #include "services/worker/weight_sync/crc32c.h"
-#include "common/gpu/gpu_status.h"
 #include "services/worker/weight_sync/group.h"
 #include "services/worker/weight_sync/session.h"
 #include "spdlog/spdlog.h"

@@ -62,12 +62,10 @@ TEST(SafetensorsParseTest, MalformedFilesAreClearErrors) {
   ExpectError(Raw(R"({"a":{"dtype":"F33","shape":[2],"data_offsets":[0,8]}})", 8),
               "unknown dtype 'F33'");
   ExpectError(Raw(R"({"a":{"dtype":7,"shape":[2],"data_offsets":[0,8]}})", 8), "dtype");
-  ExpectError(Raw(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,80]}})", 8),
-              "out of range");
+  ExpectError(Raw(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,80]}})", 8), "out of range");
   ExpectError(Raw(R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8),
               "needs 12 bytes");
-  ExpectError(Raw(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8),
-              "non-negative");
+  ExpectError(Raw(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", 8), "non-negative");
   ExpectError(Raw(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", 8), "reversed");
   ExpectError(Raw(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", 8), "data_offsets");
   ExpectError(Raw(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
@@ -79,20 +77,18 @@ TEST(SafetensorsParseTest, MalformedFilesAreClearErrors) {
                   20),
               "hole");
   ExpectError(Raw("{" + ok_entry + "}", 12), "trailing");
-  ExpectError(Raw(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})",
-                  8),
-              "overflows");
+  ExpectError(
+      Raw(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,8]}})", 8),
+      "overflows");
   // 2^61 x 8 bytes wraps a uint64 to 0: must not pass as an empty tensor.
-  ExpectError(Raw(R"({"a":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})",
-                  0),
+  ExpectError(Raw(R"({"a":{"dtype":"F64","shape":[2305843009213693952],"data_offsets":[0,0]}})", 0),
               "overflows a 64-bit byte size");
   ExpectError(Raw(R"({"a":"nope"})", 0), "not an object");
 }
 
 TEST(SafetensorsParseTest, TruncatedPrefixesNeverCrash) {
-  const std::string h =
-      R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
-      R"("b":{"dtype":"F16","shape":[3],"data_offsets":[16,22]}})";
+  const std::string h = R"({"a":{"dtype":"F32","shape":[2,2],"data_offsets":[0,16]},)"
+                        R"("b":{"dtype":"F16","shape":[3],"data_offsets":[16,22]}})";
   const auto full = Raw(h, 22);
   for (size_t n = 0; n < full.size(); ++n) {
     std::vector<uint8_t> prefix(full.begin(), full.begin() + n);
@@ -150,7 +146,9 @@ TEST(SafetensorsFileTest, ShardedIndex) {
   std::vector<TensorToWrite> tensors;
   for (int i = 0; i < 5; ++i) data.push_back(std::vector<float>(100, static_cast<float>(i)));
   for (int i = 0; i < 5; ++i) {
-    tensors.push_back({absl::StrCat("t", i), DType::kF32, {10, 10},
+    tensors.push_back({absl::StrCat("t", i),
+                       DType::kF32,
+                       {10, 10},
                        {reinterpret_cast<uint8_t*>(data[i].data()), 400}});
   }
   ASSERT_TRUE(WriteCheckpoint(dir, tensors, /*max_shard_bytes=*/900).ok());

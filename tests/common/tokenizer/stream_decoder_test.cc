@@ -180,8 +180,7 @@ TEST(StreamDecoderSeamTest, ByteFallbackRunAcrossTheSeam) {
   // U+FFFD too; the run is split at the seam and the prompt keeps its "\n".
   const std::vector<int32_t> broken = Cat(Bytes(tok, san.substr(0, 2)), there);
   EXPECT_EQ(Primed(tok, prompt, broken), "\xEF\xBF\xBD\xEF\xBF\xBD there");
-  EXPECT_EQ(*tok.Decode(Cat(prompt, broken)),
-            "<s> Tom\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD there");
+  EXPECT_EQ(*tok.Decode(Cat(prompt, broken)), "<s> Tom\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD there");
 }
 
 // A prompt whose text really ends with U+FFFD (a valid character) never has it re-emitted.

@@ -19,8 +19,8 @@
 //     computed independently), streamed and in one piece, and never contains the prompt.
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -53,8 +53,8 @@ const std::vector<std::string>& CorpusLines() {
   static const std::vector<std::string> lines = [] {
     std::vector<std::string> out;
     for (const char* file :
-         {"en_tiny_shakespeare.txt", "en_markdown_docs.md", "zh_sanguo_yanyi.txt",
-          "mixed_blns.txt", "mixed_utf8_demo.txt", "mixed_cpython_cjk_samples.txt"}) {
+         {"en_tiny_shakespeare.txt", "en_markdown_docs.md", "zh_sanguo_yanyi.txt", "mixed_blns.txt",
+          "mixed_utf8_demo.txt", "mixed_cpython_cjk_samples.txt"}) {
       const std::string text = ReadFileOrDie(CorpusDir() + "/" + file);
       // Large files: the first 200 kB are plenty.
       std::vector<std::string> lines = SplitLines(text.substr(0, 200000));
@@ -86,11 +86,29 @@ class Generator {
 
   // A user message: corpus pieces and awkward bits, with varied separators.
   std::string UserText() {
-    static const char* kBits[] = {"Tom isn't here.", "Lily went to the park", "  ", "    ",
-                                  "\n", "\n\n", "\r\n", "user\n    x", "<a href=\"x\">",
-                                  "12345", "3.14", "I'll", "we've", " \xF0\x9F\x98\x80",
-                                  "\xF0\x9F\xA6\x99 llama", "\xE4\xB8\x89\xE5\x9B\xBD", "caf\xC3\xA9",
-                                  ".\n\n", "\t", "don't", "x  y", "A:", "'s"};
+    static const char* kBits[] = {"Tom isn't here.",
+                                  "Lily went to the park",
+                                  "  ",
+                                  "    ",
+                                  "\n",
+                                  "\n\n",
+                                  "\r\n",
+                                  "user\n    x",
+                                  "<a href=\"x\">",
+                                  "12345",
+                                  "3.14",
+                                  "I'll",
+                                  "we've",
+                                  " \xF0\x9F\x98\x80",
+                                  "\xF0\x9F\xA6\x99 llama",
+                                  "\xE4\xB8\x89\xE5\x9B\xBD",
+                                  "caf\xC3\xA9",
+                                  ".\n\n",
+                                  "\t",
+                                  "don't",
+                                  "x  y",
+                                  "A:",
+                                  "'s"};
     static const char* kSeps[] = {"", " ", "\n", "\n\n", "  ", ". ", "\r\n"};
     std::string out;
     const size_t parts = 1 + Below(3);
@@ -151,14 +169,14 @@ struct Stats {
 };
 
 struct Conversation {
-  std::string text;                // the trajectory text so far (prompt + completions)
-  std::vector<int32_t> ids;        // its tokens
+  std::string text;          // the trajectory text so far (prompt + completions)
+  std::vector<int32_t> ids;  // its tokens
   std::vector<uint32_t> ends;
   std::vector<uint8_t> mask;
   std::vector<int64_t> versions;
   std::vector<int32_t> prompt_ids;  // the last turn's resolved prompt
-  bool fallback = false;       // the last turn was served by whole-text encoding
-  bool fully_cached = false;   // the cache holds the whole trajectory (Insert's cached_tokens)
+  bool fallback = false;            // the last turn was served by whole-text encoding
+  bool fully_cached = false;        // the cache holds the whole trajectory (Insert's cached_tokens)
 };
 
 // Runs one turn: resolve `prompt` (= conv.text + user text), check the invariant, generate,
@@ -212,7 +230,8 @@ void RunTurn(const Tokenizer& tok, TextCache& cache, SeamCounters& counters, Gen
     if (continuation) ++stats->continuations;
     ASSERT_TRUE(std::equal(m.loss_mask.begin(), m.loss_mask.begin() + k, r->mask.begin()));
     ASSERT_EQ(std::vector<int64_t>(m.token_versions.begin(), m.token_versions.begin() + k),
-              r->versions) << what;
+              r->versions)
+        << what;
     for (size_t i = 0; i < k; ++i) {
       ASSERT_EQ(Bits(m.logprobs[i]), Bits(r->logprobs[i])) << what;
     }
@@ -308,8 +327,10 @@ void RunTurn(const Tokenizer& tok, TextCache& cache, SeamCounters& counters, Gen
     logprobs.push_back(-0.5f - static_cast<float>(i % 7));
   }
   size_t cached = 0;
-  ASSERT_TRUE(cache.Insert(next.text, next.ids, next.ends, next.mask, logprobs, version,
-                           next.versions, &cached).ok())
+  ASSERT_TRUE(cache
+                  .Insert(next.text, next.ids, next.ends, next.mask, logprobs, version,
+                          next.versions, &cached)
+                  .ok())
       << what;
   next.fully_cached = cached == next.ids.size();
   next.fallback = r->whole_text_fallback;
@@ -334,7 +355,8 @@ TEST_P(SeamPropertyTest, RandomConversationsKeepTheInvariant) {
   int conversations = 0;
   // Bounded in count and time (a loaded machine runs fewer; at least 200 always).
   for (; conversations < 700; ++conversations) {
-    if (conversations >= 200 && std::chrono::steady_clock::now() - start > std::chrono::seconds(8)) {
+    if (conversations >= 200 &&
+        std::chrono::steady_clock::now() - start > std::chrono::seconds(8)) {
       break;
     }
     Conversation conv;
@@ -371,15 +393,15 @@ TEST_P(SeamPropertyTest, RandomConversationsKeepTheInvariant) {
   ASSERT_TRUE((*cache)->ValidateForTesting().ok());
   EXPECT_GE(counters.seam_continuations.load(), stats.continuations);
   const TextCacheStats cache_stats = (*cache)->GetStats();
-  std::printf("%s: %d conversations, %d turns (%d after a fully cached turn, %d of them reusing "
-              "it), %d seam continuations, %d whole-text fallbacks (%.2f%%), %d turns after an "
-              "insert stopped at a conflict, %d byte runs split at the seam; cache: %lld conflicts kept, "
-              "%lld replaced\n",
-              GetParam().c_str(), conversations, stats.turns, stats.own_cached, stats.reused_turns,
-              stats.continuations, stats.fallbacks, 100.0 * stats.fallbacks / stats.turns,
-              stats.not_cached, stats.split_runs,
-              static_cast<long long>(cache_stats.conflicts_kept),
-              static_cast<long long>(cache_stats.conflicts_replaced));
+  std::printf(
+      "%s: %d conversations, %d turns (%d after a fully cached turn, %d of them reusing "
+      "it), %d seam continuations, %d whole-text fallbacks (%.2f%%), %d turns after an "
+      "insert stopped at a conflict, %d byte runs split at the seam; cache: %lld conflicts kept, "
+      "%lld replaced\n",
+      GetParam().c_str(), conversations, stats.turns, stats.own_cached, stats.reused_turns,
+      stats.continuations, stats.fallbacks, 100.0 * stats.fallbacks / stats.turns, stats.not_cached,
+      stats.split_runs, static_cast<long long>(cache_stats.conflicts_kept),
+      static_cast<long long>(cache_stats.conflicts_replaced));
   EXPECT_GE(stats.turns, 400);
   EXPECT_GE(stats.reused_turns, stats.turns / 4);
 }

@@ -37,8 +37,8 @@ class EngineCpuTest : public ::testing::Test {
   void SetUp() override { golden_ = LoadGolden(); }
 
   // `gate`, when given, receives the step gate wrapped around the runner.
-  std::unique_ptr<Engine> MakeEngine(int32_t page_size, int64_t num_kv_slots,
-                                     EngineOptions eo = {}, GatedRunner** gate = nullptr) {
+  std::unique_ptr<Engine> MakeEngine(int32_t page_size, int64_t num_kv_slots, EngineOptions eo = {},
+                                     GatedRunner** gate = nullptr) {
     model::RunnerOptions ro;
     ro.model_dir = ModelDir();
     ro.page_size = page_size;
@@ -162,8 +162,8 @@ TEST_F(EngineCpuTest, RetractAndAbortAreDeterministicWithRealKv) {
     Collector c;
     std::unique_ptr<Engine> engine = MakeEngine(4, 4096);
     for (int i = 0; i < n; ++i) {
-      ASSERT_TRUE(engine->Submit(Greedy(absl::StrCat("b", i), StoryPrompt(i), 60), c.Callbacks())
-                      .ok());
+      ASSERT_TRUE(
+          engine->Submit(Greedy(absl::StrCat("b", i), StoryPrompt(i), 60), c.Callbacks()).ok());
     }
     ASSERT_TRUE(c.WaitFor(n));
     for (int i = 0; i < n; ++i) base[i] = c.result(absl::StrCat("b", i)).output_ids;

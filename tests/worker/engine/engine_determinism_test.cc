@@ -78,8 +78,8 @@ Interrupted RunInterrupted(const std::vector<std::vector<int32_t>>& prompts, Pau
   Interrupted out;
   for (size_t i = 0; i < prompts.size(); ++i) {
     const GenerateResult r = c.result(absl::StrCat("r", i));
-    EXPECT_EQ(r.finish_reason.kind, mode == PauseMode::kAbort ? FinishKind::kAbort
-                                                              : FinishKind::kLength);
+    EXPECT_EQ(r.finish_reason.kind,
+              mode == PauseMode::kAbort ? FinishKind::kAbort : FinishKind::kLength);
     out.first.push_back(r.output_ids);
   }
   if (mode == PauseMode::kAbort) {
@@ -162,8 +162,7 @@ TEST(DeterministicGenerationTest, ManyConcurrentRequestsUnderKvPressureVsNoPause
   ASSERT_TRUE(fe.engine->Continue().ok());
   ASSERT_TRUE(c.WaitFor(prompts.size()));
   for (size_t i = 0; i < prompts.size(); ++i) {
-    EXPECT_EQ(c.result(absl::StrCat("r", i)).output_ids,
-              ReferenceGreedy(fo, prompts[i], kMaxNew))
+    EXPECT_EQ(c.result(absl::StrCat("r", i)).output_ids, ReferenceGreedy(fo, prompts[i], kMaxNew))
         << i;
   }
   EXPECT_GT(fe.engine->GetServerInfo().scheduler.num_retractions, 0);

@@ -21,10 +21,10 @@ class FlushCacheTest : public ::testing::Test {
   std::vector<std::vector<int32_t>> Generate(const std::string& tag, int n) {
     const size_t before = collector_.num_finished();
     for (int i = 0; i < n; ++i) {
-      EXPECT_TRUE(fe_.engine
-                      ->Submit(Greedy(absl::StrCat(tag, i), Prompt(20 + i, i), 30),
-                               collector_.Callbacks())
-                      .ok());
+      EXPECT_TRUE(
+          fe_.engine
+              ->Submit(Greedy(absl::StrCat(tag, i), Prompt(20 + i, i), 30), collector_.Callbacks())
+              .ok());
     }
     EXPECT_TRUE(collector_.WaitFor(before + n));
     std::vector<std::vector<int32_t>> out;

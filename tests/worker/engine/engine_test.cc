@@ -5,8 +5,8 @@
 #include <cmath>
 #include <set>
 
-#include "common/status.h"
 #include "absl/synchronization/notification.h"
+#include "common/status.h"
 #include "gtest/gtest.h"
 #include "tests/worker/engine/engine_test_util.h"
 
@@ -41,8 +41,9 @@ class CharDecoder : public TextDecoder {
     return s;
   }
   static char Char(int32_t t) {
-    return t < 26 ? static_cast<char>('a' + t) : t < 52 ? static_cast<char>('A' + t - 26)
-                                                        : static_cast<char>('0' + (t - 52) % 10);
+    return t < 26   ? static_cast<char>('a' + t)
+           : t < 52 ? static_cast<char>('A' + t - 26)
+                    : static_cast<char>('0' + (t - 52) % 10);
   }
 };
 
@@ -180,8 +181,7 @@ TEST(EngineTest, PrefillOnlyRequestsMixedWithDecodingLeakNothing) {
     const GenerateResult r = c.result(absl::StrCat("p", i));
     EXPECT_EQ(r.finish_reason.kind, FinishKind::kLength);
     EXPECT_TRUE(r.output_ids.empty());
-    EXPECT_EQ(r.prompt_logprobs.size(),
-              static_cast<size_t>(r.prompt_tokens - std::max(i % 3, 1)));
+    EXPECT_EQ(r.prompt_logprobs.size(), static_cast<size_t>(r.prompt_tokens - std::max(i % 3, 1)));
   }
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(c.result(absl::StrCat("d", i)).output_ids, ReferenceGreedy(fo, long_prompts[i], 200));

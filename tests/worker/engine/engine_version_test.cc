@@ -54,8 +54,7 @@ TEST(EngineVersionTest, SegmentsSplitExactlyAtTheUpdate) {
     EXPECT_EQ(r.dispatch_weight_version, v0);
     EXPECT_EQ(r.weight_version, v1);
     ASSERT_EQ(r.weight_version_segments.size(), 2u) << Id(i);
-    EXPECT_EQ(r.weight_version_segments[0],
-              (VersionSegment{v0, static_cast<int32_t>(before[i])}));
+    EXPECT_EQ(r.weight_version_segments[0], (VersionSegment{v0, static_cast<int32_t>(before[i])}));
     EXPECT_EQ(r.weight_version_segments[1],
               (VersionSegment{v1, kMaxNew - static_cast<int32_t>(before[i])}));
     EXPECT_GE(r.num_retractions, 1);

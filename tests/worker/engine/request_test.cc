@@ -73,8 +73,7 @@ TEST(ValidateRequestTest, NamesTheBadField) {
     cases[i].mutate(r);
     const absl::Status s = ValidateRequest(r, Limits());
     EXPECT_EQ(s.code(), cases[i].code) << i << ": " << s;
-    EXPECT_NE(std::string(s.message()).find(cases[i].field), std::string::npos)
-        << i << ": " << s;
+    EXPECT_NE(std::string(s.message()).find(cases[i].field), std::string::npos) << i << ": " << s;
   }
 }
 

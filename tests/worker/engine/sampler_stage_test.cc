@@ -32,8 +32,8 @@ struct Fixture {
     seq->group = group;
     seq->prompt_len = prompt;
     seq->tokens.assign(prompt + output, 1);
-    seq->prompt_logprobs_done = !(group->request.return_logprob &&
-                                  group->request.logprob_start_len >= 0);
+    seq->prompt_logprobs_done =
+        !(group->request.return_logprob && group->request.logprob_start_len >= 0);
     batch.entries.push_back(BatchEntry{seq.get(), start, count, mode});
     batch.input.seqs.emplace_back();
     for (const auto& row : rows) out.logits.insert(out.logits.end(), row.begin(), row.end());

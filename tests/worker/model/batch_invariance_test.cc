@@ -216,8 +216,8 @@ TEST_P(BatchInvarianceTest, ThreadCountDoesNotChangeLogits) {
   ASSERT_TRUE(runner_->Forward(in, &out1).ok());
   in.seqs = {Step(&b, 12, LogitsMode::kAll)};
   ASSERT_TRUE((*single)->Forward(in, &out2).ok());
-  EXPECT_TRUE(BitEqual(out1.logits.data(), out2.logits.data(),
-                       static_cast<int64_t>(out1.logits.size())));
+  EXPECT_TRUE(
+      BitEqual(out1.logits.data(), out2.logits.data(), static_cast<int64_t>(out1.logits.size())));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BatchInvarianceTest,

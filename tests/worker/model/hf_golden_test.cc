@@ -102,8 +102,8 @@ TEST_P(HfGoldenTest, MatchesTransformers) {
   EXPECT_LE(max_diff, 1e-4);
   std::printf("%s: max |logit diff| vs transformers = %.3g\n", GetParam().c_str(), max_diff);
 
-  auto greedy = testing::Greedy(runner->get(), prompt,
-                                static_cast<int>(fx["generated_ids"].size()), /*slot_base=*/32);
+  auto greedy = testing::Greedy(runner->get(), prompt, static_cast<int>(fx["generated_ids"].size()),
+                                /*slot_base=*/32);
   EXPECT_EQ(greedy.tokens, fx["generated_ids"].get<std::vector<int32_t>>());
   // The MoE fixture must carry the routing (a regenerated one without it would skip the check).
   ASSERT_EQ(fx.contains("routed_experts"), GetParam() == "qwen3_moe");

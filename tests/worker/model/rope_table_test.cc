@@ -44,8 +44,7 @@ model_io::ModelConfig ConfigOf(const nlohmann::json& c) {
       config.rope_scaling.type = RopeScaling::Type::kLlama3;
       config.rope_scaling.low_freq_factor = rs["low_freq_factor"];
       config.rope_scaling.high_freq_factor = rs["high_freq_factor"];
-      config.rope_scaling.original_max_position_embeddings =
-          rs["original_max_position_embeddings"];
+      config.rope_scaling.original_max_position_embeddings = rs["original_max_position_embeddings"];
     }
   }
   return config;

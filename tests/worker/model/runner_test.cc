@@ -157,7 +157,7 @@ TEST_F(RunnerTest, UpdateWeightValidatesAndApplies) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(runner_->UpdateWeight({name, "BF16", shape}, bytes.subspan(2)).code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(Logits({5, 6, 7}), before);  // nothing changed
+  EXPECT_EQ(Logits({5, 6, 7}), before);                                   // nothing changed
   ASSERT_TRUE(runner_->UpdateWeight({name, "BF16", shape}, bytes).ok());  // BF16 → held F32
   EXPECT_NE(Logits({5, 6, 7}), before);
   // The held dtype stays F32 and the bytes are the converted zeros.
@@ -166,8 +166,8 @@ TEST_F(RunnerTest, UpdateWeightValidatesAndApplies) {
                   ->VisitWeights([&](const TensorInfo& info, absl::Span<const uint8_t> data) {
                     if (info.name != name) return;
                     EXPECT_EQ(info.dtype, "F32");
-                    EXPECT_TRUE(std::all_of(data.begin(), data.end(),
-                                            [](uint8_t b) { return b == 0; }));
+                    EXPECT_TRUE(
+                        std::all_of(data.begin(), data.end(), [](uint8_t b) { return b == 0; }));
                     checked = true;
                   })
                   .ok());
@@ -204,8 +204,8 @@ TEST_F(RunnerTest, LoadErrorsNameTensorAndShape) {
               HasSubstr("'model.layers.1.self_attn.k_proj.bias' (expected shape [32])"));
   tensors.clear();
   for (const auto& [name, v] : ckpt->tensors()) {
-    tensors.push_back({name, v.dtype, name == "model.norm.weight" ? std::vector<int64_t>{8, 8}
-                                                                   : v.shape, v.data});
+    tensors.push_back({name, v.dtype,
+                       name == "model.norm.weight" ? std::vector<int64_t>{8, 8} : v.shape, v.data});
   }
   ASSERT_TRUE(model_io::WriteCheckpoint(dir_ + "/misshaped", tensors).ok());
   auto misshaped = LoadWeights(dir_ + "/misshaped", *config);

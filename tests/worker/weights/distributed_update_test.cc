@@ -4,8 +4,8 @@
 #include <future>
 #include <thread>
 
-#include "gmock/gmock.h"
 #include "common/weight_sync/bucket_plan.h"
+#include "gmock/gmock.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "services/worker/weights/weights_checker.h"
 #include "tests/worker/worker_test_util.h"
