@@ -5,6 +5,7 @@
 // pool. The client's stream is a WriteQueueReactor with at most --max-stream-buffer-bytes queued
 // for a client that does not read; beyond, the stream ends RESOURCE_EXHAUSTED and the worker
 // call is cancelled. docs/routing.md follows a request through it.
+// docs/life-of-a-request.md follows one request through every layer, with file names.
 //
 // Cost: no thread waits on a stream; per message, the Generation's decode and one queued write.
 #pragma once

@@ -6,6 +6,7 @@
 // backoff; a hold by an admin broadcast is waited out, not counted as an attempt; the final's
 // trajectory is inserted into the text cache. docs/routing.md ("Attempts and retries") has the
 // rules in full.
+// docs/life-of-a-request.md follows one request through every layer, with file names.
 //
 // Not thread-safe: one driver steps it, one call at a time (calls may come from different
 // threads when ordered by the driver). Cost per message: the stream decode of its tokens.

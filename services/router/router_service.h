@@ -4,6 +4,7 @@
 // worker-pool calls (admin key), GetMetrics. Generate runs on its own reactor
 // (generate_reactor.h); Router.Abort forwarding is router_abort.cc. Both are asynchronous: no
 // thread waits on a stream or a forwarded abort.
+// docs/life-of-a-request.md follows one request through every layer, with file names.
 //
 // Admission (admission.h): at most --max-in-flight generations run, --max-queued more wait in
 // fair per-client queues (client: the `rl-client-id` header, else the peer), the rest are

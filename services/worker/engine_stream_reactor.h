@@ -1,6 +1,7 @@
 // One server-streaming call fed by the engine: rl.v1.Worker's Generate and SglangScheduler's
 // Generate, on the write queue and lifetime of WriteQueueReactor (common/write_queue_reactor.h,
 // shared with the router's Generate).
+// docs/life-of-a-request.md follows one request through every layer, with file names.
 //
 // The engine's reference is the producer's: it is dropped after the last completion's
 // on_finish, so engine callbacks never touch a freed reactor. A client that goes away (cancel,

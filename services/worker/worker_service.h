@@ -1,6 +1,7 @@
 // rl.v1.Worker on the worker: the generation data plane. Translates protos ⇄ engine requests;
 // Generate streams chunks through a ServerWriteReactor (one write in flight, a queue behind
 // it) and aborts the engine request when the client cancels or disconnects.
+// docs/life-of-a-request.md follows one request through every layer, with file names.
 #pragma once
 
 #include "common/auth.h"
