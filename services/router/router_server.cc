@@ -1,5 +1,7 @@
 #include "services/router/router_server.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -104,11 +106,16 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   admin.broadcast.load_timeout = std::chrono::milliseconds(config.admin_load_timeout_ms);
   admin.broadcast.worker_admin_key = config.admin_api_key;
   admin.executor = s->admin_executor_.get();
+  admin.limits = config.limits;
   s->admin_service_ =
       std::make_unique<admin::AdminService>(s->pool_.get(), s->admin_auth_.get(), admin);
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
+  // A tensor chunk plus its header (the admin fan-out forwards them); generate requests are far
+  // smaller.
+  options.max_message_bytes = static_cast<int>(std::min<int64_t>(
+      std::max<int64_t>(config.limits.max_tensor_chunk_bytes + (1 << 20), 64 << 20), INT32_MAX));
   ASSIGN_OR_RETURN(s->grpc_,
                    GrpcServer::Start(options, {s->router_service_.get(), s->admin_service_.get()}));
   if (config.metrics_port >= 0) {

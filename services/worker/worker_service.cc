@@ -189,6 +189,7 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
                              : 0.0);
   response->set_weight_version(info.weight_version);
   response->set_paused(info.paused);
+  response->set_max_running_requests(info.req_to_token_total);  // one row per running request
   return FinishUnary(context, absl::OkStatus());
 }
 

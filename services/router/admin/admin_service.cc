@@ -13,6 +13,7 @@ AdminService::AdminService(WorkerPool* pool, const BearerAuth* auth, AdminOption
     : pool_(pool),
       auth_(auth),
       executor_(options.executor),
+      limits_(options.limits),
       broadcaster_(pool, std::move(options.broadcast)),
       catch_up_(std::make_unique<CatchUp>(pool, &broadcaster_)) {}
 
@@ -94,22 +95,22 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDisk(
 grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest>*
 AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
   if (absl::Status s = auth_->Check(*c); !s.ok()) return NewRejectedTensorStream(s);
-  return NewTensorFanout(
-      [this, c, resp](const TensorChunks& chunks) {
-        const Plan plan{.what = "UpdateWeightsFromTensor",
-                        .deadline = Deadline::kLoad,
-                        .hold = true,
-                        .partial = Partial::kTensor,
-                        .bumps_version = true,
-                        .source = FleetWeights::Source::kTensor,
-                        .sets_paused = !chunks.empty() && chunks.front().keep_pause()};
-        return broadcaster_.Broadcast(
-            plan, c,
-            [&chunks](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
-                      Done done) { ReplayTensorStream(w, &chunks, ctx, r, std::move(done)); },
-            resp);
+  // Chunks are forwarded as they arrive (tensor_fanout.h), under one broadcast.
+  return NewTensorRelay(
+      c,
+      [this, c, resp](const TensorRelayStart& start) {
+        Plan plan{.what = "UpdateWeightsFromTensor",
+                  .deadline = Deadline::kLoad,
+                  .hold = true,
+                  .partial = Partial::kTensor,
+                  .bumps_version = true,
+                  .source = FleetWeights::Source::kTensor,
+                  .sets_paused = start.keep_pause};
+        plan.started = start.started;
+        return broadcaster_.Broadcast(plan, c, start.call, resp);
       },
-      executor_);
+      executor_, pool_,
+      TensorRelayOptions{.limits = limits_, .load_timeout = broadcaster_.options().load_timeout});
 }
 
 // Each worker joins as its own rank: the i-th live worker (by address) gets rank_offset + i.

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
+#include "common/request_limits.h"
 #include "rl/v1/admin.grpc.pb.h"
 #include "services/router/admin/broadcast.h"
 #include "services/router/admin/catch_up.h"
@@ -26,6 +27,8 @@ struct AdminOptions {
   BroadcastOptions broadcast;
   // Runs every call's blocking work (required).
   BoundedExecutor* executor = nullptr;
+  // The --max-* bounds a tensor stream is checked against before it is forwarded.
+  RequestLimits limits;
 };
 
 class AdminService final : public rl::v1::Admin::CallbackService {
@@ -86,6 +89,7 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   WorkerPool* const pool_;
   const BearerAuth* const auth_;
   BoundedExecutor* const executor_;
+  const RequestLimits limits_;
   Broadcaster broadcaster_;
   std::unique_ptr<CatchUp> catch_up_;  // after broadcaster_: stopped first
 };
