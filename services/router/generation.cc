@@ -236,6 +236,31 @@ bool Generation::OnMessage(rl::v1::GenerateResponse msg,
   return true;
 }
 
+namespace {
+
+// A transport-level failure of a worker call ("recvmsg:Connection reset by peer") with the
+// worker named; the worker's own answers pass unchanged.
+absl::Status NameWorker(const absl::Status& status, const std::string& address, bool retriable) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+      break;
+    default:
+      return status;  // the worker's own answer to the request (a bad field, a full queue)
+  }
+  if (absl::StrContains(status.message(), address)) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("worker ", address, ": ", status.message(),
+                                   retriable ? "" : " (output was already streamed: not retried)"));
+}
+
+}  // namespace
+
 void Generation::EndAttempt(const absl::Status& status, std::optional<std::string> pool_reason) {
   Lease lease = std::move(lease_);
   request_handle_.SetWorker("");
@@ -261,7 +286,7 @@ void Generation::EndAttempt(const absl::Status& status, std::optional<std::strin
   } else {
     if (status.code() == absl::StatusCode::kUnavailable) env_->workers->ReportFailure(lease.get());
     if (status.code() != absl::StatusCode::kUnavailable) may_retry = false;
-    result = status;
+    result = NameWorker(status, lease->address(), retriable);
   }
   if (result.ok() || !may_retry || attempt_ >= env_->retry.max_attempts) {
     done_status_ = result;

@@ -81,6 +81,11 @@ class AdminService final : public rl::v1::Admin::CallbackService {
  private:
   // Checks the key, then runs `fn` on the admin executor and finishes the call with its status.
   grpc::ServerUnaryReactor* Run(Ctx* c, std::function<absl::Status()> fn);
+  // A resync (UpdateWeightsFromDisk with `workers`) only brings workers to the fleet's version:
+  // sets `req`'s version to it, marks a resync of every live worker whole-fleet, and refuses
+  // (FAILED_PRECONDITION, with the reason) one that would serve another version, or other
+  // weights than the fleet's (docs/router-admin.md, "Resync").
+  absl::Status CheckResync(Ctx* c, rl::v1::UpdateWeightsFromDiskRequest* req, Plan* plan);
   // Broadcasts `method` with the caller's own request, under `plan`.
   template <typename Request>
   grpc::ServerUnaryReactor* Forward(Ctx* c, const Request* req, rl::v1::AdminResponse* resp,

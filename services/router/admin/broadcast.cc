@@ -143,7 +143,7 @@ void Broadcaster::Settle(const Plan& plan, const std::shared_ptr<Worker>& w, Res
 }
 
 void Broadcaster::RecordFleetWeights(const Plan& plan, int64_t version) {
-  if (plan.only.empty()) {
+  if (plan.only.empty() || plan.whole_fleet) {
     FleetWeights fleet;
     fleet.version = version;
     fleet.source = plan.source;
