@@ -24,13 +24,19 @@ class RouterGenerateReactor;
 class WorkerCall final : public grpc::ClientReadReactor<GenerateResponse> {
  public:
   WorkerCall(RouterGenerateReactor* parent, Worker* worker, rl::v1::GenerateRequest request,
-             const std::optional<std::string>& authorization, int64_t min_weight_version)
+             const std::optional<std::string>& authorization, int64_t min_weight_version,
+             int64_t fleet_weight_version)
       : parent_(parent), worker_(worker), request_(std::move(request)) {
     if (authorization) ctx_.AddMetadata("authorization", *authorization);
     // A worker restarted faster than the health checks notice refuses instead of serving its
-    // start-up weights (worker_service.cc).
+    // start-up weights, and one whose version changed behind the router's back (an update sent
+    // to it alone) refuses instead of serving another version beside the fleet's
+    // (worker_service.cc).
     if (min_weight_version >= 0) {
       ctx_.AddMetadata("rl-min-weight-version", std::to_string(min_weight_version));
+    }
+    if (fleet_weight_version >= 0) {
+      ctx_.AddMetadata("rl-fleet-weight-version", std::to_string(fleet_weight_version));
     }
   }
 
@@ -228,7 +234,8 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     switch (step.kind) {
       case Generation::Step::Kind::kCall: {
         auto call = std::make_shared<WorkerCall>(this, step.worker, generation_->WorkerRequest(),
-                                                 authorization_, deps_->pool->fleet_version());
+                                                 authorization_, deps_->pool->fleet_version(),
+                                                 deps_->pool->ReferenceVersion());
         bool gone;
         {
           absl::MutexLock lock(&mu_);

@@ -127,12 +127,28 @@ absl::Status AdminService::CheckResync(Ctx* c, rl::v1::UpdateWeightsFromDiskRequ
   }
   const FleetWeights fleet = pool_->fleet_weights();
   const int64_t reference = pool_->ReferenceVersion();
+  // With no update recorded, the fleet serves what its workers were started with (--model, as
+  // GetModelInfo reports it): the folders of the named workers and of the others.
+  std::set<std::string> named_paths, other_paths;
+  if (fleet.version < 0) {
+    for (const auto& r :
+         broadcaster_.Gather(c, rl::v1::GetModelInfoRequest(), &AsyncAdmin::GetModelInfo)) {
+      if (!r.status.ok()) continue;
+      (others.contains(r.worker) ? other_paths : named_paths).insert(r.resp.model_path());
+    }
+  }
   if (others.empty()) {
-    // Every live worker: a fleet-wide update (the fleet's weights are recorded), at the fleet's
-    // version unless told otherwise.
+    // Every live worker: a fleet-wide update (the fleet's weights are recorded). Unset version:
+    // the fleet's when the folder holds the fleet's weights as far as the router knows, else
+    // a new one (a version never names two contents).
     plan->what = "UpdateWeightsFromDisk (resync of every live worker)";
     plan->whole_fleet = true;
-    if (!req->has_weight_version() && reference >= 0) req->set_weight_version(reference);
+    if (!req->has_weight_version() && reference >= 0) {
+      const bool same = fleet.version >= 0
+                            ? !fleet.replayable() || req->model_path() == fleet.path
+                            : named_paths == std::set<std::string>{req->model_path()};
+      req->set_weight_version(same ? reference : reference + 1);
+    }
     return absl::OkStatus();
   }
   plan->what = "UpdateWeightsFromDisk (resync)";
@@ -155,22 +171,14 @@ absl::Status AdminService::CheckResync(Ctx* c, rl::v1::UpdateWeightsFromDiskRequ
           " would serve other weights under that version: resync from ", fleet.path,
           " (the router also catches workers up from it by itself), or ", whole_fleet));
     }
-  } else {
-    // No update recorded: the fleet serves what its workers were started with.
-    std::set<std::string> paths;
-    for (const auto& r : broadcaster_.Gather(c, rl::v1::GetModelInfoRequest(),
-                                             &AsyncAdmin::GetModelInfo)) {
-      if (others.contains(r.worker) && r.status.ok()) paths.insert(r.resp.model_path());
-    }
-    if (paths.size() != 1 || *paths.begin() != req->model_path()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "model_path: no fleet update is recorded yet, so the fleet serves what its workers "
-          "were started with (",
-          paths.empty() ? std::string("unknown: no other live worker answered GetModelInfo")
-                        : absl::StrJoin(paths, ", "),
-          ", version ", reference, "); a resync of some workers from ", req->model_path(),
-          " would serve other weights beside them: ", whole_fleet));
-    }
+  } else if (other_paths != std::set<std::string>{req->model_path()}) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model_path: no fleet update is recorded yet, so the fleet serves what its workers were "
+        "started with (",
+        other_paths.empty() ? std::string("unknown: no other live worker answered GetModelInfo")
+                            : absl::StrJoin(other_paths, ", "),
+        ", version ", reference, "); a resync of some workers from ", req->model_path(),
+        " would serve other weights beside them: ", whole_fleet));
   }
   if (reference >= 0) req->set_weight_version(reference);
   return absl::OkStatus();
