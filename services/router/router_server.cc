@@ -110,7 +110,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
       // No worker yet (or none reported): as many as one default worker runs, so that requests
       // fail fast instead of queueing for a fleet that is not there.
       service_ptr->admission().SetLimit(static_cast<int>(
-          std::min<int64_t>(std::max<int64_t>(capacity, kDefaultWorkerCapacity), 1000000)));
+          std::min<int64_t>(capacity > 0 ? capacity : kDefaultWorkerCapacity, 1000000)));
     };
     follow(s->pool_->Capacity());
     s->pool_->SetCapacityObserver(follow);
