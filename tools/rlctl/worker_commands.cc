@@ -18,14 +18,14 @@ int Workers(const Options& o, const Client& c, const std::vector<std::string>& a
   const bool needs_addr = sub != "list";
   if (needs_addr && args.size() < 3) return Fail(o, Usage("workers " + sub + " ADDR"));
   if (sub == "resync") {
-    // Brings one worker (stale, or disabled with partial weights) to the fleet's version from a
+    // Brings workers (stale, or disabled with partial weights) to the fleet's version from a
     // folder: Admin.UpdateWeightsFromDisk with `workers` (docs/router-admin.md).
-    if (o.from_disk.empty()) return Fail(o, Usage("workers resync ADDR --from-disk DIR"));
+    if (o.from_disk.empty()) return Fail(o, Usage("workers resync ADDR... --from-disk DIR"));
     rl::v1::UpdateWeightsFromDiskRequest req;
     req.set_model_path(o.from_disk);
     if (o.version >= 0) req.set_weight_version(o.version);
     req.set_abort_all_requests(o.abort_all);
-    req.add_workers(args[2]);
+    for (size_t i = 2; i < args.size(); ++i) req.add_workers(args[i]);
     rl::v1::AdminResponse admin_resp;
     // success: false (refused or failed on the worker) exits 1, as every admin command.
     return PrintAdminResponse(o, c.admin()->UpdateWeightsFromDisk(&ctx, req, &admin_resp),
@@ -49,7 +49,7 @@ int Workers(const Options& o, const Client& c, const std::vector<std::string>& a
     status = stub->SetWorkerEnabled(&ctx, req, &resp);
   } else {
     return Fail(o, Usage("workers list|add ADDR [--allow-unreachable]|remove ADDR|enable ADDR|"
-                         "disable ADDR|resync ADDR --from-disk DIR"));
+                         "disable ADDR|resync ADDR... --from-disk DIR"));
   }
   return Print<rl::v1::WorkerListResponse>(o, status, resp, [](const auto& r) {
     for (const auto& w : r.workers()) {
