@@ -233,9 +233,11 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     Generation::Step step = generation_->Next();
     switch (step.kind) {
       case Generation::Step::Kind::kCall: {
+        // With a fleet version recorded, the worker must serve exactly it (with none, the
+        // version the router routes to is the newest it has seen, which may lag a worker's).
+        const int64_t fleet_version = deps_->pool->fleet_version();
         auto call = std::make_shared<WorkerCall>(this, step.worker, generation_->WorkerRequest(),
-                                                 authorization_, deps_->pool->fleet_version(),
-                                                 deps_->pool->ReferenceVersion());
+                                                 authorization_, fleet_version, fleet_version);
         bool gone;
         {
           absl::MutexLock lock(&mu_);

@@ -19,9 +19,8 @@ namespace {
 
 // One rl.v1.Worker Generate stream: translates the request and the engine's chunks; lifetime
 // and the write queue are EngineStreamReactor's.
-// The router sends `rl-min-weight-version` (the fleet's recorded version) and
-// `rl-fleet-weight-version` (the version it routes to: the recorded one, else the newest live):
-// a worker below the first (restarted at its start-up weights before the router noticed) or at
+// The router sends `rl-min-weight-version` and `rl-fleet-weight-version` (both the fleet's
+// recorded version; the second is checked exactly): a worker below the first (restarted at its start-up weights before the router noticed) or at
 // another version than the second (updated behind the router's back) refuses with UNAVAILABLE,
 // so the router retries elsewhere, instead of serving other weights than the fleet's.
 absl::Status CheckMinWeightVersion(const grpc::CallbackServerContext& context, int64_t version) {
