@@ -3,8 +3,8 @@
 // At most `max_in_flight` generations hold a slot (0: automatic, the bound follows SetLimit:
 // the router sets it to the workers' capacity, what they run at once, so that requests wait here
 // in fair queues rather than in a worker's FIFO queue); up to `max_queued` more wait in
-// per-client queues (a client is the caller's `rl-client-id` metadata header when set, else its peer
-// address, i.e. its connection). A freed slot goes to the clients' queues in turn (round
+// per-client queues (a client is the caller's `rl-client-id` metadata header when set, else its
+// peer address, i.e. its connection). A freed slot goes to the clients' queues in turn (round
 // robin), so a client with 5,000 waiting streams delays another client by at most one
 // generation per slot. When the queue is full, a newcomer whose client has fewer waiting
 // requests than the longest queue takes the place of that queue's newest request (which ends

@@ -51,8 +51,8 @@ bool IsLocalInterface(const std::string& host) {
 bool NamesThisRouter(const std::string& address, const std::string& listen_host, int port) {
   const size_t colon = address.rfind(':');
   int p = 0;
-  if (port <= 0 || colon == std::string::npos ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &p) || p != port) {
+  if (port <= 0 || colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &p) ||
+      p != port) {
     return false;
   }
   const std::string host = StripBrackets(address.substr(0, colon));

@@ -92,9 +92,8 @@ void TensorUpdateReactor::OnStreamEnded() {
 
 absl::Status TensorUpdateReactor::AddMessage() {
   if (ended_) {
-    return absl::InvalidArgumentError(absl::StrCat("end: message ", num_messages_,
-                                                   " came after the stream's end message; ",
-                                                   kNothingApplied));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "end: message ", num_messages_, " came after the stream's end message; ", kNothingApplied));
   }
   if (num_messages_ == 1) policy_ = PolicyFrom(msg_);
   // The first message may carry the options alone, the last one the end alone.
@@ -121,9 +120,9 @@ absl::Status TensorUpdateReactor::AddChunk(const rl::v1::TensorChunk& c) {
   // Offset and size against the tensor's size without a sum that could wrap.
   const uint64_t begin = c.offset(), size = c.data().size();
   if (begin > static_cast<uint64_t>(total) || size > static_cast<uint64_t>(total) - begin) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk.offset: ", size, " bytes at offset ", begin, " do not fit in ",
-        QuoteForError(c.name()), " (", total, " bytes)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.offset: ", size, " bytes at offset ", begin, " do not fit in ",
+                     QuoteForError(c.name()), " (", total, " bytes)"));
   }
   const uint64_t end = begin + size;
   auto [it, inserted] = pending_.try_emplace(c.name());
@@ -178,17 +177,16 @@ absl::Status TensorUpdateReactor::AddChunk(const rl::v1::TensorChunk& c) {
 absl::Status TensorUpdateReactor::CheckEnd(const rl::v1::TensorStreamEnd& end) const {
   if (end.num_tensors() != static_cast<int64_t>(pending_.size()) ||
       end.num_bytes() != data_bytes_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "end: the stream announces ", end.num_tensors(), " tensors and ", end.num_bytes(),
-        " data bytes, but ", pending_.size(), " tensors and ", data_bytes_,
-        " bytes arrived; ", kNothingApplied));
+    return absl::InvalidArgumentError(
+        absl::StrCat("end: the stream announces ", end.num_tensors(), " tensors and ",
+                     end.num_bytes(), " data bytes, but ", pending_.size(), " tensors and ",
+                     data_bytes_, " bytes arrived; ", kNothingApplied));
   }
   for (const auto& [name, p] : pending_) {
     if (p.received != static_cast<int64_t>(p.tensor.bytes.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk: ", QuoteForError(name),
-                                                     " incomplete at the stream's end: ",
-                                                     p.received, " of ", p.tensor.bytes.size(),
-                                                     " bytes; ", kNothingApplied));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk: ", QuoteForError(name), " incomplete at the stream's end: ", p.received, " of ",
+          p.tensor.bytes.size(), " bytes; ", kNothingApplied));
     }
   }
   return absl::OkStatus();
@@ -197,9 +195,8 @@ absl::Status TensorUpdateReactor::CheckEnd(const rl::v1::TensorStreamEnd& end) c
 absl::Status TensorUpdateReactor::Apply() {
   // Cancelled between the end and now: the client is gone, the stream is not applied.
   if (context_->IsCancelled()) {
-    return absl::CancelledError(
-        absl::StrCat("UpdateWeightsFromTensor: the call was cancelled before the apply; ",
-                     kNothingApplied));
+    return absl::CancelledError(absl::StrCat(
+        "UpdateWeightsFromTensor: the call was cancelled before the apply; ", kNothingApplied));
   }
   std::vector<NamedTensor> tensors;
   tensors.reserve(pending_.size());

@@ -20,17 +20,18 @@ namespace {
 // One rl.v1.Worker Generate stream: translates the request and the engine's chunks; lifetime
 // and the write queue are EngineStreamReactor's.
 // The router sends `rl-min-weight-version` and `rl-fleet-weight-version` (both the fleet's
-// recorded version; the second is checked exactly): a worker below the first (restarted at its start-up weights before the router noticed) or at
-// another version than the second (updated behind the router's back) refuses with UNAVAILABLE,
-// so the router retries elsewhere, instead of serving other weights than the fleet's.
+// recorded version; the second is checked exactly): a worker below the first (restarted at its
+// start-up weights before the router noticed) or at another version than the second (updated behind
+// the router's back) refuses with UNAVAILABLE, so the router retries elsewhere, instead of serving
+// other weights than the fleet's.
 absl::Status CheckMinWeightVersion(const grpc::CallbackServerContext& context, int64_t version) {
   const auto& md = context.client_metadata();
   struct Header {
     const char* name;
     bool exact;
   };
-  for (const auto& [header, exact] : {Header{"rl-min-weight-version", false},
-                                      Header{"rl-fleet-weight-version", true}}) {
+  for (const auto& [header, exact] :
+       {Header{"rl-min-weight-version", false}, Header{"rl-fleet-weight-version", true}}) {
     auto it = md.find(header);
     if (it == md.end()) continue;
     long long want = 0;  // NOLINT(runtime/int): SimpleAtoi has no int64_t overload on this Abseil

@@ -16,8 +16,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: tensor_sender ADDR\n");
     return 2;
   }
-  auto stub = rl::v1::Admin::NewStub(
-      grpc::CreateChannel(argv[1], grpc::InsecureChannelCredentials()));
+  auto stub =
+      rl::v1::Admin::NewStub(grpc::CreateChannel(argv[1], grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   rl::v1::AdminResponse resp;
   auto writer = stub->UpdateWeightsFromTensor(&ctx, &resp);

@@ -9,6 +9,8 @@
 // that dies mid-stream is dropped from the update without stalling the others, and 8 GiB
 // streamed through the router never makes it hold more than its limits (its peak RSS, VmHWM,
 // against in-process fake workers that discard what they receive).
+#include "tests/testing/tensor_stream.h"
+
 #include <signal.h>
 
 #include <atomic>
@@ -27,14 +29,13 @@
 #include "rl/v1/router.grpc.pb.h"
 #include "rl/v1/worker.grpc.pb.h"
 #include "tests/testing/process_util.h"
-#include "tests/testing/tensor_stream.h"
 #include "tests/testing/test_data.h"
 
 namespace rl::testing {
 namespace {
 
-using ::testing::HasSubstr;
 using grpc::StatusCode;
+using ::testing::HasSubstr;
 using Request = rl::v1::UpdateWeightsFromTensorRequest;
 
 constexpr char kNorm[] = "model.norm.weight";  // [64] F32 in stories260K
@@ -172,8 +173,9 @@ class TensorStreamTest : public ::testing::Test {
         return writer->Finish();
       }
       case Cut::kGarbage:
-        return RawStream(channel, kMethod,
-                         {first.SerializeAsString(), std::string("\xff\xff\xff\xff\x0f garbage", 13)});
+        return RawStream(
+            channel, kMethod,
+            {first.SerializeAsString(), std::string("\xff\xff\xff\xff\x0f garbage", 13)});
       case Cut::kNoEnd: {
         grpc::ClientContext ctx;
         rl::v1::AdminResponse resp;
@@ -424,9 +426,15 @@ TEST(TensorRelayMemoryTest, EightGibibytesThroughTheRouterInBoundedMemory) {
   constexpr int64_t kTotal = int64_t{8} << 30;
   std::vector<std::unique_ptr<DiscardingWorker>> fakes;
   std::vector<std::unique_ptr<GrpcServer>> servers;
-  std::vector<std::string> args = {"--tokenizer", Stories(), "--port", "0",
-                                   "--health-interval-ms", "200", "--max-tensor-chunk-bytes",
-                                   absl::StrCat(kChunk), "--max-update-bytes",
+  std::vector<std::string> args = {"--tokenizer",
+                                   Stories(),
+                                   "--port",
+                                   "0",
+                                   "--health-interval-ms",
+                                   "200",
+                                   "--max-tensor-chunk-bytes",
+                                   absl::StrCat(kChunk),
+                                   "--max-update-bytes",
                                    absl::StrCat(int64_t{16} << 30)};
   for (int i = 0; i < 2; ++i) {
     fakes.push_back(std::make_unique<DiscardingWorker>());
@@ -443,7 +451,8 @@ TEST(TensorRelayMemoryTest, EightGibibytesThroughTheRouterInBoundedMemory) {
   Process router("rl-router", args);
   const std::string address = StartServer(router);
   ASSERT_FALSE(address.empty()) << router.Log();
-  auto admin = rl::v1::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto admin =
+      rl::v1::Admin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   const int64_t rss_before = router.PeakRssMiB();
 
   // A chunk over the router's --max-tensor-chunk-bytes is refused before it is forwarded.

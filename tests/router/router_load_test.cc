@@ -269,8 +269,8 @@ class FifoWorker final : public rl::v1::Worker::CallbackService {
  public:
   static constexpr int kCapacity = 8;
 
-  grpc::ServerWriteReactor<GenerateResponse>* Generate(grpc::CallbackServerContext*,
-                                                       const rl::v1::GenerateRequest* req) override {
+  grpc::ServerWriteReactor<GenerateResponse>* Generate(
+      grpc::CallbackServerContext*, const rl::v1::GenerateRequest* req) override {
     auto* r = new Reactor(req->request_id());
     absl::MutexLock lock(&mu_);
     if (open_) {
@@ -387,10 +387,9 @@ TEST_F(RouterLoadTest, BehindAFloodAnotherClientRunsWithinAboutOneGenerationByDe
     EXPECT_TRUE(other_stub->GetMetrics(&ctx, rl::v1::GetMetricsRequest(), &m).ok());
     const std::string key = "\nrl_router_admission_queued ";  // the sample, not # HELP
     const size_t at = m.prometheus_text().find(key);
-    return at == std::string::npos
-               ? -1
-               : static_cast<int>(std::strtod(m.prometheus_text().c_str() + at + key.size(),
-                                              nullptr));
+    return at == std::string::npos ? -1
+                                   : static_cast<int>(std::strtod(
+                                         m.prometheus_text().c_str() + at + key.size(), nullptr));
   };
   const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (worker.arrived() + queued_in_router() < kFlood &&

@@ -20,8 +20,8 @@
 namespace rl::router {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::FakePoolWorker;
+using ::testing::HasSubstr;
 
 class RouterMessagesTest : public ::testing::Test {
  protected:

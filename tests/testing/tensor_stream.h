@@ -57,9 +57,10 @@ inline rl::v1::TensorChunk Chunk(const std::string& name, const std::vector<int6
 }
 
 // Writes `messages`, half-closes, returns the call's status.
-inline grpc::Status SendMessages(rl::v1::Admin::StubInterface& stub, grpc::ClientContext* ctx,
-                                 const std::vector<rl::v1::UpdateWeightsFromTensorRequest>& messages,
-                                 rl::v1::AdminResponse* resp) {
+inline grpc::Status SendMessages(
+    rl::v1::Admin::StubInterface& stub, grpc::ClientContext* ctx,
+    const std::vector<rl::v1::UpdateWeightsFromTensorRequest>& messages,
+    rl::v1::AdminResponse* resp) {
   auto writer = stub.UpdateWeightsFromTensor(ctx, resp);
   for (const auto& m : messages) {
     if (!writer->Write(m)) break;

@@ -157,10 +157,10 @@ absl::Status AdminService::CheckResync(Ctx* c, rl::v1::UpdateWeightsFromDiskRequ
       absl::StrCat("update every worker instead (rlctl update-weights --from-disk ",
                    req->model_path(), "), or resync every live worker");
   if (req->has_weight_version() && req->weight_version() != reference) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "weight_version: a resync brings workers to the fleet's version (", reference, "); ",
-        req->weight_version(), " would serve a version the other ", others.size(),
-        " live workers do not: ", whole_fleet));
+    return absl::FailedPreconditionError(
+        absl::StrCat("weight_version: a resync brings workers to the fleet's version (", reference,
+                     "); ", req->weight_version(), " would serve a version the other ",
+                     others.size(), " live workers do not: ", whole_fleet));
   }
   if (fleet.version >= 0) {
     // The fleet's replayable folder is the only one known to hold its weights.

@@ -242,9 +242,9 @@ absl::Status Broadcaster::BroadcastTo(const Plan& plan, Ctx* caller, const Worke
   resp->set_success(all_ok);
   resp->set_ready(all_ready);
   resp->set_weight_version(version);
-  resp->set_message(targets.empty()       ? std::string("no live worker")
-                    : num_failed == 0     ? absl::StrCat(plan.what, ": ok on all ", targets.size(),
-                                                         " workers")
+  resp->set_message(targets.empty() ? std::string("no live worker")
+                    : num_failed == 0
+                        ? absl::StrCat(plan.what, ": ok on all ", targets.size(), " workers")
                     : num_failed == targets.size()
                         ? absl::StrCat(plan.what, ": failed on all ", targets.size(), " workers")
                         : absl::StrCat(plan.what, ": failed on ", num_failed, " of ",

@@ -44,8 +44,8 @@ class TensorSink final : public grpc::ClientWriteReactor<Request> {
 // The shared state of one client stream: the message in flight, the workers' streams, the phase.
 class Relay final : public std::enable_shared_from_this<Relay> {
  public:
-  Relay(grpc::CallbackServerContext* context, StartTensorBroadcast start,
-        BoundedExecutor* executor, WorkerPool* pool, TensorRelayOptions options)
+  Relay(grpc::CallbackServerContext* context, StartTensorBroadcast start, BoundedExecutor* executor,
+        WorkerPool* pool, TensorRelayOptions options)
       : context_(context),
         start_(std::move(start)),
         executor_(executor),
@@ -85,7 +85,8 @@ class Relay final : public std::enable_shared_from_this<Relay> {
   }
 
   void OnClientCancel() {
-    Cut(absl::CancelledError("the client cancelled the call (or its deadline passed, or its "
+    Cut(
+        absl::CancelledError("the client cancelled the call (or its deadline passed, or its "
                              "connection broke)"));
   }
 
@@ -236,9 +237,9 @@ class Relay final : public std::enable_shared_from_this<Relay> {
       const uint64_t size = c.data().size();
       if (c.offset() > static_cast<uint64_t>(tensor_bytes) ||
           size > static_cast<uint64_t>(tensor_bytes) - c.offset()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "chunk.offset: ", size, " bytes at offset ", c.offset(), " do not fit in ",
-            QuoteForError(c.name()), " (", tensor_bytes, " bytes)"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunk.offset: ", size, " bytes at offset ", c.offset(), " do not fit in ",
+                         QuoteForError(c.name()), " (", tensor_bytes, " bytes)"));
       }
       if (static_cast<int64_t>(size) > options_.limits.max_update_bytes - data_bytes_) {
         return absl::InvalidArgumentError(
@@ -249,9 +250,9 @@ class Relay final : public std::enable_shared_from_this<Relay> {
     }
     if (msg_.has_end()) {
       if (msg_.end().num_bytes() != data_bytes_) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("end: the stream announces ", msg_.end().num_bytes(),
-                         " data bytes, but ", data_bytes_, " arrived"));
+        return absl::InvalidArgumentError(absl::StrCat("end: the stream announces ",
+                                                       msg_.end().num_bytes(), " data bytes, but ",
+                                                       data_bytes_, " arrived"));
       }
       end_seen_ = true;
     }
@@ -322,10 +323,10 @@ class Relay final : public std::enable_shared_from_this<Relay> {
       absl::MutexLock lock(&mu_);
       if (phase_ != Phase::kForwarding) return;  // ended (the apply runs) or cut already
       phase_ = Phase::kCut;
-      cut_status_ = absl::Status(
-          status.code(), absl::StrCat("UpdateWeightsFromTensor: ", status.message(),
-                                      "; the stream was cut on every worker (",
-                                      sinks_.size(), "), nothing applied"));
+      cut_status_ =
+          absl::Status(status.code(), absl::StrCat("UpdateWeightsFromTensor: ", status.message(),
+                                                   "; the stream was cut on every worker (",
+                                                   sinks_.size(), "), nothing applied"));
       CancelAlarmLocked(transfer_alarm_, transfer_alarm_set_);
       for (Slot& s : sinks_) {
         if (!s.open) continue;
@@ -458,8 +459,8 @@ grpc::ServerReadReactor<Request>* NewTensorRelay(grpc::CallbackServerContext* co
                                                  StartTensorBroadcast start,
                                                  BoundedExecutor* executor, WorkerPool* pool,
                                                  TensorRelayOptions options) {
-  return new RelayReactor(std::make_shared<Relay>(context, std::move(start), executor, pool,
-                                                  std::move(options)));
+  return new RelayReactor(
+      std::make_shared<Relay>(context, std::move(start), executor, pool, std::move(options)));
 }
 
 grpc::ServerReadReactor<Request>* NewRejectedTensorStream(const absl::Status& status) {

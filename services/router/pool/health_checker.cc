@@ -62,7 +62,7 @@ void HealthChecker::CheckAsync(const std::shared_ptr<Worker>& w,
   call->hctx.set_deadline(deadline);
   call->lctx.set_deadline(deadline);
   auto finish = [call, on_report = std::move(on_report)](const grpc::Status& s,
-                                                        bool version_known) {
+                                                         bool version_known) {
     HealthReport report;
     report.reachable = s.ok();
     if (!s.ok()) {

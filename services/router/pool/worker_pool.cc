@@ -125,8 +125,8 @@ absl::Status WorkerPool::AddChecked(const std::string& address, bool allow_unrea
   }
   if (!report.reachable && !allow_unreachable) {
     return absl::UnavailableError(absl::StrCat(
-        "address: no rl-worker answered at '", address, "' within ", options_.health_timeout.count(),
-        " ms (", report.error,
+        "address: no rl-worker answered at '", address, "' within ",
+        options_.health_timeout.count(), " ms (", report.error,
         "); AddWorker registers only workers that answer: start it first, or add it with "
         "allow_unreachable (rlctl workers add --allow-unreachable ADDR) to register one that is "
         "still starting"));
@@ -183,19 +183,17 @@ std::string WorkerPool::VersionReasonLocked(const Entry& e, int64_t reference) c
     const std::string behind = absl::StrCat("weight_version ", st.weight_version(),
                                             " is behind the fleet's ", fleet_.version);
     if (fleet_.replayable()) return absl::StrCat(behind, "; catching up from ", fleet_.path);
-    return absl::StrCat(behind, ", which came from ",
-                        fleet_.source == FleetWeights::Source::kTensor ? "a tensor stream"
-                                                                       : "a distributed group",
-                        " the router cannot replay; resync it: rlctl workers resync ", address,
-                        " --from-disk DIR");
+    return absl::StrCat(
+        behind, ", which came from ",
+        fleet_.source == FleetWeights::Source::kTensor ? "a tensor stream" : "a distributed group",
+        " the router cannot replay; resync it: rlctl workers resync ", address, " --from-disk DIR");
   }
   if (fleet_.version >= 0) {
-    return absl::StrCat("weight_version ", st.weight_version(), " differs from the fleet's ",
-                        reference,
-                        " (it was updated outside the router's fleet-wide updates): not routed "
-                        "until it serves ",
-                        reference, "; resync it: rlctl workers resync ", address,
-                        " --from-disk DIR");
+    return absl::StrCat(
+        "weight_version ", st.weight_version(), " differs from the fleet's ", reference,
+        " (it was updated outside the router's fleet-wide updates): not routed "
+        "until it serves ",
+        reference, "; resync it: rlctl workers resync ", address, " --from-disk DIR");
   }
   return absl::StrCat("weight_version ", st.weight_version(), " differs from ", reference,
                       ", the newest version among live workers (no fleet update recorded yet): "

@@ -188,8 +188,7 @@ class WorkerPool final : public WorkerSource {
   void NotifyCapacity() ABSL_LOCKS_EXCLUDED(mu_);
   // Registers `w` (unless known) and applies `first` (a check made before), then probes it
   // until the success threshold.
-  void Insert(const std::shared_ptr<Worker>& w, const HealthReport* first)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  void Insert(const std::shared_ptr<Worker>& w, const HealthReport* first) ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the calls of a worker that a transition just killed (under mu_, as before any
   // later call could register).
   void OnChange(Entry* e, WorkerState::Change change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

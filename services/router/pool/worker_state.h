@@ -70,9 +70,7 @@ class WorkerState {
   }
   // Reports a version other than `reference`, the fleet's (the recorded fleet version, else the
   // newest live one; -1: none known, nothing differs).
-  bool Differs(int64_t reference) const {
-    return reference >= 0 && weight_version_ != reference;
-  }
+  bool Differs(int64_t reference) const { return reference >= 0 && weight_version_ != reference; }
   // Live and not suspect, enabled, held by no admin call, serving, at the fleet's version
   // (`reference`, see Differs): a worker at another version is never routed.
   bool Routable(int64_t reference) const {

@@ -21,9 +21,9 @@
 namespace rl::router {
 namespace {
 
-using ::testing::HasSubstr;
 using rl::testing::Stories;
 using rl::testing::TempDir;
+using ::testing::HasSubstr;
 
 class FleetVersionTest : public testing::RouterFleetTest {
  protected:
@@ -55,8 +55,8 @@ class FleetVersionTest : public testing::RouterFleetTest {
       rl::v1::GenerateFinal f;
       const grpc::Status s = Generate(TextRequest("Once upon a time", 8, false), &f);
       EXPECT_TRUE(s.ok()) << s.error_message();
-      out.push_back({f.weight_version(), {f.output_ids().begin(), f.output_ids().end()},
-                     f.worker()});
+      out.push_back(
+          {f.weight_version(), {f.output_ids().begin(), f.output_ids().end()}, f.worker()});
     }
     return out;
   }
@@ -172,7 +172,8 @@ TEST_F(FleetVersionTest, AWorkerAtAnotherVersionIsNeverRouted) {
   }
   const std::string w1 = workers_[1]->address();
   {
-    auto direct = rl::v1::Admin::NewStub(grpc::CreateChannel(w1, grpc::InsecureChannelCredentials()));
+    auto direct =
+        rl::v1::Admin::NewStub(grpc::CreateChannel(w1, grpc::InsecureChannelCredentials()));
     rl::v1::UpdateWeightsFromDiskRequest update;
     update.set_model_path(other_->path());
     update.set_weight_version(4);
@@ -185,9 +186,8 @@ TEST_F(FleetVersionTest, AWorkerAtAnotherVersionIsNeverRouted) {
   const std::vector<Served> served = FourGreedy();
   ExpectOneVersion(served, 3);
   for (const Served& x : served) EXPECT_EQ(x.worker, workers_[0]->address());
-  ASSERT_TRUE(WaitFor([&] {
-    return Status(w1).state() == rl::v1::WORKER_STATE_VERSION_MISMATCH;
-  })) << Status(w1).DebugString();
+  ASSERT_TRUE(WaitFor([&] { return Status(w1).state() == rl::v1::WORKER_STATE_VERSION_MISMATCH; }))
+      << Status(w1).DebugString();
   const rl::v1::WorkerStatus st = Status(w1);
   EXPECT_TRUE(st.version_mismatch());
   EXPECT_THAT(st.reason(), HasSubstr("weight_version 4 differs from the fleet's 3"));
