@@ -139,7 +139,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     } else {
       // Called from another generation's Release: begin on the pool, so a chain of requests
       // that end at once never nests on one stack.
-      absl::AnyInvocable<void() &&> begin = [this] { Begin(); };
+      absl::AnyInvocable<void()&&> begin = [this] { Begin(); };
       if (!deps_->blocking->Submit(std::move(begin))) std::move(begin)();
     }
   }
@@ -157,7 +157,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
       return;
     }
     // The cache insert: off the callback thread (inline only when the pool is full).
-    absl::AnyInvocable<void() &&> task = [this, call, msg = std::move(msg)]() mutable {
+    absl::AnyInvocable<void()&&> task = [this, call, msg = std::move(msg)]() mutable {
       HandleMessage(call, std::move(msg));
     };
     if (!deps_->blocking->Submit(std::move(task))) std::move(task)();

@@ -38,7 +38,7 @@ std::vector<int64_t> OutputVersions(const rl::v1::GenerateFinal& f) {
   std::vector<int64_t> out;
   for (const rl::v1::VersionSegment& seg : f.weight_version_segments()) {
     if (seg.num_tokens() < 0 || out.size() + static_cast<size_t>(seg.num_tokens()) >
-                                  static_cast<size_t>(f.output_ids_size())) {
+                                    static_cast<size_t>(f.output_ids_size())) {
       out.clear();
       break;
     }
@@ -79,7 +79,8 @@ Generation::Registration Generation::Register(const rl::v1::GenerateRequest& req
 
 absl::StatusOr<std::unique_ptr<Generation>> Generation::Create(
     const rl::v1::GenerateRequest& request, const GenerationEnv* env, Registration* registered) {
-  if (env->tokenizer == nullptr) return absl::FailedPreconditionError("the router has no tokenizer");
+  if (env->tokenizer == nullptr)
+    return absl::FailedPreconditionError("the router has no tokenizer");
   if (registered == nullptr) RETURN_IF_ERROR(CheckRequest(request, env->limits));
   std::unique_ptr<Generation> g(new Generation(request, env));
   ASSIGN_OR_RETURN(g->prompt_,
@@ -280,9 +281,9 @@ void Generation::EndAttempt(const absl::Status& status, std::optional<std::strin
     result = absl::OkStatus();
   } else if (!status.ok() && pool_reason.has_value()) {
     // The pool knows already: not reported as a failure again.
-    result = absl::UnavailableError(absl::StrCat(
-        "worker ", lease->address(), " was marked dead mid-generation (", *pool_reason, ")",
-        retriable ? "" : "; output was already streamed, so it is not retried"));
+    result = absl::UnavailableError(
+        absl::StrCat("worker ", lease->address(), " was marked dead mid-generation (", *pool_reason,
+                     ")", retriable ? "" : "; output was already streamed, so it is not retried"));
   } else {
     if (status.code() == absl::StatusCode::kUnavailable) env_->workers->ReportFailure(lease.get());
     if (status.code() != absl::StatusCode::kUnavailable) may_retry = false;

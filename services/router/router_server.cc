@@ -50,8 +50,7 @@ absl::Status Validate(const RouterConfig& c) {
     return bad("max-in-flight", "must be 0 (the workers' capacity) or in [1, 1000000]");
   if (c.max_queued < 0 || c.max_queued > 1000000)
     return bad("max-queued", "must be in [0, 1000000]");
-  if (c.max_stream_buffer_bytes < 1024)
-    return bad("max-stream-buffer-bytes", "must be >= 1024");
+  if (c.max_stream_buffer_bytes < 1024) return bad("max-stream-buffer-bytes", "must be >= 1024");
   if (c.blocking_threads < 1 || c.blocking_threads > 64)
     return bad("blocking-threads", "must be in [1, 64]");
   if (c.admin_threads < 1 || c.admin_threads > 64)
@@ -101,9 +100,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   service.max_stream_buffer_bytes = config.max_stream_buffer_bytes;
   service.blocking = s->blocking_.get();
   service.admin = s->admin_executor_.get();
-  s->router_service_ = std::make_unique<RouterService>(
-      s->pool_.get(), s->cache_.get(), s->tokenizer_.get(), s->data_auth_.get(),
-      s->admin_auth_.get(), &s->metrics_, service);
+  s->router_service_ = std::make_unique<RouterService>(s->pool_.get(), s->cache_.get(),
+                                                       s->tokenizer_.get(), s->data_auth_.get(),
+                                                       s->admin_auth_.get(), &s->metrics_, service);
   if (config.max_in_flight == 0) {
     RouterService* service_ptr = s->router_service_.get();
     auto follow = [service_ptr](int64_t capacity) {

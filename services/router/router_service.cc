@@ -111,10 +111,10 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
   if (request->text().empty())
     return FinishUnary(context, absl::InvalidArgumentError("text: must not be empty"));
   if (static_cast<int64_t>(request->text().size()) > limits_.max_prompt_bytes) {
-    return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
-                                    "text: ", request->text().size(),
-                                    " bytes is more than --max-prompt-bytes (",
-                                    limits_.max_prompt_bytes, ")")));
+    return FinishUnary(
+        context, absl::InvalidArgumentError(absl::StrCat("text: ", request->text().size(),
+                                                         " bytes is more than --max-prompt-bytes (",
+                                                         limits_.max_prompt_bytes, ")")));
   }
   if (request->tokenize_remainder()) {
     if (tokenizer_ == nullptr)
@@ -144,9 +144,10 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
 }
 
 absl::Status RouterService::ResolveForRetrieve(const std::string& text,
-                                              rl::v1::RetrieveFromTextResponse* response) {
+                                               rl::v1::RetrieveFromTextResponse* response) {
   // The tokens a Generate of this text would send: one cache lookup, one hit or miss.
-  ASSIGN_OR_RETURN(ResolvedPrompt r, ResolveTextPrompt(text, *cache_, *tokenizer_, &seam_counters_));
+  ASSIGN_OR_RETURN(ResolvedPrompt r,
+                   ResolveTextPrompt(text, *cache_, *tokenizer_, &seam_counters_));
   const int64_t current = cache_->GetStats().current_version;
   std::vector<int64_t> versions = r.versions;
   versions.resize(r.ids.size(), current);

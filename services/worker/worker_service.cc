@@ -49,8 +49,8 @@ absl::Status CheckMinWeightVersion(const grpc::CallbackServerContext& context, i
 
 class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateResponse> {
  public:
-  GenerateReactor(GenerateHost* server, const BearerAuth* auth, grpc::CallbackServerContext* context,
-                  const rl::v1::GenerateRequest& request)
+  GenerateReactor(GenerateHost* server, const BearerAuth* auth,
+                  grpc::CallbackServerContext* context, const rl::v1::GenerateRequest& request)
       : EngineStreamReactor(server) {
     absl::Status s = Start(auth, context, request);
     if (!s.ok()) FailStart(s);
@@ -151,7 +151,6 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
   // Empty with skip_detokenize (or no tokenizer): no text is decoded at all.
   std::vector<tokenizer::StreamDecoder> decoders_;  // stream thread only
   std::vector<int32_t> prompt_ids_;                 // the prompt's tail: the decoders' context
-
 };
 
 }  // namespace
@@ -200,7 +199,8 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
                              : 0.0);
   response->set_weight_version(info.weight_version);
   response->set_paused(info.paused);
-  response->set_max_running_requests(info.req_to_token_total);  // one row per running request
+  response->set_max_running_requests(
+      info.scheduler.req_to_token_total);  // one row per running request
   return FinishUnary(context, absl::OkStatus());
 }
 
