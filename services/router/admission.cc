@@ -10,7 +10,7 @@ absl::StatusOr<Admission::Result> Admission::Admit(const std::string& client, Wa
   Waiter* evicted = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (queued_ == 0 && in_flight_ < options_.max_in_flight) {
+    if (queued_ == 0 && in_flight_ < limit_) {
       ++in_flight_;
       return Result::kAdmitted;
     }
@@ -26,8 +26,9 @@ absl::StatusOr<Admission::Result> Admission::Admit(const std::string& client, Wa
           longest->second.size() <= my_queued + 1) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "the router is at its limits: ", in_flight_, " generations in flight (--max-in-flight ",
-            options_.max_in_flight, ") and ", queued_, " waiting (--max-queued ",
-            options_.max_queued, "); retry later"));
+            options_.max_in_flight > 0 ? absl::StrCat(options_.max_in_flight)
+                                       : absl::StrCat("0: the workers' capacity, ", limit_),
+            ") and ", queued_, " waiting (--max-queued ", options_.max_queued, "); retry later"));
       }
       evicted = longest->second.back();
       longest->second.pop_back();
@@ -70,7 +71,7 @@ void Admission::Release() {
   Waiter* next = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (turns_.empty()) {
+    if (turns_.empty() || in_flight_ > limit_) {
       --in_flight_;
       return;
     }
@@ -87,6 +88,35 @@ void Admission::Release() {
     }
   }
   next->Admitted(absl::OkStatus());  // the slot passes to it
+}
+
+void Admission::SetLimit(int limit) {
+  if (options_.max_in_flight > 0) return;
+  std::vector<Waiter*> admitted;
+  {
+    absl::MutexLock lock(&mu_);
+    limit_ = std::max(limit, 1);
+    while (in_flight_ < limit_ && !turns_.empty()) {
+      std::string client = std::move(turns_.front());
+      turns_.pop_front();
+      auto q = queues_.find(client);
+      admitted.push_back(q->second.front());
+      q->second.pop_front();
+      --queued_;
+      ++in_flight_;
+      if (q->second.empty()) {
+        queues_.erase(q);
+      } else {
+        turns_.push_back(std::move(client));
+      }
+    }
+  }
+  for (Waiter* w : admitted) w->Admitted(absl::OkStatus());
+}
+
+int Admission::limit() const {
+  absl::MutexLock lock(&mu_);
+  return limit_;
 }
 
 int Admission::in_flight() const {

@@ -24,13 +24,19 @@ class RouterGenerateReactor;
 class WorkerCall final : public grpc::ClientReadReactor<GenerateResponse> {
  public:
   WorkerCall(RouterGenerateReactor* parent, Worker* worker, rl::v1::GenerateRequest request,
-             const std::optional<std::string>& authorization, int64_t min_weight_version)
+             const std::optional<std::string>& authorization, int64_t min_weight_version,
+             int64_t fleet_weight_version)
       : parent_(parent), worker_(worker), request_(std::move(request)) {
     if (authorization) ctx_.AddMetadata("authorization", *authorization);
     // A worker restarted faster than the health checks notice refuses instead of serving its
-    // start-up weights (worker_service.cc).
+    // start-up weights, and one whose version changed behind the router's back (an update sent
+    // to it alone) refuses instead of serving another version beside the fleet's
+    // (worker_service.cc).
     if (min_weight_version >= 0) {
       ctx_.AddMetadata("rl-min-weight-version", std::to_string(min_weight_version));
+    }
+    if (fleet_weight_version >= 0) {
+      ctx_.AddMetadata("rl-fleet-weight-version", std::to_string(fleet_weight_version));
     }
   }
 
@@ -133,7 +139,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     } else {
       // Called from another generation's Release: begin on the pool, so a chain of requests
       // that end at once never nests on one stack.
-      absl::AnyInvocable<void() &&> begin = [this] { Begin(); };
+      absl::AnyInvocable<void()&&> begin = [this] { Begin(); };
       if (!deps_->blocking->Submit(std::move(begin))) std::move(begin)();
     }
   }
@@ -151,7 +157,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
       return;
     }
     // The cache insert: off the callback thread (inline only when the pool is full).
-    absl::AnyInvocable<void() &&> task = [this, call, msg = std::move(msg)]() mutable {
+    absl::AnyInvocable<void()&&> task = [this, call, msg = std::move(msg)]() mutable {
       HandleMessage(call, std::move(msg));
     };
     if (!deps_->blocking->Submit(std::move(task))) std::move(task)();
@@ -227,8 +233,11 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     Generation::Step step = generation_->Next();
     switch (step.kind) {
       case Generation::Step::Kind::kCall: {
+        // With a fleet version recorded, the worker must serve exactly it (with none, the
+        // version the router routes to is the newest it has seen, which may lag a worker's).
+        const int64_t fleet_version = deps_->pool->fleet_version();
         auto call = std::make_shared<WorkerCall>(this, step.worker, generation_->WorkerRequest(),
-                                                 authorization_, deps_->pool->fleet_version());
+                                                 authorization_, fleet_version, fleet_version);
         bool gone;
         {
           absl::MutexLock lock(&mu_);

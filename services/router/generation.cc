@@ -38,7 +38,7 @@ std::vector<int64_t> OutputVersions(const rl::v1::GenerateFinal& f) {
   std::vector<int64_t> out;
   for (const rl::v1::VersionSegment& seg : f.weight_version_segments()) {
     if (seg.num_tokens() < 0 || out.size() + static_cast<size_t>(seg.num_tokens()) >
-                                  static_cast<size_t>(f.output_ids_size())) {
+                                    static_cast<size_t>(f.output_ids_size())) {
       out.clear();
       break;
     }
@@ -79,7 +79,8 @@ Generation::Registration Generation::Register(const rl::v1::GenerateRequest& req
 
 absl::StatusOr<std::unique_ptr<Generation>> Generation::Create(
     const rl::v1::GenerateRequest& request, const GenerationEnv* env, Registration* registered) {
-  if (env->tokenizer == nullptr) return absl::FailedPreconditionError("the router has no tokenizer");
+  if (env->tokenizer == nullptr)
+    return absl::FailedPreconditionError("the router has no tokenizer");
   if (registered == nullptr) RETURN_IF_ERROR(CheckRequest(request, env->limits));
   std::unique_ptr<Generation> g(new Generation(request, env));
   ASSIGN_OR_RETURN(g->prompt_,
@@ -236,6 +237,31 @@ bool Generation::OnMessage(rl::v1::GenerateResponse msg,
   return true;
 }
 
+namespace {
+
+// A transport-level failure of a worker call ("recvmsg:Connection reset by peer") with the
+// worker named; the worker's own answers pass unchanged.
+absl::Status NameWorker(const absl::Status& status, const std::string& address, bool retriable) {
+  switch (status.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kUnknown:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kDataLoss:
+    case absl::StatusCode::kDeadlineExceeded:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kAborted:
+      break;
+    default:
+      return status;  // the worker's own answer to the request (a bad field, a full queue)
+  }
+  if (absl::StrContains(status.message(), address)) return status;
+  return absl::Status(status.code(),
+                      absl::StrCat("worker ", address, ": ", status.message(),
+                                   retriable ? "" : " (output was already streamed: not retried)"));
+}
+
+}  // namespace
+
 void Generation::EndAttempt(const absl::Status& status, std::optional<std::string> pool_reason) {
   Lease lease = std::move(lease_);
   request_handle_.SetWorker("");
@@ -255,13 +281,13 @@ void Generation::EndAttempt(const absl::Status& status, std::optional<std::strin
     result = absl::OkStatus();
   } else if (!status.ok() && pool_reason.has_value()) {
     // The pool knows already: not reported as a failure again.
-    result = absl::UnavailableError(absl::StrCat(
-        "worker ", lease->address(), " was marked dead mid-generation (", *pool_reason, ")",
-        retriable ? "" : "; output was already streamed, so it is not retried"));
+    result = absl::UnavailableError(
+        absl::StrCat("worker ", lease->address(), " was marked dead mid-generation (", *pool_reason,
+                     ")", retriable ? "" : "; output was already streamed, so it is not retried"));
   } else {
     if (status.code() == absl::StatusCode::kUnavailable) env_->workers->ReportFailure(lease.get());
     if (status.code() != absl::StatusCode::kUnavailable) may_retry = false;
-    result = status;
+    result = NameWorker(status, lease->address(), retriable);
   }
   if (result.ok() || !may_retry || attempt_ >= env_->retry.max_attempts) {
     done_status_ = result;

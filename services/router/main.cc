@@ -37,7 +37,8 @@ int main(int argc, char** argv) {
   flags.Int("health-successes", &c.health_success_threshold,
             "passed checks before a dead worker is live");
   flags.Int("max-in-flight", &c.max_in_flight,
-            "generations running at once; more wait in fair per-client queues");
+            "generations running at once (0: the workers' capacity, the sum of their "
+            "--max-running-requests); more wait in fair per-client queues");
   flags.Int("max-queued", &c.max_queued,
             "generations waiting for a slot; beyond, RESOURCE_EXHAUSTED at once");
   flags.Int("max-stream-buffer-bytes", &c.max_stream_buffer_bytes,

@@ -1,5 +1,7 @@
 #include "services/router/router_server.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -44,12 +46,11 @@ absl::Status Validate(const RouterConfig& c) {
   if (c.health_timeout_ms < 1) return bad("health-timeout-ms", "must be >= 1");
   if (c.health_failure_threshold < 1) return bad("health-failures", "must be >= 1");
   if (c.health_success_threshold < 1) return bad("health-successes", "must be >= 1");
-  if (c.max_in_flight < 1 || c.max_in_flight > 1000000)
-    return bad("max-in-flight", "must be in [1, 1000000]");
+  if (c.max_in_flight < 0 || c.max_in_flight > 1000000)
+    return bad("max-in-flight", "must be 0 (the workers' capacity) or in [1, 1000000]");
   if (c.max_queued < 0 || c.max_queued > 1000000)
     return bad("max-queued", "must be in [0, 1000000]");
-  if (c.max_stream_buffer_bytes < 1024)
-    return bad("max-stream-buffer-bytes", "must be >= 1024");
+  if (c.max_stream_buffer_bytes < 1024) return bad("max-stream-buffer-bytes", "must be >= 1024");
   if (c.blocking_threads < 1 || c.blocking_threads > 64)
     return bad("blocking-threads", "must be in [1, 64]");
   if (c.admin_threads < 1 || c.admin_threads > 64)
@@ -78,12 +79,16 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   s->pool_ = std::make_unique<WorkerPool>(pool_options);
   s->cache_follows_fleet_ = std::make_unique<CacheFollowsFleet>(s->cache_.get());
   s->pool_->AddObserver(s->cache_follows_fleet_.get());
+  // Requests wait for a slot in the router's fair queues, not in a worker's FIFO queue: with
+  // --max-in-flight 0 the bound is what the workers run at once (set below, once the service
+  // exists, and followed as workers join, leave or report their capacity).
   RETURN_IF_ERROR(s->pool_->AddAll(config.workers));
   s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
   s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
   // Every in-flight generation has at most one blocking task queued at a time.
   s->blocking_ = std::make_unique<BoundedExecutor>(
-      "rl-blocking", config.blocking_threads, static_cast<size_t>(config.max_in_flight) + 64);
+      "rl-blocking", config.blocking_threads,
+      static_cast<size_t>(config.max_in_flight > 0 ? config.max_in_flight : 1000000) + 64);
   s->admin_executor_ = std::make_unique<BoundedExecutor>("rl-admin", config.admin_threads, 256);
   RouterServiceOptions service;
   service.retry.max_attempts = config.max_attempts;
@@ -95,22 +100,39 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   service.max_stream_buffer_bytes = config.max_stream_buffer_bytes;
   service.blocking = s->blocking_.get();
   service.admin = s->admin_executor_.get();
-  s->router_service_ = std::make_unique<RouterService>(
-      s->pool_.get(), s->cache_.get(), s->tokenizer_.get(), s->data_auth_.get(),
-      s->admin_auth_.get(), &s->metrics_, service);
+  s->router_service_ = std::make_unique<RouterService>(s->pool_.get(), s->cache_.get(),
+                                                       s->tokenizer_.get(), s->data_auth_.get(),
+                                                       s->admin_auth_.get(), &s->metrics_, service);
+  if (config.max_in_flight == 0) {
+    RouterService* service_ptr = s->router_service_.get();
+    auto follow = [service_ptr](int64_t capacity) {
+      // No worker yet (or none reported): as many as one default worker runs, so that requests
+      // fail fast instead of queueing for a fleet that is not there.
+      service_ptr->admission().SetLimit(static_cast<int>(
+          std::min<int64_t>(capacity > 0 ? capacity : kDefaultWorkerCapacity, 1000000)));
+    };
+    follow(s->pool_->Capacity());
+    s->pool_->SetCapacityObserver(follow);
+  }
   admin::AdminOptions admin;
   admin.broadcast.lock_timeout = std::chrono::milliseconds(config.admin_lock_timeout_ms);
   admin.broadcast.control_timeout = std::chrono::milliseconds(config.admin_call_timeout_ms);
   admin.broadcast.load_timeout = std::chrono::milliseconds(config.admin_load_timeout_ms);
   admin.broadcast.worker_admin_key = config.admin_api_key;
   admin.executor = s->admin_executor_.get();
+  admin.limits = config.limits;
   s->admin_service_ =
       std::make_unique<admin::AdminService>(s->pool_.get(), s->admin_auth_.get(), admin);
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
+  // A tensor chunk plus its header (the admin fan-out forwards them); generate requests are far
+  // smaller.
+  options.max_message_bytes = static_cast<int>(std::min<int64_t>(
+      std::max<int64_t>(config.limits.max_tensor_chunk_bytes + (1 << 20), 64 << 20), INT32_MAX));
   ASSIGN_OR_RETURN(s->grpc_,
                    GrpcServer::Start(options, {s->router_service_.get(), s->admin_service_.get()}));
+  s->router_service_->SetOwnAddress(config.host, s->grpc_->port());
   if (config.metrics_port >= 0) {
     ASSIGN_OR_RETURN(s->metrics_http_,
                      MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));
@@ -123,6 +145,7 @@ RouterServer::~RouterServer() { Shutdown(); }
 void RouterServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
+  if (pool_) pool_->SetCapacityObserver(nullptr);  // it points into the router service
   if (grpc_) grpc_->Shutdown();
   // No call is taken any more: let the generations wind down, then run what is queued.
   if (router_service_) router_service_->WaitForGenerations();

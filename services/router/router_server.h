@@ -47,7 +47,7 @@ struct RouterConfig {
   int health_failure_threshold = 2;
   int health_success_threshold = 1;
   // Data plane: admission, flow control and the blocking pool (router_service.h).
-  int max_in_flight = 4096;
+  int max_in_flight = 0;  // 0: the workers' capacity (admission.h)
   int max_queued = 16384;
   int64_t max_stream_buffer_bytes = 4 << 20;
   int blocking_threads = 2;

@@ -1,13 +1,71 @@
 #include "services/router/router_service.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 
 namespace rl::router {
+namespace {
+
+std::string StripBrackets(std::string host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+// Whether `host` is one of this machine's interface addresses (numeric hosts only: no DNS).
+bool IsLocalInterface(const std::string& host) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return false;
+  bool found = false;
+  for (ifaddrs* a = list; a != nullptr && !found; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (a->ifa_addr->sa_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ifa_addr)->sin_addr, text,
+                sizeof(text));
+    } else if (a->ifa_addr->sa_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ifa_addr)->sin6_addr, text,
+                sizeof(text));
+    }
+    found = host == text;
+  }
+  freeifaddrs(list);
+  return found;
+}
+
+// Whether `address` (HOST:PORT) names this router, listening on `listen_host`:`port`: the same
+// port and a host that is this machine without DNS (the listening host, a loopback or wildcard
+// name, the hostname, an interface address).
+bool NamesThisRouter(const std::string& address, const std::string& listen_host, int port) {
+  const size_t colon = address.rfind(':');
+  int p = 0;
+  if (port <= 0 || colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &p) ||
+      p != port) {
+    return false;
+  }
+  const std::string host = StripBrackets(address.substr(0, colon));
+  if (host == StripBrackets(listen_host) || host == "localhost" || host == "ip6-localhost" ||
+      host == "0.0.0.0" || host == "::" || host == "::1" || absl::StartsWith(host, "127.")) {
+    return true;
+  }
+  char name[256] = {};
+  if (gethostname(name, sizeof(name) - 1) == 0 && host == name) return true;
+  return IsLocalInterface(host);
+}
+
+}  // namespace
 
 RouterService::RouterService(WorkerPool* pool, TextCache* cache,
                              const tokenizer::Tokenizer* tokenizer, const BearerAuth* data_auth,
@@ -53,10 +111,10 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
   if (request->text().empty())
     return FinishUnary(context, absl::InvalidArgumentError("text: must not be empty"));
   if (static_cast<int64_t>(request->text().size()) > limits_.max_prompt_bytes) {
-    return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
-                                    "text: ", request->text().size(),
-                                    " bytes is more than --max-prompt-bytes (",
-                                    limits_.max_prompt_bytes, ")")));
+    return FinishUnary(
+        context, absl::InvalidArgumentError(absl::StrCat("text: ", request->text().size(),
+                                                         " bytes is more than --max-prompt-bytes (",
+                                                         limits_.max_prompt_bytes, ")")));
   }
   if (request->tokenize_remainder()) {
     if (tokenizer_ == nullptr)
@@ -86,9 +144,10 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
 }
 
 absl::Status RouterService::ResolveForRetrieve(const std::string& text,
-                                              rl::v1::RetrieveFromTextResponse* response) {
+                                               rl::v1::RetrieveFromTextResponse* response) {
   // The tokens a Generate of this text would send: one cache lookup, one hit or miss.
-  ASSIGN_OR_RETURN(ResolvedPrompt r, ResolveTextPrompt(text, *cache_, *tokenizer_, &seam_counters_));
+  ASSIGN_OR_RETURN(ResolvedPrompt r,
+                   ResolveTextPrompt(text, *cache_, *tokenizer_, &seam_counters_));
   const int64_t current = cache_->GetStats().current_version;
   std::vector<int64_t> versions = r.versions;
   versions.resize(r.ids.size(), current);
@@ -112,16 +171,32 @@ grpc::ServerUnaryReactor* RouterService::AddWorker(grpc::CallbackServerContext* 
   if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
     return FinishUnary(context, s);
   }
+  {
+    absl::MutexLock lock(&own_mu_);
+    if (NamesThisRouter(request->address(), own_host_, own_port_)) {
+      return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
+                                      "address: '", request->address(),
+                                      "' is this router's own address, not an rl-worker")));
+    }
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  // Add checks the worker once (a network round trip): off the callback thread.
-  if (!options_.admin->Submit([this, reactor, address = request->address(), response] {
-        absl::Status s = pool_->Add(address);
+  // Add checks the worker once (a network round trip, bounded by --health-timeout-ms): off the
+  // callback thread.
+  if (!options_.admin->Submit([this, reactor, address = request->address(),
+                               allow_unreachable = request->allow_unreachable(), response] {
+        absl::Status s = pool_->AddChecked(address, allow_unreachable);
         if (s.ok()) pool_->FillList(response);
         reactor->Finish(ToGrpcStatus(s));
       })) {
     reactor->Finish(ToGrpcStatus(options_.admin->BusyError()));
   }
   return reactor;
+}
+
+void RouterService::SetOwnAddress(const std::string& host, int port) {
+  absl::MutexLock lock(&own_mu_);
+  own_host_ = host;
+  own_port_ = port;
 }
 
 grpc::ServerUnaryReactor* RouterService::RemoveWorker(grpc::CallbackServerContext* context,

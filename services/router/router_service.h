@@ -18,6 +18,8 @@
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
 #include "common/metrics.h"
@@ -81,6 +83,11 @@ class RouterService final : public rl::v1::Router::CallbackService {
   void AbortRequests(const rl::v1::AbortRequest& request, std::optional<std::string> authorization,
                      std::function<void(absl::StatusOr<int32_t>)> done);
 
+  // The address this router listens on (AddWorker refuses it); set once the server has its port.
+  void SetOwnAddress(const std::string& host, int port) ABSL_LOCKS_EXCLUDED(own_mu_);
+  // Applies the fleet's capacity to an automatic admission bound (--max-in-flight 0).
+  Admission& admission() { return admission_; }
+
   // Blocks until no Generate stream is alive (after the server stopped taking calls).
   void WaitForGenerations() { live_.WaitForNone(); }
   WorkerPool* pool() const { return pool_; }
@@ -107,6 +114,9 @@ class RouterService final : public rl::v1::Router::CallbackService {
   GenerateContext generate_;
   // Router.Abort calls forwarding now (bounded by kMaxAbortsInFlight).
   std::atomic<int> aborts_in_flight_{0};
+  absl::Mutex own_mu_;
+  std::string own_host_ ABSL_GUARDED_BY(own_mu_);
+  int own_port_ ABSL_GUARDED_BY(own_mu_) = -1;
 };
 
 }  // namespace rl::router

@@ -63,7 +63,8 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDisk(
 
 grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest>*
 AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
-  return new TensorUpdateReactor(weights_, host_.limits(), executor_, auth_, c, resp);
+  return new TensorUpdateReactor(weights_, host_.limits(), executor_, auth_,
+                                 allow_non_finite_weights_, c, resp);
 }
 
 grpc::ServerUnaryReactor* AdminService::InitWeightsUpdateGroup(

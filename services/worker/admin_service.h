@@ -25,9 +25,17 @@ namespace rl::worker {
 
 class AdminService final : public rl::v1::Admin::CallbackService {
  public:
+  // `allow_non_finite_weights` (--allow-non-finite-weights): streamed tensors holding NaN or
+  // ±Inf are accepted instead of refused.
   AdminService(GenerateHost& host, WorkerControl& control, WeightUpdates& weights,
-               BoundedExecutor& executor, const BearerAuth& auth)
-      : host_(host), control_(control), weights_(weights), executor_(executor), auth_(auth) {}
+               BoundedExecutor& executor, const BearerAuth& auth,
+               bool allow_non_finite_weights = false)
+      : host_(host),
+        control_(control),
+        weights_(weights),
+        executor_(executor),
+        auth_(auth),
+        allow_non_finite_weights_(allow_non_finite_weights) {}
 
   // RESOURCE_EXHAUSTED for `method` refused by a full admin executor.
   static absl::Status ExecutorFull(absl::string_view method, const BoundedExecutor& executor);
@@ -85,6 +93,7 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   WeightUpdates& weights_;
   BoundedExecutor& executor_;
   const BearerAuth& auth_;
+  const bool allow_non_finite_weights_;
 };
 
 }  // namespace rl::worker

@@ -63,8 +63,9 @@ int main(int argc, char** argv) {
              "of the checkpoint under memory pressure; refilling them makes each "
              "UpdateWeightsFromDisk about 2x slower");
   flags.Bool("allow-non-finite-weights", &config.allow_non_finite_weights,
-             "load checkpoints holding NaN or Inf weights (refused by default, at start-up and "
-             "on every UpdateWeightsFromDisk, naming the tensor and the first bad element)");
+             "load checkpoints and take tensor streams holding NaN or Inf weights (refused by "
+             "default, at start-up, on every UpdateWeightsFromDisk and UpdateWeightsFromTensor, "
+             "naming the tensor and the first bad element)");
   flags.Bool("cpu-bf16-products", &config.cpu_bf16_products,
              "cpu: matmuls of bf16 weights round activations to bf16 and add bf16 products "
              "(AVX512-BF16 vdpbf16ps, like a bf16 trainer): faster prefill, NOT exact (see the "

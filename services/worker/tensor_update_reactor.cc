@@ -3,19 +3,49 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
+#include "common/model_io/dtype.h"
 #include "common/status.h"
 #include "services/worker/admin_convert.h"
 #include "services/worker/admin_service.h"
 #include "services/worker/weights/update_validation.h"
 
 namespace rl::worker {
+namespace {
+
+constexpr char kNothingApplied[] = "nothing applied, the old weights keep serving";
+
+// INVALID_ARGUMENT naming the first non-finite element of `t` at or after element `index`.
+absl::Status NonFinite(const NamedTensor& t, model_io::DType dtype, int64_t index) {
+  std::vector<int64_t> at(t.info.shape.size());
+  int64_t rest = index;
+  for (size_t d = at.size(); d-- > 0;) {
+    at[d] = t.info.shape[d] > 0 ? rest % t.info.shape[d] : 0;
+    rest = t.info.shape[d] > 0 ? rest / t.info.shape[d] : 0;
+  }
+  const uint8_t* p = t.bytes.data() + index * model_io::DTypeSize(dtype);
+  return absl::InvalidArgumentError(absl::StrCat(
+      "chunk.data: tensor ", QuoteForError(t.info.name), " (", t.info.dtype, " [",
+      absl::StrJoin(t.info.shape, ", "), "]) holds ", model_io::NonFiniteName(dtype, p),
+      " at element ", index, " (index [", absl::StrJoin(at, ", "),
+      "]): non-finite weights are refused (rl-worker --allow-non-finite-weights accepts them); ",
+      kNothingApplied));
+}
+
+}  // namespace
 
 TensorUpdateReactor::TensorUpdateReactor(WeightUpdates& weights, const RequestLimits& limits,
                                          BoundedExecutor& executor, const BearerAuth& auth,
+                                         bool allow_non_finite_weights,
                                          grpc::CallbackServerContext* context,
                                          rl::v1::AdminResponse* response)
-    : weights_(weights), limits_(limits), executor_(executor), response_(response) {
+    : weights_(weights),
+      limits_(limits),
+      executor_(executor),
+      allow_non_finite_(allow_non_finite_weights),
+      context_(context),
+      response_(response) {
   if (absl::Status s = auth.Check(*context); !s.ok()) {
     Finish(ToGrpcStatus(s));
     return;
@@ -24,29 +54,77 @@ TensorUpdateReactor::TensorUpdateReactor(WeightUpdates& weights, const RequestLi
 }
 
 void TensorUpdateReactor::OnReadDone(bool ok) {
-  if (!ok) {  // client half-closed: apply, off the gRPC thread
-    if (!executor_.Submit([this] { Finish(ToGrpcStatus(Apply())); })) {
-      Finish(ToGrpcStatus(AdminService::ExecutorFull("UpdateWeightsFromTensor", executor_)));
-    }
+  if (!ok) {
+    OnStreamEnded();
     return;
   }
-  if (absl::Status s = AddChunk(); !s.ok()) {
+  ++num_messages_;
+  if (absl::Status s = AddMessage(); !s.ok()) {
     Finish(ToGrpcStatus(s));
     return;
   }
   StartRead(&msg_);
 }
 
-absl::Status TensorUpdateReactor::AddChunk() {
-  if (first_) {
-    first_ = false;
-    policy_ = PolicyFrom(msg_);
+void TensorUpdateReactor::OnStreamEnded() {
+  // gRPC reports a half-close, a cancelled call, a broken connection and a message that does not
+  // parse alike (a failed read); only the `end` message tells a complete stream from a cut one.
+  if (context_->IsCancelled()) {
+    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
+                        absl::StrCat("UpdateWeightsFromTensor: the call was cancelled (by the "
+                                     "client, its deadline or a broken connection) after ",
+                                     num_messages_, " messages; ", kNothingApplied)));
+    return;
   }
-  const rl::v1::TensorChunk& c = msg_.chunk();
+  if (!ended_) {
+    Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "end: the stream ended after ", num_messages_,
+        " messages without its end message (TensorStreamEnd): the client half-closed early, or "
+        "a message did not parse as an UpdateWeightsFromTensorRequest; ",
+        kNothingApplied))));
+    return;
+  }
+  // The explicit end: apply, off the gRPC thread.
+  if (!executor_.Submit([this] { Finish(ToGrpcStatus(Apply())); })) {
+    Finish(ToGrpcStatus(AdminService::ExecutorFull("UpdateWeightsFromTensor", executor_)));
+  }
+}
+
+absl::Status TensorUpdateReactor::AddMessage() {
+  if (ended_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "end: message ", num_messages_, " came after the stream's end message; ", kNothingApplied));
+  }
+  if (num_messages_ == 1) policy_ = PolicyFrom(msg_);
+  // The first message may carry the options alone, the last one the end alone.
+  if (msg_.has_chunk()) {
+    RETURN_IF_ERROR(AddChunk(msg_.chunk()));
+  } else if (num_messages_ > 1 && !msg_.has_end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk: message ", num_messages_,
+                     " carries neither a chunk nor the end (only the first message may carry "
+                     "options alone)"));
+  }
+  if (msg_.has_end()) {
+    RETURN_IF_ERROR(CheckEnd(msg_.end()));
+    ended_ = true;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorUpdateReactor::AddChunk(const rl::v1::TensorChunk& c) {
   // The header is checked against the served weights (name, shape, bounded dtype size)
   // before anything is allocated for it; the stream's total stays under --max-update-bytes.
   int64_t total = 0;
   RETURN_IF_ERROR(CheckChunkForModel(c, weights_.served_shapes(), limits_, &total));
+  // Offset and size against the tensor's size without a sum that could wrap.
+  const uint64_t begin = c.offset(), size = c.data().size();
+  if (begin > static_cast<uint64_t>(total) || size > static_cast<uint64_t>(total) - begin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.offset: ", size, " bytes at offset ", begin, " do not fit in ",
+                     QuoteForError(c.name()), " (", total, " bytes)"));
+  }
+  const uint64_t end = begin + size;
   auto [it, inserted] = pending_.try_emplace(c.name());
   Pending& p = it->second;
   if (inserted) {
@@ -63,12 +141,6 @@ absl::Status TensorUpdateReactor::AddChunk() {
     return absl::InvalidArgumentError(
         absl::StrCat("chunk: ", QuoteForError(c.name()), " changed dtype between chunks"));
   }
-  const uint64_t begin = c.offset(), end = begin + c.data().size();
-  if (end > static_cast<uint64_t>(total) || end < begin) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk.offset: bytes [", begin, ", ", end,
-                                                   ") outside ", QuoteForError(c.name()), " (",
-                                                   total, " bytes)"));
-  }
   for (const auto& [b, e] : p.ranges) {
     if (begin < e && b < end) {
       return absl::InvalidArgumentError(
@@ -77,19 +149,58 @@ absl::Status TensorUpdateReactor::AddChunk() {
   }
   p.ranges.emplace_back(begin, end);
   std::copy(c.data().begin(), c.data().end(), p.tensor.bytes.begin() + static_cast<int64_t>(begin));
-  p.received += static_cast<int64_t>(c.data().size());
+  p.received += static_cast<int64_t>(size);
+  data_bytes_ += static_cast<int64_t>(size);
+  if (allow_non_finite_ || size == 0) return absl::OkStatus();
+  // Non-finite values: the elements wholly inside this chunk now, while they are in cache; an
+  // element cut by a chunk boundary once the tensor is complete.
+  const model_io::DType dtype = *model_io::ParseDType(c.dtype());  // checked above
+  const uint64_t esize = static_cast<uint64_t>(model_io::DTypeSize(dtype));
+  const uint64_t first = (begin + esize - 1) / esize, last = end / esize;
+  if (last > first) {
+    const int64_t found = model_io::FindNonFinite(dtype, p.tensor.bytes.data() + first * esize,
+                                                  static_cast<int64_t>(last - first));
+    if (found >= 0) return NonFinite(p.tensor, dtype, static_cast<int64_t>(first) + found);
+  }
+  if (begin % esize != 0) p.straddling.push_back(static_cast<int64_t>(begin / esize));
+  if (end % esize != 0) p.straddling.push_back(static_cast<int64_t>(end / esize));
+  if (p.received == total) {
+    for (int64_t e : p.straddling) {
+      if (model_io::FindNonFinite(dtype, p.tensor.bytes.data() + e * esize, 1) >= 0) {
+        return NonFinite(p.tensor, dtype, e);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorUpdateReactor::CheckEnd(const rl::v1::TensorStreamEnd& end) const {
+  if (end.num_tensors() != static_cast<int64_t>(pending_.size()) ||
+      end.num_bytes() != data_bytes_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("end: the stream announces ", end.num_tensors(), " tensors and ",
+                     end.num_bytes(), " data bytes, but ", pending_.size(), " tensors and ",
+                     data_bytes_, " bytes arrived; ", kNothingApplied));
+  }
+  for (const auto& [name, p] : pending_) {
+    if (p.received != static_cast<int64_t>(p.tensor.bytes.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "chunk: ", QuoteForError(name), " incomplete at the stream's end: ", p.received, " of ",
+          p.tensor.bytes.size(), " bytes; ", kNothingApplied));
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status TensorUpdateReactor::Apply() {
-  std::vector<NamedTensor> tensors;
-  for (auto& [name, p] : pending_) {
-    if (p.received != static_cast<int64_t>(p.tensor.bytes.size())) {
-      return absl::InvalidArgumentError(absl::StrCat("chunk: '", name, "' incomplete: ", p.received,
-                                                     " of ", p.tensor.bytes.size(), " bytes"));
-    }
-    tensors.push_back(std::move(p.tensor));
+  // Cancelled between the end and now: the client is gone, the stream is not applied.
+  if (context_->IsCancelled()) {
+    return absl::CancelledError(absl::StrCat(
+        "UpdateWeightsFromTensor: the call was cancelled before the apply; ", kNothingApplied));
   }
+  std::vector<NamedTensor> tensors;
+  tensors.reserve(pending_.size());
+  for (auto& [name, p] : pending_) tensors.push_back(std::move(p.tensor));
   pending_.clear();
   return FillFrom(weights_.UpdateWeightsFromTensors(std::move(tensors), policy_), response_);
 }

@@ -168,8 +168,9 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   s->admin_executor_ =
       std::make_unique<BoundedExecutor>("rl-admin", kAdminThreads, kMaxQueuedAdminCalls);
   s->worker_service_ = std::make_unique<WorkerService>(s->host_.get(), s->data_auth_.get());
-  s->admin_service_ = std::make_unique<AdminService>(*s->host_, *s->control_, *s->weights_,
-                                                     *s->admin_executor_, *s->admin_auth_);
+  s->admin_service_ =
+      std::make_unique<AdminService>(*s->host_, *s->control_, *s->weights_, *s->admin_executor_,
+                                     *s->admin_auth_, config.allow_non_finite_weights);
   engine::Engine* const engine = s->engine_.get();
   s->pause_guard_ = std::make_unique<PauseGuard>(
       [engine] { return engine->GetServerInfo().paused; },
@@ -183,8 +184,8 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   options.host = config.host;
   options.port = config.port;
   // A tensor chunk plus its header; generate requests are far smaller.
-  options.max_message_bytes = static_cast<int>(
-      std::max<int64_t>(config.limits.max_tensor_chunk_bytes + (1 << 20), 64 << 20));
+  options.max_message_bytes = static_cast<int>(std::min<int64_t>(
+      std::max<int64_t>(config.limits.max_tensor_chunk_bytes + (1 << 20), 64 << 20), INT32_MAX));
   ASSIGN_OR_RETURN(s->grpc_,
                    GrpcServer::Start(options, {s->worker_service_.get(), s->admin_service_.get(),
                                                s->sglang_service_.get()}));

@@ -19,27 +19,38 @@ namespace {
 
 // One rl.v1.Worker Generate stream: translates the request and the engine's chunks; lifetime
 // and the write queue are EngineStreamReactor's.
-// The router sends `rl-min-weight-version` (the fleet's recorded version): a worker below it
-// (restarted at its start-up weights before the router noticed) refuses with UNAVAILABLE, so
-// the router retries elsewhere and catches it up, instead of serving older weights.
+// The router sends `rl-min-weight-version` and `rl-fleet-weight-version` (both the fleet's
+// recorded version; the second is checked exactly): a worker below the first (restarted at its
+// start-up weights before the router noticed) or at another version than the second (updated behind
+// the router's back) refuses with UNAVAILABLE, so the router retries elsewhere, instead of serving
+// other weights than the fleet's.
 absl::Status CheckMinWeightVersion(const grpc::CallbackServerContext& context, int64_t version) {
   const auto& md = context.client_metadata();
-  auto it = md.find("rl-min-weight-version");
-  if (it == md.end()) return absl::OkStatus();
-  long long min = 0;  // NOLINT(runtime/int): SimpleAtoi has no int64_t overload on this Abseil
-  if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &min)) {
-    return absl::InvalidArgumentError("rl-min-weight-version: not an integer");
+  struct Header {
+    const char* name;
+    bool exact;
+  };
+  for (const auto& [header, exact] :
+       {Header{"rl-min-weight-version", false}, Header{"rl-fleet-weight-version", true}}) {
+    auto it = md.find(header);
+    if (it == md.end()) continue;
+    long long want = 0;  // NOLINT(runtime/int): SimpleAtoi has no int64_t overload on this Abseil
+    if (!absl::SimpleAtoi(absl::string_view(it->second.data(), it->second.size()), &want)) {
+      return absl::InvalidArgumentError(absl::StrCat(header, ": not an integer"));
+    }
+    if (exact ? version == want : version >= want) continue;
+    return absl::UnavailableError(
+        absl::StrCat("this worker serves weight version ", version,
+                     exact ? ", not the fleet's " : ", older than the fleet's ", want,
+                     exact ? " (updated alone?)" : " (restarted?)", "; route elsewhere"));
   }
-  if (version >= min) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat("this worker serves weight version ", version,
-                                             ", older than the fleet's ", min,
-                                             " (restarted?); route elsewhere"));
+  return absl::OkStatus();
 }
 
 class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateResponse> {
  public:
-  GenerateReactor(GenerateHost* server, const BearerAuth* auth, grpc::CallbackServerContext* context,
-                  const rl::v1::GenerateRequest& request)
+  GenerateReactor(GenerateHost* server, const BearerAuth* auth,
+                  grpc::CallbackServerContext* context, const rl::v1::GenerateRequest& request)
       : EngineStreamReactor(server) {
     absl::Status s = Start(auth, context, request);
     if (!s.ok()) FailStart(s);
@@ -140,7 +151,6 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
   // Empty with skip_detokenize (or no tokenizer): no text is decoded at all.
   std::vector<tokenizer::StreamDecoder> decoders_;  // stream thread only
   std::vector<int32_t> prompt_ids_;                 // the prompt's tail: the decoders' context
-
 };
 
 }  // namespace
@@ -189,6 +199,8 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
                              : 0.0);
   response->set_weight_version(info.weight_version);
   response->set_paused(info.paused);
+  response->set_max_running_requests(
+      info.scheduler.req_to_token_total);  // one row per running request
   return FinishUnary(context, absl::OkStatus());
 }
 

@@ -220,7 +220,7 @@ def test_router_admission_and_thread_flags():
     {"worker": {"gpuMemoryFraction": 1.5}},
     {"image": {"pullPolicy": "Sometimes"}},
     {"router": {"port": 70000}},
-    {"router": {"maxInFlight": 0}},
+    {"router": {"maxInFlight": -1}},
     {"router": {"maxQueued": -1}},
     {"router": {"maxStreamBufferBytes": 512}},
     {"router": {"blockingThreads": 65}},

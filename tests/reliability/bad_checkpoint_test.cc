@@ -60,7 +60,13 @@ TEST_F(BadInputTest, TensorUpdateHeadersCheckedBeforeAllocation) {
       {"empty stream", {}},
   };
   for (const auto& [name, chunks] : cases) {
-    ExpectError(SendChunks(chunks), {StatusCode::INVALID_ARGUMENT}, name);
+    const grpc::Status s = SendChunks(chunks);
+    ExpectError(s, {StatusCode::INVALID_ARGUMENT}, name);
+    if (name == "offset wraps") {  // checked without a sum that wraps, and never printing one
+      EXPECT_THAT(s.error_message(),
+                  ::testing::HasSubstr("8 bytes at offset 18446744073709551613 do not fit"));
+      EXPECT_THAT(s.error_message(), ::testing::Not(::testing::HasSubstr(", 5)")));
+    }
     ASSERT_TRUE(worker_->Alive()) << name;
   }
   ExpectHealthy("after tensor updates");

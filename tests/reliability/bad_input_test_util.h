@@ -27,6 +27,7 @@
 #include "rl/v1/router.grpc.pb.h"
 #include "rl/v1/worker.grpc.pb.h"
 #include "tests/testing/process_util.h"
+#include "tests/testing/tensor_stream.h"
 #include "tests/testing/test_data.h"
 
 namespace rl::testing {
@@ -240,14 +241,8 @@ class BadInputTest : public ::testing::Test {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
     ctx.AddMetadata("authorization", std::string("Bearer ") + kAdminKey);
-    auto writer = admin_->UpdateWeightsFromTensor(&ctx, &resp);
-    for (const auto& c : chunks) {
-      rl::v1::UpdateWeightsFromTensorRequest msg;
-      *msg.mutable_chunk() = c;
-      if (!writer->Write(msg)) break;
-    }
-    writer->WritesDone();
-    return writer->Finish();
+    // A complete stream (with its end): each case is refused for its own reason.
+    return SendTensorStream(*admin_, &ctx, chunks, &resp);
   }
 
   inline static Process* worker_ = nullptr;

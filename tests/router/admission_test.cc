@@ -3,6 +3,7 @@
 // a full queue giving the newest place of the longest client queue to a newcomer.
 #include "services/router/admission.h"
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -54,6 +55,41 @@ TEST(AdmissionTest, SlotsThenFairQueueThenRefusal) {
   a.Release();
   a.Release();
   EXPECT_EQ(a.in_flight(), 0);
+}
+
+// --max-in-flight 0: the bound follows SetLimit (the workers' capacity). Raised, it admits
+// waiters at once, in turn; lowered, freed slots are not handed over until under it again.
+TEST(AdmissionTest, AnAutomaticBoundFollowsTheCapacity) {
+  Admission a(AdmissionOptions{0, 100});
+  a.SetLimit(1);
+  std::vector<std::string> log;
+  std::vector<std::unique_ptr<Recorder>> w;
+  auto admit = [&](const std::string& client, const std::string& name) {
+    w.push_back(std::make_unique<Recorder>(name, &log));
+    return a.Admit(client, w.back().get());
+  };
+  EXPECT_EQ(*admit("A", "a1"), Admission::Result::kAdmitted);
+  EXPECT_EQ(*admit("A", "a2"), Admission::Result::kQueued);
+  EXPECT_EQ(*admit("A", "a3"), Admission::Result::kQueued);
+  EXPECT_EQ(*admit("B", "b1"), Admission::Result::kQueued);
+  a.SetLimit(3);
+  EXPECT_EQ(log, (std::vector<std::string>{"a2:ok", "b1:ok"}));
+  EXPECT_EQ(a.in_flight(), 3);
+  EXPECT_EQ(a.limit(), 3);
+  a.SetLimit(1);  // two over the bound now: the next two releases hand nothing over
+  a.Release();
+  a.Release();
+  EXPECT_EQ(log.size(), 2u);
+  EXPECT_EQ(a.in_flight(), 1);
+  a.Release();
+  EXPECT_EQ(log.back(), "a3:ok");
+  EXPECT_EQ(a.in_flight(), 1);
+  absl::StatusOr<Admission::Result> r = Admission(AdmissionOptions{0, 0}).Admit("C", nullptr);
+  EXPECT_EQ(*r, Admission::Result::kAdmitted);  // one slot before any capacity is known
+  // A fixed bound ignores SetLimit.
+  Admission fixed(AdmissionOptions{2, 10});
+  fixed.SetLimit(50);
+  EXPECT_EQ(fixed.limit(), 2);
 }
 
 TEST(AdmissionTest, WithdrawnWaitersAreNeverCalled) {

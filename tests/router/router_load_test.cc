@@ -13,6 +13,7 @@
 // Every wait is bounded (deadlines on calls, at most 60 s per wait).
 #include <atomic>
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,6 +36,7 @@ using testing::CountThreads;
 using testing::FakeWorker;
 using testing::FakeWorkerOptions;
 using RouterCall = AsyncGenerate<rl::v1::Router::Stub>;
+using rl::v1::GenerateResponse;
 
 // Counts finished calls; Wait blocks (bounded) until `n` are done.
 class Tally {
@@ -257,6 +259,180 @@ TEST_F(RouterLoadTest, LongTextPromptsAndRetrievesRunOnTheBlockingPool) {
   ASSERT_TRUE(stub->RetrieveFromText(&ctx, retrieve, &resp).ok());
   EXPECT_GT(resp.trajectory().tokens_size(), 100);
   EXPECT_EQ(resp.trajectory().tokens_size(), resp.trajectory().loss_mask_size());
+}
+
+// A worker as its engine schedules: at most kCapacity requests run (it reports that as GetLoad's
+// max_running_requests), the others wait in one FIFO queue; the test finishes the oldest running
+// request (ReleaseOldest) and the next waiting one starts. `order` is the order requests started
+// running, by their first prompt id.
+class FifoWorker final : public rl::v1::Worker::CallbackService {
+ public:
+  static constexpr int kCapacity = 8;
+
+  grpc::ServerWriteReactor<GenerateResponse>* Generate(
+      grpc::CallbackServerContext*, const rl::v1::GenerateRequest* req) override {
+    auto* r = new Reactor(req->request_id());
+    absl::MutexLock lock(&mu_);
+    if (open_) {
+      r->Answer();
+    } else {
+      queue_.push_back({r, req->input_ids().ids(1)});
+      StartRunningLocked();
+    }
+    return r;
+  }
+  grpc::ServerUnaryReactor* GetLoad(grpc::CallbackServerContext* ctx, const rl::v1::GetLoadRequest*,
+                                    rl::v1::GetLoadResponse* resp) override {
+    resp->set_max_running_requests(kCapacity);
+    auto* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+  // Finishes the oldest running request; the next waiting one starts.
+  void ReleaseOldest() {
+    absl::MutexLock lock(&mu_);
+    if (running_.empty()) return;
+    running_.front()->Answer();
+    running_.pop_front();
+    StartRunningLocked();
+  }
+  // Answers everything now and from now on.
+  void ReleaseAll() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+    for (Reactor* r : running_) r->Answer();
+    for (auto& [r, id] : queue_) r->Answer();
+    running_.clear();
+    queue_.clear();
+  }
+  std::vector<int32_t> order() {
+    absl::MutexLock lock(&mu_);
+    return order_;
+  }
+  int arrived() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(order_.size() + queue_.size());
+  }
+
+ private:
+  class Reactor final : public grpc::ServerWriteReactor<GenerateResponse> {
+   public:
+    explicit Reactor(const std::string& id) { msg_.set_request_id(id); }
+    void Answer() {
+      if (done_.exchange(true)) return;
+      msg_.mutable_final()->set_finish_reason(rl::v1::FINISH_REASON_LENGTH);
+      StartWrite(&msg_);
+    }
+    void OnWriteDone(bool) override { Finish(grpc::Status::OK); }
+    void OnCancel() override {
+      if (!done_.exchange(true)) Finish(grpc::Status::CANCELLED);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    GenerateResponse msg_;
+    std::atomic<bool> done_{false};
+  };
+
+  void StartRunningLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (static_cast<int>(running_.size()) < kCapacity && !queue_.empty()) {
+      running_.push_back(queue_.front().first);
+      order_.push_back(queue_.front().second);
+      queue_.pop_front();
+    }
+  }
+
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<Reactor*> running_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::pair<Reactor*, int32_t>> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<int32_t> order_ ABSL_GUARDED_BY(mu_);
+};
+
+// The README's promise with the defaults (--max-in-flight 0: the workers' capacity): while one
+// client has thousands of requests queued, another client's small request runs after about one
+// generation, not behind them. Asserted on order: it starts running among the first requests
+// after the worker's running batch, not after the flood (with a fixed --max-in-flight above the
+// workers' capacity the flood sat in the worker's FIFO queue and it ran 3,000th).
+TEST_F(RouterLoadTest, BehindAFloodAnotherClientRunsWithinAboutOneGenerationByDefault) {
+  constexpr int kFlood = 3000;
+  constexpr int32_t kFloodId = 403, kOtherId = 407;
+  FifoWorker worker;
+  auto server = GrpcServer::Start(ServerOptions{}, {&worker});
+  ASSERT_TRUE(server.ok()) << server.status();
+  RouterConfig config;
+  config.workers = {(*server)->address()};
+  config.tokenizer_path = worker::testing::Stories();
+  config.health_interval_ms = 200;
+  auto router = RouterServer::Start(config);  // --max-in-flight left at its default
+  ASSERT_TRUE(router.ok()) << router.status();
+  router_ = *std::move(router);
+  auto request = [](int32_t id) {
+    rl::v1::GenerateRequest req;
+    req.mutable_input_ids()->add_ids(1);
+    req.mutable_input_ids()->add_ids(id);
+    return req;
+  };
+  auto flood_stub = NewStub();
+  auto other_stub = NewStub();
+  Tally flood;
+  for (int i = 0; i < kFlood; ++i) {
+    RouterCall::Start(flood_stub.get(), request(kFloodId), flood.Callback(), "flooder", true,
+                      std::chrono::seconds(120));
+  }
+  // Every flood request is either running on the worker or waiting somewhere.
+  auto queued_in_router = [&] {
+    rl::v1::GetMetricsResponse m;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(other_stub->GetMetrics(&ctx, rl::v1::GetMetricsRequest(), &m).ok());
+    const std::string key = "\nrl_router_admission_queued ";  // the sample, not # HELP
+    const size_t at = m.prometheus_text().find(key);
+    return at == std::string::npos ? -1
+                                   : static_cast<int>(std::strtod(
+                                         m.prometheus_text().c_str() + at + key.size(), nullptr));
+  };
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (worker.arrived() + queued_in_router() < kFlood &&
+         std::chrono::steady_clock::now() < limit) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(static_cast<int>(worker.order().size()), FifoWorker::kCapacity);
+  Tally other;
+  RouterCall::Start(other_stub.get(), request(kOtherId), other.Callback(), "other", true,
+                    std::chrono::seconds(120));
+  // It waits in the router (its own queue), not behind the flood in the worker.
+  const auto queued = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (queued_in_router() + worker.arrived() < kFlood + 1 &&
+         std::chrono::steady_clock::now() < queued) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // Finish one running request at a time until the other client's request runs.
+  int position = -1;
+  for (int released = 0; released < 2 * FifoWorker::kCapacity && position < 0; ++released) {
+    const size_t before = worker.order().size();
+    worker.ReleaseOldest();
+    const auto wait = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (worker.order().size() == before && std::chrono::steady_clock::now() < wait) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    const std::vector<int32_t> order = worker.order();
+    for (size_t i = 0; i < order.size(); ++i) {
+      if (order[i] == kOtherId) position = static_cast<int>(i);
+    }
+  }
+  ASSERT_GE(position, 0) << "the other client's request was not among the first "
+                         << worker.order().size() << " to run";
+  std::printf("the other client's request ran after %d flood requests\n", position);
+  // Right after the batch running when it arrived, give or take one turn of the flooder.
+  EXPECT_GE(position, FifoWorker::kCapacity);
+  EXPECT_LE(position, FifoWorker::kCapacity + 1);
+  worker.ReleaseAll();
+  ASSERT_TRUE(other.Wait(1));
+  EXPECT_EQ(other.ok(), 1);
+  ASSERT_TRUE(flood.Wait(kFlood, std::chrono::seconds(120)));
+  EXPECT_EQ(flood.ok(), kFlood);
+  router_->Shutdown();
+  (*server)->Shutdown();
 }
 
 }  // namespace

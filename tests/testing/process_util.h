@@ -33,13 +33,15 @@ namespace rl::testing {
 // One child process; stdout+stderr go to a log file that is scanned for lines.
 class Process {
  public:
-  // Starts `binary` (a name under BUILD_DIR/bin) with `args` and extra environment entries.
+  // Starts `binary` (a name under BUILD_DIR/bin, or a path) with `args` and extra environment
+  // entries.
   Process(const std::string& binary, const std::vector<std::string>& args,
           const std::map<std::string, std::string>& env = {}) {
     char tmpl[] = "/tmp/rl-proc-XXXXXX";
     const int fd = mkstemp(tmpl);
     log_path_ = tmpl;
-    std::vector<std::string> argv_s = {BuildDir() + "/bin/" + binary};
+    std::vector<std::string> argv_s = {
+        binary.find('/') != std::string::npos ? binary : BuildDir() + "/bin/" + binary};
     argv_s.insert(argv_s.end(), args.begin(), args.end());
     pid_ = fork();
     if (pid_ == 0) {
@@ -159,6 +161,47 @@ inline grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel,
   grpc::Slice slice(bytes);
   grpc::ByteBuffer buffer(&slice, 1);
   if (ok) {
+    call->Write(buffer, reinterpret_cast<void*>(2));
+    cq.Next(&tag, &ok);
+  }
+  if (ok) {
+    call->WritesDone(reinterpret_cast<void*>(3));
+    cq.Next(&tag, &ok);
+  }
+  grpc::ByteBuffer reply;
+  for (;;) {
+    call->Read(&reply, reinterpret_cast<void*>(4));
+    cq.Next(&tag, &ok);
+    if (!ok) break;
+  }
+  grpc::Status status;
+  call->Finish(&status, reinterpret_cast<void*>(5));
+  cq.Next(&tag, &ok);
+  cq.Shutdown();
+  while (cq.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+// Sends `bodies` as the raw messages of one client-streaming call to `method` (any bytes: a
+// message that does not parse included), half-closes, and returns the call's status.
+inline grpc::Status RawStream(const std::shared_ptr<grpc::Channel>& channel,
+                              const std::string& method, const std::vector<std::string>& bodies,
+                              const std::string& key = "") {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
+  grpc::CompletionQueue cq;
+  auto call = stub.PrepareCall(&ctx, method, &cq);
+  void* tag;
+  bool ok;
+  call->StartCall(reinterpret_cast<void*>(1));
+  cq.Next(&tag, &ok);
+  for (const std::string& body : bodies) {
+    if (!ok) break;
+    grpc::Slice slice(body);
+    grpc::ByteBuffer buffer(&slice, 1);
     call->Write(buffer, reinterpret_cast<void*>(2));
     cq.Next(&tag, &ok);
   }

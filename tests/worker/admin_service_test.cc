@@ -20,6 +20,7 @@
 #include "services/worker/engine/engine.h"
 #include "services/worker/weights/weights_checker.h"
 #include "tests/testing/fake_runner.h"
+#include "tests/testing/tensor_stream.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {
@@ -220,15 +221,8 @@ class AdminExecutorTest : public ::testing::Test {
   grpc::Status SendTensor() {
     grpc::ClientContext ctx;
     rl::v1::AdminResponse resp;
-    auto writer = stub_->UpdateWeightsFromTensor(&ctx, &resp);
-    rl::v1::UpdateWeightsFromTensorRequest m;
-    m.mutable_chunk()->set_name("w");
-    m.mutable_chunk()->set_dtype("F32");
-    m.mutable_chunk()->add_shape(2);
-    m.mutable_chunk()->set_data(std::string(8, '\0'));
-    writer->Write(m);
-    writer->WritesDone();
-    return writer->Finish();
+    return ::rl::testing::SendTensorStream(
+        *stub_, &ctx, {::rl::testing::Chunk("w", {2}, "F32", std::string(8, '\0'))}, &resp);
   }
 
   FakeHost host_;

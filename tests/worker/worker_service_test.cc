@@ -114,6 +114,28 @@ TEST_F(WorkerServiceTest, MinWeightVersionFromTheRouterIsEnforced) {
   EXPECT_EQ(run("seven").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// The router's `rl-fleet-weight-version` (the version it routes to): a worker at any other
+// version (ahead of it included: updated alone) refuses with UNAVAILABLE; at it, it serves.
+TEST_F(WorkerServiceTest, FleetWeightVersionFromTheRouterIsEnforcedExactly) {
+  const int64_t version = ServerInfo().weight_version();
+  auto run = [&](const std::string& fleet) {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("rl-fleet-weight-version", fleet);
+    auto reader = worker_->Generate(&ctx, Greedy(kPromptIds, 2));
+    rl::v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    return reader->Finish();
+  };
+  for (int64_t other : {version + 1, version - 1}) {
+    grpc::Status s = run(std::to_string(other));
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << other;
+    EXPECT_NE(s.error_message().find("not the fleet's"), std::string::npos) << s.error_message();
+  }
+  EXPECT_TRUE(run(std::to_string(version)).ok());
+  EXPECT_EQ(run("x").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
 TEST_F(WorkerServiceTest, TextPromptIsTokenized) {
   rl::v1::GenerateRequest req = Greedy({}, 20);
   req.set_text("Once upon a time");

@@ -63,24 +63,35 @@ int WeightsChecker(const Options& o, const Client& c) {
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   rl::v1::WeightsCheckerResponse resp;
-  return Print<rl::v1::WeightsCheckerResponse>(o, c.admin()->WeightsChecker(&ctx, req, &resp),
-                                               resp);
+  const int rc =
+      Print<rl::v1::WeightsCheckerResponse>(o, c.admin()->WeightsChecker(&ctx, req, &resp), resp);
+  return rc == 0 && !resp.success() ? 1 : rc;  // some worker failed
 }
 
 int ModelInfo(const Options& o, const Client& c) {
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   rl::v1::GetModelInfoResponse resp;
-  return Print<rl::v1::GetModelInfoResponse>(
+  const int rc = Print<rl::v1::GetModelInfoResponse>(
       o, c.admin()->GetModelInfo(&ctx, rl::v1::GetModelInfoRequest(), &resp), resp);
+  // Through a router: a worker that did not answer fails the command.
+  for (const auto& w : resp.workers()) {
+    if (rc == 0 && !w.error().empty()) return 1;
+  }
+  return rc;
 }
 
 int ServerInfo(const Options& o, const Client& c) {
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   rl::v1::GetServerInfoResponse resp;
-  return Print<rl::v1::GetServerInfoResponse>(
+  const int rc = Print<rl::v1::GetServerInfoResponse>(
       o, c.admin()->GetServerInfo(&ctx, rl::v1::GetServerInfoRequest(), &resp), resp);
+  // Through a router: a worker that did not answer fails the command.
+  for (const auto& w : resp.workers()) {
+    if (rc == 0 && !w.error().empty()) return 1;
+  }
+  return rc;
 }
 
 int ListWeights(const Options& o, const Client& c) {

@@ -31,8 +31,8 @@ constexpr char kCommands[] = R"(Commands:
   receive-weights --group-name G [--version N] [--abort-all] [--keep-pause]   (buckets on stdin)
   weights-checker --action snapshot|reset_tensors|compare|checksum
   list-weights      model-info      server-info      metrics      health
-  workers list | add ADDR | remove ADDR | enable ADDR | disable ADDR
-    | resync ADDR --from-disk DIR [--version N]
+  workers list | add ADDR [--allow-unreachable] | remove ADDR | enable ADDR | disable ADDR
+    | resync ADDR... --from-disk DIR [--version N]
   tokenize --tokenizer DIR [--text T | --file PATH] [--no-special]
            (offline; --file: the whole file as one text; neither: one text per stdin line)
   detokenize --tokenizer DIR [--ids 1,2,3] [--skip-special]  (offline; stdin JSON arrays)
@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
   flags.String("ids", &o.ids, "comma-separated token ids");
   flags.String("request-id", &o.request_id, "abort: the request's id");
   flags.Bool("all", &o.all, "abort: every in-flight request (admin key)");
+  flags.Bool("allow-unreachable", &o.allow_unreachable,
+             "workers add: register a worker that does not answer yet (listed DEAD until it "
+             "does)");
   flags.Int("max-new-tokens", &o.max_new_tokens,
             "generate: tokens to generate (-1: server default)");
   flags.Double("temperature", &o.temperature, "generate: temperature (-1: server default)");

@@ -17,7 +17,8 @@ struct Options {
   bool text_set = false;  // --text given, even empty
   std::string file;       // tokenize: the whole file as one text
   std::string request_id;
-  bool all = false;  // abort: every request
+  bool all = false;                // abort: every request
+  bool allow_unreachable = false;  // workers add: register a worker that does not answer yet
   std::string ids;
   int max_new_tokens = -1;
   double temperature = -1;

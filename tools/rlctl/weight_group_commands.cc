@@ -37,6 +37,7 @@ int UpdateWeightsDistributed(const Options& o, const Client& c) {
   if (o.group_name.empty()) return Fail(o, Usage("update-weights --distributed --group-name G"));
   Json all = Json::array();
   int num_buckets = 0;
+  bool all_ok = true;  // every bucket on every worker
   auto send = [&](const std::string& line) -> absl::Status {
     const int index = num_buckets++;
     ASSIGN_OR_RETURN(auto specs, weight_sync::ParseBucketJson(line));
@@ -53,6 +54,7 @@ int UpdateWeightsDistributed(const Options& o, const Client& c) {
     c.Prepare(&ctx);
     rl::v1::AdminResponse resp;
     RETURN_IF_ERROR(FromGrpcStatus(c.admin()->UpdateWeightsFromDistributed(&ctx, req, &resp)));
+    all_ok = all_ok && resp.success();
     if (o.json) {
       all.push_back(Json::parse(ToJson(resp)));
     } else {
@@ -74,7 +76,7 @@ int UpdateWeightsDistributed(const Options& o, const Client& c) {
   }
   if (num_buckets == 0) return Fail(o, absl::InvalidArgumentError("no bucket line on stdin"));
   if (o.json) std::cout << Json{{"buckets", all}}.dump() << "\n";
-  return 0;
+  return all_ok ? 0 : 1;  // a bucket that failed on some worker fails the command
 }
 
 int InitGroup(const Options& o, const Client& c) {

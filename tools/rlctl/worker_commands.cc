@@ -18,23 +18,25 @@ int Workers(const Options& o, const Client& c, const std::vector<std::string>& a
   const bool needs_addr = sub != "list";
   if (needs_addr && args.size() < 3) return Fail(o, Usage("workers " + sub + " ADDR"));
   if (sub == "resync") {
-    // Brings one worker (stale, or disabled with partial weights) to the fleet's version from a
+    // Brings workers (stale, or disabled with partial weights) to the fleet's version from a
     // folder: Admin.UpdateWeightsFromDisk with `workers` (docs/router-admin.md).
-    if (o.from_disk.empty()) return Fail(o, Usage("workers resync ADDR --from-disk DIR"));
+    if (o.from_disk.empty()) return Fail(o, Usage("workers resync ADDR... --from-disk DIR"));
     rl::v1::UpdateWeightsFromDiskRequest req;
     req.set_model_path(o.from_disk);
     if (o.version >= 0) req.set_weight_version(o.version);
     req.set_abort_all_requests(o.abort_all);
-    req.add_workers(args[2]);
+    for (size_t i = 2; i < args.size(); ++i) req.add_workers(args[i]);
     rl::v1::AdminResponse admin_resp;
-    return Print<rl::v1::AdminResponse>(o, c.admin()->UpdateWeightsFromDisk(&ctx, req, &admin_resp),
-                                        admin_resp, PrintAdmin);
+    // success: false (refused or failed on the worker) exits 1, as every admin command.
+    return PrintAdminResponse(o, c.admin()->UpdateWeightsFromDisk(&ctx, req, &admin_resp),
+                              admin_resp);
   }
   if (sub == "list") {
     status = stub->ListWorkers(&ctx, rl::v1::ListWorkersRequest(), &resp);
   } else if (sub == "add") {
     rl::v1::AddWorkerRequest req;
     req.set_address(args[2]);
+    req.set_allow_unreachable(o.allow_unreachable);
     status = stub->AddWorker(&ctx, req, &resp);
   } else if (sub == "remove") {
     rl::v1::RemoveWorkerRequest req;
@@ -46,8 +48,8 @@ int Workers(const Options& o, const Client& c, const std::vector<std::string>& a
     req.set_enabled(sub == "enable");
     status = stub->SetWorkerEnabled(&ctx, req, &resp);
   } else {
-    return Fail(o, Usage("workers list|add ADDR|remove ADDR|enable ADDR|disable ADDR|resync ADDR "
-                         "--from-disk DIR"));
+    return Fail(o, Usage("workers list|add ADDR [--allow-unreachable]|remove ADDR|enable ADDR|"
+                         "disable ADDR|resync ADDR... --from-disk DIR"));
   }
   return Print<rl::v1::WorkerListResponse>(o, status, resp, [](const auto& r) {
     for (const auto& w : r.workers()) {

@@ -1,18 +1,30 @@
 #include "services/router/admin/admin_service.h"
 
 #include <algorithm>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
+#include "common/status.h"
 #include "services/router/admin/tensor_fanout.h"
 
 namespace rl::router::admin {
+namespace {
+
+std::string CodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+}  // namespace
 
 AdminService::AdminService(WorkerPool* pool, const BearerAuth* auth, AdminOptions options)
     : pool_(pool),
       auth_(auth),
       executor_(options.executor),
+      limits_(options.limits),
       broadcaster_(pool, std::move(options.broadcast)),
       catch_up_(std::make_unique<CatchUp>(pool, &broadcaster_)) {}
 
@@ -75,13 +87,7 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDisk(
               .only = {req->workers().begin(), req->workers().end()}};
     rl::v1::UpdateWeightsFromDiskRequest mine = *req;
     mine.clear_workers();
-    if (!plan.only.empty()) {
-      plan.what = "UpdateWeightsFromDisk (resync)";
-      plan.sets_paused.reset();
-      // A resync brings the worker to the fleet's version unless told otherwise.
-      const FleetWeights fleet = pool_->fleet_weights();
-      if (!mine.has_weight_version() && fleet.version >= 0) mine.set_weight_version(fleet.version);
-    }
+    if (!plan.only.empty()) RETURN_IF_ERROR(CheckResync(c, &mine, &plan));
     return broadcaster_.Broadcast(
         plan, c,
         [&mine](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r, Done done) {
@@ -94,22 +100,88 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDisk(
 grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest>*
 AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
   if (absl::Status s = auth_->Check(*c); !s.ok()) return NewRejectedTensorStream(s);
-  return NewTensorFanout(
-      [this, c, resp](const TensorChunks& chunks) {
-        const Plan plan{.what = "UpdateWeightsFromTensor",
-                        .deadline = Deadline::kLoad,
-                        .hold = true,
-                        .partial = Partial::kTensor,
-                        .bumps_version = true,
-                        .source = FleetWeights::Source::kTensor,
-                        .sets_paused = !chunks.empty() && chunks.front().keep_pause()};
-        return broadcaster_.Broadcast(
-            plan, c,
-            [&chunks](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
-                      Done done) { ReplayTensorStream(w, &chunks, ctx, r, std::move(done)); },
-            resp);
+  // Chunks are forwarded as they arrive (tensor_fanout.h), under one broadcast.
+  return NewTensorRelay(
+      c,
+      [this, c, resp](const TensorRelayStart& start) {
+        Plan plan{.what = "UpdateWeightsFromTensor",
+                  .deadline = Deadline::kLoad,
+                  .hold = true,
+                  .partial = Partial::kTensor,
+                  .bumps_version = true,
+                  .source = FleetWeights::Source::kTensor,
+                  .sets_paused = start.keep_pause};
+        plan.started = start.started;
+        return broadcaster_.Broadcast(plan, c, start.call, resp);
       },
-      executor_);
+      executor_, pool_,
+      TensorRelayOptions{.limits = limits_, .load_timeout = broadcaster_.options().load_timeout});
+}
+
+absl::Status AdminService::CheckResync(Ctx* c, rl::v1::UpdateWeightsFromDiskRequest* req,
+                                       Plan* plan) {
+  const std::set<std::string> named(plan->only.begin(), plan->only.end());
+  std::set<std::string> others;
+  for (const auto& w : pool_->LiveWorkers()) {
+    if (!named.contains(w->address())) others.insert(w->address());
+  }
+  const FleetWeights fleet = pool_->fleet_weights();
+  const int64_t reference = pool_->ReferenceVersion();
+  // With no update recorded, the fleet serves what its workers were started with (--model, as
+  // GetModelInfo reports it): the folders of the named workers and of the others.
+  std::set<std::string> named_paths, other_paths;
+  if (fleet.version < 0) {
+    for (const auto& r :
+         broadcaster_.Gather(c, rl::v1::GetModelInfoRequest(), &AsyncAdmin::GetModelInfo)) {
+      if (!r.status.ok()) continue;
+      (others.contains(r.worker) ? other_paths : named_paths).insert(r.resp.model_path());
+    }
+  }
+  if (others.empty()) {
+    // Every live worker: a fleet-wide update (the fleet's weights are recorded). Unset version:
+    // the fleet's when the folder holds the fleet's weights as far as the router knows, else
+    // a new one (a version never names two contents).
+    plan->what = "UpdateWeightsFromDisk (resync of every live worker)";
+    plan->whole_fleet = true;
+    if (!req->has_weight_version() && reference >= 0) {
+      const bool same = fleet.version >= 0
+                            ? !fleet.replayable() || req->model_path() == fleet.path
+                            : named_paths == std::set<std::string>{req->model_path()};
+      req->set_weight_version(same ? reference : reference + 1);
+    }
+    return absl::OkStatus();
+  }
+  plan->what = "UpdateWeightsFromDisk (resync)";
+  plan->sets_paused.reset();
+  const std::string whole_fleet =
+      absl::StrCat("update every worker instead (rlctl update-weights --from-disk ",
+                   req->model_path(), "), or resync every live worker");
+  if (req->has_weight_version() && req->weight_version() != reference) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("weight_version: a resync brings workers to the fleet's version (", reference,
+                     "); ", req->weight_version(), " would serve a version the other ",
+                     others.size(), " live workers do not: ", whole_fleet));
+  }
+  if (fleet.version >= 0) {
+    // The fleet's replayable folder is the only one known to hold its weights.
+    if (fleet.replayable() && req->model_path() != fleet.path) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model_path: the fleet's weights (version ", fleet.version, ") came from ", fleet.path,
+          "; a resync from ", req->model_path(),
+          " would serve other weights under that version: resync from ", fleet.path,
+          " (the router also catches workers up from it by itself), or ", whole_fleet));
+    }
+  } else if (other_paths != std::set<std::string>{req->model_path()}) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model_path: no fleet update is recorded yet, so the fleet serves what its workers were "
+        "started with (",
+        other_paths.empty() ? std::string("unknown: no other live worker answered GetModelInfo")
+                            : absl::StrJoin(other_paths, ", "),
+        ", version ", reference, "); a resync of some workers from ", req->model_path(),
+        " would serve other weights beside them: ", whole_fleet));
+  }
+  if (reference >= 0) req->set_weight_version(reference);
+  return absl::OkStatus();
 }
 
 // Each worker joins as its own rank: the i-th live worker (by address) gets rank_offset + i.
@@ -207,18 +279,22 @@ grpc::ServerUnaryReactor* AdminService::GetModelInfo(Ctx* c, const rl::v1::GetMo
   return Run(c, [this, c, req, resp]() -> absl::Status {
     const auto replies = broadcaster_.Gather(c, *req, &AsyncAdmin::GetModelInfo);
     if (replies.empty()) return absl::UnavailableError("GetModelInfo: no live worker");
-    bool have = false;
+    const Reply<rl::v1::GetModelInfoResponse>* first = nullptr;
     for (const auto& r : replies) {
-      if (!r.status.ok()) continue;
-      if (!have) {
-        *resp = r.resp;
-        have = true;
-      }
+      if (r.status.ok() && first == nullptr) first = &r;
+    }
+    if (first == nullptr) return FromGrpcStatus(replies[0].status);
+    *resp = first->resp;
+    // Every worker, those that did not answer with why (rlctl then exits 1).
+    for (const auto& r : replies) {
       rl::v1::WorkerModelInfo* w = resp->add_workers();
       w->set_worker(r.worker);
-      *w->mutable_info() = r.resp;
+      if (r.status.ok()) {
+        *w->mutable_info() = r.resp;
+      } else {
+        w->set_error(absl::StrCat(CodeName(r.status.error_code()), ": ", r.status.error_message()));
+      }
     }
-    if (!have) return FromGrpcStatus(replies[0].status);
     return absl::OkStatus();
   });
 }
@@ -229,7 +305,12 @@ grpc::ServerUnaryReactor* AdminService::GetServerInfo(Ctx* c,
   return Run(c, [this, c, req, resp]() -> absl::Status {
     // Totals over the workers; paused when any worker is.
     for (const auto& r : broadcaster_.Gather(c, *req, &AsyncAdmin::GetServerInfo)) {
-      if (!r.status.ok()) continue;
+      if (!r.status.ok()) {  // listed with why (rlctl then exits 1)
+        rl::v1::WorkerServerInfo* w = resp->add_workers();
+        w->set_worker(r.worker);
+        w->set_error(absl::StrCat(CodeName(r.status.error_code()), ": ", r.status.error_message()));
+        continue;
+      }
       const auto& info = r.resp;
       resp->set_paused(resp->paused() || info.paused());
       resp->set_num_running(resp->num_running() + info.num_running());

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
+#include "common/request_limits.h"
 #include "rl/v1/admin.grpc.pb.h"
 #include "services/router/admin/broadcast.h"
 #include "services/router/admin/catch_up.h"
@@ -26,6 +27,8 @@ struct AdminOptions {
   BroadcastOptions broadcast;
   // Runs every call's blocking work (required).
   BoundedExecutor* executor = nullptr;
+  // The --max-* bounds a tensor stream is checked against before it is forwarded.
+  RequestLimits limits;
 };
 
 class AdminService final : public rl::v1::Admin::CallbackService {
@@ -78,6 +81,11 @@ class AdminService final : public rl::v1::Admin::CallbackService {
  private:
   // Checks the key, then runs `fn` on the admin executor and finishes the call with its status.
   grpc::ServerUnaryReactor* Run(Ctx* c, std::function<absl::Status()> fn);
+  // A resync (UpdateWeightsFromDisk with `workers`) only brings workers to the fleet's version:
+  // sets `req`'s version to it, marks a resync of every live worker whole-fleet, and refuses
+  // (FAILED_PRECONDITION, with the reason) one that would serve another version, or other
+  // weights than the fleet's (docs/router-admin.md, "Resync").
+  absl::Status CheckResync(Ctx* c, rl::v1::UpdateWeightsFromDiskRequest* req, Plan* plan);
   // Broadcasts `method` with the caller's own request, under `plan`.
   template <typename Request>
   grpc::ServerUnaryReactor* Forward(Ctx* c, const Request* req, rl::v1::AdminResponse* resp,
@@ -86,6 +94,7 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   WorkerPool* const pool_;
   const BearerAuth* const auth_;
   BoundedExecutor* const executor_;
+  const RequestLimits limits_;
   Broadcaster broadcaster_;
   std::unique_ptr<CatchUp> catch_up_;  // after broadcaster_: stopped first
 };

@@ -35,8 +35,12 @@ bool MayBePartial(Partial partial, grpc::StatusCode code) {
   switch (partial) {
     case Partial::kNever:
       return false;
-    case Partial::kTensor:  // validated before any change: a refusal or a bad stream is safe
-      return !Refused(code) && code != grpc::StatusCode::INVALID_ARGUMENT;
+    case Partial::kTensor:
+      // The worker validates the whole stream before it changes anything and never applies a
+      // cut one (refused, cancelled, broken, unavailable: the old weights serve); only a failure
+      // inside the apply itself may leave it partial.
+      return code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNKNOWN ||
+             code == grpc::StatusCode::DATA_LOSS;
     case Partial::kDistributed:  // a failure after the pause leaves the engine paused
       return !Refused(code);
     case Partial::kGroup:
@@ -139,7 +143,7 @@ void Broadcaster::Settle(const Plan& plan, const std::shared_ptr<Worker>& w, Res
 }
 
 void Broadcaster::RecordFleetWeights(const Plan& plan, int64_t version) {
-  if (plan.only.empty()) {
+  if (plan.only.empty() || plan.whole_fleet) {
     FleetWeights fleet;
     fleet.version = version;
     fleet.source = plan.source;
@@ -202,8 +206,8 @@ absl::Status Broadcaster::BroadcastTo(const Plan& plan, Ctx* caller, const Worke
                Settle(plan, w, r, [&pending] { pending.DecrementCount(); });
              });
   }
+  if (plan.started) plan.started(targets.size());
   pending.Wait();
-  if (plan.hold) pool_->EndHold();
   bool all_ok = !targets.empty();
   bool all_ready = !targets.empty();  // PrepareWeightsUpdate: posted everywhere
   bool any_ok = false;
@@ -225,18 +229,26 @@ absl::Status Broadcaster::BroadcastTo(const Plan& plan, Ctx* caller, const Worke
       version = std::max(version, r.resp.weight_version());
     }
   }
+  // Recorded before the hold ends: a request waiting for the broadcast then finds the updated
+  // workers at the fleet's version (workers at another version are never routed).
   if (plan.bumps_version && version >= 0) RecordFleetWeights(plan, version);
+  if (plan.hold) pool_->EndHold();
   if (any_ok && plan.sets_paused.has_value()) {
     absl::MutexLock lock(&paused_mu_);
     fleet_paused_ = *plan.sets_paused;
   }
+  size_t num_failed = 0;
+  for (size_t i = 0; i < targets.size(); ++i) num_failed += calls[i].result.status.ok() ? 0 : 1;
   resp->set_success(all_ok);
   resp->set_ready(all_ready);
   resp->set_weight_version(version);
-  resp->set_message(targets.empty() ? "no live worker"
-                                    : absl::StrCat(plan.what, ": ",
-                                                   all_ok ? "ok on all " : "failed on some of ",
-                                                   targets.size(), " workers"));
+  resp->set_message(targets.empty() ? std::string("no live worker")
+                    : num_failed == 0
+                        ? absl::StrCat(plan.what, ": ok on all ", targets.size(), " workers")
+                    : num_failed == targets.size()
+                        ? absl::StrCat(plan.what, ": failed on all ", targets.size(), " workers")
+                        : absl::StrCat(plan.what, ": failed on ", num_failed, " of ",
+                                       targets.size(), " workers"));
   if (targets.empty()) return absl::UnavailableError(absl::StrCat(plan.what, ": no live worker"));
   return absl::OkStatus();
 }

@@ -72,6 +72,11 @@ struct Plan {
   std::optional<bool> sets_paused;
   // Non-empty: only these workers (resync), live or not.
   std::vector<std::string> only;
+  // `only` names every live worker: a success records the fleet's weights like a broadcast.
+  bool whole_fleet = false;
+  // Called once every target's call has started, with their number (a streaming call starts
+  // feeding them then: tensor_fanout.h).
+  std::function<void(size_t)> started;
 };
 
 // One worker's outcome.

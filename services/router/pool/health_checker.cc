@@ -37,19 +37,44 @@ HealthChecker::~HealthChecker() {
 }
 
 void HealthChecker::ProbeAsync(const std::shared_ptr<Worker>& w, std::function<void()> done) {
+  CheckAsync(w, [this, w, done = std::move(done)](const HealthReport& report) {
+    sink_(w, report);
+    done();
+  });
+}
+
+HealthReport HealthChecker::Check(const std::shared_ptr<Worker>& w) {
+  absl::Notification done;
+  HealthReport out;
+  CheckAsync(w, [&](const HealthReport& report) {
+    out = report;
+    done.Notify();
+  });
+  done.WaitForNotification();
+  return out;
+}
+
+void HealthChecker::CheckAsync(const std::shared_ptr<Worker>& w,
+                               std::function<void(const HealthReport&)> on_report) {
   const auto deadline = std::chrono::system_clock::now() + options_.timeout;
   auto call = std::make_shared<ProbeCall>();
   call->health_stub = grpc::health::v1::Health::NewStub(w->channel());
   call->hctx.set_deadline(deadline);
   call->lctx.set_deadline(deadline);
-  auto finish = [this, w, call, done = std::move(done)](const grpc::Status& s, bool version_known) {
+  auto finish = [call, on_report = std::move(on_report)](const grpc::Status& s,
+                                                         bool version_known) {
     HealthReport report;
     report.reachable = s.ok();
-    if (!s.ok()) report.error = s.error_message();
+    if (!s.ok()) {
+      report.error = s.error_message();
+      report.not_a_worker = s.error_code() == grpc::StatusCode::UNIMPLEMENTED;
+    }
     report.serving = call->health.status() == grpc::health::v1::HealthCheckResponse::SERVING;
-    if (s.ok() && version_known) report.weight_version = call->load.weight_version();
-    sink_(w, report);
-    done();
+    if (s.ok() && version_known) {
+      report.weight_version = call->load.weight_version();
+      report.max_running_requests = call->load.max_running_requests();
+    }
+    on_report(report);
   };
   call->health_stub->async()->Check(
       &call->hctx, &call->hreq, &call->health,
@@ -67,6 +92,13 @@ void HealthChecker::ProbeAsync(const std::shared_ptr<Worker>& w, std::function<v
               if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
                   s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
                 finish(grpc::Status::OK, false);
+                return;
+              }
+              if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+                finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                    "it answers gRPC health but has no rl.v1.Worker service: not "
+                                    "an rl-worker (an rl-router?)"),
+                       false);
                 return;
               }
               finish(s, true);

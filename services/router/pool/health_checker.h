@@ -42,6 +42,11 @@ class HealthChecker {
 
   // Checks `w` now; `done` runs (on a gRPC thread) once the sink has the outcome.
   void ProbeAsync(const std::shared_ptr<Worker>& w, std::function<void()> done);
+  // Checks `w` once and hands the outcome to `on_report` (on a gRPC thread) instead of the sink.
+  void CheckAsync(const std::shared_ptr<Worker>& w,
+                  std::function<void(const HealthReport&)> on_report);
+  // CheckAsync, waited for (at most one timeout).
+  HealthReport Check(const std::shared_ptr<Worker>& w);
   // ProbeAsync, waited for.
   void Probe(const std::shared_ptr<Worker>& w);
   // One round now, every target at once; returns when every outcome is applied.

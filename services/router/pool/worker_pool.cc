@@ -87,27 +87,72 @@ absl::Status WorkerPool::AddAll(const std::vector<std::string>& addresses) {
   return absl::OkStatus();
 }
 
-absl::Status WorkerPool::Add(const std::string& address) {
+namespace {
+
+absl::Status CheckHostPort(const std::string& address) {
   const size_t colon = address.rfind(':');
   int port = 0;
   if (colon == std::string::npos || colon == 0 ||
       !absl::SimpleAtoi(address.substr(colon + 1), &port) || port <= 0 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("address: '", address, "' is not HOST:PORT"));
   }
-  std::shared_ptr<Worker> w;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WorkerPool::Add(const std::string& address) {
+  RETURN_IF_ERROR(CheckHostPort(address));
   {
     absl::MutexLock lock(&mu_);
     if (FindLocked(address) != nullptr) return absl::OkStatus();
-    w = std::make_shared<Worker>(address);
+  }
+  Insert(std::make_shared<Worker>(address), nullptr);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerPool::AddChecked(const std::string& address, bool allow_unreachable) {
+  RETURN_IF_ERROR(CheckHostPort(address));
+  {
+    absl::MutexLock lock(&mu_);
+    if (FindLocked(address) != nullptr) return absl::OkStatus();
+  }
+  auto w = std::make_shared<Worker>(address);
+  const HealthReport report = health_->Check(w);
+  if (!report.reachable && report.not_a_worker) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("address: '", address, "' is not an rl-worker: ", report.error));
+  }
+  if (!report.reachable && !allow_unreachable) {
+    return absl::UnavailableError(absl::StrCat(
+        "address: no rl-worker answered at '", address, "' within ",
+        options_.health_timeout.count(), " ms (", report.error,
+        "); AddWorker registers only workers that answer: start it first, or add it with "
+        "allow_unreachable (rlctl workers add --allow-unreachable ADDR) to register one that is "
+        "still starting"));
+  }
+  Insert(w, &report);
+  return absl::OkStatus();
+}
+
+void WorkerPool::Insert(const std::shared_ptr<Worker>& w, const HealthReport* first) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (FindLocked(w->address()) != nullptr) return;  // added meanwhile
     auto at = std::lower_bound(
-        entries_.begin(), entries_.end(), address,
+        entries_.begin(), entries_.end(), w->address(),
         [](const Entry& e, const std::string& a) { return e.worker->address() < a; });
     entries_.insert(at, Entry{w, WorkerState()});
   }
-  spdlog::info("worker {} added", address);
+  spdlog::info("worker {} added", w->address());
   // Let a freshly added worker serve at once when it is healthy.
-  for (int i = 0; i < options_.success_threshold; ++i) Probe(w);
-  return absl::OkStatus();
+  int probes = 0;
+  if (first != nullptr) {
+    ApplyCheck(w, *first);
+    ++probes;
+  }
+  for (; probes < options_.success_threshold; ++probes) Probe(w);
+  NotifyCapacity();
 }
 
 absl::Status WorkerPool::Remove(const std::string& address) {
@@ -119,6 +164,7 @@ absl::Status WorkerPool::Remove(const std::string& address) {
     entries_.erase(it);  // its handle lives on in leases and calls, with no state here
   }
   spdlog::info("worker {} removed", address);
+  NotifyCapacity();
   return absl::OkStatus();
 }
 
@@ -130,7 +176,34 @@ absl::Status WorkerPool::SetEnabled(const std::string& address, bool enabled) {
   return absl::OkStatus();
 }
 
-rl::v1::WorkerStatus WorkerPool::StatusLocked(const Entry& e, int64_t newest_live) const {
+std::string WorkerPool::VersionReasonLocked(const Entry& e, int64_t reference) const {
+  const WorkerState& st = e.state;
+  const std::string& address = e.worker->address();
+  if (st.Behind(fleet_.version)) {
+    const std::string behind = absl::StrCat("weight_version ", st.weight_version(),
+                                            " is behind the fleet's ", fleet_.version);
+    if (fleet_.replayable()) return absl::StrCat(behind, "; catching up from ", fleet_.path);
+    return absl::StrCat(
+        behind, ", which came from ",
+        fleet_.source == FleetWeights::Source::kTensor ? "a tensor stream" : "a distributed group",
+        " the router cannot replay; resync it: rlctl workers resync ", address, " --from-disk DIR");
+  }
+  if (fleet_.version >= 0) {
+    return absl::StrCat(
+        "weight_version ", st.weight_version(), " differs from the fleet's ", reference,
+        " (it was updated outside the router's fleet-wide updates): not routed "
+        "until it serves ",
+        reference, "; resync it: rlctl workers resync ", address, " --from-disk DIR");
+  }
+  return absl::StrCat("weight_version ", st.weight_version(), " differs from ", reference,
+                      ", the newest version among live workers (no fleet update recorded yet): "
+                      "not routed until it serves ",
+                      reference,
+                      "; update the whole fleet (rlctl update-weights --from-disk DIR) to bring "
+                      "every worker to one version");
+}
+
+rl::v1::WorkerStatus WorkerPool::StatusLocked(const Entry& e, int64_t reference) const {
   const WorkerState& st = e.state;
   rl::v1::WorkerStatus s;
   s.set_address(e.worker->address());
@@ -139,20 +212,11 @@ rl::v1::WorkerStatus WorkerPool::StatusLocked(const Entry& e, int64_t newest_liv
     s.set_state(rl::v1::WORKER_STATE_DEAD);
     why.push_back(st.last_error().empty() ? "dead" : st.last_error());
   } else if (st.Behind(fleet_.version)) {
-    const std::string behind = absl::StrCat("weight_version ", st.weight_version(),
-                                            " is behind the fleet's ", fleet_.version);
-    if (fleet_.replayable()) {
-      s.set_state(rl::v1::WORKER_STATE_SYNCING);
-      why.push_back(absl::StrCat(behind, "; catching up from ", fleet_.path));
-    } else {
-      s.set_state(rl::v1::WORKER_STATE_STALE);
-      why.push_back(absl::StrCat(behind, ", which came from ",
-                                 fleet_.source == FleetWeights::Source::kTensor
-                                     ? "a tensor stream"
-                                     : "a distributed group",
-                                 " the router cannot replay; resync it: rlctl workers resync ",
-                                 e.worker->address(), " --from-disk DIR"));
-    }
+    s.set_state(fleet_.replayable() ? rl::v1::WORKER_STATE_SYNCING : rl::v1::WORKER_STATE_STALE);
+    why.push_back(VersionReasonLocked(e, reference));
+  } else if (st.Differs(reference)) {
+    s.set_state(rl::v1::WORKER_STATE_VERSION_MISMATCH);
+    why.push_back(VersionReasonLocked(e, reference));
   } else {
     s.set_state(rl::v1::WORKER_STATE_LIVE);
   }
@@ -168,8 +232,7 @@ rl::v1::WorkerStatus WorkerPool::StatusLocked(const Entry& e, int64_t newest_liv
   s.set_enabled(st.enabled());
   s.set_in_flight(e.worker->in_flight());
   s.set_weight_version(st.weight_version());
-  s.set_version_mismatch(st.weight_version() >= 0 && newest_live >= 0 &&
-                         st.weight_version() != newest_live);
+  s.set_version_mismatch(st.weight_version() >= 0 && st.Differs(reference));
   s.set_consecutive_failures(st.failures());
   s.set_requests_served(e.worker->served());
   return s;
@@ -177,10 +240,10 @@ rl::v1::WorkerStatus WorkerPool::StatusLocked(const Entry& e, int64_t newest_liv
 
 std::vector<rl::v1::WorkerStatus> WorkerPool::List() const {
   absl::MutexLock lock(&mu_);
-  const int64_t newest_live = NewestLiveVersionLocked();
+  const int64_t reference = ReferenceVersionLocked();
   std::vector<rl::v1::WorkerStatus> out;
   out.reserve(entries_.size());
-  for (const Entry& e : entries_) out.push_back(StatusLocked(e, newest_live));
+  for (const Entry& e : entries_) out.push_back(StatusLocked(e, reference));
   return out;
 }
 
@@ -221,8 +284,9 @@ std::optional<WorkerState> WorkerPool::StateOf(const std::string& address) const
 
 // ---- picking ----
 
-bool WorkerPool::EligibleLocked(const Entry& e, const PickRequest& request) const {
-  return e.state.Routable(fleet_.version) &&
+bool WorkerPool::EligibleLocked(const Entry& e, const PickRequest& request,
+                                int64_t reference) const {
+  return e.state.Routable(reference) &&
          (request.exclude == nullptr || !request.exclude->contains(e.worker->address()));
 }
 
@@ -230,8 +294,9 @@ Lease WorkerPool::Pick(const PickRequest& request) {
   absl::MutexLock lock(&mu_);
   absl::InlinedVector<Candidate, 16> candidates;
   absl::InlinedVector<Entry*, 16> entries;
+  const int64_t reference = ReferenceVersionLocked();
   for (Entry& e : entries_) {
-    if (!EligibleLocked(e, request)) continue;
+    if (!EligibleLocked(e, request, reference)) continue;
     candidates.push_back(
         {e.worker.get(), &e.worker->address(), e.worker->in_flight(), e.state.weight_version()});
     entries.push_back(&e);
@@ -326,6 +391,7 @@ void WorkerPool::ReportVersion(Worker* w, int64_t version) {
     Entry* e = FindLocked(w);
     if (e == nullptr) return;
     e->state.ReportVersion(version);
+    WarnVersionsLocked();
     if (!e->state.Behind(fleet_.version) || !fleet_.replayable()) return;
     shared = e->worker;
   }
@@ -343,7 +409,9 @@ void WorkerPool::ApplyCheck(const std::shared_ptr<Worker>& w, const HealthReport
       spdlog::warn("worker {} dead: {}", w->address(), report.error);
     }
     OnChange(e, change);
+    WarnVersionsLocked();
   }
+  NotifyCapacity();
   MaybeCatchUp(w);
 }
 
@@ -353,6 +421,76 @@ int64_t WorkerPool::NewestLiveVersionLocked() const {
     if (e.state.live()) v = std::max(v, e.state.weight_version());
   }
   return v;
+}
+
+int64_t WorkerPool::ReferenceVersionLocked() const {
+  if (fleet_.version >= 0) return fleet_.version;
+  // No update recorded: the newest version among live workers an operator has not taken out
+  // (a disabled worker does not decide what the fleet serves).
+  int64_t v = -1;
+  for (const Entry& e : entries_) {
+    if (e.state.live() && e.state.enabled()) v = std::max(v, e.state.weight_version());
+  }
+  return v;
+}
+
+int64_t WorkerPool::ReferenceVersion() const {
+  absl::MutexLock lock(&mu_);
+  return ReferenceVersionLocked();
+}
+
+void WorkerPool::EndHold() {
+  if (holds_.fetch_sub(1) != 1) return;
+  absl::MutexLock lock(&mu_);
+  WarnVersionsLocked();
+}
+
+void WorkerPool::WarnVersionsLocked() {
+  if (holds_.load() > 0) return;
+  const int64_t reference = ReferenceVersionLocked();
+  for (Entry& e : entries_) {
+    if (!e.state.live()) continue;
+    const bool differs = e.state.Differs(reference);
+    if (differs && !e.version_warned) {
+      spdlog::warn("worker {} is not routed: {}", e.worker->address(),
+                   VersionReasonLocked(e, reference));
+    }
+    e.version_warned = differs;
+  }
+}
+
+// ---- capacity ----
+
+int64_t WorkerPool::CapacityLocked() const {
+  int64_t n = 0;
+  for (const Entry& e : entries_) {
+    const int32_t m = e.state.max_running_requests();
+    n += m > 0 ? m : kDefaultWorkerCapacity;
+  }
+  return n;
+}
+
+int64_t WorkerPool::Capacity() const {
+  absl::MutexLock lock(&mu_);
+  return CapacityLocked();
+}
+
+void WorkerPool::SetCapacityObserver(std::function<void(int64_t)> observer) {
+  absl::MutexLock lock(&capacity_mu_);
+  capacity_observer_ = std::move(observer);
+  notified_capacity_ = -1;
+}
+
+void WorkerPool::NotifyCapacity() {
+  int64_t capacity;
+  {
+    absl::MutexLock lock(&mu_);
+    capacity = CapacityLocked();
+  }
+  absl::MutexLock lock(&capacity_mu_);
+  if (!capacity_observer_ || capacity == notified_capacity_) return;
+  notified_capacity_ = capacity;
+  capacity_observer_(capacity);
 }
 
 bool WorkerPool::VersionMismatch() const {
@@ -380,6 +518,10 @@ void WorkerPool::SetFleetWeights(const FleetWeights& fleet) {
       for (const Entry& e : entries_) all.push_back(e.worker);
     }
     for (FleetObserver* o : observers_) o->OnFleetWeights(before, fleet);
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    WarnVersionsLocked();
   }
   spdlog::info("fleet weights: version {} from {}", fleet.version, fleet.Describe());
   for (const auto& w : all) MaybeCatchUp(w);

@@ -9,9 +9,15 @@
 // worker dead cancels every call open to it.
 //
 // Fleet weights: the admin records the last successful fleet-wide update (SetFleetWeights,
-// fleet_weights.h). A live worker behind it is never routed: when the source is replayable the
-// pool hands it to the catch-up handler, else it is listed STALE until resynced; a worker that
-// comes back live is handed over once too (its pause state). Observers hear of every change.
+// fleet_weights.h). A worker whose version differs from the fleet's (the recorded one, else the
+// newest among live workers) is never routed, logged once with the reason and listed: behind a
+// replayable version the pool hands it to the catch-up handler (SYNCING), behind another it is
+// STALE until resynced, otherwise VERSION_MISMATCH; a worker that comes back live is handed over
+// once too (its pause state). Observers hear of every change.
+//
+// Capacity: the sum over registered workers of the requests each runs at once (GetLoad's
+// max_running_requests; kDefaultWorkerCapacity until reported), for the router's automatic
+// admission bound; a capacity observer hears of every change.
 // docs/routing.md (states, picking, health) and docs/router-admin.md (catch-up) have the rules.
 //
 // Cost: Pick, List and the Worker* lookups are O(#workers) under the mutex. Thread-safe; the
@@ -37,6 +43,9 @@
 #include "services/router/pool/worker_state.h"
 
 namespace rl::router {
+
+// A worker's capacity until it reports one (rl-worker's default --max-running-requests).
+inline constexpr int32_t kDefaultWorkerCapacity = 256;
 
 struct PoolOptions {
   std::chrono::milliseconds health_interval{1000};
@@ -66,8 +75,14 @@ class WorkerPool final : public WorkerSource {
 
   // ---- registry ----
   // Adds (idempotent) and checks the worker once before returning; InvalidArgument for an
-  // address that is not HOST:PORT.
+  // address that is not HOST:PORT. Start-up (--worker): the worker may not be up yet.
   absl::Status Add(const std::string& address);
+  // AddWorker: checks the address first (one health check, bounded by the health timeout) and
+  // registers it only when an rl-worker answered: INVALID_ARGUMENT for a server that is not an
+  // rl-worker (no rl.v1.Worker service, e.g. an rl-router), UNAVAILABLE for no answer unless
+  // `allow_unreachable` (then it is registered and listed DEAD until it answers). A registered
+  // address is OK at once.
+  absl::Status AddChecked(const std::string& address, bool allow_unreachable);
   // Add for many (start-up), the first checks concurrently; the first bad address's error.
   absl::Status AddAll(const std::vector<std::string>& addresses);
   absl::Status Remove(const std::string& address);  // NotFound when unknown
@@ -90,7 +105,8 @@ class WorkerPool final : public WorkerSource {
   // An admin broadcast that takes workers out of routing holds the pool (nested). While held,
   // a request that finds no routable worker waits for the broadcast instead of failing.
   void BeginHold() { holds_.fetch_add(1); }
-  void EndHold() { holds_.fetch_sub(1); }
+  // The last hold ending logs the workers whose version differs from the fleet's (once each).
+  void EndHold();
   bool held() const override { return holds_.load() > 0; }
   // One admin call takes `w` out of routing (Hold) until it ends (Release); nested.
   void Hold(Worker* w);
@@ -119,6 +135,16 @@ class WorkerPool final : public WorkerSource {
   void CheckAll() { health_->CheckAll(); }
   // True when live workers report different weight versions.
   bool VersionMismatch() const;
+  // The fleet's version for routing: the recorded one, else the newest among live workers (-1:
+  // none known).
+  int64_t ReferenceVersion() const;
+
+  // ---- capacity ----
+  // Requests the registered workers run at once, summed (see the file comment).
+  int64_t Capacity() const;
+  // `observer` hears of every capacity change (with the new capacity), on the thread that made
+  // it, without the pool's lock held; set it before workers are added.
+  void SetCapacityObserver(std::function<void(int64_t)> observer);
 
   // ---- fleet weights and the catch-up hand-off ----
   void SetFleetWeights(const FleetWeights& fleet);
@@ -138,6 +164,7 @@ class WorkerPool final : public WorkerSource {
   struct Entry {
     std::shared_ptr<Worker> worker;
     WorkerState state;
+    bool version_warned = false;  // its version mismatch was logged
   };
 
   Entry* FindLocked(const Worker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -145,10 +172,23 @@ class WorkerPool final : public WorkerSource {
   const Entry* FindLocked(const std::string& address) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // The newest weight version among live workers (-1 when none is live).
   int64_t NewestLiveVersionLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  bool EligibleLocked(const Entry& e, const PickRequest& request) const
+  int64_t ReferenceVersionLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool EligibleLocked(const Entry& e, const PickRequest& request, int64_t reference) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  rl::v1::WorkerStatus StatusLocked(const Entry& e, int64_t newest_live) const
+  rl::v1::WorkerStatus StatusLocked(const Entry& e, int64_t reference) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Why a live worker at `e`'s version is not routed when it differs from `reference`.
+  std::string VersionReasonLocked(const Entry& e, int64_t reference) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Logs, once per worker, each live worker that starts to differ from the fleet's version
+  // (not while an admin broadcast holds the pool: versions move then).
+  void WarnVersionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t CapacityLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Tells the capacity observer when the capacity changed.
+  void NotifyCapacity() ABSL_LOCKS_EXCLUDED(mu_);
+  // Registers `w` (unless known) and applies `first` (a check made before), then probes it
+  // until the success threshold.
+  void Insert(const std::shared_ptr<Worker>& w, const HealthReport* first) ABSL_LOCKS_EXCLUDED(mu_);
   // Cancels the calls of a worker that a transition just killed (under mu_, as before any
   // later call could register).
   void OnChange(Entry* e, WorkerState::Change change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -167,6 +207,9 @@ class WorkerPool final : public WorkerSource {
   const std::unique_ptr<RoutingPolicy> policy_ ABSL_PT_GUARDED_BY(mu_);
   FleetWeights fleet_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> holds_{0};
+  absl::Mutex capacity_mu_;
+  std::function<void(int64_t)> capacity_observer_ ABSL_GUARDED_BY(capacity_mu_);
+  int64_t notified_capacity_ ABSL_GUARDED_BY(capacity_mu_) = -1;
   // Deliveries to the catch-up handler and the observers, in order; taken before mu_ (never
   // while holding it).
   absl::Mutex handoff_mu_ ABSL_ACQUIRED_BEFORE(mu_);

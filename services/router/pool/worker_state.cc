@@ -73,6 +73,7 @@ WorkerState::Change WorkerState::OnHealthCheck(const HealthReport& report,
   failures_ = 0;
   if (liveness_ == Liveness::kSuspect) liveness_ = Liveness::kLive;
   if (report.weight_version.has_value()) weight_version_ = *report.weight_version;
+  if (report.max_running_requests > 0) max_running_requests_ = report.max_running_requests;
   serving_ = report.serving;
   if (live()) return Change::kNone;
   ++successes_;

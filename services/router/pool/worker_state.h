@@ -36,6 +36,11 @@ struct HealthReport {
   bool serving = false;    // gRPC health SERVING (NOT_SERVING: asleep or updating weights)
   // GetLoad's weight version; unset when GetLoad was refused for want of a data-plane key.
   std::optional<int64_t> weight_version;
+  // GetLoad's max_running_requests (0: not reported).
+  int32_t max_running_requests = 0;
+  // The server answered health but has no rl.v1.Worker service (GetLoad UNIMPLEMENTED): not an
+  // rl-worker (e.g. an rl-router).
+  bool not_a_worker = false;
 };
 
 class WorkerState {
@@ -51,6 +56,8 @@ class WorkerState {
   int holds() const { return holds_; }
   bool serving() const { return serving_; }
   int64_t weight_version() const { return weight_version_; }  // -1: never reported
+  // Requests its engine runs at once, as it reported (0: not reported).
+  int32_t max_running_requests() const { return max_running_requests_; }
   int failures() const { return failures_; }
   // The last health or call failure (shown while dead).
   const std::string& last_error() const { return last_error_; }
@@ -61,10 +68,14 @@ class WorkerState {
   bool Behind(int64_t fleet_version) const {
     return fleet_version >= 0 && weight_version_ < fleet_version;
   }
-  // Live and not suspect, enabled, held by no admin call, serving, not behind the fleet.
-  bool Routable(int64_t fleet_version) const {
+  // Reports a version other than `reference`, the fleet's (the recorded fleet version, else the
+  // newest live one; -1: none known, nothing differs).
+  bool Differs(int64_t reference) const { return reference >= 0 && weight_version_ != reference; }
+  // Live and not suspect, enabled, held by no admin call, serving, at the fleet's version
+  // (`reference`, see Differs): a worker at another version is never routed.
+  bool Routable(int64_t reference) const {
     return liveness_ == Liveness::kLive && enabled_ && holds_ == 0 && serving_ &&
-           !Behind(fleet_version);
+           !Differs(reference);
   }
 
   // ---- operator and admin transitions ----
@@ -115,6 +126,7 @@ class WorkerState {
   int holds_ = 0;
   bool serving_ = true;
   int64_t weight_version_ = -1;
+  int32_t max_running_requests_ = 0;
   int failures_ = 0;
   int successes_ = 0;
   std::string last_error_ = "not checked yet";

@@ -10,6 +10,7 @@
 #include "rl/v1/router.grpc.pb.h"
 #include "services/router/router_server.h"
 #include "tests/testing/router_fleet.h"
+#include "tests/testing/tensor_stream.h"
 #include "tests/testing/test_data.h"
 
 namespace rl::router {
@@ -60,16 +61,13 @@ TEST_F(CatchUpTest, StaleAfterATensorUpdateUntilResynced) {
   rl::v1::AdminResponse resp;
   {
     grpc::ClientContext ctx;
-    auto writer = admin_->UpdateWeightsFromTensor(&ctx, &resp);
-    rl::v1::UpdateWeightsFromTensorRequest m;
-    m.mutable_chunk()->set_name("model.norm.weight");
-    m.mutable_chunk()->set_dtype("F32");
-    m.mutable_chunk()->add_shape(64);
     const std::vector<float> ones(64, 1.0f);
-    m.mutable_chunk()->set_data(std::string(reinterpret_cast<const char*>(ones.data()), 64 * 4));
-    ASSERT_TRUE(writer->Write(m));
-    writer->WritesDone();
-    ASSERT_TRUE(writer->Finish().ok());
+    const grpc::Status s = ::rl::testing::SendTensorStream(
+        *admin_, &ctx,
+        {::rl::testing::Chunk("model.norm.weight", {64}, "F32",
+                              std::string(reinterpret_cast<const char*>(ones.data()), 64 * 4))},
+        &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
   }
   ASSERT_TRUE(resp.success()) << resp.message();
   EXPECT_EQ(ListWorkers().fleet_weight_source(), "tensor");

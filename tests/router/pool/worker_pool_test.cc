@@ -70,11 +70,19 @@ TEST(WorkerPoolTest, RegistryChecksAddressesSortsAndForgets) {
   ASSERT_EQ(list.size(), 3u);
   for (int i = 0; i < 3; ++i) {
     EXPECT_EQ(list[i].address(), fakes[i]->address());
-    EXPECT_EQ(list[i].state(), rl::v1::WORKER_STATE_LIVE) << list[i].reason();
-    EXPECT_EQ(list[i].reason(), "");
     EXPECT_TRUE(list[i].enabled());
   }
   EXPECT_EQ(list[1].weight_version(), 4);  // each worker's GetLoad, checked on add
+  // No update recorded: the fleet's version is the newest live one (4); the others differ and
+  // are listed, never routed.
+  EXPECT_EQ(list[1].state(), rl::v1::WORKER_STATE_LIVE) << list[1].reason();
+  EXPECT_EQ(list[1].reason(), "");
+  for (int i : {0, 2}) {
+    EXPECT_EQ(list[i].state(), rl::v1::WORKER_STATE_VERSION_MISMATCH);
+    EXPECT_TRUE(list[i].version_mismatch());
+    EXPECT_NE(list[i].reason().find("differs from 4"), std::string::npos) << list[i].reason();
+  }
+  for (int i = 0; i < 6; ++i) EXPECT_EQ(PickAddress(pool), fakes[1]->address());
   EXPECT_TRUE(pool.VersionMismatch());
   EXPECT_EQ(pool.LiveWorkers().size(), 3u);
 

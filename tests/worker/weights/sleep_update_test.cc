@@ -2,6 +2,7 @@
 // wake, with the version bumped at the update and the checker digests matching an awake
 // update of the same weights; bad updates are refused while asleep and leave the old weights.
 #include "services/worker/weights/weights_checker.h"
+#include "tests/testing/tensor_stream.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {
@@ -29,16 +30,12 @@ class SleepUpdateTest : public WorkerFixture {
   grpc::Status SendTensor(const std::string& name, const std::vector<int64_t>& shape,
                           const std::vector<float>& values, rl::v1::AdminResponse* resp) {
     grpc::ClientContext ctx;
-    auto writer = admin_->UpdateWeightsFromTensor(&ctx, resp);
-    rl::v1::UpdateWeightsFromTensorRequest m;
-    m.mutable_chunk()->set_name(name);
-    m.mutable_chunk()->set_dtype("F32");
-    for (int64_t d : shape) m.mutable_chunk()->add_shape(d);
-    m.mutable_chunk()->set_data(
-        std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
-    writer->Write(m);
-    writer->WritesDone();
-    return writer->Finish();
+    return ::rl::testing::SendTensorStream(
+        *admin_, &ctx,
+        {::rl::testing::Chunk(
+            name, shape, "F32",
+            std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4))},
+        resp);
   }
   void Sleep() {
     rl::v1::AdminResponse resp;

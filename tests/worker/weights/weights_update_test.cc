@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "services/worker/weights/weights_checker.h"
+#include "tests/testing/tensor_stream.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {
@@ -136,14 +137,7 @@ TEST_F(WeightsUpdateTest, FromTensorAppliesAtomically) {
 
   auto send = [&](const std::vector<rl::v1::TensorChunk>& chunks, rl::v1::AdminResponse* resp) {
     grpc::ClientContext ctx;
-    auto writer = admin_->UpdateWeightsFromTensor(&ctx, resp);
-    for (const auto& c : chunks) {
-      rl::v1::UpdateWeightsFromTensorRequest m;
-      *m.mutable_chunk() = c;
-      writer->Write(m);
-    }
-    writer->WritesDone();
-    return writer->Finish();
+    return ::rl::testing::SendTensorStream(*admin_, &ctx, chunks, resp);
   };
   auto chunk = [&](const std::string& n, std::vector<int64_t> shape, size_t off, size_t len) {
     rl::v1::TensorChunk c;
