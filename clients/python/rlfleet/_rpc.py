@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import grpc
 from google.protobuf.message import Message
@@ -11,7 +11,8 @@ from google.protobuf.message import Message
 from rlfleet._progress import Reporter
 from rlfleet._stubs import admin_pb2
 from rlfleet.errors import FleetError, WorkerOutcome, status_code
-from rlfleet.tensors import DEFAULT_CHUNK_BYTES, NamedTensors, iter_named_tensors, normalize_dtype
+from rlfleet.tensors import (DTYPE_SIZES, NamedTensors, SafetensorsFile, TensorPayload,
+                             iter_named_tensors, normalize_dtype)
 
 M = TypeVar("M", bound=Message)
 
@@ -157,22 +158,42 @@ def buckets_proto(buckets: Sequence[Any]) -> list[admin_pb2.WeightBucket]:
     return out
 
 
+def _stream_end_supported() -> bool:
+    """Whether these protos have the tensor stream's explicit end (TensorStreamEnd): servers
+    built from them apply a stream only after it."""
+    return "end" in admin_pb2.UpdateWeightsFromTensorRequest.DESCRIPTOR.fields_by_name
+
+
 class StreamSource:
     """The tensor stream's messages (`messages()`): every tensor in chunks of at most
-    `chunk_bytes` (offset = the chunk's byte offset), the options on the first message. One
-    chunk's bytes are copied into its message and nothing else is held, so a push costs about
-    one chunk of memory beyond the caller's tensors (gRPC sends one message at a time).
+    `chunk_bytes` (offset = the chunk's byte offset), the options on the first message and, where
+    the protos have it, a last message with the stream's explicit end (its tensor and byte
+    counts). One chunk's bytes are copied into its message and nothing else is held, so a push
+    costs about one chunk of memory beyond the caller's tensors (gRPC sends one message at a
+    time).
 
-    The collection is checked for a first tensor when made (ValueError when empty). An error
-    met while reading a later tensor (a bad dtype, say) cancels the call, so the servers apply
-    nothing; it is kept in `error` for the client to raise instead of gRPC's generic one."""
+    A list, tuple or mapping of tensors is checked whole before anything is sent (every dtype
+    and shape; a checkpoint from read_safetensors by its header), so a bad tensor anywhere is an
+    error before the stream starts; ValueError when there is no tensor. An error met while
+    reading a later tensor of an iterator cuts the stream (the call is cancelled: servers apply
+    no cut stream); it is kept in `error` for the client to raise instead of gRPC's generic
+    one."""
 
     def __init__(self, named_tensors: NamedTensors, reporter: Reporter, chunk_bytes: int,
                  weight_version: Optional[int], flush_cache: Optional[bool],
                  abort_all_requests: bool, keep_pause: bool) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be in (0, {MAX_CHUNK_BYTES}], not {chunk_bytes}")
-        self._payloads = iter_named_tensors(named_tensors)
+        if isinstance(named_tensors, SafetensorsFile):
+            for name in named_tensors:
+                dtype, _ = named_tensors.spec(name)
+                if dtype not in DTYPE_SIZES:
+                    _refuse(name, dtype)
+            self._payloads: Iterator[TensorPayload] = iter_named_tensors(named_tensors)
+        elif isinstance(named_tensors, (list, tuple, Mapping)):
+            self._payloads = iter(list(iter_named_tensors(named_tensors)))
+        else:
+            self._payloads = iter_named_tensors(named_tensors)
         self._first = next(self._payloads, None)
         if self._first is None:
             raise ValueError("named_tensors is empty: nothing to update")
@@ -181,6 +202,7 @@ class StreamSource:
         self._options = dict(weight_version=weight_version, flush_cache=flush_cache)
         self._abort_all_requests = abort_all_requests
         self._keep_pause = keep_pause
+        self._send_end = _stream_end_supported()
         self.error: Optional[BaseException] = None
 
     def messages(self) -> Iterator[admin_pb2.UpdateWeightsFromTensorRequest]:
@@ -192,6 +214,8 @@ class StreamSource:
 
     def _messages(self) -> Iterator[admin_pb2.UpdateWeightsFromTensorRequest]:
         first = True
+        num_tensors = 0
+        num_bytes = 0
         t = self._first
         while t is not None:
             offset = 0
@@ -210,6 +234,18 @@ class StreamSource:
                     msg.keep_pause = self._keep_pause
                     first = False
                 offset += len(data)
+                num_bytes += len(data)
                 yield msg
                 self._reporter.add(len(data), t.name, offset == t.nbytes)
+            num_tensors += 1
             t = next(self._payloads, None)
+        if self._send_end:
+            msg = admin_pb2.UpdateWeightsFromTensorRequest()
+            end = getattr(msg, "end")
+            end.num_tensors = num_tensors
+            end.num_bytes = num_bytes
+            yield msg
+
+
+def _refuse(name: str, dtype: str) -> None:
+    raise TypeError(f"tensor {name!r}: checkpoint dtype {dtype} is not F32, BF16 or F16")
