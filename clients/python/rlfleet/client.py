@@ -381,8 +381,8 @@ class Client:
                                               self.load_timeout))
 
     def health_check(self, service: str = "") -> str:
-        """grpc.health.v1 status name: "SERVING" / "NOT_SERVING" ("" = the process, liveness;
-        "rl.v1.Worker" = readiness on a worker)."""
+        """grpc.health.v1 status name of `service` ("" = the server's overall status):
+        "SERVING", or "NOT_SERVING" while a worker sleeps or holds a weight update."""
         from grpc_health.v1 import health_pb2  # type: ignore[import-untyped]
         r = self._unary("grpc.health.v1.Health", "Check",
                         health_pb2.HealthCheckRequest(service=service),
