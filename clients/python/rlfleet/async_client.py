@@ -64,12 +64,13 @@ class AsyncClient:
 
     # Plumbing ---------------------------------------------------------------------------
 
-    def _callable(self, kind: str, service: str, method: str, response_cls: type[Message]) -> Any:
+    def _callable(self, kind: str, service: str, method: str, response_cls: type[Message],
+                  serializer: Any = _rpc.serialize) -> Any:
         key = f"{kind}:{service}/{method}"
         fn = self._calls.get(key)
         if fn is None:
             fn = getattr(self.channel, kind)(_rpc.path(service, method),
-                                             request_serializer=_rpc.serialize,
+                                             request_serializer=serializer,
                                              response_deserializer=response_cls.FromString)
             self._calls[key] = fn
         return fn
@@ -178,15 +179,15 @@ class AsyncClient:
                 abort_all_requests, keep_pause)
             messages = source.messages()
 
-            async def requests() -> AsyncIterator[admin_pb2.UpdateWeightsFromTensorRequest]:
+            async def requests() -> AsyncIterator[bytes]:
                 while True:
                     msg = await asyncio.to_thread(next, messages, _END)
                     if msg is _END:
                         return
-                    yield cast(admin_pb2.UpdateWeightsFromTensorRequest, msg)
+                    yield cast(bytes, msg)
 
             fn = self._callable("stream_unary", ADMIN, "UpdateWeightsFromTensor",
-                                admin_pb2.AdminResponse)
+                                admin_pb2.AdminResponse, _rpc.identity)
             try:
                 resp = await fn(requests(), timeout=timeout or self.load_timeout,
                                 metadata=self.metadata)
@@ -286,7 +287,14 @@ class AsyncClient:
         except BaseException:
             sender.close()
             raise
-        return AsyncWeightsGroup(self, sender, group_name)
+        try:
+            served: Optional[admin_pb2.ListWeightsResponse] = await self.list_weights()
+        except FleetError as e:
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                sender.close()
+                raise
+            served = None  # asleep: the workers' own checks apply
+        return AsyncWeightsGroup(self, sender, group_name, served)
 
     # Sleep and wake ---------------------------------------------------------------------
 
@@ -402,12 +410,13 @@ class AsyncWeightsGroup:
     work runs in a thread)."""
 
     def __init__(self, client: AsyncClient, sender: TcpWeightSender, group_name: str,
+                 served: Optional[admin_pb2.ListWeightsResponse],
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
         self.client = client
         self.sender = sender
         self.group_name = group_name
         self.bucket_bytes = bucket_bytes
-        self._served: Optional[admin_pb2.ListWeightsResponse] = None
+        self._served = served
         self._closed = False
 
     async def _plan(self, named_tensors: NamedTensors,
@@ -416,9 +425,8 @@ class AsyncWeightsGroup:
         tensors = await asyncio.to_thread(lambda: list(iter_named_tensors(named_tensors)))
         if not tensors:
             raise ValueError("named_tensors is empty: nothing to update")
-        if self._served is None:
-            self._served = await self.client.list_weights()
-        check_against_served(tensors, self._served)
+        if self._served is not None:
+            check_against_served(tensors, self._served)
         return plan_buckets(tensors, bucket_bytes or self.bucket_bytes)
 
     async def _push(self, buckets: Sequence[Bucket], call: "asyncio.Task[Any]",

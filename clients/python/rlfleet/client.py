@@ -82,13 +82,14 @@ class Client:
 
     # Plumbing ---------------------------------------------------------------------------
 
-    def _callable(self, kind: str, service: str, method: str, response_cls: type[Message]) -> Any:
+    def _callable(self, kind: str, service: str, method: str, response_cls: type[Message],
+                  serializer: Any = _rpc.serialize) -> Any:
         key = f"{kind}:{service}/{method}"
         fn = self._calls.get(key)
         if fn is None:
             with self._calls_lock:
                 make = getattr(self.channel, kind)
-                fn = make(_rpc.path(service, method), request_serializer=_rpc.serialize,
+                fn = make(_rpc.path(service, method), request_serializer=serializer,
                           response_deserializer=response_cls.FromString)
                 self._calls[key] = fn
         return fn
@@ -233,7 +234,7 @@ class Client:
             source = _rpc.StreamSource(named_tensors, rep, chunk_bytes, weight_version,
                                        flush_cache, abort_all_requests, keep_pause)
             fn = self._callable("stream_unary", ADMIN, "UpdateWeightsFromTensor",
-                                admin_pb2.AdminResponse)
+                                admin_pb2.AdminResponse, _rpc.identity)
             try:
                 resp = fn(source.messages(), timeout=timeout or self.load_timeout,
                           metadata=self.metadata)

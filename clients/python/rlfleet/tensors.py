@@ -38,7 +38,7 @@ _DTYPE_ALIASES: dict[str, str] = {
     "f16": "F16", "float16": "F16", "half": "F16", "torch.float16": "F16", "torch.half": "F16",
 }
 # Chunks of the tensor stream and of hashing: what a gRPC message carries comfortably.
-DEFAULT_CHUNK_BYTES = 32 << 20
+DEFAULT_CHUNK_BYTES = 16 << 20
 _LITTLE_ENDIAN_HOST = sys.byteorder == "little"
 
 

@@ -12,8 +12,10 @@ Three ways to push, as the workers offer them:
   arrives and bumps the version (a failure leaves partial weights, the worker out of routing).
   `weight_version` goes on the last bucket.
 
-Before any receive call the tensors are checked against the served weights (list_weights:
-names, shapes, no repeats), so a bad name fails at once instead of after a stall. A push whose
+Before any receive call the tensors are checked against the served weights (list_weights, read
+when the group opens: names, shapes, no repeats), so a bad name fails at once instead of after a
+stall (a fleet asleep at open cannot list its weights: the workers' own checks then apply). A
+push whose
 gRPC call fails while the broadcast runs closes the sender (the receivers' pending reads fail
 promptly) and raises the call's error; after any failed push the group is unusable: close it and
 open a new one.
@@ -50,6 +52,16 @@ def fleet_world_size(client: "Client") -> int:
     return 1 + len(live)
 
 
+def served_weights(client: "Client") -> Optional[admin_pb2.ListWeightsResponse]:
+    """The served tensors, or None while the fleet sleeps (it cannot list them then)."""
+    try:
+        return client.list_weights()
+    except FleetError as e:
+        if e.code() == grpc.StatusCode.FAILED_PRECONDITION:
+            return None
+        raise
+
+
 def check_against_served(tensors: Sequence[TensorPayload],
                          served: admin_pb2.ListWeightsResponse) -> None:
     """FleetError INVALID_ARGUMENT naming the first tensor that is not a served weight with the
@@ -81,7 +93,7 @@ class WeightsGroup:
         self.sender = sender
         self.group_name = group_name
         self.bucket_bytes = bucket_bytes
-        self._served: Optional[admin_pb2.ListWeightsResponse] = None
+        self._served = served_weights(client)
         self._closed = False
 
     @staticmethod
@@ -111,9 +123,8 @@ class WeightsGroup:
         tensors = list(iter_named_tensors(named_tensors))
         if not tensors:
             raise ValueError("named_tensors is empty: nothing to update")
-        if self._served is None:
-            self._served = self.client.list_weights()
-        check_against_served(tensors, self._served)
+        if self._served is not None:
+            check_against_served(tensors, self._served)
         return plan_buckets(tensors, bucket_bytes or self.bucket_bytes)
 
     def _broadcast_all(self, buckets: Sequence[Bucket], call: Any, method: str,
