@@ -140,7 +140,8 @@ def set_optional(message: Message, **fields: Any) -> None:
 def update_from_disk_request(model_path: str, weight_version: Optional[int],
                              abort_all_requests: bool, keep_pause: bool,
                              flush_cache: Optional[bool],
-                             workers: Optional[Sequence[str]]) -> admin_pb2.UpdateWeightsFromDiskRequest:
+                             workers: Optional[Sequence[str]]
+                             ) -> admin_pb2.UpdateWeightsFromDiskRequest:
     req = admin_pb2.UpdateWeightsFromDiskRequest(model_path=str(model_path),
                                                  abort_all_requests=abort_all_requests,
                                                  keep_pause=keep_pause,

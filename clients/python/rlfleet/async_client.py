@@ -195,7 +195,9 @@ class AsyncClient:
                 if source.error is not None:
                     raise source.error from e
                 raise FleetError.from_rpc_error(e, "UpdateWeightsFromTensor") from e
-            except Exception:
+            except (Exception, asyncio.CancelledError):
+                # grpc.aio cancels the call when the request iterator raises: report the
+                # iterator's error; a cancellation of this task itself is re-raised.
                 if source.error is not None:
                     raise source.error from None
                 raise

@@ -202,7 +202,7 @@ class Client:
                                  workers: Optional[Sequence[str]] = None,
                                  timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Loads a checkpoint folder (config.json + *.safetensors of the served architecture):
-        pause → load → atomic swap → flush → version = `weight_version` (default current + 1)
+        pause → load → atomic swap → flush → version = `weight_version` (default current+1)
         → resume unless `keep_pause`. Refused while requests are active unless
         `abort_all_requests` or paused with retract; a failed load leaves the old weights
         serving. `workers` (router only): only those workers, the resync call (see

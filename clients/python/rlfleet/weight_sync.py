@@ -69,7 +69,8 @@ def _recv_exact(sock: socket.socket, n: int, deadline: float, what: str) -> byte
         try:
             k = sock.recv_into(view[got:], n - got)
         except socket.timeout:
-            raise FleetError(grpc.StatusCode.DEADLINE_EXCEEDED, f"{what}: no data in time") from None
+            raise FleetError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"{what}: no data in time") from None
         except OSError as e:
             raise FleetError(grpc.StatusCode.UNAVAILABLE, f"{what}: {e}") from None
         if k == 0:
@@ -526,8 +527,9 @@ class TcpWeightSender:
             self._ready = False
         finally:
             self._lock.release()
-        if self._accept_thread is not None and self._accept_thread is not threading.current_thread():
-            self._accept_thread.join(self.timeout + 5)
+        accept = self._accept_thread
+        if accept is not None and accept is not threading.current_thread():
+            accept.join(self.timeout + 5)
         elif self._listener is not None:
             self._listener.close()
             self._listener = None

@@ -50,8 +50,8 @@ absl::StatusOr<Message> Parse(const std::string& body, Message::KindCase want, c
         absl::StrCat(what, ": not a weight-sync message (", body.size(), " bytes do not parse)"));
   }
   if (msg.kind_case() != want) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": expected a ", KindName(want), ", got ",
-                                                   KindName(msg.kind_case())));
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected a ", KindName(want), ", got ", KindName(msg.kind_case())));
   }
   return msg;
 }
@@ -209,8 +209,8 @@ absl::StatusOr<Frame> DecodeFrame(const std::string& body) {
       return absl::DataLossError(absl::StrCat("bucket header: tensor '", t.name().substr(0, 64),
                                               "' has ", t.shape_size(), " dimensions"));
     }
-    tensors.push_back({t.name(), t.dtype(), std::vector<int64_t>(t.shape().begin(),
-                                                                 t.shape().end())});
+    tensors.push_back(
+        {t.name(), t.dtype(), std::vector<int64_t>(t.shape().begin(), t.shape().end())});
   }
   auto header = MakeBucketHeader(std::move(tensors));
   if (!header.ok()) {

@@ -46,6 +46,11 @@ def test_failed_update_raises_with_every_workers_reason(fleet2):
         async with AsyncClient(fleet2.address) as ac:
             with pytest.raises(FleetError) as e:
                 await ac.update_weights_from_disk("/nope")
+            # grpc.aio cancels a stream whose iterator fails: the iterator's error is raised,
+            # not a CancelledError.
+            bad = [("model.norm.weight", np.ones(64, np.float32)), ("x", np.zeros(2))]
+            with pytest.raises(TypeError, match="float64"):
+                await ac.update_weights_from_tensor(t for t in bad)
             return e.value
 
     err = asyncio.run(run())
