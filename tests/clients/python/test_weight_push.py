@@ -139,18 +139,28 @@ def test_tcp_group_push_from_python(fleet2):
 
 def test_tcp_group_push_from_asyncio(fleet2):
     from rlfleet import AsyncClient, Client
-    pushed = perturbed(5)
+    first, second, third = perturbed(5), perturbed(6), perturbed(7)
 
     async def run():
         async with AsyncClient(fleet2.address) as ac:
             async with await ac.open_weights_group("async-group") as group:
-                return await group.receive_weights(pushed, weight_version=3,
-                                                   bucket_bytes=250_000)
+                r = await group.receive_weights(first, weight_version=3, bucket_bytes=250_000)
+                assert r.weight_version == 3
+                with Client(fleet2.address) as c:
+                    assert_fleet_holds(c, first)
+                r = await group.prepare_and_complete(second, weight_version=4,
+                                                     bucket_bytes=250_000)
+                assert r.weight_version == 4
+                with Client(fleet2.address) as c:
+                    assert_fleet_holds(c, second)
+                answers = await group.update_weights_from_distributed(
+                    third, weight_version=9, bucket_bytes=400_000)
+                return [a.weight_version for a in answers]
 
-    r = asyncio.run(run())
-    assert r.weight_version == 3
+    versions = asyncio.run(run())
+    assert len(versions) >= 2 and versions[-1] == 9
     with Client(fleet2.address) as c:
-        assert_fleet_holds(c, pushed)
+        assert_fleet_holds(c, third)
         assert list(c.get_server_info().workers[0].info.weight_update_groups) == []
 
 
