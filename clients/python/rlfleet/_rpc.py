@@ -205,10 +205,10 @@ def _stream_end_supported() -> bool:
 class StreamSource:
     """The tensor stream's messages (`messages()`): every tensor in chunks of at most
     `chunk_bytes` (offset = the chunk's byte offset), the options on the first message and, where
-    the protos have it, a last message with the stream's explicit end (its tensor and byte
-    counts). One chunk's bytes are copied into its message and nothing else is held, so a push
-    costs about one chunk of memory beyond the caller's tensors (gRPC sends one message at a
-    time).
+    the protos have it, a last message with the stream's explicit end alone (the distinct tensor
+    names and the data bytes sent), after which gRPC half-closes the stream. One chunk's bytes
+    are copied into its message and nothing else is held, so a push costs about one chunk of
+    memory beyond the caller's tensors (gRPC sends one message at a time).
 
     A list, tuple or mapping of tensors is checked whole before anything is sent (every dtype
     and shape; a checkpoint from read_safetensors by its header), so a bad tensor anywhere is an
@@ -256,7 +256,7 @@ class StreamSource:
             abort_all_requests=self._abort_all_requests, keep_pause=self._keep_pause)
         set_optional(first, **self._options)
         options: Optional[admin_pb2.UpdateWeightsFromTensorRequest] = first
-        num_tensors = 0
+        names: set[str] = set()  # the end counts distinct names, as the receiver does
         num_bytes = 0
         t = self._first
         while t is not None:
@@ -270,12 +270,12 @@ class StreamSource:
                 offset += len(data)
                 num_bytes += len(data)
                 self._reporter.add(len(data), t.name, offset == t.nbytes)
-            num_tensors += 1
+            names.add(t.name)
             t = next(self._payloads, None)
         if self._send_end:
             msg = admin_pb2.UpdateWeightsFromTensorRequest()
             end = getattr(msg, "end")
-            end.num_tensors = num_tensors
+            end.num_tensors = len(names)
             end.num_bytes = num_bytes
             yield msg.SerializeToString()
 

@@ -1,9 +1,11 @@
 """rlfleet's tensor and weight-sync pieces without servers: chunking (strided, big-endian, 0-d,
 empty, bf16 from raw values, bounded chunks), the weights checker's digest, the tensor stream's
-encoding (decodes to what protobuf itself would build), bucket planning, the safetensors reader's
-checks, the control-message frame (length, CRC32C, cap), and the Python sender's rendezvous and
-bucket exchange against receivers written here from the protocol (refusals, a rejected bucket
-that keeps the group usable, a receiver that disconnects, the close message)."""
+encoding (decodes to what protobuf itself would build) and its message sequence (options first,
+bounded chunks in order, the explicit end where the protos have it), bucket planning, the
+safetensors reader's checks, the control-message frame (length, CRC32C, cap), and the Python
+sender's rendezvous and bucket exchange against receivers written here from the protocol
+(refusals, a rejected bucket that keeps the group usable, a receiver that disconnects, the close
+message)."""
 
 import hashlib
 import json
@@ -75,6 +77,39 @@ def test_stream_encoding_decodes_to_the_protobuf_message():
     empty = admin_pb2.UpdateWeightsFromTensorRequest.FromString(
         encode_chunk(admin_pb2.TensorChunk(name="e", dtype="F32", shape=[0]), b""))
     assert empty.chunk.name == "e" and empty.chunk.data == b"" and list(empty.chunk.shape) == [0]
+
+
+def test_stream_messages_options_first_chunks_in_order_and_the_explicit_end():
+    from rlfleet._progress import Reporter
+    from rlfleet._rpc import StreamSource
+    from rlfleet.proto import admin_pb2
+    a = np.arange(10, dtype=np.float32)
+    b = np.arange(6, dtype=np.float16).reshape(2, 3)
+    done = []
+    with Reporter(done.append, "push", None) as rep:
+        src = StreamSource([("a", a), ("b", b)], rep, 16, 7, True, False, True)
+        msgs = [admin_pb2.UpdateWeightsFromTensorRequest.FromString(m) for m in src.messages()]
+    has_end = "end" in admin_pb2.UpdateWeightsFromTensorRequest.DESCRIPTOR.fields_by_name
+    chunks = msgs[:-1] if has_end else msgs
+    # The options ride on the first message only, with the first chunk.
+    assert msgs[0].weight_version == 7 and msgs[0].flush_cache and msgs[0].keep_pause
+    assert all(not m.HasField("weight_version") and not m.keep_pause for m in msgs[1:])
+    # Every chunk at most 16 bytes, in order, offsets contiguous, the bytes exactly the tensor's.
+    got = {}
+    for m in chunks:
+        c = m.chunk
+        assert 0 < len(c.data) <= 16 and c.offset == len(got.get(c.name, b""))
+        assert (c.dtype, list(c.shape)) in (("F32", [10]), ("F16", [2, 3]))
+        got[c.name] = got.get(c.name, b"") + c.data
+    assert got == {"a": a.tobytes(), "b": b.tobytes()}
+    assert [m.chunk.name for m in chunks] == ["a"] * 3 + ["b"]
+    assert done[-1].bytes_done == 52 and done[-1].tensors_done == 2
+    if has_end:  # the last message is the end alone, with the distinct names and the bytes
+        end = msgs[-1]
+        assert not end.HasField("chunk")
+        assert (end.end.num_tensors, end.end.num_bytes) == (2, 52)
+    with pytest.raises(ValueError, match="empty"):
+        StreamSource([], rep, 16, None, None, False, False)
 
 
 def test_bucket_plan_is_greedy_and_keeps_big_tensors_alone():
