@@ -196,17 +196,12 @@ def buckets_proto(buckets: Sequence[Any]) -> list[admin_pb2.WeightBucket]:
     return out
 
 
-def _stream_end_supported() -> bool:
-    """Whether these protos have the tensor stream's explicit end (TensorStreamEnd): servers
-    built from them apply a stream only after it."""
-    return "end" in admin_pb2.UpdateWeightsFromTensorRequest.DESCRIPTOR.fields_by_name
-
-
 class StreamSource:
     """The tensor stream's messages (`messages()`): every tensor in chunks of at most
-    `chunk_bytes` (offset = the chunk's byte offset), the options on the first message and, where
-    the protos have it, a last message with the stream's explicit end alone (the distinct tensor
-    names and the data bytes sent), after which gRPC half-closes the stream. One chunk's bytes
+    `chunk_bytes` (offset = the chunk's byte offset), the options on the first message (with the
+    first chunk) and a last message with the stream's explicit end alone (TensorStreamEnd: the
+    distinct tensor names and the data bytes sent), after which gRPC half-closes the stream:
+    servers apply a stream only after both (docs/weight-updates.md). One chunk's bytes
     are copied into its message and nothing else is held, so a push costs about one chunk of
     memory beyond the caller's tensors (gRPC sends one message at a time).
 
@@ -240,7 +235,6 @@ class StreamSource:
         self._options = dict(weight_version=weight_version, flush_cache=flush_cache)
         self._abort_all_requests = abort_all_requests
         self._keep_pause = keep_pause
-        self._send_end = _stream_end_supported()
         self.error: Optional[BaseException] = None
 
     def messages(self) -> Iterator[bytes]:
@@ -272,12 +266,10 @@ class StreamSource:
                 self._reporter.add(len(data), t.name, offset == t.nbytes)
             names.add(t.name)
             t = next(self._payloads, None)
-        if self._send_end:
-            msg = admin_pb2.UpdateWeightsFromTensorRequest()
-            end = getattr(msg, "end")
-            end.num_tensors = len(names)
-            end.num_bytes = num_bytes
-            yield msg.SerializeToString()
+        msg = admin_pb2.UpdateWeightsFromTensorRequest()
+        msg.end.num_tensors = len(names)
+        msg.end.num_bytes = num_bytes
+        yield msg.SerializeToString()
 
 
 def _refuse(name: str, dtype: str) -> None:

@@ -1,7 +1,7 @@
 """rlfleet's tensor and weight-sync pieces without servers: chunking (strided, big-endian, 0-d,
 empty, bf16 from raw values, bounded chunks), the weights checker's digest, the tensor stream's
 encoding (decodes to what protobuf itself would build) and its message sequence (options first,
-bounded chunks in order, the explicit end where the protos have it), bucket planning, the
+bounded chunks in order, the explicit end alone last), bucket planning, the
 safetensors reader's checks, the control-message frame (length, CRC32C, cap), and the Python
 sender's rendezvous and bucket exchange against receivers written here from the protocol
 (refusals, a rejected bucket that keeps the group usable, a receiver that disconnects, the close
@@ -89,8 +89,7 @@ def test_stream_messages_options_first_chunks_in_order_and_the_explicit_end():
     with Reporter(done.append, "push", None) as rep:
         src = StreamSource([("a", a), ("b", b)], rep, 16, 7, True, False, True)
         msgs = [admin_pb2.UpdateWeightsFromTensorRequest.FromString(m) for m in src.messages()]
-    has_end = "end" in admin_pb2.UpdateWeightsFromTensorRequest.DESCRIPTOR.fields_by_name
-    chunks = msgs[:-1] if has_end else msgs
+    chunks = msgs[:-1]
     # The options ride on the first message only, with the first chunk.
     assert msgs[0].weight_version == 7 and msgs[0].flush_cache and msgs[0].keep_pause
     assert all(not m.HasField("weight_version") and not m.keep_pause for m in msgs[1:])
@@ -104,10 +103,11 @@ def test_stream_messages_options_first_chunks_in_order_and_the_explicit_end():
     assert got == {"a": a.tobytes(), "b": b.tobytes()}
     assert [m.chunk.name for m in chunks] == ["a"] * 3 + ["b"]
     assert done[-1].bytes_done == 52 and done[-1].tensors_done == 2
-    if has_end:  # the last message is the end alone, with the distinct names and the bytes
-        end = msgs[-1]
-        assert not end.HasField("chunk")
-        assert (end.end.num_tensors, end.end.num_bytes) == (2, 52)
+    # The last message is the end alone, with the distinct names and the bytes.
+    end = msgs[-1]
+    assert not end.HasField("chunk") and end.HasField("end")
+    assert (end.end.num_tensors, end.end.num_bytes) == (2, 52)
+    assert all(not m.HasField("end") for m in chunks)
     with pytest.raises(ValueError, match="empty"):
         StreamSource([], rep, 16, None, None, False, False)
 
