@@ -1,12 +1,12 @@
 """Loaded for every Python test under tests/ (tests/pytest.ini makes tests/ the rootdir): the
-shared helpers (tests/testing/rltest.py) and the client sources on sys.path."""
+shared helpers (tests/testing/rltest.py) on sys.path. The `rlfleet` package is the venv's
+(scripts/venv installs it); tests/clients/python and tests/collector install a fresh copy."""
 
 import sys
 from pathlib import Path
 
 _TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(_TESTS / "testing"))
-sys.path.insert(1, str(_TESTS.parent / "clients" / "python"))
 
 import pytest  # noqa: E402
 

@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "reliability"))
-import chaos  # noqa: E402  (puts tests/testing and the client sources on sys.path)
-from chaos import Client, pb, start_fixed_worker  # noqa: E402
+import chaos  # noqa: E402  (puts tests/testing on sys.path; rlfleet is the venv's)
+from chaos import Client, start_fixed_worker  # noqa: E402
+from rlfleet.proto import router_pb2  # noqa: E402
 from rltest import start_router  # noqa: E402
 
 
@@ -43,9 +44,9 @@ def detection_time(num_holes, log):
         w.kill()
         start = time.monotonic()
         while time.monotonic() - start < 120:
-            listing = client.router.ListWorkers(pb["router_pb2"].ListWorkersRequest())
+            listing = client.list_workers()
             state = {x.address: x.state for x in listing.workers}[w.address]
-            if state == pb["router_pb2"].WORKER_STATE_DEAD:
+            if state == router_pb2.WORKER_STATE_DEAD:
                 return time.monotonic() - start
             time.sleep(0.02)
         return float("nan")

@@ -8,7 +8,6 @@ greedy, ignore_eos, the same number of new tokens, the same client concurrency. 
 
 import argparse
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -20,7 +19,6 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "clients" / "python"))
 
 PROMPTS = ["Once upon a time", "The little dog", "One day, Lily went to the park",
            "Tom had a red ball", "The sun was hot and the birds", "Mom said to Ben",
@@ -81,8 +79,7 @@ def main():
     if not 1 <= args.requests <= 100000 or not 1 <= args.concurrency <= 256:
         sys.exit("--requests in [1, 100000], --concurrency in [1, 256]")
     build = Path(args.build)
-    os.environ.setdefault("RL_CLIENT_CACHE", str(build))
-    import rl_client
+    from rlfleet import Client  # the venv's (scripts/venv installs it)
 
     worker = subprocess.Popen([str(build / "bin" / "rl-worker"), "--model", args.model,
                                "--port", "0"], stdout=subprocess.PIPE,
@@ -120,10 +117,10 @@ def main():
 
         def direct(i):
             if not hasattr(local, "client"):
-                local.client = rl_client.Client(address)
-            final = local.client.generate(input_ids=ids[i % len(ids)], via_router=False,
+                local.client = Client(address, via="worker")
+            final = local.client.generate(input_ids=ids[i % len(ids)],
                                           max_new_tokens=args.max_tokens, temperature=0,
-                                          ignore_eos=True)
+                                          ignore_eos=True).one()
             return len(final.output_ids)
 
         def through_smg(i):

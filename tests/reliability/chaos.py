@@ -19,13 +19,15 @@ import threading
 import time
 from pathlib import Path
 
-# Also run outside pytest (bench/chaos/chaos_soak.py): the shared helpers and the client sources.
+# Also run outside pytest (bench/chaos/chaos_soak.py): the shared helpers. The rlfleet package
+# is the venv's (scripts/venv installs it).
 _TESTS = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(_TESTS / "testing"), str(_TESTS.parent / "clients" / "python")]
+sys.path[:0] = [str(_TESTS / "testing")]
 
 import grpc  # noqa: E402
 
-from rl_client import Client, pb  # noqa: E402
+from rlfleet import Client, FleetError, GenerateResult  # noqa: E402
+from rlfleet.proto import router_pb2  # noqa: E402
 from rltest import STORIES, free_port, start_router, start_worker  # noqa: E402
 
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went", "One day, a bird",
@@ -73,21 +75,21 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
         def generate_once(rng):
             prompt = rng.choice(PROMPTS)
             streaming = rng.random() < 0.25
-            req = pb["generate_pb2"].GenerateRequest(text=prompt, stream=streaming)
-            req.sampling_params.temperature = 0.0
-            req.sampling_params.max_new_tokens = rng.choice([4, 8, 16])
+            max_new_tokens = rng.choice([4, 8, 16])
             finals, chunks = 0, 0
             final = None
             start = time.monotonic()
             try:
-                for msg in client.router.Generate(req, timeout=REQUEST_DEADLINE_S):
-                    if msg.HasField("chunk"):
-                        chunks += 1
-                    if msg.HasField("final"):
+                for part in client.generate_stream(text=prompt, stream=streaming,
+                                                   temperature=0.0,
+                                                   max_new_tokens=max_new_tokens):
+                    if isinstance(part, GenerateResult):
                         finals += 1
-                        final = msg.final
+                        final = part
+                    else:
+                        chunks += 1
                 err = None
-            except grpc.RpcError as e:
+            except FleetError as e:
                 err = e
             elapsed = time.monotonic() - start
             with lock:
@@ -97,7 +99,7 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
                         violations.append(f"request '{prompt}' got {finals} final messages")
                         return
                     counts["ok"] += 1
-                    key = (prompt, req.sampling_params.max_new_tokens, final.weight_version)
+                    key = (prompt, max_new_tokens, final.weight_version)
                     outputs.setdefault(key, set()).add(tuple(final.output_ids))
                     return
                 code = err.code()
@@ -130,29 +132,39 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
                 stop.wait(stop_for_s)
                 w.thaw()
 
+        def results(call):
+            """Every worker's result of a broadcast; one that some worker failed raises
+            FleetError carrying them all (a gRPC error has none and is re-raised)."""
+            try:
+                return list(call().results)
+            except FleetError as e:
+                if e.response is None:
+                    raise
+                return list(e.response.results)
+
         def admin():
             admin_client = Client(router_address, timeout=120)
             while not stop.wait(admin_every_s):
                 try:
-                    r = admin_client.pause("retract")
-                    counts["admin_worker_failures"] += sum(not x.success for x in r.results)
+                    r = results(lambda: admin_client.pause("retract"))
+                    counts["admin_worker_failures"] += sum(not x.success for x in r)
                     version = fleet_version[0] + 1
-                    r = admin_client.update_weights_from_disk(str(STORIES),
-                                                              weight_version=version)
-                    counts["admin_worker_failures"] += sum(not x.success for x in r.results)
-                    if any(x.success for x in r.results):
+                    r = results(lambda: admin_client.update_weights_from_disk(
+                        str(STORIES), weight_version=version))
+                    counts["admin_worker_failures"] += sum(not x.success for x in r)
+                    if any(x.success for x in r):
                         fleet_version[0] = version
-                    r = admin_client.continue_generation()
-                    counts["admin_worker_failures"] += sum(not x.success for x in r.results)
+                    r = results(admin_client.continue_generation)
+                    counts["admin_worker_failures"] += sum(not x.success for x in r)
                     counts["admin_cycles"] += 1
-                except grpc.RpcError as e:
+                except FleetError as e:
                     # No live worker at that moment, or the lock: reported, never a hang.
                     counts["admin_call_errors"] += 1
                     if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                         violations.append(f"admin call hung: {e.details()}")
                     try:  # never leave the fleet paused
                         admin_client.continue_generation()
-                    except grpc.RpcError:
+                    except FleetError:
                         pass
 
         threads = [threading.Thread(target=load, args=(i,)) for i in range(num_clients)]
@@ -176,8 +188,8 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
         converged = False
         listing = None
         for _ in range(300):
-            listing = client.router.ListWorkers(pb["router_pb2"].ListWorkersRequest(), timeout=10)
-            if all(w.state == pb["router_pb2"].WORKER_STATE_LIVE and w.enabled and
+            listing = client.list_workers()
+            if all(w.state == router_pb2.WORKER_STATE_LIVE and w.enabled and
                    w.weight_version == version and not w.reason for w in listing.workers):
                 converged = True
                 break
@@ -185,14 +197,14 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
         if not converged:
             violations.append(f"fleet did not converge to v{version}: {listing}")
         for w in workers:
-            direct = Client(w.address, timeout=30)
-            f = direct.generate(text=PROMPTS[0], via_router=False, max_new_tokens=4,
-                                temperature=0.0)
+            direct = Client(w.address, timeout=30, via="worker")
+            f = direct.generate(text=PROMPTS[0], max_new_tokens=4, temperature=0.0).one()
             if f.weight_version != version:
                 violations.append(f"worker {w.address} serves v{f.weight_version}, fleet v{version}")
         served = set()
         for _ in range(30):
-            served.add(client.generate(text=PROMPTS[1], max_new_tokens=2, temperature=0.0).worker)
+            served.add(client.generate(text=PROMPTS[1], max_new_tokens=2,
+                                       temperature=0.0).one().worker)
         if served != {w.address for w in workers}:
             violations.append(f"the router routes to {sorted(served)} only")
         for key, outs in outputs.items():

@@ -7,15 +7,16 @@ import subprocess
 import threading
 
 import grpc
+import pytest
 
-from chaos import Client, pb, start_fixed_worker
+from chaos import Client, start_fixed_worker
+from rlfleet import FleetError
+from rlfleet.proto import router_pb2 as ROUTER
 from rltest import BIN, STORIES, start_router, wait_for
-
-ROUTER = pb["router_pb2"]
 
 
 def listing(client):
-    return client.router.ListWorkers(ROUTER.ListWorkersRequest(), timeout=10)
+    return client.list_workers()
 
 
 class Fleet:
@@ -56,7 +57,7 @@ def test_typo_update_keeps_every_worker_serving(tmp_path):
         for w in listing(fleet.client).workers:
             assert w.state == ROUTER.WORKER_STATE_LIVE and w.enabled and not w.reason, w
         served = {fleet.client.generate(text="Once upon a time", max_new_tokens=2,
-                                        temperature=0.0).worker for _ in range(6)}
+                                        temperature=0.0).one().worker for _ in range(6)}
         assert served == {w.address for w in fleet.workers}
     finally:
         fleet.close()
@@ -69,10 +70,11 @@ def test_stopped_worker_never_holds_the_admin_lock_or_the_fleet(tmp_path):
     stuck, good = fleet.workers
     try:
         stuck.freeze()
-        r = fleet.client.pause("retract")
-        by_worker = {x.worker: x for x in r.results}
+        with pytest.raises(FleetError) as e:  # one worker failed: the call raises
+            fleet.client.pause("retract")
+        by_worker = {x.worker: x for x in e.value.results}
         assert by_worker[good.address].success
-        assert by_worker[stuck.address].code == "DEADLINE_EXCEEDED"
+        assert by_worker[stuck.address].code == grpc.StatusCode.DEADLINE_EXCEEDED
         assert by_worker[stuck.address].left_out
         assert "deadline" in by_worker[stuck.address].message
         states = {w.address: w for w in listing(fleet.client).workers}
@@ -85,7 +87,8 @@ def test_stopped_worker_never_holds_the_admin_lock_or_the_fleet(tmp_path):
         assert r.success
         # Generations (no client deadline) go to the healthy worker.
         for _ in range(4):
-            f = fleet.client.generate(text="Once upon a time", max_new_tokens=4, temperature=0.0)
+            f = fleet.client.generate(text="Once upon a time", max_new_tokens=4,
+                                      temperature=0.0).one()
             assert f.worker == good.address and f.weight_version == 4
     finally:
         fleet.close()
@@ -103,8 +106,8 @@ def test_hung_worker_streams_are_cancelled_and_retried(tmp_path):
                 # No client deadline: a stream left on the hung worker would hang forever.
                 c = Client(fleet.address, timeout=None)
                 results.append(c.generate(text="Once upon a time", max_new_tokens=16,
-                                          temperature=0.0))
-            except grpc.RpcError as e:
+                                          temperature=0.0).one())
+            except FleetError as e:
                 errors.append(e)
 
         stuck.freeze()
@@ -139,9 +142,10 @@ def test_restarted_worker_is_caught_up_before_it_is_routed(tmp_path):
         w0.start(tries=50)  # back at its start-up version 0, same address
         # Never routed before it is caught up: every output is at the fleet's version.
         for _ in range(20):
-            f = fleet.client.generate(text="Once upon a time", max_new_tokens=2, temperature=0.0)
+            f = fleet.client.generate(text="Once upon a time", max_new_tokens=2,
+                                      temperature=0.0).one()
             assert f.weight_version == 7, f.worker
-        wait_for(lambda: Client(w0.address).model_info().weight_version == 7,
+        wait_for(lambda: Client(w0.address, via="worker").model_info().weight_version == 7,
                  "the restarted worker to be caught up to v7")
 
         def caught_up():
@@ -152,7 +156,8 @@ def test_restarted_worker_is_caught_up_before_it_is_routed(tmp_path):
         wait_for(caught_up, "the router to route to the caught-up worker")
         served = set()
         for _ in range(6):
-            f = fleet.client.generate(text="Once upon a time", max_new_tokens=2, temperature=0.0)
+            f = fleet.client.generate(text="Once upon a time", max_new_tokens=2,
+                                      temperature=0.0).one()
             assert f.weight_version == 7
             served.add(f.worker)
         assert w0.address in served

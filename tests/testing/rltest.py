@@ -127,6 +127,27 @@ def start_router(workers, *extra, tokenizer=None, port="0", log_path=None, log=N
     return Server(args + list(extra), log_path, log=log)
 
 
+class Fleet:
+    """`num_workers` rl-workers (stories260K, or `model`) behind one rl-router: `workers`
+    (Servers), `router` (a Server), `address` (the router's); stop() ends them all."""
+
+    def __init__(self, num_workers=2, *worker_args, router_args=(), model=None):
+        self.workers = []
+        self.router = None
+        try:
+            for _ in range(num_workers):
+                self.workers.append(start_worker(*worker_args, model=model))
+            self.router = start_router(self.workers, *router_args)
+        except BaseException:
+            self.stop()
+            raise
+        self.address = self.router.address
+
+    def stop(self):
+        for s in ([self.router] if self.router else []) + self.workers:
+            s.stop()
+
+
 def wait_for(pred, what, timeout_s=30.0, interval_s=0.1, detail=None):
     """Polls `pred` until it returns a truthy value (returned); fails naming `what` (and
     `detail()`, when given, e.g. a log's tail)."""

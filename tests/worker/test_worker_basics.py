@@ -4,7 +4,7 @@ import grpc
 import pytest
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from rl_client import Client
+from rlfleet import Client
 
 
 def list_services(address):
@@ -23,7 +23,7 @@ def test_reflection_lists_worker_admin_and_health(start_worker):
 
 def test_model_info_and_health(start_worker):
     w = start_worker()
-    c = Client(w.address)
+    c = Client(w.address, via="worker")
     info = c.model_info()
     assert info.vocab_size == 512
     assert info.num_hidden_layers == 5

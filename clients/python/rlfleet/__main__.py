@@ -9,9 +9,10 @@
 import argparse
 import json
 import sys
+from typing import Optional, Sequence
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="rlfleet")
     sub = p.add_subparsers(dest="cmd", required=True)
     pp = sub.add_parser("prepare-prompts", help="JSONL prompt set from chat messages")

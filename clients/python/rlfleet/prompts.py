@@ -16,11 +16,12 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Union
+from typing import Any, Iterable, Iterator, Optional, Union
 
 
 def load_chat_template(model_dir: Union[str, Path], template_name: Optional[str] = None,
-                       chat_template_file: Optional[Union[str, Path]] = None):
+                       chat_template_file: Optional[Union[str, Path]] = None
+                       ) -> tuple[str, dict[str, str]]:
     """Returns (template source, special tokens dict) of a model folder; the source is
     `chat_template_file`'s text when given."""
     model_dir = Path(model_dir)
@@ -52,14 +53,15 @@ def load_chat_template(model_dir: Union[str, Path], template_name: Optional[str]
 class ChatTemplate:
     """A compiled chat template. render(messages) -> the prompt text."""
 
-    def __init__(self, source: str, special_tokens: Optional[dict] = None):
+    def __init__(self, source: str, special_tokens: Optional[dict[str, str]] = None) -> None:
         import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message):
+        def raise_exception(message: str) -> None:
             raise jinja2.exceptions.TemplateError(message)
 
-        def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        def tojson(x: Any, ensure_ascii: bool = False, indent: Optional[int] = None,
+                   separators: Optional[tuple[str, str]] = None, sort_keys: bool = False) -> str:
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
                               separators=separators, sort_keys=sort_keys)
 
@@ -73,15 +75,17 @@ class ChatTemplate:
 
     @staticmethod
     def from_model(model_dir: Union[str, Path], template_name: Optional[str] = None,
-                   chat_template_file: Optional[Union[str, Path]] = None):
+                   chat_template_file: Optional[Union[str, Path]] = None) -> "ChatTemplate":
         return ChatTemplate(*load_chat_template(model_dir, template_name, chat_template_file))
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True, **kwargs) -> str:
-        return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                     **self._specials, **kwargs)
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               **kwargs: Any) -> str:
+        return str(self._template.render(messages=messages,
+                                         add_generation_prompt=add_generation_prompt,
+                                         **self._specials, **kwargs))
 
 
-def read_rows(path: Union[str, Path]) -> Iterator[dict]:
+def read_rows(path: Union[str, Path]) -> Iterator[dict[str, Any]]:
     """Rows of a .parquet file (pyarrow) or a .jsonl file."""
     path = Path(path)
     if path.suffix == ".parquet":
@@ -98,7 +102,8 @@ def read_rows(path: Union[str, Path]) -> Iterator[dict]:
                         raise ValueError(f"{path} line {n}: not JSON: {e}") from e
 
 
-def prepare_prompt_set(data: Union[str, Path, Iterable[dict]], model_dir: Union[str, Path],
+def prepare_prompt_set(data: Union[str, Path, Iterable[dict[str, Any]]],
+                       model_dir: Union[str, Path],
                        out: Union[str, Path], messages_key: str = "prompt",
                        index_key: Optional[str] = None, add_generation_prompt: bool = True,
                        template_name: Optional[str] = None,

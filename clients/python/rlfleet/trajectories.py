@@ -6,8 +6,12 @@ DataProto layout (verl's agent-loop postprocess): `prompts` [N, P] left-padded, 
 [N, R] right-padded, `response_mask` [N, R] (the response's loss mask, 0 on padding),
 `input_ids` = prompts ‖ responses, `attention_mask` [N, P+R] (1 on real tokens),
 `position_ids` = clip(cumsum(attention_mask) - 1, 0), `rollout_log_probs` [N, R] (0 on
-padding), plus `rollout_weight_versions` [N, R] (-1 on padding). Non-tensor fields: index,
-sample, uid (the GRPO group), finish_reason, weight_version, metadata.
+padding), plus `rollout_weight_versions` [N, R] (-1 on padding). Non-tensor fields (object
+or int arrays of N): the seed's `index`, `__num_turns__` and `raw_prompt`, then sample, uid
+(the GRPO group), finish_reason, weight_version, metadata.
+
+Live results become the same columns with `Trajectories.from_results` (what rl-collect would
+have written for them): a trainer gets the DataProto from `generate()` without a file.
 """
 
 from __future__ import annotations
@@ -16,9 +20,14 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from rlfleet.types import GenerateResult
+
+Array = np.ndarray[Any, Any]
 
 FORMAT = "rlfleet.trajectories.v1"
 _DTYPES = {"I64": np.int64, "I32": np.int32, "F32": np.float32, "U8": np.uint8}
@@ -33,33 +42,39 @@ _MAX_HEADER = 1 << 31
 class Trajectories:
     """Samples as ragged columns: sample i owns tokens[offsets[i]:offsets[i+1]], the first
     prompt_len[i] of them the prompt."""
-    offsets: np.ndarray          # int64 [N+1]
-    tokens: np.ndarray           # int32 [T]
-    loss_mask: np.ndarray        # uint8 [T]
-    rollout_logprobs: np.ndarray  # float32 [T], NaN on prompt tokens
-    weight_versions: np.ndarray  # int64 [T], -1 on prompt tokens
-    index: np.ndarray            # int64 [N]
-    sample: np.ndarray           # int32 [N]
-    group: np.ndarray            # int64 [N]
-    prompt_len: np.ndarray       # int64 [N]
-    attempts: np.ndarray         # int64 [N]
-    weight_version: np.ndarray   # int64 [N]
+    offsets: Array               # int64 [N+1]
+    tokens: Array                # int32 [T]
+    loss_mask: Array             # uint8 [T]
+    rollout_logprobs: Array      # float32 [T], NaN on prompt tokens
+    weight_versions: Array       # int64 [T], -1 on prompt tokens
+    index: Array                 # int64 [N]
+    sample: Array                # int32 [N]
+    group: Array                 # int64 [N]
+    prompt_len: Array            # int64 [N]
+    attempts: Array              # int64 [N]
+    weight_version: Array        # int64 [N]
     status: list[str]
     finish_reason: list[str]
-    metadata: list[dict]
+    metadata: list[dict[str, Any]]
     # R3 (shards from rl-collect --return-routed-experts; None otherwise): sample i's routing is
     # routed_experts[routed_offsets[i]:routed_offsets[i+1]], shaped routed_shape[i] =
     # [tokens, MoE layers, top_k] for the tokens from position routed_start[i] on.
-    routed_offsets: Optional[np.ndarray] = None   # int64 [N+1]
-    routed_experts: Optional[np.ndarray] = None   # int32 [R]
-    expert_weights: Optional[np.ndarray] = None   # float32 [R] or [0]
+    routed_offsets: Optional[Array] = None   # int64 [N+1]
+    routed_experts: Optional[Array] = None   # int32 [R]
+    expert_weights: Optional[Array] = None   # float32 [R] or [0]
     routed_start: Optional[list[int]] = None
     routed_shape: Optional[list[list[int]]] = None
+    # The seed's non-tensor fields: turns per sample (user + assistant turns: 2 for a
+    # single-turn sample) and the raw prompt (text or chat messages) when known.
+    num_turns: Optional[Array] = None        # int64 [N]; None: 2 for every sample
+    raw_prompt: Optional[list[Any]] = None   # [N]; None: metadata["raw_prompt"] or None
 
-    def routing(self, i: int):
+    def routing(self, i: int) -> Optional[tuple[int, Array, Optional[Array]]]:
         """(start position, expert ids [tokens, layers, top_k], weights or None) of sample i;
         None when the file has no routing or the sample none."""
-        if self.routed_offsets is None or not self.routed_shape[i]:
+        if (self.routed_offsets is None or self.routed_shape is None or
+                self.routed_start is None or self.routed_experts is None or
+                self.expert_weights is None or not self.routed_shape[i]):
             return None
         b, e = self.routed_offsets[i], self.routed_offsets[i + 1]
         shape = tuple(self.routed_shape[i])
@@ -70,23 +85,104 @@ class Trajectories:
         return len(self.index)
 
     @property
-    def ok(self) -> np.ndarray:
+    def ok(self) -> Array:
         """Boolean mask of the samples that completed (status "ok")."""
         return np.array([s == "ok" for s in self.status], dtype=bool)
 
-    def prompt_ids(self, i: int) -> np.ndarray:
+    def prompt_ids(self, i: int) -> Array:
         s = self.offsets[i]
         return self.tokens[s:s + self.prompt_len[i]]
 
-    def response_ids(self, i: int) -> np.ndarray:
+    def response_ids(self, i: int) -> Array:
         return self.tokens[self.offsets[i] + self.prompt_len[i]:self.offsets[i + 1]]
 
-    def _resp(self, column: np.ndarray, i: int) -> np.ndarray:
+    def _resp(self, column: Array, i: int) -> Array:
         return column[self.offsets[i] + self.prompt_len[i]:self.offsets[i + 1]]
+
+    @staticmethod
+    def from_results(results: Iterable[Union["GenerateResult", Sequence["GenerateResult"]]], *,
+                     index: Optional[Sequence[int]] = None,
+                     prompts: Optional[Sequence[Any]] = None,
+                     metadata: Optional[Sequence[dict[str, Any]]] = None) -> "Trajectories":
+        """The columns rl-collect would have written for live results: one element of
+        `results` per prompt, either what `generate(...)` returned for it (Generations: its n
+        samples form one GRPO group) or a single GenerateResult. Every result needs its
+        trajectory (generate with return_trajectory=True; return_logprob=True for the
+        logprobs, else NaN). Per prompt, optionally: `index` (default: the position), the raw
+        prompt (`prompts`: text or chat messages, the DataProto's raw_prompt) and `metadata`
+        (a dict, carried as collector files carry the prompt set's extra fields).
+
+        As in collector files, the prompt is every trajectory token before the output (loss
+        mask 0, logprob NaN, version -1) and the output has loss mask 1, its logprobs and
+        per-token versions; `__num_turns__` is 2 per generated turn in the trajectory (earlier
+        turns reused from the router's cache count too). ValueError naming the sample when a
+        result lacks its trajectory."""
+        from rlfleet.types import GenerateResult
+        groups: list[list[GenerateResult]] = [
+            [r] if isinstance(r, GenerateResult) else list(r) for r in results]
+        n = len(groups)
+        for what, col in (("index", index), ("prompts", prompts), ("metadata", metadata)):
+            if col is not None and len(col) != n:
+                raise ValueError(f"{what}: {len(col)} entries for {n} prompts")
+        idx = list(index) if index is not None else list(range(n))
+        offsets = [0]
+        tokens: list[int] = []
+        mask: list[int] = []
+        logp: list[float] = []
+        versions: list[int] = []
+        cols: dict[str, list[Any]] = {k: [] for k in ("index", "sample", "group", "prompt_len",
+                                                      "attempts", "weight_version", "status",
+                                                      "finish_reason", "metadata", "turns",
+                                                      "raw")}
+        for g, samples in enumerate(groups):
+            for s, r in enumerate(samples):
+                t = r.trajectory
+                n_out = len(r.output_ids)
+                if t is None or len(t.tokens) < n_out:
+                    raise ValueError(f"prompt {idx[g]} sample {s}: no trajectory (generate "
+                                     "with return_trajectory=True)")
+                plen = len(t.tokens) - n_out
+                tokens.extend(t.tokens[:plen])
+                tokens.extend(r.output_ids)
+                mask.extend([0] * plen + [1] * n_out)
+                logp.extend([float("nan")] * plen)
+                if r.output_logprobs and len(r.output_logprobs) == n_out:
+                    logp.extend(lp.logprob for lp in r.output_logprobs)
+                else:
+                    logp.extend([float("nan")] * n_out)
+                versions.extend([-1] * plen)
+                versions.extend(r.token_weight_versions())
+                offsets.append(len(tokens))
+                assistant_runs = _runs_of_ones(t.loss_mask[:plen]) + (1 if n_out else 0)
+                cols["index"].append(idx[g])
+                cols["sample"].append(s)
+                cols["group"].append(g)
+                cols["prompt_len"].append(plen)
+                cols["attempts"].append(r.attempts)
+                cols["weight_version"].append(r.weight_version)
+                cols["status"].append("ok")
+                cols["finish_reason"].append(r.finish_reason)
+                cols["metadata"].append(dict(metadata[g]) if metadata is not None else {})
+                cols["turns"].append(2 * max(assistant_runs, 1))
+                cols["raw"].append(prompts[g] if prompts is not None else None)
+        return Trajectories(
+            offsets=np.array(offsets, dtype=np.int64), tokens=np.array(tokens, dtype=np.int32),
+            loss_mask=np.array(mask, dtype=np.uint8),
+            rollout_logprobs=np.array(logp, dtype=np.float32),
+            weight_versions=np.array(versions, dtype=np.int64),
+            index=np.array(cols["index"], dtype=np.int64),
+            sample=np.array(cols["sample"], dtype=np.int32),
+            group=np.array(cols["group"], dtype=np.int64),
+            prompt_len=np.array(cols["prompt_len"], dtype=np.int64),
+            attempts=np.array(cols["attempts"], dtype=np.int64),
+            weight_version=np.array(cols["weight_version"], dtype=np.int64),
+            status=cols["status"], finish_reason=cols["finish_reason"],
+            metadata=cols["metadata"], num_turns=np.array(cols["turns"], dtype=np.int64),
+            raw_prompt=cols["raw"] if prompts is not None else None)
 
     def to_dataproto(self, pad_token_id: int = 0, include_failed: bool = False,
                      max_prompt_length: Optional[int] = None,
-                     max_response_length: Optional[int] = None) -> dict:
+                     max_response_length: Optional[int] = None) -> dict[str, Any]:
         """{"batch": {name: ndarray}, "non_tensor_batch": {name: ndarray}, "meta_info": {}}.
         Failed samples are left out unless include_failed. P and R default to the longest
         prompt / response; a sample longer than a given maximum is a ValueError."""
@@ -126,15 +222,22 @@ class Trajectories:
             "rollout_log_probs": logp, "rollout_weight_versions": versions,
         }
         sel = np.array(rows, dtype=np.int64)
+        turns = (self.num_turns[sel] if self.num_turns is not None
+                 else np.full(len(rows), 2, dtype=np.int64))
+        raw = np.empty(len(rows), dtype=object)
+        for r, i in enumerate(rows):
+            raw[r] = (self.raw_prompt[i] if self.raw_prompt is not None
+                      else self.metadata[i].get("raw_prompt"))
         non_tensor = {
-            "index": self.index[sel], "sample": self.sample[sel], "uid": self.group[sel],
+            "index": self.index[sel], "__num_turns__": turns, "raw_prompt": raw,
+            "sample": self.sample[sel], "uid": self.group[sel],
             "finish_reason": np.array([self.finish_reason[i] for i in rows], dtype=object),
             "weight_version": self.weight_version[sel],
             "metadata": np.array([self.metadata[i] for i in rows], dtype=object),
         }
         return {"batch": batch, "non_tensor_batch": non_tensor, "meta_info": {}}
 
-    def to_torch(self, **kwargs):
+    def to_torch(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
         """The DataProto batch as torch tensors: a tensordict.TensorDict when tensordict is
         installed, else a dict. ImportError when torch is not installed."""
         try:
@@ -164,7 +267,7 @@ class Trajectories:
         mids = starts + self.prompt_len
         ends = self.offsets[1:]
 
-        def lists(values, begin, end, typ):
+        def lists(values: Array, begin: Array, end: Array, typ: Any) -> Any:
             lengths = (end - begin).astype(np.int32)
             offs = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
             take = np.concatenate([np.arange(b, e) for b, e in zip(begin, end)]) if n else \
@@ -198,7 +301,7 @@ def load_trajectories(path: Union[str, Path]) -> Trajectories:
         path = path / "trajectories.safetensors"
     data = path.read_bytes()
 
-    def bad(what):
+    def bad(what: str) -> ValueError:
         return ValueError(f"{path}: {what}")
 
     if len(data) < 8:
@@ -214,17 +317,17 @@ def load_trajectories(path: Union[str, Path]) -> Trajectories:
     if meta.get("format") != FORMAT:
         raise bad(f"not a {FORMAT} file")
     body = memoryview(data)[8 + hlen:]
-    cols = {}
+    cols: dict[str, Array] = {}
     for name, dtype in _TENSORS.items():
         t = header.get(name)
         if t is None or t.get("dtype") != dtype or len(t.get("shape", [])) != 1:
             raise bad(f"tensor {name} missing or not a 1-D {dtype}")
-        b, e = t["data_offsets"]
+        begin, end = t["data_offsets"]
         npd = np.dtype(_DTYPES[dtype])
-        if not (0 <= b <= e <= len(body)) or (e - b) != t["shape"][0] * npd.itemsize:
+        if not (0 <= begin <= end <= len(body)) or (end - begin) != t["shape"][0] * npd.itemsize:
             raise bad(f"tensor {name} has bad offsets")
-        cols[name] = np.frombuffer(body[b:e], dtype=npd).copy()
-    scal = {}
+        cols[name] = np.frombuffer(body[begin:end], dtype=npd).copy()
+    scal: dict[str, Any] = {}
     for name in _SCALARS:
         try:
             scal[name] = json.loads(meta[name])
@@ -233,24 +336,25 @@ def load_trajectories(path: Union[str, Path]) -> Trajectories:
     n = len(scal["index"])
     if any(len(v) != n for v in scal.values()) or len(cols["offsets"]) != n + 1:
         raise bad("columns differ in length")
-    t = len(cols["tokens"])
+    num_tokens = len(cols["tokens"])
     off = cols["offsets"]
-    if any(len(cols[k]) != t for k in _TENSORS if k != "offsets") or \
-            (n and (off[0] != 0 or off[-1] != t or np.any(np.diff(off) < 0))) or \
+    if any(len(cols[k]) != num_tokens for k in _TENSORS if k != "offsets") or \
+            (n and (off[0] != 0 or off[-1] != num_tokens or np.any(np.diff(off) < 0))) or \
             (not n and list(off) != [0]):
         raise bad("offsets do not tile the token columns")
-    routed = {}
+    routed: dict[str, Any] = {}
     if "routed_offsets" in header:
         for name, dtype in (("routed_offsets", "I64"), ("routed_experts", "I32"),
                             ("expert_weights", "F32")):
             t = header.get(name)
             if t is None or t.get("dtype") != dtype or len(t.get("shape", [])) != 1:
                 raise bad(f"tensor {name} missing or not a 1-D {dtype}")
-            b, e = t["data_offsets"]
+            begin, end = t["data_offsets"]
             npd = np.dtype(_DTYPES[dtype])
-            if not (0 <= b <= e <= len(body)) or (e - b) != t["shape"][0] * npd.itemsize:
+            if not (0 <= begin <= end <= len(body)) or \
+                    (end - begin) != t["shape"][0] * npd.itemsize:
                 raise bad(f"tensor {name} has bad offsets")
-            routed[name] = np.frombuffer(body[b:e], dtype=npd).copy()
+            routed[name] = np.frombuffer(body[begin:end], dtype=npd).copy()
         try:
             routed["routed_start"] = json.loads(meta["routed_start"])
             routed["routed_shape"] = json.loads(meta["routed_shape"])
@@ -272,3 +376,14 @@ def load_trajectories(path: Union[str, Path]) -> Trajectories:
         weight_version=np.array(scal["weight_version"], dtype=np.int64),
         status=list(scal["status"]), finish_reason=list(scal["finish_reason"]),
         metadata=list(scal["metadata"]))
+
+
+def _runs_of_ones(mask: Sequence[int]) -> int:
+    """Maximal runs of 1 in a loss mask (the generated turns a prompt reuses)."""
+    runs = 0
+    prev = 0
+    for m in mask:
+        if m and not prev:
+            runs += 1
+        prev = m
+    return runs

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import Any, Iterable, Optional, Sequence
+
+import numpy as np
 
 from rlfleet._stubs import generate_pb2
 
-FINISH_REASONS = {0: "unspecified", 1: "stop", 2: "length", 3: "abort"}
+FINISH_REASONS = {0: "unspecified", 1: "stop", 2: "length", 3: "abort", 4: "stale"}
 
 
 @dataclass
@@ -42,7 +44,8 @@ class SamplingParams:
         return p
 
 
-def build_generate_request(text: Optional[str] = None, input_ids: Optional[list[int]] = None, *,
+def build_generate_request(text: Optional[str] = None,
+                           input_ids: Optional[Sequence[int]] = None, *,
                            sampling: Optional[SamplingParams] = None,
                            request_id: str = "", return_logprob: bool = False,
                            top_logprobs_num: int = 0, logprob_start_len: Optional[int] = None,
@@ -51,7 +54,7 @@ def build_generate_request(text: Optional[str] = None, input_ids: Optional[list[
                            return_routed_experts: bool = False,
                            return_expert_weights: bool = False,
                            routed_experts_start_len: Optional[int] = None,
-                           **sampling_kwargs) -> "generate_pb2.GenerateRequest":
+                           **sampling_kwargs: Any) -> "generate_pb2.GenerateRequest":
     """Every rl.v1.GenerateRequest field; sampling fields as `sampling=` or keyword arguments."""
     if (text is None) == (input_ids is None):
         raise ValueError("exactly one of text or input_ids is required")
@@ -72,7 +75,7 @@ def build_generate_request(text: Optional[str] = None, input_ids: Optional[list[
         req.routed_experts_start_len = routed_experts_start_len
     if text is not None:
         req.text = text
-    else:
+    elif input_ids is not None:
         req.input_ids.ids.extend(int(i) for i in input_ids)
     if logprob_start_len is not None:
         req.logprob_start_len = logprob_start_len
@@ -94,7 +97,7 @@ class TokenLogprob:
     top: list[TopLogprob] = field(default_factory=list)
 
     @staticmethod
-    def from_proto(p) -> "TokenLogprob":
+    def from_proto(p: Any) -> "TokenLogprob":
         return TokenLogprob(p.token_id, p.logprob, [TopLogprob(t.token_id, t.logprob)
                                                      for t in p.top])
 
@@ -108,7 +111,7 @@ class Trajectory:
     token_weight_versions: list[int]
 
     @staticmethod
-    def from_proto(p) -> "Trajectory":
+    def from_proto(p: Any) -> "Trajectory":
         return Trajectory(list(p.tokens), list(p.loss_mask), list(p.rollout_logp),
                           p.weight_version, list(p.token_weight_versions))
 
@@ -121,19 +124,21 @@ class RoutedExperts:
     expert_ids_bytes: bytes      # int32 little-endian, row-major `shape`
     expert_weights_bytes: bytes  # float32, same shape (empty unless return_expert_weights)
 
-    def expert_ids(self):
-        import numpy as np
+    def expert_ids(self) -> "np.ndarray[Any, np.dtype[np.int32]]":
         return np.frombuffer(self.expert_ids_bytes, dtype="<i4").reshape(self.shape)
 
-    def expert_weights(self):
-        import numpy as np
+    def expert_weights(self) -> "Optional[np.ndarray[Any, np.dtype[np.float32]]]":
         if not self.expert_weights_bytes:
             return None
         return np.frombuffer(self.expert_weights_bytes, dtype="<f4").reshape(self.shape)
 
     @staticmethod
-    def from_proto(p) -> "RoutedExperts":
-        return RoutedExperts(tuple(p.shape), p.start_pos, p.expert_ids, p.expert_weights)
+    def from_proto(p: Any) -> "RoutedExperts":
+        shape = tuple(int(d) for d in p.shape)
+        if len(shape) != 3:
+            raise ValueError(f"routed_experts: shape {list(shape)} is not [tokens, layers, top_k]")
+        return RoutedExperts((shape[0], shape[1], shape[2]), p.start_pos, p.expert_ids,
+                             p.expert_weights)
 
 
 @dataclass
@@ -183,7 +188,7 @@ class GenerateResult:
         return out
 
     @staticmethod
-    def from_proto(msg) -> "GenerateResult":
+    def from_proto(msg: Any) -> "GenerateResult":
         f = msg.final
         return GenerateResult(
             request_id=msg.request_id, index=msg.index,
@@ -204,7 +209,34 @@ class GenerateResult:
                             if f.HasField("routed_experts") else None))
 
 
-def chunk_from_proto(msg) -> Chunk:
+def chunk_from_proto(msg: Any) -> Chunk:
     c = msg.chunk
     return Chunk(msg.index, list(c.token_ids), c.text,
                  [TokenLogprob.from_proto(p) for p in c.logprobs])
+
+
+class Generations(list[GenerateResult]):
+    """What `generate` returns for every `n`: the samples of one prompt, ordered by `index`
+    (n = 1: a list of one). `one()` is the accessor for the single case."""
+
+    def one(self) -> GenerateResult:
+        """The only sample; ValueError when there are several (n > 1) or none."""
+        if len(self) != 1:
+            raise ValueError(f"one(): {len(self)} samples (n > 1?): index them instead")
+        return self[0]
+
+    @property
+    def output_ids(self) -> list[list[int]]:
+        """Every sample's output token ids."""
+        return [r.output_ids for r in self]
+
+    @property
+    def texts(self) -> list[str]:
+        """Every sample's completion text."""
+        return [r.text for r in self]
+
+    @staticmethod
+    def of(results: Iterable[GenerateResult]) -> "Generations":
+        g = Generations(results)
+        g.sort(key=lambda r: r.index)
+        return g

@@ -5,105 +5,78 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "rl/v1/weight_sync.pb.h"
 #include "services/worker/weight_sync/crc32c.h"
 
 namespace rl::weight_sync {
 namespace {
 
-constexpr uint8_t kAckKind = 3;
-constexpr uint32_t kMaxString = 1u << 20;
-constexpr uint32_t kMaxDims = 64;
+constexpr size_t kMaxString = size_t{1} << 20;
+constexpr int kMaxDims = 64;
 
-class Writer {
- public:
-  void U8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void U16(uint16_t v) { Raw(v); }
-  void U32(uint32_t v) { Raw(v); }
-  void I32(int32_t v) { Raw(v); }
-  void U64(uint64_t v) { Raw(v); }
-  void I64(int64_t v) { Raw(v); }
-  void Str(const std::string& s) {
-    U32(static_cast<uint32_t>(s.size()));
-    out_.append(s);
-  }
-  std::string Take() { return std::move(out_); }
+using Message = rl::v1::WeightSyncMessage;
 
- private:
-  template <typename T>
-  void Raw(T v) {
-    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "wire format is little-endian");
-    char b[sizeof(T)];
-    std::memcpy(b, &v, sizeof(T));
-    out_.append(b, sizeof(T));
-  }
-  std::string out_;
-};
-
-class Reader {
- public:
-  Reader(const std::string& in, const char* what) : in_(in), what_(what) {}
-
-  absl::StatusOr<uint8_t> U8() { return Raw<uint8_t>(); }
-  absl::StatusOr<uint16_t> U16() { return Raw<uint16_t>(); }
-  absl::StatusOr<uint32_t> U32() { return Raw<uint32_t>(); }
-  absl::StatusOr<int32_t> I32() { return Raw<int32_t>(); }
-  absl::StatusOr<uint64_t> U64() { return Raw<uint64_t>(); }
-  absl::StatusOr<int64_t> I64() { return Raw<int64_t>(); }
-  absl::StatusOr<std::string> Str() {
-    ASSIGN_OR_RETURN(uint32_t n, U32());
-    if (n > kMaxString || n > in_.size() - pos_) return Truncated();
-    std::string s = in_.substr(pos_, n);
-    pos_ += n;
-    return s;
-  }
-  absl::Status Done() const {
-    if (pos_ != in_.size()) {
-      return absl::DataLossError(
-          absl::StrCat(what_, ": ", in_.size() - pos_, " trailing bytes in message"));
-    }
-    return absl::OkStatus();
-  }
-  absl::Status Header() {
-    ASSIGN_OR_RETURN(uint32_t magic, U32());
-    if (magic != kMagic) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what_, ": bad protocol magic 0x", absl::Hex(magic), " (not a weight-sync peer)"));
-    }
-    ASSIGN_OR_RETURN(uint16_t version, U16());
-    if (version != kProtocolVersion) {
-      return absl::InvalidArgumentError(absl::StrCat(what_, ": protocol version ", version,
-                                                     ", this build speaks ", kProtocolVersion));
-    }
-    return absl::OkStatus();
-  }
-
- private:
-  template <typename T>
-  absl::StatusOr<T> Raw() {
-    if (sizeof(T) > in_.size() - pos_) return Truncated();
-    T v;
-    std::memcpy(&v, in_.data() + pos_, sizeof(T));
-    pos_ += sizeof(T);
-    return v;
-  }
-  absl::Status Truncated() const {
-    return absl::DataLossError(absl::StrCat(what_, ": truncated message"));
-  }
-
-  const std::string& in_;
-  const char* what_;
-  size_t pos_ = 0;
-};
-
-absl::StatusCode CodeFromWire(uint32_t code) {
-  if (code > static_cast<uint32_t>(absl::StatusCode::kUnauthenticated)) {
+absl::StatusCode CodeFromWire(int32_t code) {
+  if (code < 0 || code > static_cast<int32_t>(absl::StatusCode::kUnauthenticated)) {
     return absl::StatusCode::kUnknown;
   }
   return static_cast<absl::StatusCode>(code);
 }
 
-std::string ShapeText(const std::vector<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+const char* KindName(Message::KindCase kind) {
+  switch (kind) {
+    case Message::kHello:
+      return "hello";
+    case Message::kWelcome:
+      return "welcome";
+    case Message::kBucket:
+      return "bucket header";
+    case Message::kClose:
+      return "close";
+    case Message::kAck:
+      return "ack";
+    default:
+      return "empty message";
+  }
+}
+
+// Parses `body` as a WeightSyncMessage of kind `want`. DATA_LOSS when it does not parse (the
+// frame's CRC matched, so the peer sent it: not a weight-sync peer, or a bug), INVALID_ARGUMENT
+// for another kind of message.
+absl::StatusOr<Message> Parse(const std::string& body, Message::KindCase want, const char* what) {
+  Message msg;
+  if (!msg.ParseFromString(body)) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": not a weight-sync message (", body.size(), " bytes do not parse)"));
+  }
+  if (msg.kind_case() != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected a ", KindName(want), ", got ", KindName(msg.kind_case())));
+  }
+  return msg;
+}
+
+absl::Status CheckProtocol(rl::v1::WeightSyncProtocol protocol, const char* what) {
+  if (protocol != kProtocolVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": protocol version ",
+                                                   static_cast<int>(protocol),
+                                                   ", this build speaks ", kProtocolVersion));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckString(const std::string& s, const char* what, const char* field) {
+  if (s.size() > kMaxString) {
+    return absl::DataLossError(
+        absl::StrCat(what, ": ", field, " of ", s.size(), " bytes exceeds ", kMaxString));
+  }
+  return absl::OkStatus();
+}
+
+std::string Serialize(const Message& msg) {
+  std::string out;
+  msg.SerializeToString(&out);
+  return out;
 }
 
 }  // namespace
@@ -117,51 +90,60 @@ absl::StatusOr<BackendId> ParseBackend(const std::string& name) {
 const char* BackendName(BackendId id) { return id == BackendId::kNccl ? "nccl" : "tcp"; }
 
 std::string EncodeHello(const Hello& hello) {
-  Writer w;
-  w.U32(kMagic);
-  w.U16(kProtocolVersion);
-  w.U8(static_cast<uint8_t>(hello.backend));
-  w.I32(hello.rank);
-  w.I32(hello.world_size);
-  w.Str(hello.group_name);
-  return w.Take();
+  Message msg;
+  rl::v1::WeightSyncHello* h = msg.mutable_hello();
+  h->set_protocol(static_cast<rl::v1::WeightSyncProtocol>(kProtocolVersion));
+  h->set_backend(hello.backend == BackendId::kNccl ? rl::v1::GROUP_BACKEND_NCCL
+                                                   : rl::v1::GROUP_BACKEND_TCP);
+  h->set_rank(hello.rank);
+  h->set_world_size(hello.world_size);
+  h->set_group_name(hello.group_name);
+  return Serialize(msg);
 }
 
 absl::StatusOr<Hello> DecodeHello(const std::string& body) {
-  Reader r(body, "hello");
-  RETURN_IF_ERROR(r.Header());
+  ASSIGN_OR_RETURN(Message msg, Parse(body, Message::kHello, "hello"));
+  const rl::v1::WeightSyncHello& h = msg.hello();
+  RETURN_IF_ERROR(CheckProtocol(h.protocol(), "hello"));
+  RETURN_IF_ERROR(CheckString(h.group_name(), "hello", "group_name"));
   Hello hello;
-  ASSIGN_OR_RETURN(uint8_t backend, r.U8());
-  if (backend > static_cast<uint8_t>(BackendId::kNccl)) {
-    return absl::InvalidArgumentError(absl::StrCat("hello: unknown backend id ", backend));
+  switch (h.backend()) {
+    case rl::v1::GROUP_BACKEND_TCP:
+      hello.backend = BackendId::kTcp;
+      break;
+    case rl::v1::GROUP_BACKEND_NCCL:
+      hello.backend = BackendId::kNccl;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("hello: unknown backend ", static_cast<int>(h.backend())));
   }
-  hello.backend = static_cast<BackendId>(backend);
-  ASSIGN_OR_RETURN(hello.rank, r.I32());
-  ASSIGN_OR_RETURN(hello.world_size, r.I32());
-  ASSIGN_OR_RETURN(hello.group_name, r.Str());
-  RETURN_IF_ERROR(r.Done());
+  hello.rank = h.rank();
+  hello.world_size = h.world_size();
+  hello.group_name = h.group_name();
   return hello;
 }
 
 std::string EncodeWelcome(const Welcome& welcome) {
-  Writer w;
-  w.U32(kMagic);
-  w.U16(kProtocolVersion);
-  w.U32(static_cast<uint32_t>(welcome.code));
-  w.Str(welcome.message);
-  w.Str(welcome.nccl_unique_id);
-  return w.Take();
+  Message msg;
+  rl::v1::WeightSyncWelcome* w = msg.mutable_welcome();
+  w->set_protocol(static_cast<rl::v1::WeightSyncProtocol>(kProtocolVersion));
+  w->set_code(static_cast<int32_t>(welcome.code));
+  w->set_message(welcome.message);
+  w->set_nccl_unique_id(welcome.nccl_unique_id);
+  return Serialize(msg);
 }
 
 absl::StatusOr<Welcome> DecodeWelcome(const std::string& body) {
-  Reader r(body, "welcome");
-  RETURN_IF_ERROR(r.Header());
+  ASSIGN_OR_RETURN(Message msg, Parse(body, Message::kWelcome, "welcome"));
+  const rl::v1::WeightSyncWelcome& w = msg.welcome();
+  RETURN_IF_ERROR(CheckProtocol(w.protocol(), "welcome"));
+  RETURN_IF_ERROR(CheckString(w.message(), "welcome", "message"));
+  RETURN_IF_ERROR(CheckString(w.nccl_unique_id(), "welcome", "nccl_unique_id"));
   Welcome welcome;
-  ASSIGN_OR_RETURN(uint32_t code, r.U32());
-  welcome.code = CodeFromWire(code);
-  ASSIGN_OR_RETURN(welcome.message, r.Str());
-  ASSIGN_OR_RETURN(welcome.nccl_unique_id, r.Str());
-  RETURN_IF_ERROR(r.Done());
+  welcome.code = CodeFromWire(w.code());
+  welcome.message = w.message();
+  welcome.nccl_unique_id = w.nccl_unique_id();
   return welcome;
 }
 
@@ -180,105 +162,102 @@ absl::StatusOr<BucketHeader> MakeBucketHeader(std::vector<TensorSpec> tensors) {
 }
 
 std::string EncodeFrame(const Frame& frame) {
-  Writer w;
-  w.U8(static_cast<uint8_t>(frame.kind));
-  w.U64(frame.seq);
-  if (frame.kind == FrameKind::kBucket) {
-    const BucketHeader& b = frame.bucket;
-    w.U32(static_cast<uint32_t>(b.tensors.size()));
-    for (size_t i = 0; i < b.tensors.size(); ++i) {
-      w.Str(b.tensors[i].name);
-      w.Str(b.tensors[i].dtype);
-      w.U32(static_cast<uint32_t>(b.tensors[i].shape.size()));
-      for (int64_t d : b.tensors[i].shape) w.I64(d);
-      w.U64(static_cast<uint64_t>(b.tensor_bytes[i]));
-    }
-    w.U64(static_cast<uint64_t>(b.payload_bytes));
-    w.U32(b.payload_crc32c);
+  Message msg;
+  if (frame.kind == FrameKind::kClose) {
+    msg.mutable_close()->set_seq(frame.seq);
+    return Serialize(msg);
   }
-  return w.Take();
+  rl::v1::WeightSyncBucket* b = msg.mutable_bucket();
+  b->set_seq(frame.seq);
+  for (size_t i = 0; i < frame.bucket.tensors.size(); ++i) {
+    const TensorSpec& spec = frame.bucket.tensors[i];
+    rl::v1::WeightSyncTensor* t = b->add_tensors();
+    t->set_name(spec.name);
+    t->set_dtype(spec.dtype);
+    t->mutable_shape()->Assign(spec.shape.begin(), spec.shape.end());
+    t->set_bytes(static_cast<uint64_t>(frame.bucket.tensor_bytes[i]));
+  }
+  b->set_payload_bytes(static_cast<uint64_t>(frame.bucket.payload_bytes));
+  b->set_payload_crc32c(frame.bucket.payload_crc32c);
+  return Serialize(msg);
 }
 
 absl::StatusOr<Frame> DecodeFrame(const std::string& body) {
-  Reader r(body, "bucket header");
-  Frame frame;
-  ASSIGN_OR_RETURN(uint8_t kind, r.U8());
-  if (kind != static_cast<uint8_t>(FrameKind::kBucket) &&
-      kind != static_cast<uint8_t>(FrameKind::kClose)) {
-    return absl::DataLossError(absl::StrCat("bucket header: unknown frame kind ", kind));
+  Message msg;
+  if (!msg.ParseFromString(body)) {
+    return absl::DataLossError(absl::StrCat("bucket header: not a weight-sync message (",
+                                            body.size(), " bytes do not parse)"));
   }
-  frame.kind = static_cast<FrameKind>(kind);
-  ASSIGN_OR_RETURN(frame.seq, r.U64());
-  if (frame.kind == FrameKind::kClose) {
-    RETURN_IF_ERROR(r.Done());
+  Frame frame;
+  if (msg.kind_case() == Message::kClose) {
+    frame.kind = FrameKind::kClose;
+    frame.seq = msg.close().seq();
     return frame;
   }
-  ASSIGN_OR_RETURN(uint32_t count, r.U32());
-  std::vector<TensorSpec> tensors;
-  std::vector<int64_t> announced;
-  for (uint32_t i = 0; i < count; ++i) {
-    TensorSpec spec;
-    ASSIGN_OR_RETURN(spec.name, r.Str());
-    ASSIGN_OR_RETURN(spec.dtype, r.Str());
-    ASSIGN_OR_RETURN(uint32_t ndim, r.U32());
-    if (ndim > kMaxDims) {
-      return absl::DataLossError(
-          absl::StrCat("bucket header: tensor '", spec.name, "' has ", ndim, " dimensions"));
-    }
-    for (uint32_t d = 0; d < ndim; ++d) {
-      ASSIGN_OR_RETURN(int64_t dim, r.I64());
-      spec.shape.push_back(dim);
-    }
-    ASSIGN_OR_RETURN(uint64_t bytes, r.U64());
-    announced.push_back(static_cast<int64_t>(bytes));
-    tensors.push_back(std::move(spec));
-    if (tensors.size() > kMaxMessageBytes / 16) {
-      return absl::DataLossError("bucket header: too many tensors");
-    }
+  if (msg.kind_case() != Message::kBucket) {
+    return absl::DataLossError(
+        absl::StrCat("bucket header: unexpected ", KindName(msg.kind_case())));
   }
-  ASSIGN_OR_RETURN(uint64_t payload_bytes, r.U64());
-  ASSIGN_OR_RETURN(uint32_t crc, r.U32());
-  RETURN_IF_ERROR(r.Done());
+  const rl::v1::WeightSyncBucket& b = msg.bucket();
+  frame.kind = FrameKind::kBucket;
+  frame.seq = b.seq();
+  std::vector<TensorSpec> tensors;
+  tensors.reserve(static_cast<size_t>(b.tensors_size()));
+  for (const rl::v1::WeightSyncTensor& t : b.tensors()) {
+    RETURN_IF_ERROR(CheckString(t.name(), "bucket header", "tensor name"));
+    if (t.shape_size() > kMaxDims) {
+      return absl::DataLossError(absl::StrCat("bucket header: tensor '", t.name().substr(0, 64),
+                                              "' has ", t.shape_size(), " dimensions"));
+    }
+    tensors.push_back(
+        {t.name(), t.dtype(), std::vector<int64_t>(t.shape().begin(), t.shape().end())});
+  }
   auto header = MakeBucketHeader(std::move(tensors));
   if (!header.ok()) {
     return absl::DataLossError(absl::StrCat("bucket header: sender announced an invalid tensor: ",
                                             header.status().message()));
   }
-  for (size_t i = 0; i < announced.size(); ++i) {
-    if (announced[i] != header->tensor_bytes[i]) {
+  for (int i = 0; i < b.tensors_size(); ++i) {
+    const uint64_t announced = b.tensors(i).bytes();
+    if (announced != static_cast<uint64_t>(header->tensor_bytes[static_cast<size_t>(i)])) {
       return absl::DataLossError(absl::StrCat(
-          "bucket header: tensor '", header->tensors[i].name, "' announces ", announced[i],
-          " bytes, its ", DescribeSpec(header->tensors[i]), " needs ", header->tensor_bytes[i]));
+          "bucket header: tensor '", header->tensors[static_cast<size_t>(i)].name, "' announces ",
+          announced, " bytes, its ", DescribeSpec(header->tensors[static_cast<size_t>(i)]),
+          " needs ", header->tensor_bytes[static_cast<size_t>(i)]));
     }
   }
-  if (static_cast<int64_t>(payload_bytes) != header->payload_bytes) {
-    return absl::DataLossError(absl::StrCat("bucket header: payload of ", payload_bytes,
+  if (b.payload_bytes() != static_cast<uint64_t>(header->payload_bytes)) {
+    return absl::DataLossError(absl::StrCat("bucket header: payload of ", b.payload_bytes(),
                                             " bytes, its tensors sum to ", header->payload_bytes));
   }
-  header->payload_crc32c = crc;
+  header->payload_crc32c = b.payload_crc32c();
   frame.bucket = *std::move(header);
   return frame;
 }
 
 std::string EncodeAck(const Ack& ack) {
-  Writer w;
-  w.U8(kAckKind);
-  w.U64(ack.seq);
-  w.U32(static_cast<uint32_t>(ack.code));
-  w.Str(ack.message);
-  return w.Take();
+  Message msg;
+  rl::v1::WeightSyncAck* a = msg.mutable_ack();
+  a->set_seq(ack.seq);
+  a->set_code(static_cast<int32_t>(ack.code));
+  a->set_message(ack.message);
+  return Serialize(msg);
 }
 
 absl::StatusOr<Ack> DecodeAck(const std::string& body) {
-  Reader r(body, "ack");
-  ASSIGN_OR_RETURN(uint8_t kind, r.U8());
-  if (kind != kAckKind) return absl::DataLossError(absl::StrCat("ack: unexpected kind ", kind));
+  Message msg;
+  if (!msg.ParseFromString(body)) {
+    return absl::DataLossError(
+        absl::StrCat("ack: not a weight-sync message (", body.size(), " bytes do not parse)"));
+  }
+  if (msg.kind_case() != Message::kAck) {
+    return absl::DataLossError(absl::StrCat("ack: unexpected ", KindName(msg.kind_case())));
+  }
+  RETURN_IF_ERROR(CheckString(msg.ack().message(), "ack", "message"));
   Ack ack;
-  ASSIGN_OR_RETURN(ack.seq, r.U64());
-  ASSIGN_OR_RETURN(uint32_t code, r.U32());
-  ack.code = CodeFromWire(code);
-  ASSIGN_OR_RETURN(ack.message, r.Str());
-  RETURN_IF_ERROR(r.Done());
+  ack.seq = msg.ack().seq();
+  ack.code = CodeFromWire(msg.ack().code());
+  ack.message = msg.ack().message();
   return ack;
 }
 

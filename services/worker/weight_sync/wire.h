@@ -1,20 +1,15 @@
 // The weight-sync wire protocol over the TCP control channel (both backends).
 //
-// Every control message is framed as u32 body length, u32 CRC32C(body), body; integers are
-// little-endian, strings are u32 length + bytes. Bodies:
-//   Hello   (receiver → sender, once): u32 magic "RLWS", u16 version, u8 backend, i32 rank,
-//           i32 world_size, str group_name.
-//   Welcome (sender → receiver, once): u32 magic, u16 version, u32 code (absl::StatusCode, 0 =
-//           joined), str message, str nccl_unique_id (empty for tcp). An error welcome is
-//           sent right after a bad Hello; the OK one only when every rank has joined.
-//   Frame   (sender → receiver, per bucket): u8 kind (1 bucket, 2 close), u64 seq; a bucket
-//           adds u32 count, count × {str name, str dtype, u32 ndim, ndim × i64 dim, u64 bytes},
-//           u64 payload_bytes, u32 payload CRC32C. tcp: payload_bytes raw bytes follow (the
-//           tensors back to back in header order); nccl: one ncclBroadcast of that size.
-//   Ack     (receiver → sender, per bucket): u8 kind 3, u64 seq, u32 code, str message.
-// Decoders check the magic, version, lengths and that every per-tensor byte count equals
-// numel × dtype size and they sum to payload_bytes, so a receiver never trusts an unchecked
-// size. Messages are capped at 64 MiB.
+// Every control message is one rl.v1.WeightSyncMessage (protos/rl/v1/weight_sync.proto: Hello,
+// Welcome, Bucket, Close, Ack), serialized and framed as u32 body length, u32 CRC32C(body),
+// body (little-endian). Protobuf, so that a trainer in any language (the rlfleet Python sender)
+// speaks it with generated classes. The bucket payload is not a message: tcp writes its raw
+// bytes right after the bucket frame (the tensors back to back in header order); nccl moves
+// them with one ncclBroadcast. The structs below are the C++ side's view of those messages.
+// Decoders check the protocol version, the message kind, lengths and that every per-tensor byte
+// count equals numel × dtype size and they sum to payload_bytes, so a receiver never trusts an
+// unchecked size. Messages are capped at 64 MiB. Cost: one protobuf parse / serialize per
+// control message (bytes to a few KiB per bucket); payload bytes never pass through protobuf.
 #pragma once
 
 #include <chrono>
@@ -29,8 +24,8 @@
 
 namespace rl::weight_sync {
 
-inline constexpr uint32_t kMagic = 0x53574C52;  // "RLWS" little-endian
-inline constexpr uint16_t kProtocolVersion = 1;
+// rl.v1.WEIGHT_SYNC_PROTOCOL_V2: version 1 was a hand-written binary codec.
+inline constexpr int kProtocolVersion = 2;
 inline constexpr uint32_t kMaxMessageBytes = 64u << 20;
 
 enum class BackendId : uint8_t { kTcp = 0, kNccl = 1 };

@@ -4,8 +4,8 @@ worker paused so nothing finishes: a flooding client fills the queue; another Cl
 the same client_id is refused at once (same client, whatever its connection), while a client
 with another id takes the flood's newest place (that one ends RESOURCE_EXHAUSTED) and is served
 once the worker continues. Both outcomes together show the header, not the peer, names the
-client (Python channels to one target may or may not share a connection). rlfleet's clients:
-tests/collector/test_rlfleet_client.py."""
+client (Python channels to one target may or may not share a connection). That rlfleet's
+asyncio client sends the header too: test_rlfleet_client.py."""
 
 import threading
 
@@ -13,11 +13,11 @@ import grpc
 import pytest
 
 from rltest import start_router, wait_for
-from rl_client import Client, pb
+from rlfleet import Client, FleetError
 
 
 def _queued(fleet) -> int:
-    text = fleet._call(fleet.router.GetMetrics, pb["router_pb2"].GetMetricsRequest()).prometheus_text
+    text = fleet.get_metrics().prometheus_text
     for line in text.splitlines():
         if line.startswith("rl_router_admission_queued "):
             return int(float(line.split()[1]))
@@ -31,8 +31,8 @@ def test_router_fair_admission_keys_on_client_id(start_worker):
 
     def run(name, client):
         try:
-            results[name] = client.generate(text="Once upon a time", max_new_tokens=4)
-        except grpc.RpcError as e:
+            results[name] = client.generate(text="Once upon a time", max_new_tokens=4).one()
+        except FleetError as e:
             results[name] = e
 
     threads = []
@@ -43,7 +43,7 @@ def test_router_fair_admission_keys_on_client_id(start_worker):
         threads.append(t)
 
     try:
-        worker = Client(w.address)
+        worker = Client(w.address, via="worker")
         fleet = Client(router.address)
         worker.pause("in_place")  # the one admitted generation waits in the worker's queue
         flood = Client(router.address, client_id="flood")
@@ -56,7 +56,7 @@ def test_router_fair_admission_keys_on_client_id(start_worker):
         wait_for(lambda: _queued(fleet) == 2, "flood-2 to queue", timeout_s=60, interval_s=0.02)
 
         # Same id from another Client object: the same client, refused at once.
-        with pytest.raises(grpc.RpcError) as refused:
+        with pytest.raises(FleetError) as refused:
             Client(router.address, client_id="flood").generate(text="Once upon a time",
                                                                max_new_tokens=4)
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
@@ -66,7 +66,7 @@ def test_router_fair_admission_keys_on_client_id(start_worker):
         start("other", Client(router.address, client_id="trainer-b"))
         wait_for(lambda: "flood-2" in results, "the flood's newest request to be displaced",
                  timeout_s=60, interval_s=0.02)
-        assert isinstance(results["flood-2"], grpc.RpcError)
+        assert isinstance(results["flood-2"], FleetError)
         assert results["flood-2"].code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "gave its place to another client" in results["flood-2"].details()
 

@@ -42,13 +42,13 @@ def test_sync_async_and_streaming_clients(fleet):
     addr = fleet["router"].address
     with Client(addr) as c:
         c.wait_ready()
-        r = c.generate(text="Once upon a time", **OPTIONS)
+        r = c.generate(text="Once upon a time", **OPTIONS).one()
         check_result(r)
         ids = c.generate(input_ids=[1, 403, 407, 261, 378],
                          sampling=SamplingParams(max_new_tokens=8, temperature=0.0,
                                                  ignore_eos=True),
                          **{k: v for k, v in OPTIONS.items()
-                            if k not in ("max_new_tokens", "temperature", "ignore_eos")})
+                            if k not in ("max_new_tokens", "temperature", "ignore_eos")}).one()
         check_result(ids)
         assert ids.output_ids == r.output_ids  # the same prompt as text or as ids
         parts = list(c.generate_stream(text="Once upon a time", **OPTIONS))
@@ -65,7 +65,8 @@ def test_sync_async_and_streaming_clients(fleet):
             return results, streamed
 
     results, streamed = asyncio.run(run())
-    for a in results:
+    for gens in results:
+        a = gens.one()
         check_result(a)
         assert a.output_ids == r.output_ids
     assert streamed[-1].output_ids == r.output_ids
@@ -150,7 +151,7 @@ class _Recorder(grpc.GenericRpcHandler):
 
 
 def test_rlfleet_clients_send_the_client_id_header():
-    from rlfleet import AsyncClient
+    from rlfleet import AsyncClient, FleetError
     from rlfleet import Client as FleetClient
     recorder = _Recorder()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), handlers=[recorder])
@@ -159,17 +160,17 @@ def test_rlfleet_clients_send_the_client_id_header():
     target = f"127.0.0.1:{port}"
     try:
         with FleetClient(target, client_id="trainer-a", timeout=10) as c:
-            with pytest.raises(grpc.RpcError):
+            with pytest.raises(FleetError):
                 c.generate(text="x", max_new_tokens=1)
 
         async def run_async():
             async with AsyncClient(target, client_id="trainer-b", timeout=10) as c:
-                with pytest.raises(grpc.RpcError):
+                with pytest.raises(FleetError):
                     await c.generate(text="x", max_new_tokens=1)
 
         asyncio.run(run_async())
         with FleetClient(target, timeout=10) as c:
-            with pytest.raises(grpc.RpcError):
+            with pytest.raises(FleetError):
                 c.generate(text="x", max_new_tokens=1)
     finally:
         server.stop(None)

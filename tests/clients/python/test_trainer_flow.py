@@ -6,24 +6,23 @@ import json
 import subprocess
 import threading
 
-import grpc
-
 from rltest import BUILD, DATA, Server, start_router, wait_for
-from rl_client import Client, pb
+from rlfleet import Client, FleetError
+from rlfleet.proto import router_pb2
 
 
 def test_update_weights_from_disk_mid_run(start_worker):
     w = start_worker("--kv-cache-gb", "0.02")
-    c = Client(w.address)
+    c = Client(w.address, via="worker")
     errors, versions = [], []
 
     def load():
         for _ in range(6):
             try:
-                f = c.generate(text="Once upon a time", via_router=False, max_new_tokens=16,
-                               temperature=0.0)
+                f = c.generate(text="Once upon a time", max_new_tokens=16,
+                               temperature=0.0).one()
                 versions.append(f.weight_version)
-            except grpc.RpcError as e:  # pragma: no cover - reported below
+            except FleetError as e:  # pragma: no cover - reported below
                 errors.append(e)
 
     threads = [threading.Thread(target=load) for _ in range(3)]
@@ -38,7 +37,7 @@ def test_update_weights_from_disk_mid_run(start_worker):
     assert not errors
     assert len(versions) == 18 and set(versions) <= {0, 1}
     assert c.model_info().weight_version == 1
-    f = c.generate(text="Once upon a time", via_router=False, max_new_tokens=20, temperature=0.0)
+    f = c.generate(text="Once upon a time", max_new_tokens=20, temperature=0.0).one()
     assert f.weight_version == 1
     # The bf16 copy of stories260K gives the same greedy tokens.
     assert list(f.output_ids)[:20] == [432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426,
@@ -55,9 +54,10 @@ def test_worker_killed_mid_run_loses_no_request(start_worker):
         def load():
             for _ in range(8):
                 try:
-                    f = c.generate(text="Once upon a time", max_new_tokens=12, temperature=0.0)
+                    f = c.generate(text="Once upon a time", max_new_tokens=12,
+                                   temperature=0.0).one()
                     done.append(f.worker)
-                except grpc.RpcError as e:
+                except FleetError as e:
                     errors.append(e.details())
 
         threads = [threading.Thread(target=load) for _ in range(4)]
@@ -72,9 +72,9 @@ def test_worker_killed_mid_run_loses_no_request(start_worker):
         assert len(done) >= 28, errors
         # The health checks mark the killed worker dead.
         def dead():
-            listing = c.router.ListWorkers(pb["router_pb2"].ListWorkersRequest(), timeout=10)
+            listing = c.list_workers()
             states = {w.address: w.state for w in listing.workers}
-            return states[workers[0].address] == pb["router_pb2"].WORKER_STATE_DEAD
+            return states[workers[0].address] == router_pb2.WORKER_STATE_DEAD
 
         wait_for(dead, "the killed worker to be marked dead", timeout_s=10, interval_s=0.05)
     finally:
@@ -106,11 +106,11 @@ def test_distributed_update_through_the_router_with_the_sender_tool(start_worker
         assert sender.proc.wait(timeout=60) == 0, sender.log_path.read_text()
         c = Client(router.address)
         assert c.model_info().weight_version == len(buckets)
-        f = c.generate(text="Once upon a time", max_new_tokens=20, temperature=0.0)
+        f = c.generate(text="Once upon a time", max_new_tokens=20, temperature=0.0).one()
         assert list(f.output_ids) == [432, 383, 286, 261, 376, 298, 315, 421, 395, 317, 426,
                                       338, 401, 396, 267, 337, 410, 408, 419, 292]
         # Every worker now serves the bf16 checkpoint's bytes (converted to its float32).
-        sums = c.admin.WeightsChecker(pb["admin_pb2"].WeightsCheckerRequest(action=4), timeout=60)
+        sums = c.weights_checker("checksum")
         digests = {w.result.rank_sha256 for w in sums.workers}
         assert len(sums.workers) == 2 and len(digests) == 1
     finally:
@@ -171,7 +171,7 @@ def test_two_phase_and_single_call_receive_with_the_sender_tool(start_worker):
             assert done.returncode == 0, done.stdout + done.stderr
             assert json.loads(done.stdout)["success"]
             assert c.model_info().weight_version == before + 1
-            f = c.generate(text="Once upon a time", max_new_tokens=20, temperature=0.0)
+            f = c.generate(text="Once upon a time", max_new_tokens=20, temperature=0.0).one()
             assert list(f.output_ids) == golden
             subprocess.run(rlctl + ["destroy-group", "--group-name", group], capture_output=True,
                            text=True, timeout=60)

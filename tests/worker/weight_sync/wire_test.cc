@@ -2,6 +2,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "rl/v1/weight_sync.pb.h"
 
 namespace rl::weight_sync {
 namespace {
@@ -37,16 +38,56 @@ TEST(WireTest, HelloAndWelcomeRoundTrip) {
   EXPECT_EQ(w->nccl_unique_id, std::string(128, 'x'));
 }
 
-TEST(WireTest, BadMagicVersionAndTruncationAreErrors) {
+TEST(WireTest, WrongKindVersionAndGarbageAreErrors) {
+  // Another message where a hello is due (e.g. a peer speaking the other side's part).
+  std::string welcome = EncodeWelcome({});
+  EXPECT_THAT(std::string(DecodeHello(welcome).status().message()),
+              HasSubstr("expected a hello, got welcome"));
+  rl::v1::WeightSyncMessage old;
+  old.mutable_hello()->set_protocol(static_cast<rl::v1::WeightSyncProtocol>(1));
+  old.mutable_hello()->set_backend(rl::v1::GROUP_BACKEND_TCP);
+  auto version = DecodeHello(old.SerializeAsString());
+  EXPECT_TRUE(absl::IsInvalidArgument(version.status()));
+  EXPECT_THAT(std::string(version.status().message()), HasSubstr("protocol version 1"));
+  rl::v1::WeightSyncMessage no_backend;
+  no_backend.mutable_hello()->set_protocol(rl::v1::WEIGHT_SYNC_PROTOCOL_V2);
+  EXPECT_THAT(std::string(DecodeHello(no_backend.SerializeAsString()).status().message()),
+              HasSubstr("unknown backend"));
+  // The old hand-written codec's hello ("RLWS", version 1, ...) and other garbage do not parse.
+  const std::string legacy("RLWS\x01\x00\x00\x01\x00\x00\x00\x02\x00\x00\x00", 15);
+  EXPECT_TRUE(absl::IsDataLoss(DecodeHello(legacy).status()));
   std::string hello = EncodeHello({BackendId::kTcp, 1, 2, "g"});
-  std::string bad_magic = hello;
-  bad_magic[0] ^= 1;
-  EXPECT_THAT(std::string(DecodeHello(bad_magic).status().message()), HasSubstr("magic"));
-  std::string bad_version = hello;
-  bad_version[4] = 9;
-  EXPECT_THAT(std::string(DecodeHello(bad_version).status().message()), HasSubstr("version"));
   EXPECT_TRUE(absl::IsDataLoss(DecodeHello(hello.substr(0, hello.size() - 1)).status()));
-  EXPECT_TRUE(absl::IsDataLoss(DecodeHello(hello + "x").status()));
+  EXPECT_TRUE(absl::IsDataLoss(DecodeFrame(std::string("\xff\xff\xff", 3)).status()));
+  EXPECT_TRUE(absl::IsDataLoss(DecodeAck(EncodeHello({BackendId::kTcp, 1, 2, "g"})).status()));
+}
+
+TEST(WireTest, MessagesAreTheWeightSyncProto) {
+  // What a trainer in another language (the rlfleet Python sender) parses and builds.
+  auto header = MakeBucketHeader({{"w", "BF16", {2, 3}}});
+  ASSERT_TRUE(header.ok());
+  header->payload_crc32c = 0x01020304;
+  rl::v1::WeightSyncMessage msg;
+  ASSERT_TRUE(msg.ParseFromString(EncodeFrame({FrameKind::kBucket, 4, *header})));
+  ASSERT_TRUE(msg.has_bucket());
+  EXPECT_EQ(msg.bucket().seq(), 4u);
+  ASSERT_EQ(msg.bucket().tensors_size(), 1);
+  EXPECT_EQ(msg.bucket().tensors(0).name(), "w");
+  EXPECT_EQ(msg.bucket().tensors(0).dtype(), "BF16");
+  EXPECT_EQ(msg.bucket().tensors(0).bytes(), 12u);
+  EXPECT_EQ(msg.bucket().payload_bytes(), 12u);
+  EXPECT_EQ(msg.bucket().payload_crc32c(), 0x01020304u);
+
+  rl::v1::WeightSyncMessage ack;
+  ack.mutable_ack()->set_seq(4);
+  ack.mutable_ack()->set_code(3);
+  ack.mutable_ack()->set_message("bucket mismatch");
+  auto decoded = DecodeAck(ack.SerializeAsString());
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->seq, 4u);
+  EXPECT_EQ(decoded->code, absl::StatusCode::kInvalidArgument);
+  ack.mutable_ack()->set_code(99);  // out of range: UNKNOWN, never a made-up code
+  EXPECT_EQ(DecodeAck(ack.SerializeAsString())->code, absl::StatusCode::kUnknown);
 }
 
 TEST(WireTest, BucketFrameRoundTrip) {
