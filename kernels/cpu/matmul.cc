@@ -172,10 +172,22 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
   const int64_t step = StepElems<kW>(d);
   const int64_t kvec = k - k % step;
   constexpr int64_t kLineElems = 64 / kWSize;
+  // The next tile's rows are contiguous: over a whole k, its lines are prefetched in address
+  // order (kC consecutive lines per line of each row consumed), which the hardware prefetchers
+  // and DRAM pages follow better than kC interleaved row streams (Zen 5, 1 thread: batch-1
+  // decode from 75-76% to 78-80% of the read-only stream). A span of k (a chunk of a long k)
+  // prefetches the same part of each next row instead.
+  const bool whole_k = span.first && span.last;
+  const uint8_t* next_tile = wrow[0] + ahead;
   for (int64_t i = span.i0; i < span.i1; i += step) {
     if constexpr (kPrefetch) {
       if (i % kLineElems == 0) {
-        RL_UNROLL for (int c = 0; c < kC; ++c) hwy::Prefetch(wrow[c] + ahead + i * kWSize);
+        if (whole_k) {
+          const uint8_t* lines = next_tile + (i / kLineElems) * kC * 64;
+          RL_UNROLL for (int c = 0; c < kC; ++c) hwy::Prefetch(lines + c * 64);
+        } else {
+          RL_UNROLL for (int c = 0; c < kC; ++c) hwy::Prefetch(wrow[c] + ahead + i * kWSize);
+        }
       }
     }
     VF wv[kC];

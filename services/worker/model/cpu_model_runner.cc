@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "services/worker/model/cpu_backend.h"
 
 namespace rl::model {
 
@@ -29,7 +30,12 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
         Transformer::KvBytesPerSlot(r->config_), " bytes per slot, page_size ",
         options.page_size));
   }
-  ASSIGN_OR_RETURN(r->backend_, CreateCpuBackend(options.num_threads, options.cpu_bf16_products));
+  if (options.cpu_op_profile) r->op_profile_ = std::make_unique<kernels::cpu::OpProfile>();
+  CpuBackendOptions backend_options;
+  backend_options.num_threads = options.num_threads;
+  backend_options.bf16_products = options.cpu_bf16_products;
+  backend_options.profile = r->op_profile_.get();
+  ASSIGN_OR_RETURN(r->backend_, CreateCpuBackend(backend_options));
   ASSIGN_OR_RETURN(r->transformer_, Transformer::Create(r->config_, r->backend_.get(), slots));
   return r;
 }
