@@ -286,7 +286,8 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     const double prefill_s = Seconds(t0, Clock::now()) / o.prefill_reps;
     if (profile != nullptr) {
       std::printf("  prefill of %d x %d tokens, per prefill (%.3f ms):\n%s", batch, o.prompt_len,
-                  1e3 * prefill_s, profile->Report(o.prefill_reps, prefill_s * o.prefill_reps).c_str());
+                  1e3 * prefill_s,
+                  profile->Report(o.prefill_reps, prefill_s * o.prefill_reps).c_str());
       profile->Clear();
     }
     for (int b = 0; b < batch; ++b) {

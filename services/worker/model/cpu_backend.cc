@@ -186,7 +186,10 @@ class CpuBackend final : public Backend {
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override {
     if (x == nullptr || y == nullptr || n < 0) return absl::InvalidArgumentError("add: bad args");
     Profiled(
-        "add", [&] { for (int64_t i = 0; i < n; ++i) y[i] += x[i]; },
+        "add",
+        [&] {
+          for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+        },
         [&](OpProfile::Row*) { return absl::StrCat("n=", n); });
     return absl::OkStatus();
   }
