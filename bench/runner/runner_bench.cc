@@ -36,6 +36,7 @@
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/model_io/model_maker.h"
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_ops.h"
 #include "services/worker/model/cpu_model_runner.h"
@@ -385,6 +386,8 @@ int main(int argc, char** argv) {
                             ? o.threads
                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     o.threads = threads;
+    std::printf("cpu: %s\ncpu kernels: %s\n", rl::kernels::cpu::GetCpuInfo().Describe().c_str(),
+                rl::kernels::cpu::GetKernelPlan().Describe().c_str());
     bandwidth = ReadBandwidth(threads);
     std::printf(
         "read bandwidth (%d threads, 1 GiB read-only stream): %.2f GB/s read; memcpy %.2f GB/s "

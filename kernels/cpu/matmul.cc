@@ -8,6 +8,8 @@
 
 #include "absl/container/inlined_vector.h"
 #include "kernels/cpu/matmul_bf16.h"
+#include "kernels/cpu/reduce_avx512.h"
+#include "kernels/cpu/tiles_avx512.h"
 
 // clang-format off: foreach_target first, then highway.h, then the per-target headers
 #undef HWY_TARGET_INCLUDE
@@ -122,6 +124,21 @@ void PackPairsImpl(const float* x, int64_t k, int64_t r0, int64_t r1, float* out
 // (GCC keeps arrays indexed in a rolled loop in memory).
 #define RL_UNROLL _Pragma("GCC unroll 16")
 
+// sums[j] = GetLane(SumOfLanes(v[j])) for j < kN. On AVX3 (whose SumOfLanes is
+// _mm512_reduce_add_ps) 16 at a time by one tree of the same additions (reduce_avx512.h): the
+// same bits for a quarter of the instructions, which at k = 1024 were a tenth of a tile's.
+template <int kN>
+HWY_INLINE void SumEach(DF d, const VF* v, float* sums) {
+#if HWY_TARGET == HWY_AVX3
+  (void)d;
+  __m512 raw[kN];
+  RL_UNROLL for (int j = 0; j < kN; ++j) raw[j] = v[j].raw;
+  avx512::ReduceAddEach<kN>(raw, sums);
+#else
+  RL_UNROLL for (int j = 0; j < kN; ++j) sums[j] = hn::GetLane(hn::SumOfLanes(d, v[j]));
+#endif
+}
+
 // Columns (rows of W) per pass of a single row of x: one accumulator and one weight vector
 // each, so 8 on the 32-register targets and 4 on AVX2 (16 registers).
 constexpr int kGemvCols = HWY_TARGET == HWY_AVX2 ? 4 : 8;
@@ -163,6 +180,56 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
   const int64_t ahead = kC * k * kWSize;  // bytes from a row to the same row one tile on
   const float* xrow[kR];
   RL_UNROLL for (int r = 0; r < kR; ++r) xrow[r] = x + (r0 + r) * k;
+#if HWY_TARGET == HWY_AVX3 && RL_HAVE_ASM_TILES
+  // BF16 weights on AVX-512: the same operations from the asm loops of tiles_avx512.h.
+  if constexpr (kW == DType::kBF16 && kPrefetch &&
+                ((kR == 6 && kC == 4) || (kR == 2 && kC == 8) || (kR == 1 && kC == 8))) {
+    if (kR > 2 || (span.first && span.last)) {
+      HWY_ALIGN float mem[kR * kC * HWY_LANES(float)];
+      avx512::TileLoopArgs a;
+      a.x0 = xrow[0] + span.i0;
+      a.xs = k * static_cast<int64_t>(sizeof(float));
+      a.w0 = reinterpret_cast<const uint16_t*>(wrow[0]) + span.i0;
+      a.ws = 2 * k;
+      a.pf = reinterpret_cast<const char*>(wrow[0] + ahead);  // the next tile
+      if (span.first && span.last) {                          // its lines in address order
+        a.pf += (span.i0 / 32) * kC * 64;
+        a.ps = 64;
+        a.pa = kC * 64;
+      } else {  // the same part of each next row
+        a.pf += 2 * span.i0;
+        a.ps = 2 * k;
+        a.pa = 64;
+      }
+      a.steps = (span.i1 - span.i0) / 32;
+      a.acc_in = span.first ? nullptr : carry;
+      a.acc_out = span.last ? mem : carry;
+      if constexpr (kR == 6) {
+        avx512::Exact6x4(a);
+      } else if constexpr (kR == 2) {
+        avx512::Exact2x8(a);
+      } else {
+        avx512::Exact1x8(a);
+      }
+      if (!span.last) return;
+      const int64_t kvec = k - k % 32;
+      if (kvec == k) {  // no tail: the sums go straight to y
+        avx512::StoreSums<kR, kC>(reinterpret_cast<const __m512*>(mem), y + r0 * n + c0, n);
+        return;
+      }
+      float sums[(kR * kC + 15) / 16 * 16];
+      avx512::ReduceAddEach<kR * kC>(reinterpret_cast<const __m512*>(mem), sums);
+      RL_UNROLL for (int r = 0; r < kR; ++r) {
+        RL_UNROLL for (int c = 0; c < kC; ++c) {
+          float sum = sums[r * kC + c];
+          for (int64_t i = kvec; i < k; ++i) sum += xrow[r][i] * ScalarW<kW>(wrow[c], i);
+          y[(r0 + r) * n + c0 + c] = sum;
+        }
+      }
+      return;
+    }
+  }
+#endif
   VF acc[kR][kC];
   RL_UNROLL for (int r = 0; r < kR; ++r) {
     RL_UNROLL for (int c = 0; c < kC; ++c) {
@@ -218,9 +285,21 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
     }
     return;
   }
+#if HWY_TARGET == HWY_AVX3
+  if (kvec == k) {  // no tail: the sums go straight to y
+    __m512 raw[kR * kC];
+    RL_UNROLL for (int r = 0; r < kR; ++r) {
+      RL_UNROLL for (int c = 0; c < kC; ++c) raw[r * kC + c] = acc[r][c].raw;
+    }
+    avx512::StoreSums<kR, kC>(raw, y + r0 * n + c0, n);
+    return;
+  }
+#endif
+  float sums[(kR * kC + 15) / 16 * 16];
+  SumEach<kR * kC>(d, &acc[0][0], sums);
   RL_UNROLL for (int r = 0; r < kR; ++r) {
     RL_UNROLL for (int c = 0; c < kC; ++c) {
-      float sum = hn::GetLane(hn::SumOfLanes(d, acc[r][c]));
+      float sum = sums[r * kC + c];
       for (int64_t i = kvec; i < k; ++i) sum += xrow[r][i] * ScalarW<kW>(wrow[c], i);
       y[(r0 + r) * n + c0 + c] = sum;
     }
@@ -325,9 +404,10 @@ namespace {
 
 // Columns [c0, c1) of one matmul, bias included; with `xb`, in bf16-products mode from x
 // rounded to bf16.
-void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c1) {
+void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c1,
+                const KernelPlan& plan) {
   if (xb != nullptr) {
-    MatmulColumnsBf16(xb, static_cast<const uint16_t*>(p.w), p.y, p.m, p.n, p.k, c0, c1);
+    MatmulColumnsBf16(xb, static_cast<const uint16_t*>(p.w), p.y, p.m, p.n, p.k, c0, c1, plan);
   } else {
     HWY_DYNAMIC_DISPATCH(MatmulColumnsImpl)
     (p.x, p.w, static_cast<int>(p.w_dtype), p.y, p.m, p.n, p.k, c0, c1);
@@ -345,8 +425,8 @@ void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c
 
 }  // namespace
 
-void Matmul(const MatmulParams& p, ThreadPool* pool) {
-  MatmulGroup(absl::MakeConstSpan(&p, 1), pool);
+void Matmul(const MatmulParams& p, ThreadPool* pool, const KernelPlan& plan) {
+  MatmulGroup(absl::MakeConstSpan(&p, 1), pool, plan);
 }
 
 namespace {
@@ -390,7 +470,8 @@ void PackSources(absl::Span<const std::pair<const float*, int64_t>> sources, int
   }
 }
 
-void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_products) {
+void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_products,
+              const KernelPlan& plan) {
   if (group.empty() || group[0].m == 0) return;
   const int64_t m = group[0].m;
   thread_local std::vector<std::vector<float>> paired_of_thread;
@@ -434,7 +515,7 @@ void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_
       const int64_t b = std::max(chunk_begin, first);
       const int64_t e = std::min(chunk_end, first + chunks);
       if (b < e) {
-        RunColumns(p, xb[i], (b - first) * quantum, std::min(p.n, (e - first) * quantum));
+        RunColumns(p, xb[i], (b - first) * quantum, std::min(p.n, (e - first) * quantum), plan);
       }
       first += chunks;
     }
@@ -448,8 +529,8 @@ void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_
 
 }  // namespace
 
-void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool) {
-  RunGroup(group, pool, /*bf16_products=*/false);
+void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, const KernelPlan& plan) {
+  RunGroup(group, pool, /*bf16_products=*/false, plan);
 }
 
 absl::Status ValidateMatmulGroupBf16Products(absl::Span<const MatmulParams> group) {
@@ -465,8 +546,9 @@ absl::Status ValidateMatmulGroupBf16Products(absl::Span<const MatmulParams> grou
   return absl::OkStatus();
 }
 
-void MatmulGroupBf16Products(absl::Span<const MatmulParams> group, ThreadPool* pool) {
-  RunGroup(group, pool, /*bf16_products=*/true);
+void MatmulGroupBf16Products(absl::Span<const MatmulParams> group, ThreadPool* pool,
+                             const KernelPlan& plan) {
+  RunGroup(group, pool, /*bf16_products=*/true, plan);
 }
 
 }  // namespace rl::kernels::cpu

@@ -14,18 +14,20 @@
 #pragma once
 
 #include "absl/types/span.h"
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/matmul.h"
 
 namespace rl::kernels::cpu {
 
-// Run after p.Validate().
-void Matmul(const MatmulParams& p, ThreadPool* pool);
+// Run after p.Validate(). `plan` picks the kernels (cpu_info.h); every plan gives the same bits.
+void Matmul(const MatmulParams& p, ThreadPool* pool, const KernelPlan& plan = GetKernelPlan());
 
 // Several matmuls with the same m run as one (fused QKV, gate/up): one parallel region splits
 // all their output columns by a fixed partition, and every element is computed exactly as
 // Matmul computes it (bit-identical). Run after ValidateMatmulGroup (kernels/matmul.h); the
 // outputs must not overlap.
-void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool);
+void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool,
+                 const KernelPlan& plan = GetKernelPlan());
 
 }  // namespace rl::kernels::cpu

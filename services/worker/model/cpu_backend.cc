@@ -59,8 +59,8 @@ void Populate(void* p, size_t size) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, bool bf16_products, OpProfile* profile)
-      : pool_(num_threads), bf16_products_(bf16_products), profile_(profile) {
+  CpuBackend(int num_threads, bool bf16_products, OpProfile* profile, const kc::KernelPlan& plan)
+      : pool_(num_threads), bf16_products_(bf16_products), profile_(profile), plan_(plan) {
     pool_.set_collect_stats(profile != nullptr);
   }
 
@@ -119,9 +119,9 @@ class CpuBackend final : public Backend {
         "matmul",
         [&] {
           if (bf16) {
-            kc::MatmulGroupBf16Products(group, &pool_);
+            kc::MatmulGroupBf16Products(group, &pool_, plan_);
           } else {
-            kc::MatmulGroup(group, &pool_);
+            kc::MatmulGroup(group, &pool_, plan_);
           }
         },
         [&](OpProfile::Row* row) {
@@ -227,6 +227,7 @@ class CpuBackend final : public Backend {
   kc::ThreadPool pool_;
   const bool bf16_products_;
   OpProfile* const profile_;
+  const kc::KernelPlan plan_;
   kc::MoeScratch moe_scratch_;
 };
 
@@ -252,7 +253,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOption
   if (num_threads <= 0) {
     num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
-  return std::make_unique<CpuBackend>(num_threads, options.bf16_products, options.profile);
+  return std::make_unique<CpuBackend>(num_threads, options.bf16_products, options.profile,
+                                      kc::GetKernelPlan());
 }
 
 }  // namespace rl::model

@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/op_profile.h"
 #include "services/worker/model/backend.h"
 
