@@ -134,7 +134,10 @@ std::string CpuInfo::Describe() const {
 
 std::string KernelPlan::Describe() const {
   std::string out = absl::StrCat("exact matmul: Highway ", highway_target, " tiles");
-  if (highway_target == "AVX3") absl::StrAppend(&out, " (6x4, 16 horizontal sums at once)");
+  if (highway_target == "AVX3") {
+    absl::StrAppend(&out, " (BF16 weights: hand-scheduled 6x4 / 2x8 / 1x8, 16 horizontal sums "
+                          "at once)");
+  }
   absl::StrAppend(&out, "; bf16 products: ");
   if (!bf16_products) return absl::StrCat(out, "unavailable (no AVX512-BF16)");
   absl::StrAppend(&out, "AVX512-BF16 8x3 tiles, ");

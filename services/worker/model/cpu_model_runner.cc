@@ -1,7 +1,11 @@
 #include "services/worker/model/cpu_model_runner.h"
 
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/cpu/cpu_info.h"
+#include "spdlog/spdlog.h"
 #include "services/worker/model/cpu_backend.h"
 
 namespace rl::model {
@@ -36,6 +40,11 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   backend_options.bf16_products = options.cpu_bf16_products;
   backend_options.profile = r->op_profile_.get();
   ASSIGN_OR_RETURN(r->backend_, CreateCpuBackend(backend_options));
+  static std::once_flag logged;  // the CPU and the plan are the process's: one line
+  std::call_once(logged, [] {
+    spdlog::info("cpu kernels: {}; {}", kernels::cpu::GetCpuInfo().Describe(),
+                 kernels::cpu::GetKernelPlan().Describe());
+  });
   ASSIGN_OR_RETURN(r->transformer_, Transformer::Create(r->config_, r->backend_.get(), slots));
   return r;
 }
