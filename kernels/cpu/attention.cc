@@ -1,6 +1,7 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -284,24 +285,50 @@ struct Tile {
 };
 
 // One KV head's K and V rows [0, len) of a sequence, contiguous (row stride = head_dim), and
-// the slot list 0, 1, ... that addresses them; grown once per thread.
+// the slot list 0, 1, ... that addresses them; grown once per thread. Within one Attention call
+// a thread's consecutive tasks mostly gather the same KV head of the same sequence for longer
+// and longer runs (a causal prefill's token blocks), so the rows already gathered in this call
+// are kept and only the new ones copied: a 512-token prefill copied each head's K/V 16 times
+// over (67 MB per layer, a quarter of the attention time) and now copies it once.
 struct Gathered {
-  std::vector<float> kv;
+  std::vector<float> k, v;
   std::vector<int32_t> iota;
+  // What the rows [0, filled) hold: the call, cache, slot list and head they came from.
+  uint64_t call = 0;
+  const float* k_cache = nullptr;
+  const float* v_cache = nullptr;
+  const int32_t* slots = nullptr;
+  int64_t filled = 0;
 
-  void Fill(const float* k_cache, const float* v_cache, const int32_t* slots, int64_t len,
-            int64_t kv_dim, int64_t hd) {
-    if (kv.size() < static_cast<size_t>(2 * len * hd)) kv.resize(static_cast<size_t>(2 * len * hd));
-    while (iota.size() < static_cast<size_t>(len))
-      iota.push_back(static_cast<int32_t>(iota.size()));
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t from = static_cast<int64_t>(slots[j]) * kv_dim;
-      std::memcpy(kv.data() + j * hd, k_cache + from, static_cast<size_t>(hd) * sizeof(float));
-      std::memcpy(kv.data() + (len + j) * hd, v_cache + from,
-                  static_cast<size_t>(hd) * sizeof(float));
+  void Fill(uint64_t this_call, const float* k_head, const float* v_head, const int32_t* slot_list,
+            int64_t len, int64_t kv_dim, int64_t hd) {
+    if (call != this_call || k_cache != k_head || v_cache != v_head || slots != slot_list) {
+      call = this_call;
+      k_cache = k_head;
+      v_cache = v_head;
+      slots = slot_list;
+      filled = 0;
     }
+    if (k.size() < static_cast<size_t>(len * hd)) {
+      const size_t grown = static_cast<size_t>(std::max<int64_t>(len, 2 * filled) * hd);
+      k.resize(grown);  // keeps the rows already gathered
+      v.resize(grown);
+    }
+    while (iota.size() < static_cast<size_t>(len)) {
+      iota.push_back(static_cast<int32_t>(iota.size()));
+    }
+    for (int64_t j = filled; j < len; ++j) {
+      const int64_t from = static_cast<int64_t>(slot_list[j]) * kv_dim;
+      std::memcpy(k.data() + j * hd, k_head + from, static_cast<size_t>(hd) * sizeof(float));
+      std::memcpy(v.data() + j * hd, v_head + from, static_cast<size_t>(hd) * sizeof(float));
+    }
+    filled = std::max(filled, len);
   }
 };
+
+// Numbers Attention calls, so a thread's gathered rows are never reused across calls (the cache
+// and slot tables change between them at the same addresses).
+std::atomic<uint64_t> g_attention_calls{0};
 
 }  // namespace
 
@@ -315,6 +342,7 @@ void Attention(const AttentionParams& p, ThreadPool* pool) {
   const int64_t token_blocks = (p.num_tokens + tokens_per_task - 1) / tokens_per_task;
   const auto* k_cache = static_cast<const float*>(p.k_cache);
   const auto* v_cache = static_cast<const float*>(p.v_cache);
+  const uint64_t call = g_attention_calls.fetch_add(1, std::memory_order_relaxed) + 1;
   auto run = [&](int64_t begin, int64_t end, int thread) {
     thread_local Gathered gathered;  // the running thread's
     float* scores = p.workspace + static_cast<int64_t>(thread) * p.max_context;
@@ -341,9 +369,9 @@ void Attention(const AttentionParams& p, ThreadPool* pool) {
         const int32_t* slots = p.slots + p.slot_begin[t0];
         int64_t stride = kv_dim;
         if ((t1 - t0) * (h1 - h0) >= kGatherMinRows && run_len <= kMaxGathered) {
-          gathered.Fill(k, v, slots, run_len, kv_dim, p.head_dim);
-          k = gathered.kv.data();
-          v = k + run_len * p.head_dim;
+          gathered.Fill(call, k, v, slots, run_len, kv_dim, p.head_dim);
+          k = gathered.k.data();
+          v = gathered.v.data();
           slots = gathered.iota.data();
           stride = p.head_dim;
         }
