@@ -59,6 +59,52 @@ HWY_INLINE VF ExpTail(DF d, float* x, int64_t count, VF max) {
 // memory, one head's slice of each slot, which the hardware prefetchers follow poorly.
 constexpr int64_t kPrefetchPositions = 8;
 
+#if HWY_TARGET == HWY_AVX3
+// One level of SumLanesOfEach's tree on AVX3: Add(ConcatEven(hi, lo), ConcatOdd(hi, lo)) with
+// lo = a, hi = b (lane i < 8: a[2i] + a[2i + 1]; lane 8 + i: b[2i] + b[2i + 1]).
+HWY_INLINE __m512 PairLanes(__m512 a, __m512 b) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+}
+
+// Scores of two query rows against 8 positions (K rows kp[0..7]) over the head dim's whole
+// vectors, reduced by the first three levels of SumLanesOfEach's tree over a block of 16
+// positions (levels pair vectors within a half block): *r0 and *r1 hold each row's half. The
+// 16 accumulators are named variables so that they stay in registers (in arrays, next to the
+// rest of AttendRows, GCC spilled them in every step).
+HWY_INLINE void ScoresPairHalf(const float* q0, const float* q1, const float* const* kp,
+                               int64_t dvec, __m512* r0, __m512* r1) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
+  const float *k0 = kp[0], *k1 = kp[1], *k2 = kp[2], *k3 = kp[3], *k4 = kp[4], *k5 = kp[5],
+              *k6 = kp[6], *k7 = kp[7];
+  for (int64_t i = 0; i < dvec; i += 16) {
+    const __m512 qa = _mm512_loadu_ps(q0 + i);
+    const __m512 qb = _mm512_loadu_ps(q1 + i);
+#define RL_SCORE_STEP(kj, a, b)                    \
+  {                                                \
+    const __m512 kv = _mm512_loadu_ps(kj + i);     \
+    a = _mm512_fmadd_ps(qa, kv, a);                \
+    b = _mm512_fmadd_ps(qb, kv, b);                \
+  }
+    RL_SCORE_STEP(k0, a0, b0)
+    RL_SCORE_STEP(k1, a1, b1)
+    RL_SCORE_STEP(k2, a2, b2)
+    RL_SCORE_STEP(k3, a3, b3)
+    RL_SCORE_STEP(k4, a4, b4)
+    RL_SCORE_STEP(k5, a5, b5)
+    RL_SCORE_STEP(k6, a6, b6)
+    RL_SCORE_STEP(k7, a7, b7)
+#undef RL_SCORE_STEP
+  }
+  *r0 = PairLanes(PairLanes(PairLanes(a0, a1), PairLanes(a2, a3)),
+                  PairLanes(PairLanes(a4, a5), PairLanes(a6, a7)));
+  *r1 = PairLanes(PairLanes(PairLanes(b0, b1), PairLanes(b2, b3)),
+                  PairLanes(PairLanes(b4, b5), PairLanes(b6, b7)));
+}
+#endif
+
 template <int kR>
 void AttendRows(const float* const* q, float* const* out, const int64_t* len, const float* k,
                 const float* v, const int32_t* slots, int64_t kv_dim, int64_t hd, float scale,
@@ -75,14 +121,65 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
   float* s[kR];
   RL_UNROLL for (int r = 0; r < kR; ++r) s[r] = scores + r * max_len;
 
-  // Scores, Lanes(d) positions per block: each (row, position) accumulator goes to `acc_out`,
-  // then each row's block is reduced to one vector of sums.
+  // Scores, Lanes(d) positions per block (AVX3: ScoresPairHalf, in registers; other targets:
+  // each (row, position) accumulator goes to `acc_out`, then each row's block is reduced to one
+  // vector of sums).
   constexpr int kPositions = std::min(4, std::max(1, kAccumulators / kR));  // per pass over K
+#if HWY_TARGET != HWY_AVX3
   HWY_ALIGN float acc_out[kR * HWY_LANES(float) * HWY_LANES(float)];
+#endif
   HWY_ALIGN float sums[HWY_LANES(float)];
   const VF vscale = hn::Set(d, scale);
   for (int64_t j0 = 0; j0 < max_len; j0 += lanes) {
     const int64_t block = std::min(lanes, max_len - j0);
+#if HWY_TARGET == HWY_AVX3
+    // Two rows at a time, half a block per call, the tree in registers (ScoresPairHalf): the
+    // same operations as below without an accumulator stored and reloaded per (row, position).
+    // A row's sums depend only on its own accumulators, so positions read for the other row of
+    // a pair, or repeated past the block's end, change none of its bits.
+    for (int64_t j = j0 + kPrefetchPositions;
+         j < std::min(max_len, j0 + block + kPrefetchPositions); ++j) {
+      const auto* row = reinterpret_cast<const char*>(k + static_cast<int64_t>(slots[j]) * kv_dim);
+      for (int64_t b = 0; b < hd * static_cast<int64_t>(sizeof(float)); b += 64) {
+        hwy::Prefetch(row + b);
+      }
+    }
+    RL_UNROLL for (int r0 = 0; r0 < kR; r0 += 2) {
+      const int r1 = r0 + 1 < kR ? r0 + 1 : r0;
+      const int64_t needed = std::min(block, std::max(len[r0], len[r1]) - j0);
+      if (needed <= 0) continue;
+      __m512 half[2][2];  // [row of the pair][half block]
+      for (int h = 0; h < 2; ++h) {
+        const float* kp[8];
+        for (int p = 0; p < 8; ++p) {
+          const int64_t j = j0 + (8 * h + p < needed ? 8 * h + p : 0);
+          kp[p] = k + static_cast<int64_t>(slots[j]) * kv_dim;
+        }
+        if (8 * h < needed) {
+          ScoresPairHalf(q[r0], q[r1], kp, dvec, &half[0][h], &half[1][h]);
+        } else {
+          half[0][h] = half[1][h] = _mm512_setzero_ps();
+        }
+      }
+      for (int rr = 0; rr < 2 && r0 + rr < kR; ++rr) {
+        const int r = r0 + rr;
+        const int64_t count = std::min(block, len[r] - j0);
+        if (count <= 0) continue;
+        const VF dots{PairLanes(half[rr][0], half[rr][1])};  // the tree's last level
+        if (dvec == hd && count == lanes) {
+          hn::StoreU(hn::Mul(dots, vscale), d, s[r] + j0);
+          continue;
+        }
+        hn::Store(dots, d, sums);
+        for (int64_t t = 0; t < count; ++t) {
+          const float* kj = k + static_cast<int64_t>(slots[j0 + t]) * kv_dim;
+          float dot = sums[t];
+          for (int64_t i = dvec; i < hd; ++i) dot += q[r][i] * kj[i];
+          s[r][j0 + t] = dot * scale;
+        }
+      }
+    }
+#else
     auto accumulate = [&](auto positions, int64_t jj) {
       constexpr int kP = decltype(positions)::value;
       const float* kj[kP];
@@ -142,6 +239,7 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
         s[r][j0 + t] = dot * scale;
       }
     }
+#endif
   }
 
   // Softmax numerators in place, and 1 / their sum.
