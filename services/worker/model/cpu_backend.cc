@@ -183,6 +183,14 @@ class CpuBackend final : public Backend {
         [&](OpProfile::Row*) { return absl::StrCat("tokens=", p.num_tokens); });
     return status;
   }
+  absl::Status AddRmsNorm(const float* delta, const kernels::RmsNormParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    if (delta == nullptr) return absl::InvalidArgumentError("add_rmsnorm: null delta");
+    Profiled(
+        "add_norm", [&] { kc::AddRmsNorm(delta, p, &pool_); },
+        [&](OpProfile::Row*) { return absl::StrCat("rows=", p.rows, " dim=", p.dim); });
+    return absl::OkStatus();
+  }
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override {
     if (x == nullptr || y == nullptr || n < 0) return absl::InvalidArgumentError("add: bad args");
     Profiled(

@@ -406,6 +406,31 @@ TEST(RmsNormTest, MatchesReference) {
   }
 }
 
+// The fused residual add + norm gives the bits of the add followed by the norm, with the
+// transformer's aliasing (delta is the norm's output buffer), alone or on two threads.
+TEST(RmsNormTest, AddRmsNormEqualsAddThenNorm) {
+  ThreadPool pool(2);
+  for (int64_t rows : {1, 3, 40}) {
+    const int64_t dim = 1024;
+    const auto x0 = Random(static_cast<size_t>(rows * dim), 16);
+    const auto delta0 = Random(static_cast<size_t>(rows * dim), 17);
+    std::vector<float> w_stored;
+    auto w = Store(Random(static_cast<size_t>(dim), 18), DType::kBF16, &w_stored);
+    // Separately: x += delta, then y = RmsNorm(x).
+    std::vector<float> x_sep = x0, y_sep(x0.size());
+    for (size_t i = 0; i < x_sep.size(); ++i) x_sep[i] += delta0[i];
+    RmsNormParams sep{x_sep.data(), w.data(), DType::kBF16, y_sep.data(), rows, dim, 1e-5f};
+    RmsNorm(sep, nullptr);
+    for (ThreadPool* with : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::vector<float> x = x0, h = delta0;  // h: delta in, the norm out
+      RmsNormParams p{x.data(), w.data(), DType::kBF16, h.data(), rows, dim, 1e-5f};
+      AddRmsNorm(h.data(), p, with);
+      EXPECT_EQ(std::memcmp(x.data(), x_sep.data(), x.size() * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(h.data(), y_sep.data(), h.size() * sizeof(float)), 0);
+    }
+  }
+}
+
 TEST(RopeTest, RotatesHalves) {
   const int64_t t = 3, hq = 2, hk = 1, d = 8, half = 4;
   auto q = Random(static_cast<size_t>(t * hq * d), 8);
