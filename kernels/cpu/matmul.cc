@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <type_traits>
 #include <utility>
@@ -520,11 +521,27 @@ void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_
       first += chunks;
     }
   };
-  if (pool == nullptr) {
+  if (pool == nullptr || pool->num_threads() == 1) {
     run(0, num_chunks, 0);
-  } else {
-    pool->ParallelFor(num_chunks, run);
+    return;
   }
+  // Threads take runs of `grain` chunks from a shared counter until none is left, rather than a
+  // fixed share each: a thread slowed down (another process on its core, a page of W still in
+  // DRAM) leaves its work to the others instead of holding up the whole region. A run is a
+  // contiguous stretch of columns (weights streamed in order); about 8 runs per thread, at most
+  // a slab's worth of weights. Which thread computes a column changes none of its bits.
+  const int64_t threads = pool->num_threads();
+  const int64_t chunk_bytes = quantum * runs[0].k * model_io::DTypeSize(runs[0].w_dtype);
+  const int64_t grain = std::clamp<int64_t>(num_chunks / (8 * threads), 1,
+                                            std::max<int64_t>(1, (256 << 10) / chunk_bytes));
+  std::atomic<int64_t> next{0};
+  pool->ParallelFor(threads, [&](int64_t, int64_t, int) {
+    for (;;) {
+      const int64_t b = next.fetch_add(grain, std::memory_order_relaxed);
+      if (b >= num_chunks) return;
+      run(b, std::min(num_chunks, b + grain), 0);
+    }
+  });
 }
 
 }  // namespace
