@@ -459,6 +459,49 @@ TEST(RopeTest, RotatesHalves) {
   EXPECT_FALSE(odd.Validate().ok());
 }
 
+// The vectorized rotation has the scalar formula's bits (two rounded products, then their
+// rounded difference or sum) on every target, head dims with and without a vector tail, 16
+// tokens on two threads.
+TEST(RopeTest, SameBitsAsTheScalarFormulaOnEveryTarget) {
+  ThreadPool pool(2);
+  struct ResetTargets {
+    ~ResetTargets() { hwy::SetSupportedTargetsForTest(0); }
+  } reset;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    for (int64_t d : {128, 72, 6}) {
+      const int64_t t = 16, hq = 4, hk = 2, half = d / 2;
+      auto q = Random(static_cast<size_t>(t * hq * d), 19);
+      auto k = Random(static_cast<size_t>(t * hk * d), 20);
+      const auto q0 = q, k0 = k;
+      auto cos = Random(static_cast<size_t>(t * half), 21);
+      auto sin = Random(static_cast<size_t>(t * half), 22);
+      RopeParams p{q.data(), k.data(), cos.data(), sin.data(), t, hq, hk, d, hq * d, hk * d};
+      Rope(p, &pool);
+      auto check = [&](const std::vector<float>& before, const std::vector<float>& after,
+                       int64_t heads) {
+        for (int64_t tok = 0; tok < t; ++tok) {
+          for (int64_t h = 0; h < heads; ++h) {
+            const float* x = &before[(tok * heads + h) * d];
+            const float* y = &after[(tok * heads + h) * d];
+            for (int64_t i = 0; i < half; ++i) {
+              const float c = cos[tok * half + i], s = sin[tok * half + i];
+              const float a = x[i] * c, b = x[i + half] * s;
+              const float e = x[i + half] * c, f = x[i] * s;
+              const float want_lo = a - b, want_hi = e + f;
+              ASSERT_EQ(std::memcmp(&y[i], &want_lo, 4), 0) << tok << " " << h << " " << i;
+              ASSERT_EQ(std::memcmp(&y[i + half], &want_hi, 4), 0) << tok << " " << h << " " << i;
+            }
+          }
+        }
+      };
+      check(q0, q, hq);
+      check(k0, k, hk);
+    }
+  }
+}
+
 // Attention of every (token, query head) of `p` in double precision from its host buffers
 // (float32 KV cache), laid out as p.out: [num_tokens, num_heads, head_dim].
 std::vector<double> ReferenceAttention(const AttentionParams& p) {
