@@ -205,6 +205,8 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
       a.steps = (span.i1 - span.i0) / 32;
       a.acc_in = span.first ? nullptr : carry;
       a.acc_out = span.last ? mem : carry;
+      const int64_t kvec = k - k % 32;
+      a.reduce = span.last && kvec == k;  // no tail: the asm sums the accumulators
       if constexpr (kR == 6) {
         avx512::Exact6x4(a);
       } else if constexpr (kR == 2) {
@@ -213,9 +215,8 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
         avx512::Exact1x8(a);
       }
       if (!span.last) return;
-      const int64_t kvec = k - k % 32;
-      if (kvec == k) {  // no tail: the sums go straight to y
-        avx512::StoreSums<kR, kC>(reinterpret_cast<const __m512*>(mem), y + r0 * n + c0, n);
+      if (a.reduce) {
+        avx512::StoreRows<kR, kC>(mem, y + r0 * n + c0, n);
         return;
       }
       float sums[(kR * kC + 15) / 16 * 16];

@@ -146,8 +146,12 @@ void TileProducts(const void* xv, const uint16_t* w, float* y, int64_t r0, int64
   RL_UNROLL for (int r = 0; r < kR; ++r) xrow[r] = xb + (r0 + r) * k;
   if constexpr (kR == 8 && kC == 3 && kPrefetch) {
     alignas(64) float mem[kR * kC * kLanes];
-    avx512::Products8x3(ArgsFor<kC>(xrow[0], wrow, k, span, carry, span.last ? mem : carry));
-    if (span.last) {
+    avx512::TileLoopArgs a = ArgsFor<kC>(xrow[0], wrow, k, span, carry, span.last ? mem : carry);
+    a.reduce = span.last && k % kStep == 0;  // no tail: the asm sums the accumulators
+    avx512::Products8x3(a);
+    if (a.reduce) {
+      avx512::StoreRows<kR, kC>(mem, y + r0 * n + c0, n);
+    } else if (span.last) {
       FinishTile<kR, kC>(reinterpret_cast<const __m512*>(mem), xrow, wrow, y, r0, c0, n, k);
     }
     return;

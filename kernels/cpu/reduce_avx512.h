@@ -51,22 +51,15 @@ RL_AVX512_INLINE void ReduceAddEach(const __m512* v, float* sums) {
   }
 }
 
-// The sums of a tile's kR x kC accumulators (row-major in acc) stored straight into y: row r's
-// kC sums at y + r * row_stride, one masked store per row (no round trip through scalar loads,
-// which a 64-byte store cannot forward to).
+// A tile's kR x kC sums (row-major, kN = kR · kC of them in the first kN floats of `sums`, which
+// holds whole vectors of 16) stored into y: row r's kC sums at y + r * row_stride, one masked
+// store per row.
 template <int kR, int kC>
-RL_AVX512_INLINE void StoreSums(const __m512* acc, float* y, int64_t row_stride) {
-  constexpr int kN = kR * kC;
-  constexpr int kVectors = (kN + 15) / 16;
+RL_AVX512_INLINE void StoreRows(const float* sums, float* y, int64_t row_stride) {
+  constexpr int kVectors = (kR * kC + 15) / 16;
   __m512 s[kVectors + 1];
 #pragma GCC unroll 4
-  for (int q = 0; q < kVectors; ++q) {
-    if (16 * (q + 1) <= kN) {
-      s[q] = ReduceAdd16<16>(acc + 16 * q);
-    } else {
-      s[q] = ReduceAdd16 < kN % 16 == 0 ? 16 : kN % 16 > (acc + 16 * q);
-    }
-  }
+  for (int q = 0; q < kVectors; ++q) s[q] = _mm512_loadu_ps(sums + 16 * q);
   s[kVectors] = _mm512_setzero_ps();
   const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
   constexpr __mmask16 kMask = static_cast<__mmask16>((1u << kC) - 1);
@@ -85,6 +78,15 @@ RL_AVX512_INLINE void StoreSums(const __m512* acc, float* y, int64_t row_stride)
     }
     _mm512_mask_storeu_ps(y + r * row_stride, kMask, row);
   }
+}
+
+// The sums of a tile's kR x kC accumulators (row-major in acc) stored straight into y (row r's
+// kC sums at y + r * row_stride).
+template <int kR, int kC>
+RL_AVX512_INLINE void StoreSums(const __m512* acc, float* y, int64_t row_stride) {
+  alignas(64) float sums[(kR * kC + 15) / 16 * 16];
+  ReduceAddEach<kR * kC>(acc, sums);
+  StoreRows<kR, kC>(sums, y, row_stride);
 }
 
 #undef RL_AVX512_INLINE

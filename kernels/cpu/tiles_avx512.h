@@ -13,7 +13,9 @@
 // (even, odd) bf16 pairs, widened as even = pairs << 16 and odd = pairs & 0xFFFF0000, each
 // FMA'd into the accumulator in that order. A products step covers 32 bf16 elements with one
 // vdpbf16ps per (row, column). Each step prefetches lines of the next tile, then pf += pa. The
-// accumulators start from acc_in (null: zero) and end in acc_out ([rows][cols][16] floats).
+// accumulators start from acc_in (null: zero) and end in acc_out ([rows][cols][16] floats), or
+// with `reduce` their horizontal sums do, reduced in registers by reduce_avx512.h's tree (the
+// same additions): 16 accumulators per output vector, zmm24-25 as temporaries.
 // Callers check that the CPU has AVX-512 (and AVX512-BF16 for the products tile).
 #pragma once
 
@@ -37,12 +39,19 @@ struct TileLoopArgs {
   int64_t pa = 0;                // bytes pf advances per step (6 x 4, 8 x 3; else 512)
   int64_t steps = 0;
   const float* acc_in = nullptr;
+  // Where the accumulators end, or with `reduce` their horizontal sums: 16 floats per 16
+  // accumulators, in accumulator order, by _mm512_reduce_add_ps's tree (reduce_avx512.h).
   float* acc_out = nullptr;
+  int64_t reduce = 0;
 };
 
 #if RL_HAVE_ASM_TILES
 
 inline constexpr uint32_t kOddMask = 0xFFFF0000u;
+// The final lane order of the tree (reduce_avx512.h's ReduceAdd16): sum j lands in lane
+// (j % 4) * 4 + j / 4, so vpermps with these indices puts it in lane j.
+alignas(64) inline constexpr int32_t kSumOrder[16] = {0, 4, 8, 12, 1, 5, 9, 13,
+                                                      2, 6, 10, 14, 3, 7, 11, 15};
 
 // The exact 6 x 4 tile (accumulators zmm0-23, widened weights zmm24-27): each weight vector is
 // read twice from L1, shifted then ANDed (keeping both halves plus the raw vectors would need 33
@@ -196,6 +205,8 @@ __attribute__((target("avx512f"))) inline void Exact6x4(const TileLoopArgs& a) {
       "dec %[n]\n\t"
       "jnz 1b\n\t"
       "2:\n\t"
+      "test %[reduce], %[reduce]\n\t"
+      "jnz 5f\n\t"
       "vmovaps %%zmm0, 0(%[out])\n\t"
       "vmovaps %%zmm1, 64(%[out])\n\t"
       "vmovaps %%zmm2, 128(%[out])\n\t"
@@ -220,14 +231,90 @@ __attribute__((target("avx512f"))) inline void Exact6x4(const TileLoopArgs& a) {
       "vmovaps %%zmm21, 1344(%[out])\n\t"
       "vmovaps %%zmm22, 1408(%[out])\n\t"
       "vmovaps %%zmm23, 1472(%[out])\n\t"
+      "jmp 6f\n\t"
+      "5:\n\t"
+      "vmovups %[order], %%zmm25\n\t"
+      "vshuff32x4 $0x44, %%zmm1, %%zmm0, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm1, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshuff32x4 $0x44, %%zmm3, %%zmm2, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm3, %%zmm2, %%zmm2\n\t"
+      "vaddps %%zmm24, %%zmm2, %%zmm2\n\t"
+      "vshuff32x4 $0x44, %%zmm5, %%zmm4, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm5, %%zmm4, %%zmm4\n\t"
+      "vaddps %%zmm24, %%zmm4, %%zmm4\n\t"
+      "vshuff32x4 $0x44, %%zmm7, %%zmm6, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm7, %%zmm6, %%zmm6\n\t"
+      "vaddps %%zmm24, %%zmm6, %%zmm6\n\t"
+      "vshuff32x4 $0x44, %%zmm9, %%zmm8, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm9, %%zmm8, %%zmm8\n\t"
+      "vaddps %%zmm24, %%zmm8, %%zmm8\n\t"
+      "vshuff32x4 $0x44, %%zmm11, %%zmm10, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm11, %%zmm10, %%zmm10\n\t"
+      "vaddps %%zmm24, %%zmm10, %%zmm10\n\t"
+      "vshuff32x4 $0x44, %%zmm13, %%zmm12, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm13, %%zmm12, %%zmm12\n\t"
+      "vaddps %%zmm24, %%zmm12, %%zmm12\n\t"
+      "vshuff32x4 $0x44, %%zmm15, %%zmm14, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm15, %%zmm14, %%zmm14\n\t"
+      "vaddps %%zmm24, %%zmm14, %%zmm14\n\t"
+      "vshuff32x4 $0x88, %%zmm2, %%zmm0, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm2, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshuff32x4 $0x88, %%zmm6, %%zmm4, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm6, %%zmm4, %%zmm4\n\t"
+      "vaddps %%zmm24, %%zmm4, %%zmm4\n\t"
+      "vshuff32x4 $0x88, %%zmm10, %%zmm8, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm10, %%zmm8, %%zmm8\n\t"
+      "vaddps %%zmm24, %%zmm8, %%zmm8\n\t"
+      "vshuff32x4 $0x88, %%zmm14, %%zmm12, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm14, %%zmm12, %%zmm12\n\t"
+      "vaddps %%zmm24, %%zmm12, %%zmm12\n\t"
+      "vshufps $0x44, %%zmm4, %%zmm0, %%zmm24\n\t"
+      "vshufps $0xee, %%zmm4, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshufps $0x44, %%zmm12, %%zmm8, %%zmm24\n\t"
+      "vshufps $0xee, %%zmm12, %%zmm8, %%zmm8\n\t"
+      "vaddps %%zmm24, %%zmm8, %%zmm8\n\t"
+      "vshufps $0x88, %%zmm8, %%zmm0, %%zmm24\n\t"
+      "vshufps $0xdd, %%zmm8, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vpermps %%zmm0, %%zmm25, %%zmm0\n\t"
+      "vshuff32x4 $0x44, %%zmm17, %%zmm16, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm17, %%zmm16, %%zmm16\n\t"
+      "vaddps %%zmm24, %%zmm16, %%zmm16\n\t"
+      "vshuff32x4 $0x44, %%zmm19, %%zmm18, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm19, %%zmm18, %%zmm18\n\t"
+      "vaddps %%zmm24, %%zmm18, %%zmm18\n\t"
+      "vshuff32x4 $0x44, %%zmm21, %%zmm20, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm21, %%zmm20, %%zmm20\n\t"
+      "vaddps %%zmm24, %%zmm20, %%zmm20\n\t"
+      "vshuff32x4 $0x44, %%zmm23, %%zmm22, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm23, %%zmm22, %%zmm22\n\t"
+      "vaddps %%zmm24, %%zmm22, %%zmm22\n\t"
+      "vshuff32x4 $0x88, %%zmm18, %%zmm16, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm18, %%zmm16, %%zmm16\n\t"
+      "vaddps %%zmm24, %%zmm16, %%zmm16\n\t"
+      "vshuff32x4 $0x88, %%zmm22, %%zmm20, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm22, %%zmm20, %%zmm20\n\t"
+      "vaddps %%zmm24, %%zmm20, %%zmm20\n\t"
+      "vshufps $0x44, %%zmm20, %%zmm16, %%zmm24\n\t"
+      "vshufps $0xee, %%zmm20, %%zmm16, %%zmm16\n\t"
+      "vaddps %%zmm24, %%zmm16, %%zmm16\n\t"
+      "vshufps $0x88, %%zmm16, %%zmm16, %%zmm24\n\t"
+      "vshufps $0xdd, %%zmm16, %%zmm16, %%zmm16\n\t"
+      "vaddps %%zmm24, %%zmm16, %%zmm16\n\t"
+      "vpermps %%zmm16, %%zmm25, %%zmm16\n\t"
+      "vmovaps %%zmm0, (%[out])\n\t"
+      "vmovaps %%zmm16, 64(%[out])\n\t"
+      "6:\n\t"
       : [xa] "+r"(xa), [xb] "+r"(xb), [wa] "+r"(wa), [wb] "+r"(wb), [pf] "+r"(pf), [pf3] "+r"(pf3),
         [n] "+r"(n)
       : [xs] "r"(a.xs), [ws] "r"(a.ws), [ps] "r"(a.ps), [pa] "r"(a.pa), [mask] "m"(kOddMask),
-        [in] "r"(a.acc_in), [out] "r"(a.acc_out)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
-        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
-        "xmm31", "memory", "cc");
+        [in] "r"(a.acc_in), [out] "r"(a.acc_out),
+        [reduce] "r"(a.reduce), [order] "m"(kSumOrder)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31",
+        "memory", "cc");
 }
 
 // The exact 2 x 8 tile (decode of two sequences; accumulators zmm0-15, widened weights
@@ -352,6 +439,8 @@ __attribute__((target("avx512f"))) inline void Exact2x8(const TileLoopArgs& a) {
       "dec %[n]\n\t"
       "jnz 1b\n\t"
       "2:\n\t"
+      "test %[reduce], %[reduce]\n\t"
+      "jnz 5f\n\t"
       "vmovaps %%zmm0, 0(%[out])\n\t"
       "vmovaps %%zmm1, 64(%[out])\n\t"
       "vmovaps %%zmm2, 128(%[out])\n\t"
@@ -368,13 +457,62 @@ __attribute__((target("avx512f"))) inline void Exact2x8(const TileLoopArgs& a) {
       "vmovaps %%zmm13, 832(%[out])\n\t"
       "vmovaps %%zmm14, 896(%[out])\n\t"
       "vmovaps %%zmm15, 960(%[out])\n\t"
+      "jmp 6f\n\t"
+      "5:\n\t"
+      "vmovups %[order], %%zmm25\n\t"
+      "vshuff32x4 $0x44, %%zmm1, %%zmm0, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm1, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshuff32x4 $0x44, %%zmm3, %%zmm2, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm3, %%zmm2, %%zmm2\n\t"
+      "vaddps %%zmm24, %%zmm2, %%zmm2\n\t"
+      "vshuff32x4 $0x44, %%zmm5, %%zmm4, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm5, %%zmm4, %%zmm4\n\t"
+      "vaddps %%zmm24, %%zmm4, %%zmm4\n\t"
+      "vshuff32x4 $0x44, %%zmm7, %%zmm6, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm7, %%zmm6, %%zmm6\n\t"
+      "vaddps %%zmm24, %%zmm6, %%zmm6\n\t"
+      "vshuff32x4 $0x44, %%zmm9, %%zmm8, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm9, %%zmm8, %%zmm8\n\t"
+      "vaddps %%zmm24, %%zmm8, %%zmm8\n\t"
+      "vshuff32x4 $0x44, %%zmm11, %%zmm10, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm11, %%zmm10, %%zmm10\n\t"
+      "vaddps %%zmm24, %%zmm10, %%zmm10\n\t"
+      "vshuff32x4 $0x44, %%zmm13, %%zmm12, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm13, %%zmm12, %%zmm12\n\t"
+      "vaddps %%zmm24, %%zmm12, %%zmm12\n\t"
+      "vshuff32x4 $0x44, %%zmm15, %%zmm14, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm15, %%zmm14, %%zmm14\n\t"
+      "vaddps %%zmm24, %%zmm14, %%zmm14\n\t"
+      "vshuff32x4 $0x88, %%zmm2, %%zmm0, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm2, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshuff32x4 $0x88, %%zmm6, %%zmm4, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm6, %%zmm4, %%zmm4\n\t"
+      "vaddps %%zmm24, %%zmm4, %%zmm4\n\t"
+      "vshuff32x4 $0x88, %%zmm10, %%zmm8, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm10, %%zmm8, %%zmm8\n\t"
+      "vaddps %%zmm24, %%zmm8, %%zmm8\n\t"
+      "vshuff32x4 $0x88, %%zmm14, %%zmm12, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm14, %%zmm12, %%zmm12\n\t"
+      "vaddps %%zmm24, %%zmm12, %%zmm12\n\t"
+      "vshufps $0x44, %%zmm4, %%zmm0, %%zmm24\n\t"
+      "vshufps $0xee, %%zmm4, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshufps $0x44, %%zmm12, %%zmm8, %%zmm24\n\t"
+      "vshufps $0xee, %%zmm12, %%zmm8, %%zmm8\n\t"
+      "vaddps %%zmm24, %%zmm8, %%zmm8\n\t"
+      "vshufps $0x88, %%zmm8, %%zmm0, %%zmm24\n\t"
+      "vshufps $0xdd, %%zmm8, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vpermps %%zmm0, %%zmm25, %%zmm0\n\t"
+      "vmovaps %%zmm0, (%[out])\n\t"
+      "6:\n\t"
       : [xa] "+r"(xa), [wa] "+r"(wa), [wb] "+r"(wb), [wc] "+r"(wc), [pf] "+r"(pf), [n] "+r"(n)
-      :
-      [xs] "r"(a.xs), [ws] "r"(a.ws), [mask] "m"(kOddMask), [in] "r"(a.acc_in), [out] "r"(a.acc_out)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
-        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
-        "xmm31", "memory", "cc");
+      : [xs] "r"(a.xs), [ws] "r"(a.ws), [mask] "m"(kOddMask), [in] "r"(a.acc_in),
+        [out] "r"(a.acc_out), [reduce] "r"(a.reduce), [order] "m"(kSumOrder)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31",
+        "memory", "cc");
 }
 
 // The exact 1 x 8 tile (decode of one sequence; accumulators zmm0-7, raw weights zmm8-15 read
@@ -472,6 +610,8 @@ __attribute__((target("avx512f"))) inline void Exact1x8(const TileLoopArgs& a) {
       "dec %[n]\n\t"
       "jnz 1b\n\t"
       "2:\n\t"
+      "test %[reduce], %[reduce]\n\t"
+      "jnz 5f\n\t"
       "vmovaps %%zmm0, 0(%[out])\n\t"
       "vmovaps %%zmm1, 64(%[out])\n\t"
       "vmovaps %%zmm2, 128(%[out])\n\t"
@@ -480,12 +620,41 @@ __attribute__((target("avx512f"))) inline void Exact1x8(const TileLoopArgs& a) {
       "vmovaps %%zmm5, 320(%[out])\n\t"
       "vmovaps %%zmm6, 384(%[out])\n\t"
       "vmovaps %%zmm7, 448(%[out])\n\t"
+      "jmp 6f\n\t"
+      "5:\n\t"
+      "vmovups %[order], %%zmm25\n\t"
+      "vshuff32x4 $0x44, %%zmm1, %%zmm0, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm1, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshuff32x4 $0x44, %%zmm3, %%zmm2, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm3, %%zmm2, %%zmm2\n\t"
+      "vaddps %%zmm24, %%zmm2, %%zmm2\n\t"
+      "vshuff32x4 $0x44, %%zmm5, %%zmm4, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm5, %%zmm4, %%zmm4\n\t"
+      "vaddps %%zmm24, %%zmm4, %%zmm4\n\t"
+      "vshuff32x4 $0x44, %%zmm7, %%zmm6, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm7, %%zmm6, %%zmm6\n\t"
+      "vaddps %%zmm24, %%zmm6, %%zmm6\n\t"
+      "vshuff32x4 $0x88, %%zmm2, %%zmm0, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm2, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshuff32x4 $0x88, %%zmm6, %%zmm4, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm6, %%zmm4, %%zmm4\n\t"
+      "vaddps %%zmm24, %%zmm4, %%zmm4\n\t"
+      "vshufps $0x44, %%zmm4, %%zmm0, %%zmm24\n\t"
+      "vshufps $0xee, %%zmm4, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshufps $0x88, %%zmm0, %%zmm0, %%zmm24\n\t"
+      "vshufps $0xdd, %%zmm0, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vpermps %%zmm0, %%zmm25, %%zmm0\n\t"
+      "vmovaps %%zmm0, (%[out])\n\t"
+      "6:\n\t"
       : [xa] "+r"(xa), [wa] "+r"(wa), [wb] "+r"(wb), [wc] "+r"(wc), [pf] "+r"(pf), [n] "+r"(n)
-      : [ws] "r"(a.ws), [mask] "m"(kOddMask), [in] "r"(a.acc_in), [out] "r"(a.acc_out)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
-        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
-        "xmm31", "memory", "cc");
+      : [ws] "r"(a.ws), [mask] "m"(kOddMask), [in] "r"(a.acc_in), [out] "r"(a.acc_out),
+        [reduce] "r"(a.reduce), [order] "m"(kSumOrder)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31",
+        "memory", "cc");
 }
 
 // The bf16-products 8 x 3 tile (accumulators zmm0-23, weights zmm24-26; rows 0-2 of x from xa,
@@ -602,6 +771,8 @@ __attribute__((target("avx512f"))) inline void Products8x3(const TileLoopArgs& a
       "dec %[n]\n\t"
       "jnz 1b\n\t"
       "2:\n\t"
+      "test %[reduce], %[reduce]\n\t"
+      "jnz 5f\n\t"
       "vmovaps %%zmm0, 0(%[out])\n\t"
       "vmovaps %%zmm1, 64(%[out])\n\t"
       "vmovaps %%zmm2, 128(%[out])\n\t"
@@ -626,13 +797,88 @@ __attribute__((target("avx512f"))) inline void Products8x3(const TileLoopArgs& a
       "vmovaps %%zmm21, 1344(%[out])\n\t"
       "vmovaps %%zmm22, 1408(%[out])\n\t"
       "vmovaps %%zmm23, 1472(%[out])\n\t"
+      "jmp 6f\n\t"
+      "5:\n\t"
+      "vmovups %[order], %%zmm25\n\t"
+      "vshuff32x4 $0x44, %%zmm1, %%zmm0, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm1, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshuff32x4 $0x44, %%zmm3, %%zmm2, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm3, %%zmm2, %%zmm2\n\t"
+      "vaddps %%zmm24, %%zmm2, %%zmm2\n\t"
+      "vshuff32x4 $0x44, %%zmm5, %%zmm4, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm5, %%zmm4, %%zmm4\n\t"
+      "vaddps %%zmm24, %%zmm4, %%zmm4\n\t"
+      "vshuff32x4 $0x44, %%zmm7, %%zmm6, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm7, %%zmm6, %%zmm6\n\t"
+      "vaddps %%zmm24, %%zmm6, %%zmm6\n\t"
+      "vshuff32x4 $0x44, %%zmm9, %%zmm8, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm9, %%zmm8, %%zmm8\n\t"
+      "vaddps %%zmm24, %%zmm8, %%zmm8\n\t"
+      "vshuff32x4 $0x44, %%zmm11, %%zmm10, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm11, %%zmm10, %%zmm10\n\t"
+      "vaddps %%zmm24, %%zmm10, %%zmm10\n\t"
+      "vshuff32x4 $0x44, %%zmm13, %%zmm12, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm13, %%zmm12, %%zmm12\n\t"
+      "vaddps %%zmm24, %%zmm12, %%zmm12\n\t"
+      "vshuff32x4 $0x44, %%zmm15, %%zmm14, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm15, %%zmm14, %%zmm14\n\t"
+      "vaddps %%zmm24, %%zmm14, %%zmm14\n\t"
+      "vshuff32x4 $0x88, %%zmm2, %%zmm0, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm2, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshuff32x4 $0x88, %%zmm6, %%zmm4, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm6, %%zmm4, %%zmm4\n\t"
+      "vaddps %%zmm24, %%zmm4, %%zmm4\n\t"
+      "vshuff32x4 $0x88, %%zmm10, %%zmm8, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm10, %%zmm8, %%zmm8\n\t"
+      "vaddps %%zmm24, %%zmm8, %%zmm8\n\t"
+      "vshuff32x4 $0x88, %%zmm14, %%zmm12, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm14, %%zmm12, %%zmm12\n\t"
+      "vaddps %%zmm24, %%zmm12, %%zmm12\n\t"
+      "vshufps $0x44, %%zmm4, %%zmm0, %%zmm24\n\t"
+      "vshufps $0xee, %%zmm4, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vshufps $0x44, %%zmm12, %%zmm8, %%zmm24\n\t"
+      "vshufps $0xee, %%zmm12, %%zmm8, %%zmm8\n\t"
+      "vaddps %%zmm24, %%zmm8, %%zmm8\n\t"
+      "vshufps $0x88, %%zmm8, %%zmm0, %%zmm24\n\t"
+      "vshufps $0xdd, %%zmm8, %%zmm0, %%zmm0\n\t"
+      "vaddps %%zmm24, %%zmm0, %%zmm0\n\t"
+      "vpermps %%zmm0, %%zmm25, %%zmm0\n\t"
+      "vshuff32x4 $0x44, %%zmm17, %%zmm16, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm17, %%zmm16, %%zmm16\n\t"
+      "vaddps %%zmm24, %%zmm16, %%zmm16\n\t"
+      "vshuff32x4 $0x44, %%zmm19, %%zmm18, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm19, %%zmm18, %%zmm18\n\t"
+      "vaddps %%zmm24, %%zmm18, %%zmm18\n\t"
+      "vshuff32x4 $0x44, %%zmm21, %%zmm20, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm21, %%zmm20, %%zmm20\n\t"
+      "vaddps %%zmm24, %%zmm20, %%zmm20\n\t"
+      "vshuff32x4 $0x44, %%zmm23, %%zmm22, %%zmm24\n\t"
+      "vshuff32x4 $0xEE, %%zmm23, %%zmm22, %%zmm22\n\t"
+      "vaddps %%zmm24, %%zmm22, %%zmm22\n\t"
+      "vshuff32x4 $0x88, %%zmm18, %%zmm16, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm18, %%zmm16, %%zmm16\n\t"
+      "vaddps %%zmm24, %%zmm16, %%zmm16\n\t"
+      "vshuff32x4 $0x88, %%zmm22, %%zmm20, %%zmm24\n\t"
+      "vshuff32x4 $0xdd, %%zmm22, %%zmm20, %%zmm20\n\t"
+      "vaddps %%zmm24, %%zmm20, %%zmm20\n\t"
+      "vshufps $0x44, %%zmm20, %%zmm16, %%zmm24\n\t"
+      "vshufps $0xee, %%zmm20, %%zmm16, %%zmm16\n\t"
+      "vaddps %%zmm24, %%zmm16, %%zmm16\n\t"
+      "vshufps $0x88, %%zmm16, %%zmm16, %%zmm24\n\t"
+      "vshufps $0xdd, %%zmm16, %%zmm16, %%zmm16\n\t"
+      "vaddps %%zmm24, %%zmm16, %%zmm16\n\t"
+      "vpermps %%zmm16, %%zmm25, %%zmm16\n\t"
+      "vmovaps %%zmm0, (%[out])\n\t"
+      "vmovaps %%zmm16, 64(%[out])\n\t"
+      "6:\n\t"
       : [xa] "+r"(xa), [xb] "+r"(xb), [xc] "+r"(xc), [wa] "+r"(wa), [pf] "+r"(pf), [n] "+r"(n)
       : [xs] "r"(a.xs), [ws] "r"(a.ws), [ps] "r"(a.ps), [pa] "r"(a.pa), [in] "r"(a.acc_in),
-        [out] "r"(a.acc_out)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
-        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
-        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
-        "xmm31", "memory", "cc");
+        [out] "r"(a.acc_out), [reduce] "r"(a.reduce), [order] "m"(kSumOrder)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31",
+        "memory", "cc");
 }
 
 #endif  // RL_HAVE_ASM_TILES
