@@ -137,8 +137,9 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
     // same operations as below without an accumulator stored and reloaded per (row, position).
     // A row's sums depend only on its own accumulators, so positions read for the other row of
     // a pair, or repeated past the block's end, change none of its bits.
-    for (int64_t j = j0 + kPrefetchPositions;
-         j < std::min(max_len, j0 + block + kPrefetchPositions); ++j) {
+    // (Rows gathered into a contiguous buffer, kv_dim == hd, need none: the hardware follows.)
+    const int64_t prefetch_end = kv_dim == hd ? 0 : std::min(max_len, j0 + block + kPrefetchPositions);
+    for (int64_t j = j0 + kPrefetchPositions; j < prefetch_end; ++j) {
       const auto* row = reinterpret_cast<const char*>(k + static_cast<int64_t>(slots[j]) * kv_dim);
       for (int64_t b = 0; b < hd * static_cast<int64_t>(sizeof(float)); b += 64) {
         hwy::Prefetch(row + b);
