@@ -141,7 +141,7 @@ TEST(KernelPlanTest, Bf16ProductsBitsDoNotDependOnBlocking) {
                          {8, 48, 2048},
                          {2, 24, 96},
                          {35, 7, 31}}) {
-    SCOPED_TRACE(testing::Message() << m << " x " << n << " x " << k);
+    SCOPED_TRACE(::testing::Message() << m << " x " << n << " x " << k);
     std::vector<float> x(static_cast<size_t>(m * k)), wf(static_cast<size_t>(n * k));
     for (float& v : x) v = dist(rng);
     for (float& v : wf) v = 0.05f * dist(rng);

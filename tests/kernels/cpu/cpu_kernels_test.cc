@@ -223,7 +223,7 @@ TEST(MatmulTest, Avx3KernelsComputeTheDocumentedOperations) {
   // 6-row tiles (24 KiB of x rows), a long tail-free k; m: every tile of rows and their mixes.
   for (auto [n, k] : {std::pair<int64_t, int64_t>{29, 1024}, {24, 1037}, {17, 3072}, {9, 64}}) {
     for (int64_t m : {1, 2, 3, 5, 6, 7, 13, 16}) {
-      SCOPED_TRACE(testing::Message() << "m=" << m << " n=" << n << " k=" << k);
+      SCOPED_TRACE(::testing::Message() << "m=" << m << " n=" << n << " k=" << k);
       auto x = Random(static_cast<size_t>(m * k), 11);
       std::vector<float> w_stored, b_stored;
       auto w = Store(Random(static_cast<size_t>(n * k), 12, 0.1f), DType::kBF16, &w_stored);
