@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -135,8 +136,9 @@ std::string CpuInfo::Describe() const {
 std::string KernelPlan::Describe() const {
   std::string out = absl::StrCat("exact matmul: Highway ", highway_target, " tiles");
   if (highway_target == "AVX3") {
-    absl::StrAppend(&out, " (BF16 weights: hand-scheduled 6x4 / 2x8 / 1x8, 16 horizontal sums "
-                          "at once)");
+    absl::StrAppend(&out,
+                    " (BF16 weights: hand-scheduled 6x4 / 2x8 / 1x8, 16 horizontal sums "
+                    "at once)");
   }
   absl::StrAppend(&out, "; bf16 products: ");
   if (!bf16_products) return absl::StrCat(out, "unavailable (no AVX512-BF16)");
@@ -179,6 +181,11 @@ KernelPlan PlanFor(const CpuInfo& info) {
 const KernelPlan& GetKernelPlan() {
   static const KernelPlan plan = PlanFor(GetCpuInfo());
   return plan;
+}
+
+std::vector<int64_t> CompiledAndSupportedTargets() {
+  // HWY_TARGETS here is the kernels' set (this file shares their HWY_DISABLED_TARGETS).
+  return hwy::SupportedAndGeneratedTargets();
 }
 
 const CpuInfo& GetCpuInfo() {

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace rl::kernels::cpu {
 
@@ -65,5 +66,11 @@ struct KernelPlan {
 KernelPlan PlanFor(const CpuInfo& info);
 // PlanFor(GetCpuInfo()), once per process.
 const KernelPlan& GetKernelPlan();
+
+// The Highway targets the CPU kernels are compiled for and this CPU supports, best first (on an
+// AVX-512 CPU: AVX3, AVX2, SSE2): what a test passes, one at a time, to
+// hwy::SetSupportedTargetsForTest to run every kernel path this CPU can take. Call it before
+// restricting the targets (it reads the supported set).
+std::vector<int64_t> CompiledAndSupportedTargets();
 
 }  // namespace rl::kernels::cpu
