@@ -73,8 +73,9 @@ int main(int argc, char** argv) {
     rows.push_back(m);
   }
   if (threads < 1 || threads > 256 || layers < 1 || layers > 64 || reps < 1 || reps > 100) {
-    std::fprintf(stderr, "matmul_bench: --threads in [1, 256], --layers in [1, 64], --reps in "
-                         "[1, 100]\n");
+    std::fprintf(stderr,
+                 "matmul_bench: --threads in [1, 256], --layers in [1, 64], --reps in "
+                 "[1, 100]\n");
     return 2;
   }
   if (bf16_products && !kc::Bf16ProductsSupported()) {

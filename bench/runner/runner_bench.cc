@@ -180,7 +180,8 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
   rl::FlagSet flags("runner_bench");
   std::string batches;
   flags.String("backend", &o->backend, "cpu | cuda");
-  flags.StringList("model", &o->models, "model folder (repeatable; default: stories260K + made ones)");
+  flags.StringList("model", &o->models,
+                   "model folder (repeatable; default: stories260K + made ones)");
   flags.Bool("make-qwen3-0.5b", &o->make_big, "also bench a made 0.5B-class Qwen3");
   flags.Bool("make-llama-8b", &o->make_8b, "cuda: also bench a made 8B-class Llama-3");
   flags.Bool("make-qwen3-moe-1b", &o->make_moe,
@@ -256,13 +257,12 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
   // The CUDA runner keeps a bf16 KV cache by default, the CPU float32.
   const double kv_bytes_per_token = static_cast<double>(rl::model::Transformer::KvBytesPerSlot(
       c, cuda ? rl::model_io::DType::kBF16 : rl::model_io::DType::kF32));
-  std::printf("\n== %s (%s, %s, %.1f M params, %.1f MiB weights read per token, %s)\n",
-              name.c_str(), c.architecture_name.c_str(), c.torch_dtype.c_str(), params / 1e6,
-              weight_bytes / (1 << 20),
-              cuda ? (o.batch_invariant ? "cuda, batch-invariant" : "cuda")
-                   : (std::to_string(o.threads) + " threads" +
-                      (o.bf16_products ? ", bf16 products" : ""))
-                         .c_str());
+  std::printf(
+      "\n== %s (%s, %s, %.1f M params, %.1f MiB weights read per token, %s)\n", name.c_str(),
+      c.architecture_name.c_str(), c.torch_dtype.c_str(), params / 1e6, weight_bytes / (1 << 20),
+      cuda ? (o.batch_invariant ? "cuda, batch-invariant" : "cuda")
+           : (std::to_string(o.threads) + " threads" + (o.bf16_products ? ", bf16 products" : ""))
+                 .c_str());
   for (int batch : o.batches) {
     ForwardInput in;
     ForwardOutput out;

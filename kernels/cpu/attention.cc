@@ -10,10 +10,10 @@
 // clang-format off: foreach_target first, then highway.h, then the per-target headers
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cc"
-#include "hwy/foreach_target.h"  // IWYU pragma: keep
-#include "hwy/highway.h"
 #include "hwy/cache_control.h"
 #include "hwy/contrib/math/math-inl.h"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
 #include "kernels/cpu/lane_sums-inl.h"
 // clang-format on
 
@@ -82,11 +82,11 @@ HWY_INLINE void ScoresPairHalf(const float* q0, const float* q1, const float* co
   for (int64_t i = 0; i < dvec; i += 16) {
     const __m512 qa = _mm512_loadu_ps(q0 + i);
     const __m512 qb = _mm512_loadu_ps(q1 + i);
-#define RL_SCORE_STEP(kj, a, b)                    \
-  {                                                \
-    const __m512 kv = _mm512_loadu_ps(kj + i);     \
-    a = _mm512_fmadd_ps(qa, kv, a);                \
-    b = _mm512_fmadd_ps(qb, kv, b);                \
+#define RL_SCORE_STEP(kj, a, b)                \
+  {                                            \
+    const __m512 kv = _mm512_loadu_ps(kj + i); \
+    a = _mm512_fmadd_ps(qa, kv, a);            \
+    b = _mm512_fmadd_ps(qb, kv, b);            \
   }
     RL_SCORE_STEP(k0, a0, b0)
     RL_SCORE_STEP(k1, a1, b1)
@@ -138,7 +138,8 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
     // A row's sums depend only on its own accumulators, so positions read for the other row of
     // a pair, or repeated past the block's end, change none of its bits.
     // (Rows gathered into a contiguous buffer, kv_dim == hd, need none: the hardware follows.)
-    const int64_t prefetch_end = kv_dim == hd ? 0 : std::min(max_len, j0 + block + kPrefetchPositions);
+    const int64_t prefetch_end =
+        kv_dim == hd ? 0 : std::min(max_len, j0 + block + kPrefetchPositions);
     for (int64_t j = j0 + kPrefetchPositions; j < prefetch_end; ++j) {
       const auto* row = reinterpret_cast<const char*>(k + static_cast<int64_t>(slots[j]) * kv_dim);
       for (int64_t b = 0; b < hd * static_cast<int64_t>(sizeof(float)); b += 64) {

@@ -15,9 +15,9 @@
 // clang-format off: foreach_target first, then highway.h, then the per-target headers
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/matmul.cc"
+#include "hwy/cache_control.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/cache_control.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();

@@ -61,7 +61,7 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::unique_ptr<std::atomic<int>[]> claimed_;  // per part: 0 free, 1 claimed
-  bool stop_ = false;  // guarded by mu_
+  bool stop_ = false;                            // guarded by mu_
   const RangeFn* fn_ = nullptr;
   int64_t n_ = 0;
   bool collect_stats_ = false;  // the calling thread's

@@ -50,7 +50,7 @@ struct TileLoopArgs {
 inline constexpr uint32_t kOddMask = 0xFFFF0000u;
 // The final lane order of the tree (reduce_avx512.h's ReduceAdd16): sum j lands in lane
 // (j % 4) * 4 + j / 4, so vpermps with these indices puts it in lane j.
-alignas(64) inline constexpr int32_t kSumOrder[16] = {0, 4, 8, 12, 1, 5, 9, 13,
+alignas(64) inline constexpr int32_t kSumOrder[16] = {0, 4, 8,  12, 1, 5, 9,  13,
                                                       2, 6, 10, 14, 3, 7, 11, 15};
 
 // The exact 6 x 4 tile (accumulators zmm0-23, widened weights zmm24-27): each weight vector is
@@ -311,10 +311,11 @@ __attribute__((target("avx512f"))) inline void Exact6x4(const TileLoopArgs& a) {
       : [xa] "+r"(xa), [xb] "+r"(xb), [wa] "+r"(wa), [wb] "+r"(wb), [pf] "+r"(pf), [pf3] "+r"(pf3),
         [n] "+r"(n)
       : [xs] "r"(a.xs), [ws] "r"(a.ws), [ps] "r"(a.ps), [pa] "r"(a.pa), [mask] "m"(kOddMask),
-        [in] "r"(a.acc_in), [out] "r"(a.acc_out),
-        [reduce] "r"(a.reduce), [order] "m"(kSumOrder)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31",
-        "memory", "cc");
+        [in] "r"(a.acc_in), [out] "r"(a.acc_out), [reduce] "r"(a.reduce), [order] "m"(kSumOrder)
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
+        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
+        "xmm31", "memory", "cc");
 }
 
 // The exact 2 x 8 tile (decode of two sequences; accumulators zmm0-15, widened weights
@@ -511,8 +512,10 @@ __attribute__((target("avx512f"))) inline void Exact2x8(const TileLoopArgs& a) {
       : [xa] "+r"(xa), [wa] "+r"(wa), [wb] "+r"(wb), [wc] "+r"(wc), [pf] "+r"(pf), [n] "+r"(n)
       : [xs] "r"(a.xs), [ws] "r"(a.ws), [mask] "m"(kOddMask), [in] "r"(a.acc_in),
         [out] "r"(a.acc_out), [reduce] "r"(a.reduce), [order] "m"(kSumOrder)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31",
-        "memory", "cc");
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
+        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
+        "xmm31", "memory", "cc");
 }
 
 // The exact 1 x 8 tile (decode of one sequence; accumulators zmm0-7, raw weights zmm8-15 read
@@ -653,8 +656,10 @@ __attribute__((target("avx512f"))) inline void Exact1x8(const TileLoopArgs& a) {
       : [xa] "+r"(xa), [wa] "+r"(wa), [wb] "+r"(wb), [wc] "+r"(wc), [pf] "+r"(pf), [n] "+r"(n)
       : [ws] "r"(a.ws), [mask] "m"(kOddMask), [in] "r"(a.acc_in), [out] "r"(a.acc_out),
         [reduce] "r"(a.reduce), [order] "m"(kSumOrder)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31",
-        "memory", "cc");
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
+        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
+        "xmm31", "memory", "cc");
 }
 
 // The bf16-products 8 x 3 tile (accumulators zmm0-23, weights zmm24-26; rows 0-2 of x from xa,
@@ -877,8 +882,10 @@ __attribute__((target("avx512f"))) inline void Products8x3(const TileLoopArgs& a
       : [xa] "+r"(xa), [xb] "+r"(xb), [xc] "+r"(xc), [wa] "+r"(wa), [pf] "+r"(pf), [n] "+r"(n)
       : [xs] "r"(a.xs), [ws] "r"(a.ws), [ps] "r"(a.ps), [pa] "r"(a.pa), [in] "r"(a.acc_in),
         [out] "r"(a.acc_out), [reduce] "r"(a.reduce), [order] "m"(kSumOrder)
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20", "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30", "xmm31",
-        "memory", "cc");
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10",
+        "xmm11", "xmm12", "xmm13", "xmm14", "xmm15", "xmm16", "xmm17", "xmm18", "xmm19", "xmm20",
+        "xmm21", "xmm22", "xmm23", "xmm24", "xmm25", "xmm26", "xmm27", "xmm28", "xmm29", "xmm30",
+        "xmm31", "memory", "cc");
 }
 
 #endif  // RL_HAVE_ASM_TILES

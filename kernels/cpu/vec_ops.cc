@@ -3,9 +3,9 @@
 // clang-format off: foreach_target first, then highway.h, then the per-target headers
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/vec_ops.cc"
+#include "hwy/contrib/math/math-inl.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
-#include "hwy/contrib/math/math-inl.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();

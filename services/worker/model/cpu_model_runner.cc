@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "kernels/cpu/cpu_info.h"
-#include "spdlog/spdlog.h"
 #include "services/worker/model/cpu_backend.h"
+#include "spdlog/spdlog.h"
 
 namespace rl::model {
 
@@ -17,8 +17,8 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
         absl::StrCat("page_size must be positive, got ", options.page_size));
   }
   if (options.kv_cache_dtype != "auto" && options.kv_cache_dtype != "float32") {
-    return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype '", options.kv_cache_dtype,
-                                                   "': the CPU KV cache is float32"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_dtype '", options.kv_cache_dtype, "': the CPU KV cache is float32"));
   }
   auto r = std::unique_ptr<CpuModelRunner>(new CpuModelRunner());
   ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(options.model_dir));
@@ -31,8 +31,7 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   if (slots <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV cache budget holds no page: ", options.kv_cache_bytes, " bytes at ",
-        Transformer::KvBytesPerSlot(r->config_), " bytes per slot, page_size ",
-        options.page_size));
+        Transformer::KvBytesPerSlot(r->config_), " bytes per slot, page_size ", options.page_size));
   }
   if (options.cpu_op_profile) r->op_profile_ = std::make_unique<kernels::cpu::OpProfile>();
   CpuBackendOptions backend_options;

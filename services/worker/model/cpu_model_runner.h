@@ -34,8 +34,8 @@ class CpuModelRunner final : public ModelRunner {
   absl::Status Forward(const ForwardInput& in, ForwardOutput* out) override;
 
   std::vector<TensorInfo> ListWeights() const override { return weights_->List(); }
-  absl::Status VisitWeights(const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>&
-                                fn) const override;
+  absl::Status VisitWeights(
+      const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const override;
   absl::Status LoadWeightsFromDisk(const std::string& model_dir) override;
   absl::Status UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) override;
 
