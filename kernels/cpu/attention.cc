@@ -7,13 +7,14 @@
 #include <type_traits>
 #include <vector>
 
-// clang-format off: foreach_target first, then highway.h, then the per-target headers
+// foreach_target first, then highway.h, then the per-target headers (not sorted):
+// clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cc"
-#include "hwy/cache_control.h"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/cache_control.h"
+#include "hwy/contrib/math/math-inl.h"
 #include "kernels/cpu/lane_sums-inl.h"
 // clang-format on
 

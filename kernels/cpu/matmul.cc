@@ -12,12 +12,13 @@
 #include "kernels/cpu/reduce_avx512.h"
 #include "kernels/cpu/tiles_avx512.h"
 
-// clang-format off: foreach_target first, then highway.h, then the per-target headers
+// foreach_target first, then highway.h, then the per-target headers (not sorted):
+// clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/matmul.cc"
-#include "hwy/cache_control.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/cache_control.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();

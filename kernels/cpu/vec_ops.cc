@@ -1,11 +1,12 @@
 #include "kernels/cpu/vec_ops.h"
 
-// clang-format off: foreach_target first, then highway.h, then the per-target headers
+// foreach_target first, then highway.h, then the per-target headers (not sorted):
+// clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/vec_ops.cc"
-#include "hwy/contrib/math/math-inl.h"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "hwy/contrib/math/math-inl.h"
 // clang-format on
 
 HWY_BEFORE_NAMESPACE();
