@@ -3,11 +3,14 @@
 // other as in a checkpoint), against a read-only stream of the same buffer by the same threads.
 //
 //   matmul_bench [--threads N] [--rows 1,16,64] [--layers 28] [--reps 5] [--wall]
+//                [--bf16-products] [--shapes N:K,...]
 //
 // Times are process CPU time by default (robust on a shared machine: another process running
 // does not count; use --threads 1 with it, as spinning pool workers also count) or wall-clock
 // time with --wall. Prints, per m (rows of x), the best of --reps passes over every layer:
 // GB/s of weights streamed, GFLOP/s, and the matmul time as a share of the read time.
+// --bf16-products runs the bf16-products kernels (kernels/cpu/matmul_bf16.h) instead; --shapes
+// replaces the layer's seven (n, k) shapes, e.g. --shapes 1024:3072 for the down projection;
 #include <time.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_bf16.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_ops.h"
 
@@ -46,13 +50,17 @@ volatile uint64_t g_sink = 0;
 int main(int argc, char** argv) {
   int threads = 1, layers = 28, reps = 5;
   bool wall = false;
+  bool bf16_products = false;
   std::string rows_flag = "1,16,64";
+  std::string shapes_flag;
   rl::FlagSet flags("matmul_bench");
   flags.Int("threads", &threads, "pool threads");
   flags.String("rows", &rows_flag, "comma-separated m values (rows of x)");
   flags.Int("layers", &layers, "layers of weights (28: 840 MiB)");
   flags.Int("reps", &reps, "passes per m; the best is printed");
   flags.Bool("wall", &wall, "wall-clock instead of process CPU time");
+  flags.Bool("bf16-products", &bf16_products, "the bf16-products kernels (not exact)");
+  flags.String("shapes", &shapes_flag, "comma-separated N:K weight shapes (default: a layer's)");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
   std::vector<int64_t> rows;
   for (absl::string_view part : absl::StrSplit(rows_flag, ',')) {
@@ -65,13 +73,34 @@ int main(int argc, char** argv) {
     rows.push_back(m);
   }
   if (threads < 1 || threads > 256 || layers < 1 || layers > 64 || reps < 1 || reps > 100) {
-    std::fprintf(stderr, "matmul_bench: --threads in [1, 256], --layers in [1, 64], --reps in "
-                         "[1, 100]\n");
+    std::fprintf(stderr,
+                 "matmul_bench: --threads in [1, 256], --layers in [1, 64], --reps in "
+                 "[1, 100]\n");
+    return 2;
+  }
+  if (bf16_products && !kc::Bf16ProductsSupported()) {
+    std::fprintf(stderr, "matmul_bench: --bf16-products: this CPU has no AVX512-BF16\n");
     return 2;
   }
   // q, k, v, o, gate, up, down of one layer.
-  const std::vector<Shape> layer = {{2048, 1024}, {1024, 1024}, {1024, 1024}, {1024, 2048},
-                                    {3072, 1024}, {3072, 1024}, {1024, 3072}};
+  std::vector<Shape> layer = {{2048, 1024}, {1024, 1024}, {1024, 1024}, {1024, 2048},
+                              {3072, 1024}, {3072, 1024}, {1024, 3072}};
+  if (!shapes_flag.empty()) {
+    layer.clear();
+    for (absl::string_view part : absl::StrSplit(shapes_flag, ',')) {
+      std::vector<absl::string_view> nk = absl::StrSplit(part, ':');
+      Shape s{0, 0};
+      if (nk.size() != 2 || !absl::SimpleAtoi(nk[0], &s.n) || !absl::SimpleAtoi(nk[1], &s.k) ||
+          s.n <= 0 || s.k <= 0 || s.n > 65536 || s.k > 65536) {
+        std::fprintf(stderr, "matmul_bench: --shapes: '%s' is not N:K in [1, 65536]\n",
+                     std::string(part).c_str());
+        return 2;
+      }
+      layer.push_back(s);
+    }
+  }
+  int64_t max_k = 0;
+  for (const Shape& s : layer) max_k = std::max(max_k, s.k);
   int64_t per_layer = 0;
   for (const Shape& s : layer) per_layer += s.n * s.k;
   const int64_t elems = per_layer * layers;
@@ -81,11 +110,17 @@ int main(int argc, char** argv) {
     w[static_cast<size_t>(i)] = static_cast<uint16_t>(0x3F80 + (i * 2654435761u >> 20) % 128);
   }
   const int64_t max_m = *std::max_element(rows.begin(), rows.end());
-  std::vector<float> x(static_cast<size_t>(max_m * 3072), 0.01f);
-  std::vector<float> y(static_cast<size_t>(max_m * 3072));
+  int64_t max_n = 0;
+  for (const Shape& s : layer) max_n = std::max(max_n, s.n);
+  std::vector<float> x(static_cast<size_t>(max_m * max_k), 0.01f);
+  std::vector<float> y(static_cast<size_t>(max_m * max_n));
   kc::ThreadPool pool(threads);
-  std::printf("matmul_bench: %d threads, %d layers, %.0f MiB bf16 weights, %s time\n", threads,
-              layers, static_cast<double>(bytes) / (1 << 20), wall ? "wall-clock" : "CPU");
+  const kc::KernelPlan& plan = kc::GetKernelPlan();
+  std::printf("cpu: %s\nkernels: %s\n", kc::GetCpuInfo().Describe().c_str(),
+              plan.Describe().c_str());
+  std::printf("matmul_bench: %d threads, %d layers, %.0f MiB bf16 weights, %s time%s\n", threads,
+              layers, static_cast<double>(bytes) / (1 << 20), wall ? "wall-clock" : "CPU",
+              bf16_products ? ", bf16 products" : "");
   for (int64_t m : rows) {
     double best_mm = 1e30, best_read = 1e30;
     for (int rep = 0; rep < reps; ++rep) {
@@ -101,7 +136,11 @@ int main(int argc, char** argv) {
           p.m = m;
           p.n = s.n;
           p.k = s.k;
-          kc::Matmul(p, &pool);
+          if (bf16_products) {
+            kc::MatmulGroupBf16Products(absl::MakeConstSpan(&p, 1), &pool, plan);
+          } else {
+            kc::Matmul(p, &pool, plan);
+          }
           off += s.n * s.k;
         }
       }

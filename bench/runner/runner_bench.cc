@@ -8,11 +8,14 @@
 //   runner_bench [--backend cpu|cuda] [--model DIR]... [--make-qwen3-0.5b=true|false]
 //                [--make-llama-8b=true|false] [--make-qwen3-moe-1b] [--batches 1,8,32]
 //                [--prompt-len N] [--decode-steps N] [--threads N] [--batch-invariant]
-//                [--bf16-products] [--prefill-reps N]
+//                [--bf16-products] [--prefill-reps N] [--op-profile]
 // With no --model it runs stories260K from $RL_TEST_DATA and a 0.5B-class random Qwen3 (bf16)
 // made into a temp dir; with --backend cuda also an 8B-class random Llama-3 (bf16), batches
 // 1,16,64,256 and 256-token prompts by default, and the nominal bf16 peak for the prefill.
 // For MoE models the bound counts the experts each decode step actually routed to.
+// --op-profile (CPU): after each timed prefill and decode, the time per op and shape per step
+// (matmul GFLOP/s and GB/s of weights, the thread pool's synchronisation), from the CPU
+// backend's OpProfile.
 #include <sys/resource.h>
 #include <time.h>
 
@@ -33,6 +36,7 @@
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "common/model_io/model_maker.h"
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/vec_ops.h"
 #include "services/worker/model/cpu_model_runner.h"
@@ -132,6 +136,7 @@ struct Options {
   int threads = 0;
   bool batch_invariant = false;
   bool bf16_products = false;
+  bool op_profile = false;
 };
 
 struct WeightStats {
@@ -175,7 +180,8 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
   rl::FlagSet flags("runner_bench");
   std::string batches;
   flags.String("backend", &o->backend, "cpu | cuda");
-  flags.StringList("model", &o->models, "model folder (repeatable; default: stories260K + made ones)");
+  flags.StringList("model", &o->models,
+                   "model folder (repeatable; default: stories260K + made ones)");
   flags.Bool("make-qwen3-0.5b", &o->make_big, "also bench a made 0.5B-class Qwen3");
   flags.Bool("make-llama-8b", &o->make_8b, "cuda: also bench a made 8B-class Llama-3");
   flags.Bool("make-qwen3-moe-1b", &o->make_moe,
@@ -189,6 +195,7 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
   flags.Bool("batch-invariant", &o->batch_invariant, "batch-invariant GEMMs");
   flags.Bool("bf16-products", &o->bf16_products,
              "cpu: bf16 activations and products (the worker's --cpu-bf16-products; not exact)");
+  flags.Bool("op-profile", &o->op_profile, "cpu: time per op and shape after each phase");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return exit;
   if (!batches.empty()) {
     for (absl::string_view part : absl::StrSplit(batches, ',')) {
@@ -221,7 +228,17 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
   ro.num_kv_slots = static_cast<int64_t>(max_batch) * stride;
   ro.batch_invariant = o.batch_invariant;
   ro.cpu_bf16_products = o.bf16_products;
-  auto runner = cuda ? rl::model::CreateCudaModelRunner(ro) : rl::model::CreateCpuModelRunner(ro);
+  ro.cpu_op_profile = o.op_profile && !cuda;
+  rl::kernels::cpu::OpProfile* profile = nullptr;
+  absl::StatusOr<std::unique_ptr<rl::model::ModelRunner>> runner;
+  if (cuda) {
+    runner = rl::model::CreateCudaModelRunner(ro);
+  } else if (auto cpu = rl::model::CpuModelRunner::Create(ro); cpu.ok()) {
+    profile = (*cpu)->op_profile();
+    runner = std::unique_ptr<rl::model::ModelRunner>(std::move(*cpu));
+  } else {
+    runner = cpu.status();
+  }
   if (!runner.ok()) {
     std::fprintf(stderr, "%s: %s\n", name.c_str(), runner.status().ToString().c_str());
     return 1;
@@ -240,13 +257,12 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
   // The CUDA runner keeps a bf16 KV cache by default, the CPU float32.
   const double kv_bytes_per_token = static_cast<double>(rl::model::Transformer::KvBytesPerSlot(
       c, cuda ? rl::model_io::DType::kBF16 : rl::model_io::DType::kF32));
-  std::printf("\n== %s (%s, %s, %.1f M params, %.1f MiB weights read per token, %s)\n",
-              name.c_str(), c.architecture_name.c_str(), c.torch_dtype.c_str(), params / 1e6,
-              weight_bytes / (1 << 20),
-              cuda ? (o.batch_invariant ? "cuda, batch-invariant" : "cuda")
-                   : (std::to_string(o.threads) + " threads" +
-                      (o.bf16_products ? ", bf16 products" : ""))
-                         .c_str());
+  std::printf(
+      "\n== %s (%s, %s, %.1f M params, %.1f MiB weights read per token, %s)\n", name.c_str(),
+      c.architecture_name.c_str(), c.torch_dtype.c_str(), params / 1e6, weight_bytes / (1 << 20),
+      cuda ? (o.batch_invariant ? "cuda, batch-invariant" : "cuda")
+           : (std::to_string(o.threads) + " threads" + (o.bf16_products ? ", bf16 products" : ""))
+                 .c_str());
   for (int batch : o.batches) {
     ForwardInput in;
     ForwardOutput out;
@@ -263,11 +279,18 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
       std::fprintf(stderr, "%s: %s\n", name.c_str(), st.ToString().c_str());
       return 1;
     }
+    if (profile != nullptr) profile->Clear();
     const auto t0 = Clock::now();
     for (int rep = 0; rep < o.prefill_reps; ++rep) {  // the same prompt into the same slots
       if (!r.Forward(in, &out).ok()) return 1;
     }
     const double prefill_s = Seconds(t0, Clock::now()) / o.prefill_reps;
+    if (profile != nullptr) {
+      std::printf("  prefill of %d x %d tokens, per prefill (%.3f ms):\n%s", batch, o.prompt_len,
+                  1e3 * prefill_s,
+                  profile->Report(o.prefill_reps, prefill_s * o.prefill_reps).c_str());
+      profile->Clear();
+    }
     for (int b = 0; b < batch; ++b) {
       SequenceInput& s = in.seqs[static_cast<size_t>(b)];
       s.start_pos = o.prompt_len;
@@ -289,6 +312,11 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     }
     const double decode_s = Seconds(t1, Clock::now());
     const double decode_cpu_s = ProcessCpuSeconds() - cpu1;
+    if (profile != nullptr) {
+      std::printf("  decode of %d sequences, per step (%.3f ms):\n%s", batch,
+                  1e3 * decode_s / o.decode_steps,
+                  profile->Report(o.decode_steps, decode_s).c_str());
+    }
     const double prefill_tps = batch * o.prompt_len / prefill_s;
     const double step_s = decode_s / o.decode_steps;
     // Bound: one step reads the weights once and every sequence's KV (mean context).
@@ -358,6 +386,8 @@ int main(int argc, char** argv) {
                             ? o.threads
                             : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     o.threads = threads;
+    std::printf("cpu: %s\ncpu kernels: %s\n", rl::kernels::cpu::GetCpuInfo().Describe().c_str(),
+                rl::kernels::cpu::GetKernelPlan().Describe().c_str());
     bandwidth = ReadBandwidth(threads);
     std::printf(
         "read bandwidth (%d threads, 1 GiB read-only stream): %.2f GB/s read; memcpy %.2f GB/s "

@@ -18,10 +18,14 @@ Without --llama-cpp/--gguf only our figures are printed. Every figure is measure
 rounds (default 3, ours and theirs alternating) and printed as best and median, since a shared
 machine is noisy; the ratios compare best with best and median with median. llama.cpp runs with
 each --llama-fa setting (default: flash attention off and on) and keeps its faster figure.
+--bf16-products runs ours in that mode (not exact; llama.cpp's bf16 path rounds x to bf16 too).
+The header names what it ran on: the CPU model, its SIMD flags, the load average, the kernels our
+runner chose on it and the llama.cpp version.
 """
 import argparse
 import json
 import os
+import platform
 import re
 import statistics
 import subprocess
@@ -31,6 +35,28 @@ BATCH_LINE = re.compile(
     r"batch\s+(\d+): prefill\s+([\d.]+) tok/s .*?decode\s+([\d.]+) tok/s "
     r"\(([\d.]+) ms/step; bound ([\d.]+) ms = (\d+)%")
 READ_LINE = re.compile(r"read bandwidth \((\d+) threads.*?: ([\d.]+) GB/s read")
+KERNELS_LINE = re.compile(r"^cpu kernels: (.*)$", re.M)
+# The flags that decide which kernels can run (lscpu / /proc/cpuinfo spelling).
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512dq",
+              "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+              "amx_bf16", "amx_int8")
+
+
+def cpu_description():
+    """'MODEL (family F model M, N CPUs); SIMD flags: ...' from /proc/cpuinfo (Linux)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            text = f.read()
+    except OSError:
+        return f"{platform.processor() or platform.machine()} (no /proc/cpuinfo)"
+    first = text.split("\n\n")[0]
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    have = [f for f in SIMD_FLAGS if f in flags]
+    return (f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')} model "
+            f"{fields.get('model', '?')}, {os.cpu_count()} CPUs); SIMD flags: "
+            f"{' '.join(have) or 'none of ' + ' '.join(SIMD_FLAGS)}")
 
 
 def run(cmd, timeout):
@@ -46,9 +72,15 @@ def run(cmd, timeout):
 
 def ours(args, threads, batches, prompt_len, steps, prefill_reps=1):
     """{batch: (prefill tok/s, decode tok/s, % of read bound)} and the read bandwidth (GB/s)."""
-    out = run([args.runner_bench, "--model", args.model, "--threads", str(threads),
-               "--batches", ",".join(map(str, batches)), "--prompt-len", str(prompt_len),
-               "--decode-steps", str(steps), "--prefill-reps", str(prefill_reps)], args.timeout)
+    cmd = [args.runner_bench, "--model", args.model, "--threads", str(threads),
+           "--batches", ",".join(map(str, batches)), "--prompt-len", str(prompt_len),
+           "--decode-steps", str(steps), "--prefill-reps", str(prefill_reps)]
+    if args.bf16_products:
+        cmd.append("--bf16-products")
+    out = run(cmd, args.timeout)
+    kernels = KERNELS_LINE.search(out)
+    if kernels and not args.kernels_line:
+        args.kernels_line = kernels[1]
     rows = {int(m[1]): (float(m[2]), float(m[3]), int(m[6])) for m in BATCH_LINE.finditer(out)}
     bw = READ_LINE.search(out)
     if len(rows) != len(batches) or bw is None:
@@ -114,7 +146,10 @@ def main():
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per command")
     ap.add_argument("--llama-fa", default="off,on",
                     help="llama.cpp flash-attention settings to try (on/off), the best is kept")
+    ap.add_argument("--bf16-products", action="store_true",
+                    help="ours in bf16-products mode (runner_bench --bf16-products; not exact)")
     args = ap.parse_args()
+    args.kernels_line = ""
     args.llama_fa = args.llama_fa.split(",")
     if not args.llama_fa or any(f not in ("on", "off") for f in args.llama_fa):
         sys.exit("side_by_side: --llama-fa takes on and/or off, comma-separated")
@@ -125,6 +160,17 @@ def main():
     threads = [int(t) for t in args.threads.split(",")]
     top = max(threads)
     theirs = args.gguf is not None
+    cpu = cpu_description()
+    llama_version = ""
+    if theirs:
+        try:  # llama-bench --version prints to stderr
+            v = subprocess.run([tool(args, "llama-bench"), "--version"], capture_output=True,
+                               text=True, timeout=60, check=False)
+            llama_version = ((v.stdout + v.stderr).strip().splitlines() or ["?"])[0]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            llama_version = f"? ({e})"
+    loads = []
+    print(f"cpu: {cpu}", file=sys.stderr, flush=True)
 
     seen = {}  # row name -> [[ours...], [theirs...], [notes...]]
 
@@ -136,7 +182,8 @@ def main():
             row[2].append(note)
 
     for r in range(args.rounds):
-        print(f"round {r + 1}: load average {os.getloadavg()[0]:.1f}", file=sys.stderr)
+        loads.append(os.getloadavg()[0])
+        print(f"round {r + 1}: load average {loads[-1]:.1f}", file=sys.stderr)
         for t in threads:
             rows, bw = ours(args, t, [1], 32, args.decode_steps)
             keep(f"decode, batch 1, {t} thr (tok/s)", rows[1][1], 0,
@@ -156,9 +203,17 @@ def main():
             if theirs:
                 keep(f"decode, {b} seqs, {top} thr (tok/s)", lb[b], 1)
 
-    print(f"{args.rounds} rounds, best / median; model {args.model}"
-          + (f"; llama.cpp {args.llama_cpp} on {args.gguf} (flash attention: best of "
-             f"{'/'.join(args.llama_fa)})" if theirs else "; no llama.cpp given"))
+    loads.append(os.getloadavg()[0])
+    print(f"cpu: {cpu}")
+    print(f"ours: {args.runner_bench}"
+          + (" --bf16-products (not exact)" if args.bf16_products else " (exact float32)")
+          + f"; kernels: {args.kernels_line or '?'}")
+    if theirs:
+        print(f"llama.cpp: {llama_version}; {args.llama_cpp} on {args.gguf} (flash attention: "
+              f"best of {'/'.join(args.llama_fa)})")
+    print(f"{args.rounds} rounds, best / median; model {args.model}; load average per round "
+          f"{', '.join(f'{x:.1f}' for x in loads)} (1-minute, at each round's start and the end)"
+          + ("" if theirs else "; no llama.cpp given"))
     print(f"| {'':38} | {'ours':>13} | {'llama.cpp':>13} | {'ratio':>11} | "
           "ours: % of the read bound (read GB/s) per round")
     print(f"|{'-' * 40}|{'-' * 15}|{'-' * 15}|{'-' * 13}|------")

@@ -1,12 +1,14 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
 #include <vector>
 
-// clang-format off: foreach_target first, then highway.h, then the per-target headers
+// foreach_target first, then highway.h, then the per-target headers (not sorted):
+// clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -58,6 +60,52 @@ HWY_INLINE VF ExpTail(DF d, float* x, int64_t count, VF max) {
 // memory, one head's slice of each slot, which the hardware prefetchers follow poorly.
 constexpr int64_t kPrefetchPositions = 8;
 
+#if HWY_TARGET == HWY_AVX3
+// One level of SumLanesOfEach's tree on AVX3: Add(ConcatEven(hi, lo), ConcatOdd(hi, lo)) with
+// lo = a, hi = b (lane i < 8: a[2i] + a[2i + 1]; lane 8 + i: b[2i] + b[2i + 1]).
+HWY_INLINE __m512 PairLanes(__m512 a, __m512 b) {
+  const __m512i even = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+  const __m512i odd = _mm512_set_epi32(31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+  return _mm512_add_ps(_mm512_permutex2var_ps(a, even, b), _mm512_permutex2var_ps(a, odd, b));
+}
+
+// Scores of two query rows against 8 positions (K rows kp[0..7]) over the head dim's whole
+// vectors, reduced by the first three levels of SumLanesOfEach's tree over a block of 16
+// positions (levels pair vectors within a half block): *r0 and *r1 hold each row's half. The
+// 16 accumulators are named variables so that they stay in registers (in arrays, next to the
+// rest of AttendRows, GCC spilled them in every step).
+HWY_INLINE void ScoresPairHalf(const float* q0, const float* q1, const float* const* kp,
+                               int64_t dvec, __m512* r0, __m512* r1) {
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+  __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
+  const float *k0 = kp[0], *k1 = kp[1], *k2 = kp[2], *k3 = kp[3], *k4 = kp[4], *k5 = kp[5],
+              *k6 = kp[6], *k7 = kp[7];
+  for (int64_t i = 0; i < dvec; i += 16) {
+    const __m512 qa = _mm512_loadu_ps(q0 + i);
+    const __m512 qb = _mm512_loadu_ps(q1 + i);
+#define RL_SCORE_STEP(kj, a, b)                \
+  {                                            \
+    const __m512 kv = _mm512_loadu_ps(kj + i); \
+    a = _mm512_fmadd_ps(qa, kv, a);            \
+    b = _mm512_fmadd_ps(qb, kv, b);            \
+  }
+    RL_SCORE_STEP(k0, a0, b0)
+    RL_SCORE_STEP(k1, a1, b1)
+    RL_SCORE_STEP(k2, a2, b2)
+    RL_SCORE_STEP(k3, a3, b3)
+    RL_SCORE_STEP(k4, a4, b4)
+    RL_SCORE_STEP(k5, a5, b5)
+    RL_SCORE_STEP(k6, a6, b6)
+    RL_SCORE_STEP(k7, a7, b7)
+#undef RL_SCORE_STEP
+  }
+  *r0 = PairLanes(PairLanes(PairLanes(a0, a1), PairLanes(a2, a3)),
+                  PairLanes(PairLanes(a4, a5), PairLanes(a6, a7)));
+  *r1 = PairLanes(PairLanes(PairLanes(b0, b1), PairLanes(b2, b3)),
+                  PairLanes(PairLanes(b4, b5), PairLanes(b6, b7)));
+}
+#endif
+
 template <int kR>
 void AttendRows(const float* const* q, float* const* out, const int64_t* len, const float* k,
                 const float* v, const int32_t* slots, int64_t kv_dim, int64_t hd, float scale,
@@ -74,14 +122,67 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
   float* s[kR];
   RL_UNROLL for (int r = 0; r < kR; ++r) s[r] = scores + r * max_len;
 
-  // Scores, Lanes(d) positions per block: each (row, position) accumulator goes to `acc_out`,
-  // then each row's block is reduced to one vector of sums.
+  // Scores, Lanes(d) positions per block (AVX3: ScoresPairHalf, in registers; other targets:
+  // each (row, position) accumulator goes to `acc_out`, then each row's block is reduced to one
+  // vector of sums).
   constexpr int kPositions = std::min(4, std::max(1, kAccumulators / kR));  // per pass over K
+#if HWY_TARGET != HWY_AVX3
   HWY_ALIGN float acc_out[kR * HWY_LANES(float) * HWY_LANES(float)];
+#endif
   HWY_ALIGN float sums[HWY_LANES(float)];
   const VF vscale = hn::Set(d, scale);
   for (int64_t j0 = 0; j0 < max_len; j0 += lanes) {
     const int64_t block = std::min(lanes, max_len - j0);
+#if HWY_TARGET == HWY_AVX3
+    // Two rows at a time, half a block per call, the tree in registers (ScoresPairHalf): the
+    // same operations as below without an accumulator stored and reloaded per (row, position).
+    // A row's sums depend only on its own accumulators, so positions read for the other row of
+    // a pair, or repeated past the block's end, change none of its bits.
+    // (Rows gathered into a contiguous buffer, kv_dim == hd, need none: the hardware follows.)
+    const int64_t prefetch_end =
+        kv_dim == hd ? 0 : std::min(max_len, j0 + block + kPrefetchPositions);
+    for (int64_t j = j0 + kPrefetchPositions; j < prefetch_end; ++j) {
+      const auto* row = reinterpret_cast<const char*>(k + static_cast<int64_t>(slots[j]) * kv_dim);
+      for (int64_t b = 0; b < hd * static_cast<int64_t>(sizeof(float)); b += 64) {
+        hwy::Prefetch(row + b);
+      }
+    }
+    RL_UNROLL for (int r0 = 0; r0 < kR; r0 += 2) {
+      const int r1 = r0 + 1 < kR ? r0 + 1 : r0;
+      const int64_t needed = std::min(block, std::max(len[r0], len[r1]) - j0);
+      if (needed <= 0) continue;
+      __m512 half[2][2];  // [row of the pair][half block]
+      for (int h = 0; h < 2; ++h) {
+        const float* kp[8];
+        for (int p = 0; p < 8; ++p) {
+          const int64_t j = j0 + (8 * h + p < needed ? 8 * h + p : 0);
+          kp[p] = k + static_cast<int64_t>(slots[j]) * kv_dim;
+        }
+        if (8 * h < needed) {
+          ScoresPairHalf(q[r0], q[r1], kp, dvec, &half[0][h], &half[1][h]);
+        } else {
+          half[0][h] = half[1][h] = _mm512_setzero_ps();
+        }
+      }
+      for (int rr = 0; rr < 2 && r0 + rr < kR; ++rr) {
+        const int r = r0 + rr;
+        const int64_t count = std::min(block, len[r] - j0);
+        if (count <= 0) continue;
+        const VF dots{PairLanes(half[rr][0], half[rr][1])};  // the tree's last level
+        if (dvec == hd && count == lanes) {
+          hn::StoreU(hn::Mul(dots, vscale), d, s[r] + j0);
+          continue;
+        }
+        hn::Store(dots, d, sums);
+        for (int64_t t = 0; t < count; ++t) {
+          const float* kj = k + static_cast<int64_t>(slots[j0 + t]) * kv_dim;
+          float dot = sums[t];
+          for (int64_t i = dvec; i < hd; ++i) dot += q[r][i] * kj[i];
+          s[r][j0 + t] = dot * scale;
+        }
+      }
+    }
+#else
     auto accumulate = [&](auto positions, int64_t jj) {
       constexpr int kP = decltype(positions)::value;
       const float* kj[kP];
@@ -141,6 +242,7 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
         s[r][j0 + t] = dot * scale;
       }
     }
+#endif
   }
 
   // Softmax numerators in place, and 1 / their sum.
@@ -284,24 +386,50 @@ struct Tile {
 };
 
 // One KV head's K and V rows [0, len) of a sequence, contiguous (row stride = head_dim), and
-// the slot list 0, 1, ... that addresses them; grown once per thread.
+// the slot list 0, 1, ... that addresses them; grown once per thread. Within one Attention call
+// a thread's consecutive tasks mostly gather the same KV head of the same sequence for longer
+// and longer runs (a causal prefill's token blocks), so the rows already gathered in this call
+// are kept and only the new ones copied: a 512-token prefill copied each head's K/V 16 times
+// over (67 MB per layer, a quarter of the attention time) and now copies it once.
 struct Gathered {
-  std::vector<float> kv;
+  std::vector<float> k, v;
   std::vector<int32_t> iota;
+  // What the rows [0, filled) hold: the call, cache, slot list and head they came from.
+  uint64_t call = 0;
+  const float* k_cache = nullptr;
+  const float* v_cache = nullptr;
+  const int32_t* slots = nullptr;
+  int64_t filled = 0;
 
-  void Fill(const float* k_cache, const float* v_cache, const int32_t* slots, int64_t len,
-            int64_t kv_dim, int64_t hd) {
-    if (kv.size() < static_cast<size_t>(2 * len * hd)) kv.resize(static_cast<size_t>(2 * len * hd));
-    while (iota.size() < static_cast<size_t>(len))
-      iota.push_back(static_cast<int32_t>(iota.size()));
-    for (int64_t j = 0; j < len; ++j) {
-      const int64_t from = static_cast<int64_t>(slots[j]) * kv_dim;
-      std::memcpy(kv.data() + j * hd, k_cache + from, static_cast<size_t>(hd) * sizeof(float));
-      std::memcpy(kv.data() + (len + j) * hd, v_cache + from,
-                  static_cast<size_t>(hd) * sizeof(float));
+  void Fill(uint64_t this_call, const float* k_head, const float* v_head, const int32_t* slot_list,
+            int64_t len, int64_t kv_dim, int64_t hd) {
+    if (call != this_call || k_cache != k_head || v_cache != v_head || slots != slot_list) {
+      call = this_call;
+      k_cache = k_head;
+      v_cache = v_head;
+      slots = slot_list;
+      filled = 0;
     }
+    if (k.size() < static_cast<size_t>(len * hd)) {
+      const size_t grown = static_cast<size_t>(std::max<int64_t>(len, 2 * filled) * hd);
+      k.resize(grown);  // keeps the rows already gathered
+      v.resize(grown);
+    }
+    while (iota.size() < static_cast<size_t>(len)) {
+      iota.push_back(static_cast<int32_t>(iota.size()));
+    }
+    for (int64_t j = filled; j < len; ++j) {
+      const int64_t from = static_cast<int64_t>(slot_list[j]) * kv_dim;
+      std::memcpy(k.data() + j * hd, k_head + from, static_cast<size_t>(hd) * sizeof(float));
+      std::memcpy(v.data() + j * hd, v_head + from, static_cast<size_t>(hd) * sizeof(float));
+    }
+    filled = std::max(filled, len);
   }
 };
+
+// Numbers Attention calls, so a thread's gathered rows are never reused across calls (the cache
+// and slot tables change between them at the same addresses).
+std::atomic<uint64_t> g_attention_calls{0};
 
 }  // namespace
 
@@ -315,6 +443,7 @@ void Attention(const AttentionParams& p, ThreadPool* pool) {
   const int64_t token_blocks = (p.num_tokens + tokens_per_task - 1) / tokens_per_task;
   const auto* k_cache = static_cast<const float*>(p.k_cache);
   const auto* v_cache = static_cast<const float*>(p.v_cache);
+  const uint64_t call = g_attention_calls.fetch_add(1, std::memory_order_relaxed) + 1;
   auto run = [&](int64_t begin, int64_t end, int thread) {
     thread_local Gathered gathered;  // the running thread's
     float* scores = p.workspace + static_cast<int64_t>(thread) * p.max_context;
@@ -341,9 +470,9 @@ void Attention(const AttentionParams& p, ThreadPool* pool) {
         const int32_t* slots = p.slots + p.slot_begin[t0];
         int64_t stride = kv_dim;
         if ((t1 - t0) * (h1 - h0) >= kGatherMinRows && run_len <= kMaxGathered) {
-          gathered.Fill(k, v, slots, run_len, kv_dim, p.head_dim);
-          k = gathered.kv.data();
-          v = k + run_len * p.head_dim;
+          gathered.Fill(call, k, v, slots, run_len, kv_dim, p.head_dim);
+          k = gathered.k.data();
+          v = gathered.v.data();
           slots = gathered.iota.data();
           stride = p.head_dim;
         }

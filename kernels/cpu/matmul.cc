@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 #include <type_traits>
 #include <utility>
@@ -8,8 +9,11 @@
 
 #include "absl/container/inlined_vector.h"
 #include "kernels/cpu/matmul_bf16.h"
+#include "kernels/cpu/reduce_avx512.h"
+#include "kernels/cpu/tiles_avx512.h"
 
-// clang-format off: foreach_target first, then highway.h, then the per-target headers
+// foreach_target first, then highway.h, then the per-target headers (not sorted):
+// clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/matmul.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -122,6 +126,21 @@ void PackPairsImpl(const float* x, int64_t k, int64_t r0, int64_t r1, float* out
 // (GCC keeps arrays indexed in a rolled loop in memory).
 #define RL_UNROLL _Pragma("GCC unroll 16")
 
+// sums[j] = GetLane(SumOfLanes(v[j])) for j < kN. On AVX3 (whose SumOfLanes is
+// _mm512_reduce_add_ps) 16 at a time by one tree of the same additions (reduce_avx512.h): the
+// same bits for a quarter of the instructions, which at k = 1024 were a tenth of a tile's.
+template <int kN>
+HWY_INLINE void SumEach(DF d, const VF* v, float* sums) {
+#if HWY_TARGET == HWY_AVX3
+  (void)d;
+  __m512 raw[kN];
+  RL_UNROLL for (int j = 0; j < kN; ++j) raw[j] = v[j].raw;
+  avx512::ReduceAddEach<kN>(raw, sums);
+#else
+  RL_UNROLL for (int j = 0; j < kN; ++j) sums[j] = hn::GetLane(hn::SumOfLanes(d, v[j]));
+#endif
+}
+
 // Columns (rows of W) per pass of a single row of x: one accumulator and one weight vector
 // each, so 8 on the 32-register targets and 4 on AVX2 (16 registers).
 constexpr int kGemvCols = HWY_TARGET == HWY_AVX2 ? 4 : 8;
@@ -163,6 +182,57 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
   const int64_t ahead = kC * k * kWSize;  // bytes from a row to the same row one tile on
   const float* xrow[kR];
   RL_UNROLL for (int r = 0; r < kR; ++r) xrow[r] = x + (r0 + r) * k;
+#if HWY_TARGET == HWY_AVX3 && RL_HAVE_ASM_TILES
+  // BF16 weights on AVX-512: the same operations from the asm loops of tiles_avx512.h.
+  if constexpr (kW == DType::kBF16 && kPrefetch &&
+                ((kR == 6 && kC == 4) || (kR == 2 && kC == 8) || (kR == 1 && kC == 8))) {
+    if (kR > 2 || (span.first && span.last)) {
+      HWY_ALIGN float mem[kR * kC * HWY_LANES(float)];
+      avx512::TileLoopArgs a;
+      a.x0 = xrow[0] + span.i0;
+      a.xs = k * static_cast<int64_t>(sizeof(float));
+      a.w0 = reinterpret_cast<const uint16_t*>(wrow[0]) + span.i0;
+      a.ws = 2 * k;
+      a.pf = reinterpret_cast<const char*>(wrow[0] + ahead);  // the next tile
+      if (span.first && span.last) {                          // its lines in address order
+        a.pf += (span.i0 / 32) * kC * 64;
+        a.ps = 64;
+        a.pa = kC * 64;
+      } else {  // the same part of each next row
+        a.pf += 2 * span.i0;
+        a.ps = 2 * k;
+        a.pa = 64;
+      }
+      a.steps = (span.i1 - span.i0) / 32;
+      a.acc_in = span.first ? nullptr : carry;
+      a.acc_out = span.last ? mem : carry;
+      const int64_t kvec = k - k % 32;
+      a.reduce = span.last && kvec == k;  // no tail: the asm sums the accumulators
+      if constexpr (kR == 6) {
+        avx512::Exact6x4(a);
+      } else if constexpr (kR == 2) {
+        avx512::Exact2x8(a);
+      } else {
+        avx512::Exact1x8(a);
+      }
+      if (!span.last) return;
+      if (a.reduce) {
+        avx512::StoreRows<kR, kC>(mem, y + r0 * n + c0, n);
+        return;
+      }
+      float sums[(kR * kC + 15) / 16 * 16];
+      avx512::ReduceAddEach<kR * kC>(reinterpret_cast<const __m512*>(mem), sums);
+      RL_UNROLL for (int r = 0; r < kR; ++r) {
+        RL_UNROLL for (int c = 0; c < kC; ++c) {
+          float sum = sums[r * kC + c];
+          for (int64_t i = kvec; i < k; ++i) sum += xrow[r][i] * ScalarW<kW>(wrow[c], i);
+          y[(r0 + r) * n + c0 + c] = sum;
+        }
+      }
+      return;
+    }
+  }
+#endif
   VF acc[kR][kC];
   RL_UNROLL for (int r = 0; r < kR; ++r) {
     RL_UNROLL for (int c = 0; c < kC; ++c) {
@@ -172,10 +242,22 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
   const int64_t step = StepElems<kW>(d);
   const int64_t kvec = k - k % step;
   constexpr int64_t kLineElems = 64 / kWSize;
+  // The next tile's rows are contiguous: over a whole k, its lines are prefetched in address
+  // order (kC consecutive lines per line of each row consumed), which the hardware prefetchers
+  // and DRAM pages follow better than kC interleaved row streams (Zen 5, 1 thread: batch-1
+  // decode from 75-76% to 78-80% of the read-only stream). A span of k (a chunk of a long k)
+  // prefetches the same part of each next row instead.
+  const bool whole_k = span.first && span.last;
+  const uint8_t* next_tile = wrow[0] + ahead;
   for (int64_t i = span.i0; i < span.i1; i += step) {
     if constexpr (kPrefetch) {
       if (i % kLineElems == 0) {
-        RL_UNROLL for (int c = 0; c < kC; ++c) hwy::Prefetch(wrow[c] + ahead + i * kWSize);
+        if (whole_k) {
+          const uint8_t* lines = next_tile + (i / kLineElems) * kC * 64;
+          RL_UNROLL for (int c = 0; c < kC; ++c) hwy::Prefetch(lines + c * 64);
+        } else {
+          RL_UNROLL for (int c = 0; c < kC; ++c) hwy::Prefetch(wrow[c] + ahead + i * kWSize);
+        }
       }
     }
     VF wv[kC];
@@ -206,9 +288,21 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
     }
     return;
   }
+#if HWY_TARGET == HWY_AVX3
+  if (kvec == k) {  // no tail: the sums go straight to y
+    __m512 raw[kR * kC];
+    RL_UNROLL for (int r = 0; r < kR; ++r) {
+      RL_UNROLL for (int c = 0; c < kC; ++c) raw[r * kC + c] = acc[r][c].raw;
+    }
+    avx512::StoreSums<kR, kC>(raw, y + r0 * n + c0, n);
+    return;
+  }
+#endif
+  float sums[(kR * kC + 15) / 16 * 16];
+  SumEach<kR * kC>(d, &acc[0][0], sums);
   RL_UNROLL for (int r = 0; r < kR; ++r) {
     RL_UNROLL for (int c = 0; c < kC; ++c) {
-      float sum = hn::GetLane(hn::SumOfLanes(d, acc[r][c]));
+      float sum = sums[r * kC + c];
       for (int64_t i = kvec; i < k; ++i) sum += xrow[r][i] * ScalarW<kW>(wrow[c], i);
       y[(r0 + r) * n + c0 + c] = sum;
     }
@@ -313,9 +407,10 @@ namespace {
 
 // Columns [c0, c1) of one matmul, bias included; with `xb`, in bf16-products mode from x
 // rounded to bf16.
-void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c1) {
+void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c1,
+                const KernelPlan& plan) {
   if (xb != nullptr) {
-    MatmulColumnsBf16(xb, static_cast<const uint16_t*>(p.w), p.y, p.m, p.n, p.k, c0, c1);
+    MatmulColumnsBf16(xb, static_cast<const uint16_t*>(p.w), p.y, p.m, p.n, p.k, c0, c1, plan);
   } else {
     HWY_DYNAMIC_DISPATCH(MatmulColumnsImpl)
     (p.x, p.w, static_cast<int>(p.w_dtype), p.y, p.m, p.n, p.k, c0, c1);
@@ -333,8 +428,8 @@ void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c
 
 }  // namespace
 
-void Matmul(const MatmulParams& p, ThreadPool* pool) {
-  MatmulGroup(absl::MakeConstSpan(&p, 1), pool);
+void Matmul(const MatmulParams& p, ThreadPool* pool, const KernelPlan& plan) {
+  MatmulGroup(absl::MakeConstSpan(&p, 1), pool, plan);
 }
 
 namespace {
@@ -378,7 +473,8 @@ void PackSources(absl::Span<const std::pair<const float*, int64_t>> sources, int
   }
 }
 
-void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_products) {
+void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_products,
+              const KernelPlan& plan) {
   if (group.empty() || group[0].m == 0) return;
   const int64_t m = group[0].m;
   thread_local std::vector<std::vector<float>> paired_of_thread;
@@ -422,22 +518,38 @@ void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_
       const int64_t b = std::max(chunk_begin, first);
       const int64_t e = std::min(chunk_end, first + chunks);
       if (b < e) {
-        RunColumns(p, xb[i], (b - first) * quantum, std::min(p.n, (e - first) * quantum));
+        RunColumns(p, xb[i], (b - first) * quantum, std::min(p.n, (e - first) * quantum), plan);
       }
       first += chunks;
     }
   };
-  if (pool == nullptr) {
+  if (pool == nullptr || pool->num_threads() == 1) {
     run(0, num_chunks, 0);
-  } else {
-    pool->ParallelFor(num_chunks, run);
+    return;
   }
+  // Threads take runs of `grain` chunks from a shared counter until none is left, rather than a
+  // fixed share each: a thread slowed down (another process on its core, a page of W still in
+  // DRAM) leaves its work to the others instead of holding up the whole region. A run is a
+  // contiguous stretch of columns (weights streamed in order); about 8 runs per thread, at most
+  // a slab's worth of weights. Which thread computes a column changes none of its bits.
+  const int64_t threads = pool->num_threads();
+  const int64_t chunk_bytes = quantum * runs[0].k * model_io::DTypeSize(runs[0].w_dtype);
+  const int64_t grain = std::clamp<int64_t>(num_chunks / (8 * threads), 1,
+                                            std::max<int64_t>(1, (256 << 10) / chunk_bytes));
+  std::atomic<int64_t> next{0};
+  pool->ParallelFor(threads, [&](int64_t, int64_t, int) {
+    for (;;) {
+      const int64_t b = next.fetch_add(grain, std::memory_order_relaxed);
+      if (b >= num_chunks) return;
+      run(b, std::min(num_chunks, b + grain), 0);
+    }
+  });
 }
 
 }  // namespace
 
-void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool) {
-  RunGroup(group, pool, /*bf16_products=*/false);
+void MatmulGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, const KernelPlan& plan) {
+  RunGroup(group, pool, /*bf16_products=*/false, plan);
 }
 
 absl::Status ValidateMatmulGroupBf16Products(absl::Span<const MatmulParams> group) {
@@ -453,8 +565,9 @@ absl::Status ValidateMatmulGroupBf16Products(absl::Span<const MatmulParams> grou
   return absl::OkStatus();
 }
 
-void MatmulGroupBf16Products(absl::Span<const MatmulParams> group, ThreadPool* pool) {
-  RunGroup(group, pool, /*bf16_products=*/true);
+void MatmulGroupBf16Products(absl::Span<const MatmulParams> group, ThreadPool* pool,
+                             const KernelPlan& plan) {
+  RunGroup(group, pool, /*bf16_products=*/true, plan);
 }
 
 }  // namespace rl::kernels::cpu

@@ -1,6 +1,7 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -64,6 +65,8 @@ void ThreadPool::ParallelFor(int64_t n, const RangeFn& fn) {
   }
   wake_cv_.notify_all();
   TryRunPart(0);
+  const auto own_part_done =
+      collect_stats_ ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point();
   // The thread index only selects a workspace, so the caller may run a late worker's part.
   for (int i = 1; i < num_threads_; ++i) TryRunPart(i);
   for (int i = 0; i < kSpinIterations && pending_.load(std::memory_order_acquire) != 0; ++i) {
@@ -74,6 +77,11 @@ void ThreadPool::ParallelFor(int64_t n, const RangeFn& fn) {
     done_cv_.wait(lock, [this] { return pending_.load(std::memory_order_acquire) == 0; });
   }
   fn_ = nullptr;
+  if (collect_stats_) {
+    ++stats_.regions;
+    stats_.wait_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - own_part_done).count();
+  }
 }
 
 void ThreadPool::WorkerLoop(int index) {

@@ -37,6 +37,17 @@ class ThreadPool {
   using RangeFn = std::function<void(int64_t begin, int64_t end, int part)>;
   void ParallelFor(int64_t n, const RangeFn& fn);
 
+  // Synchronisation cost, collected only after set_collect_stats(true) (runner_bench
+  // --op-profile): parallel regions run, and the time the calling thread spent after its own
+  // part until every part was done (waiting for workers, or running a late worker's part).
+  struct Stats {
+    int64_t regions = 0;
+    double wait_seconds = 0;
+  };
+  void set_collect_stats(bool on) { collect_stats_ = on; }
+  const Stats& stats() const { return stats_; }
+  void ResetStats() { stats_ = Stats(); }
+
  private:
   void WorkerLoop(int index);
   // Claims part `index` of the current job and runs it; false when already claimed.
@@ -50,9 +61,11 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   std::unique_ptr<std::atomic<int>[]> claimed_;  // per part: 0 free, 1 claimed
-  bool stop_ = false;  // guarded by mu_
+  bool stop_ = false;                            // guarded by mu_
   const RangeFn* fn_ = nullptr;
   int64_t n_ = 0;
+  bool collect_stats_ = false;  // the calling thread's
+  Stats stats_;                 // the calling thread's
 };
 
 }  // namespace rl::kernels::cpu

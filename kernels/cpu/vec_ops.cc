@@ -1,6 +1,7 @@
 #include "kernels/cpu/vec_ops.h"
 
-// clang-format off: foreach_target first, then highway.h, then the per-target headers
+// foreach_target first, then highway.h, then the per-target headers (not sorted):
+// clang-format off
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "kernels/cpu/vec_ops.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
@@ -45,6 +46,26 @@ void ScaleImpl(float alpha, float* y, int64_t n) {
   int64_t i = 0;
   for (; i + lanes <= n; i += lanes) hn::StoreU(hn::Mul(va, hn::LoadU(d, y + i)), d, y + i);
   for (; i < n; ++i) y[i] *= alpha;
+}
+
+void RotateHalvesImpl(float* x, const float* cos, const float* sin, int64_t half) {
+  const hn::ScalableTag<float> d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + lanes <= half; i += lanes) {
+    const auto x1 = hn::LoadU(d, x + i);
+    const auto x2 = hn::LoadU(d, x + half + i);
+    const auto c = hn::LoadU(d, cos + i);
+    const auto s = hn::LoadU(d, sin + i);
+    hn::StoreU(hn::Sub(hn::Mul(x1, c), hn::Mul(x2, s)), d, x + i);
+    hn::StoreU(hn::Add(hn::Mul(x2, c), hn::Mul(x1, s)), d, x + half + i);
+  }
+  for (; i < half; ++i) {
+    const float x1 = x[i];
+    const float x2 = x[i + half];
+    x[i] = x1 * cos[i] - x2 * sin[i];
+    x[i + half] = x2 * cos[i] + x1 * sin[i];
+  }
 }
 
 uint64_t XorWordsImpl(const void* data, int64_t bytes) {
@@ -104,6 +125,7 @@ HWY_EXPORT(SumSquaresImpl);
 HWY_EXPORT(AxpyImpl);
 HWY_EXPORT(ScaleImpl);
 HWY_EXPORT(XorWordsImpl);
+HWY_EXPORT(RotateHalvesImpl);
 HWY_EXPORT(SiluMulRangeImpl);
 
 float Dot(const float* a, const float* b, int64_t n) {
@@ -114,6 +136,9 @@ void Axpy(float alpha, const float* x, float* y, int64_t n) {
   HWY_DYNAMIC_DISPATCH(AxpyImpl)(alpha, x, y, n);
 }
 void Scale(float alpha, float* y, int64_t n) { HWY_DYNAMIC_DISPATCH(ScaleImpl)(alpha, y, n); }
+void RotateHalves(float* x, const float* cos, const float* sin, int64_t half) {
+  HWY_DYNAMIC_DISPATCH(RotateHalvesImpl)(x, cos, sin, half);
+}
 uint64_t XorWords(const void* data, int64_t bytes) {
   return bytes < 8 ? 0 : HWY_DYNAMIC_DISPATCH(XorWordsImpl)(data, bytes);
 }

@@ -19,6 +19,10 @@ void Scale(float alpha, float* y, int64_t n);
 // out[i] = silu(gate[i]) · up[i] = gate[i] / (1 + e^-gate[i]) · up[i], elementwise with
 // Highway's vectorized Exp (1 ULP); the same operations for every element wherever it sits.
 void SiluMulRange(const float* gate, const float* up, float* out, int64_t n);
+// RoPE's rotate-half on one head of 2·half floats: x[i], x[i + half] become
+// x[i]·cos[i] − x[i + half]·sin[i] and x[i + half]·cos[i] + x[i]·sin[i] (two products, then the
+// difference or sum, each rounded: the scalar code's operations, vectorized).
+void RotateHalves(float* x, const float* cos, const float* sin, int64_t half);
 // XOR of every 8-byte word of `data` (a trailing partial word is ignored): a read-only stream
 // with four independent SIMD accumulators, for measuring the read bandwidth (runner_bench).
 uint64_t XorWords(const void* data, int64_t bytes);

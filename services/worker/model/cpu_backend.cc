@@ -1,6 +1,13 @@
+#include "services/worker/model/cpu_backend.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -22,10 +29,40 @@ namespace {
 
 namespace kc = kernels::cpu;
 
+using kernels::cpu::OpProfile;
+
+// "a+b+c" of the matmuls' n.
+std::string JoinN(absl::Span<const kernels::MatmulParams> group) {
+  std::string out;
+  for (const kernels::MatmulParams& p : group) absl::StrAppend(&out, out.empty() ? "" : "+", p.n);
+  return out;
+}
+
+// Buffers of at least this size (the KV cache, a long prefill's activations) get their pages
+// committed when allocated rather than on first touch: a decode step writes one new KV slot per
+// sequence and layer, a page fault each time on a fresh cache (2-3% of a decode step, measured),
+// where llama.cpp clears its cache up front.
+constexpr size_t kPopulateBytes = size_t{64} << 10;
+
+// Commits the whole pages of [p, p + size) (MADV_POPULATE_WRITE; on kernels before 5.14, one
+// write per page).
+void Populate(void* p, size_t size) {
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + size) / page * page;
+  if (end <= begin) return;
+#ifdef MADV_POPULATE_WRITE
+  if (madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0) return;
+#endif
+  for (uintptr_t a = begin; a < end; a += page) *reinterpret_cast<volatile char*>(a) = 0;
+}
+
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int num_threads, bool bf16_products)
-      : pool_(num_threads), bf16_products_(bf16_products) {}
+  CpuBackend(int num_threads, bool bf16_products, OpProfile* profile, const kc::KernelPlan& plan)
+      : pool_(num_threads), bf16_products_(bf16_products), profile_(profile), plan_(plan) {
+    pool_.set_collect_stats(profile != nullptr);
+  }
 
   std::string name() const override { return "cpu"; }
   int num_threads() const override { return pool_.num_threads(); }
@@ -37,6 +74,7 @@ class CpuBackend final : public Backend {
     if (p == nullptr) {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
     }
+    if (size >= kPopulateBytes) Populate(p, size);
     return DeviceBuffer(p, bytes, [](void* q) { std::free(q); });
   }
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
@@ -50,12 +88,16 @@ class CpuBackend final : public Backend {
 
   absl::Status Embedding(const kernels::EmbeddingParams& p) override {
     RETURN_IF_ERROR(p.Validate());
-    kc::Embedding(p, &pool_);
+    Profiled(
+        "embedding", [&] { kc::Embedding(p, &pool_); },
+        [&](OpProfile::Row*) { return absl::StrCat("tokens=", p.num_tokens); });
     return absl::OkStatus();
   }
   absl::Status RmsNorm(const kernels::RmsNormParams& p) override {
     RETURN_IF_ERROR(p.Validate());
-    kc::RmsNorm(p, &pool_);
+    Profiled(
+        "rmsnorm", [&] { kc::RmsNorm(p, &pool_); },
+        [&](OpProfile::Row*) { return absl::StrCat("rows=", p.rows, " dim=", p.dim); });
     return absl::OkStatus();
   }
   absl::Status Matmul(const kernels::MatmulParams& p) override {
@@ -70,21 +112,40 @@ class CpuBackend final : public Backend {
                       });
     if (bf16) {
       RETURN_IF_ERROR(kc::ValidateMatmulGroupBf16Products(group));
-      kc::MatmulGroupBf16Products(group, &pool_);
     } else {
       RETURN_IF_ERROR(kernels::ValidateMatmulGroup(group));
-      kc::MatmulGroup(group, &pool_);
     }
+    Profiled(
+        "matmul",
+        [&] {
+          if (bf16) {
+            kc::MatmulGroupBf16Products(group, &pool_, plan_);
+          } else {
+            kc::MatmulGroup(group, &pool_, plan_);
+          }
+        },
+        [&](OpProfile::Row* row) {
+          for (const kernels::MatmulParams& p : group) {
+            row->flops += 2.0 * static_cast<double>(p.m * p.n * p.k);
+            row->weight_bytes += static_cast<double>(p.n * p.k * model_io::DTypeSize(p.w_dtype));
+          }
+          return absl::StrCat("m=", group[0].m, " n=", JoinN(group), " k=", group[0].k,
+                              bf16 ? " bf16" : "");
+        });
     return absl::OkStatus();
   }
   absl::Status Rope(const kernels::RopeParams& p) override {
     RETURN_IF_ERROR(p.Validate());
-    kc::Rope(p, &pool_);
+    Profiled(
+        "rope", [&] { kc::Rope(p, &pool_); },
+        [&](OpProfile::Row*) { return absl::StrCat("tokens=", p.num_tokens); });
     return absl::OkStatus();
   }
   absl::Status WriteKv(const kernels::WriteKvParams& p) override {
     RETURN_IF_ERROR(kc::ValidateWriteKv(p));
-    kc::WriteKv(p);
+    Profiled(
+        "write_kv", [&] { kc::WriteKv(p); },
+        [&](OpProfile::Row*) { return absl::StrCat("tokens=", p.num_tokens); });
     return absl::OkStatus();
   }
   absl::Status Attention(const kernels::AttentionParams& p) override {
@@ -92,12 +153,21 @@ class CpuBackend final : public Backend {
     if (p.num_workspaces < pool_.num_threads()) {
       return absl::InvalidArgumentError("attention: fewer workspaces than threads");
     }
-    kc::Attention(p, &pool_);
+    Profiled(
+        "attention", [&] { kc::Attention(p, &pool_); },
+        [&](OpProfile::Row* row) {
+          double positions = 0;
+          for (int64_t t = 0; t < p.num_tokens; ++t) positions += p.context_len[t];
+          row->flops = 4.0 * positions * static_cast<double>(p.num_heads * p.head_dim);
+          return absl::StrCat("tokens=", p.num_tokens);
+        });
     return absl::OkStatus();
   }
   absl::Status SiluMul(const kernels::SiluMulParams& p) override {
     RETURN_IF_ERROR(p.Validate());
-    kc::SiluMul(p, &pool_);
+    Profiled(
+        "silu_mul", [&] { kc::SiluMul(p, &pool_); },
+        [&](OpProfile::Row*) { return absl::StrCat("n=", p.n); });
     return absl::OkStatus();
   }
   absl::Status MoeRoute(const kernels::MoeRouteParams& p) override {
@@ -107,11 +177,28 @@ class CpuBackend final : public Backend {
   }
   absl::Status MoeExperts(const kernels::MoeExpertsParams& p) override {
     RETURN_IF_ERROR(p.Validate());
-    return kc::MoeExperts(p, &pool_, &moe_scratch_);
+    absl::Status status;
+    Profiled(
+        "moe", [&] { status = kc::MoeExperts(p, &pool_, &moe_scratch_); },
+        [&](OpProfile::Row*) { return absl::StrCat("tokens=", p.num_tokens); });
+    return status;
+  }
+  absl::Status AddRmsNorm(const float* delta, const kernels::RmsNormParams& p) override {
+    RETURN_IF_ERROR(p.Validate());
+    if (delta == nullptr) return absl::InvalidArgumentError("add_rmsnorm: null delta");
+    Profiled(
+        "add_norm", [&] { kc::AddRmsNorm(delta, p, &pool_); },
+        [&](OpProfile::Row*) { return absl::StrCat("rows=", p.rows, " dim=", p.dim); });
+    return absl::OkStatus();
   }
   absl::Status AddInPlace(const float* x, float* y, int64_t n) override {
     if (x == nullptr || y == nullptr || n < 0) return absl::InvalidArgumentError("add: bad args");
-    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    Profiled(
+        "add",
+        [&] {
+          for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+        },
+        [&](OpProfile::Row*) { return absl::StrCat("n=", n); });
     return absl::OkStatus();
   }
   absl::Status GatherRows(const float* x, const int32_t* rows, int64_t num_rows, int64_t dim,
@@ -126,8 +213,29 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Runs `run`; with a profile, times it and adds it under the shape `describe(&row)` returns
+  // (describe may also set the row's flops and weight bytes).
+  template <typename Run, typename Describe>
+  void Profiled(const char* op, Run run, Describe describe) {
+    if (profile_ == nullptr) {
+      run();
+      return;
+    }
+    const kc::ThreadPool::Stats before = pool_.stats();
+    const auto t0 = std::chrono::steady_clock::now();
+    run();
+    OpProfile::Row row;
+    row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    row.sync_seconds = pool_.stats().wait_seconds - before.wait_seconds;
+    row.regions = pool_.stats().regions - before.regions;
+    std::string shape = describe(&row);
+    profile_->Add(op, std::move(shape), row);
+  }
+
   kc::ThreadPool pool_;
   const bool bf16_products_;
+  OpProfile* const profile_;
+  const kc::KernelPlan plan_;
   kc::MoeScratch moe_scratch_;
 };
 
@@ -138,14 +246,23 @@ std::unique_ptr<Backend> CreateCpuBackend(int num_threads) {
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(int num_threads, bool bf16_products) {
-  if (bf16_products && !kc::Bf16ProductsSupported()) {
+  CpuBackendOptions options;
+  options.num_threads = num_threads;
+  options.bf16_products = bf16_products;
+  return CreateCpuBackend(options);
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options) {
+  if (options.bf16_products && !kc::Bf16ProductsSupported()) {
     return absl::FailedPreconditionError(
         "bf16 products (--cpu-bf16-products) need a CPU with AVX512-BF16; this one has none");
   }
+  int num_threads = options.num_threads;
   if (num_threads <= 0) {
     num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }
-  return std::make_unique<CpuBackend>(num_threads, bf16_products);
+  return std::make_unique<CpuBackend>(num_threads, options.bf16_products, options.profile,
+                                      kc::GetKernelPlan());
 }
 
 }  // namespace rl::model

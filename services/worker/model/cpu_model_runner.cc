@@ -1,7 +1,12 @@
 #include "services/worker/model/cpu_model_runner.h"
 
+#include <mutex>
+
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "kernels/cpu/cpu_info.h"
+#include "services/worker/model/cpu_backend.h"
+#include "spdlog/spdlog.h"
 
 namespace rl::model {
 
@@ -12,8 +17,8 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
         absl::StrCat("page_size must be positive, got ", options.page_size));
   }
   if (options.kv_cache_dtype != "auto" && options.kv_cache_dtype != "float32") {
-    return absl::InvalidArgumentError(absl::StrCat("kv_cache_dtype '", options.kv_cache_dtype,
-                                                   "': the CPU KV cache is float32"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_dtype '", options.kv_cache_dtype, "': the CPU KV cache is float32"));
   }
   auto r = std::unique_ptr<CpuModelRunner>(new CpuModelRunner());
   ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(options.model_dir));
@@ -26,10 +31,19 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   if (slots <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV cache budget holds no page: ", options.kv_cache_bytes, " bytes at ",
-        Transformer::KvBytesPerSlot(r->config_), " bytes per slot, page_size ",
-        options.page_size));
+        Transformer::KvBytesPerSlot(r->config_), " bytes per slot, page_size ", options.page_size));
   }
-  ASSIGN_OR_RETURN(r->backend_, CreateCpuBackend(options.num_threads, options.cpu_bf16_products));
+  if (options.cpu_op_profile) r->op_profile_ = std::make_unique<kernels::cpu::OpProfile>();
+  CpuBackendOptions backend_options;
+  backend_options.num_threads = options.num_threads;
+  backend_options.bf16_products = options.cpu_bf16_products;
+  backend_options.profile = r->op_profile_.get();
+  ASSIGN_OR_RETURN(r->backend_, CreateCpuBackend(backend_options));
+  static std::once_flag logged;  // the CPU and the plan are the process's: one line
+  std::call_once(logged, [] {
+    spdlog::info("cpu kernels: {}; {}", kernels::cpu::GetCpuInfo().Describe(),
+                 kernels::cpu::GetKernelPlan().Describe());
+  });
   ASSIGN_OR_RETURN(r->transformer_, Transformer::Create(r->config_, r->backend_.get(), slots));
   return r;
 }

@@ -4,7 +4,8 @@
 //
 // Memory: weights are read into memory the process owns, in their stored dtype; the KV cache
 // is float32, KvBytesPerSlot = layers · 2 · kv_heads · head_dim · 4 bytes per token slot,
-// allocated once (pages committed on first use).
+// allocated once, its pages committed up front (no page fault when a decode step writes a new
+// slot).
 // Thread safety: as ModelRunner (engine thread only).
 #pragma once
 
@@ -13,6 +14,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "kernels/cpu/op_profile.h"
 #include "services/worker/model/backend.h"
 #include "services/worker/model/model_runner.h"
 #include "services/worker/model/runner_options.h"
@@ -32,8 +34,8 @@ class CpuModelRunner final : public ModelRunner {
   absl::Status Forward(const ForwardInput& in, ForwardOutput* out) override;
 
   std::vector<TensorInfo> ListWeights() const override { return weights_->List(); }
-  absl::Status VisitWeights(const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>&
-                                fn) const override;
+  absl::Status VisitWeights(
+      const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const override;
   absl::Status LoadWeightsFromDisk(const std::string& model_dir) override;
   absl::Status UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) override;
 
@@ -41,11 +43,16 @@ class CpuModelRunner final : public ModelRunner {
   absl::Status SwapWeights(std::unique_ptr<Weights> weights);
   const Weights& weights() const { return *weights_; }
 
+  // Per-op times of every Forward since the last Clear(), with RunnerOptions::cpu_op_profile;
+  // null without it.
+  kernels::cpu::OpProfile* op_profile() { return op_profile_.get(); }
+
  private:
   CpuModelRunner() = default;
 
   model_io::ModelConfig config_;
   int32_t page_size_ = 16;
+  std::unique_ptr<kernels::cpu::OpProfile> op_profile_;  // outlives backend_
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Weights> weights_;
   std::unique_ptr<Transformer> transformer_;

@@ -3,12 +3,14 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/model_io/dtype.h"
 #include "gtest/gtest.h"
 #include "hwy/targets.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/cpu_info.h"
 #include "kernels/cpu/embedding.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/matmul_bf16.h"
@@ -186,6 +188,72 @@ TEST_P(MatmulTest, PackedPathRowsEqualRowsAlone) {
 INSTANTIATE_TEST_SUITE_P(DTypes, MatmulTest,
                          ::testing::Values(DType::kF32, DType::kBF16, DType::kF16));
 
+// The exact kernel's arithmetic, spelled out for Highway's AVX3 target (16 lanes; BF16 weights
+// read as (even, odd) pairs): per element, lane l adds x[32b + 2l] · w then x[32b + 2l + 1] · w
+// for every whole block b in order (fused multiply-adds), the lanes are summed as
+// _mm512_reduce_add_ps does (l + (l + 8), then + 4, + 2, + 1), the tail adds its products in
+// order (rounded products), then the bias. Every tile the kernel may pick (hand-written asm for
+// BF16 weights, Highway's for the rest), every row block, k chunk and thread count must give
+// exactly these bits; a kernel that reorders anything fails here.
+float ModelOfAvx3Dot(const float* x, const float* w, int64_t k, float bias) {
+  float acc[16] = {};
+  const int64_t kvec = k - k % 32;
+  for (int64_t b = 0; b < kvec; b += 32) {
+    for (int l = 0; l < 16; ++l) acc[l] = std::fmaf(x[b + 2 * l], w[b + 2 * l], acc[l]);
+    for (int l = 0; l < 16; ++l) acc[l] = std::fmaf(x[b + 2 * l + 1], w[b + 2 * l + 1], acc[l]);
+  }
+  float s8[8], s4[4], s2[2];
+  for (int i = 0; i < 8; ++i) s8[i] = acc[i] + acc[i + 8];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+  float sum = s2[0] + s2[1];
+  for (int64_t i = kvec; i < k; ++i) {
+    const float prod = x[i] * w[i];
+    sum += prod;
+  }
+  return sum + bias;
+}
+
+TEST(MatmulTest, Avx3KernelsComputeTheDocumentedOperations) {
+  if (GetCpuInfo().highway_target != "AVX3") {
+    GTEST_SKIP() << "the model is AVX3's; kernels here run on " << GetCpuInfo().highway_target;
+  }
+  ThreadPool pool(2);
+  // k: whole blocks only (asm tiles, sums stored straight to y), a tail, a k chunked in the
+  // 6-row tiles (24 KiB of x rows), a long tail-free k; m: every tile of rows and their mixes.
+  for (auto [n, k] : {std::pair<int64_t, int64_t>{29, 1024}, {24, 1037}, {17, 3072}, {9, 64}}) {
+    for (int64_t m : {1, 2, 3, 5, 6, 7, 13, 16}) {
+      SCOPED_TRACE(::testing::Message() << "m=" << m << " n=" << n << " k=" << k);
+      auto x = Random(static_cast<size_t>(m * k), 11);
+      std::vector<float> w_stored, b_stored;
+      auto w = Store(Random(static_cast<size_t>(n * k), 12, 0.1f), DType::kBF16, &w_stored);
+      auto bias = Store(Random(static_cast<size_t>(n), 13), DType::kBF16, &b_stored);
+      for (bool with_pool : {false, true}) {
+        std::vector<float> y(static_cast<size_t>(m * n));
+        MatmulParams p;
+        p.x = x.data();
+        p.w = w.data();
+        p.w_dtype = DType::kBF16;
+        p.bias = bias.data();
+        p.bias_dtype = DType::kBF16;
+        p.y = y.data();
+        p.m = m;
+        p.n = n;
+        p.k = k;
+        Matmul(p, with_pool ? &pool : nullptr);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            const float want =
+                ModelOfAvx3Dot(x.data() + i * k, w_stored.data() + j * k, k, b_stored[j]);
+            ASSERT_EQ(std::memcmp(&y[i * n + j], &want, sizeof(float)), 0)
+                << "row " << i << " col " << j << ": " << y[i * n + j] << " vs " << want;
+          }
+        }
+      }
+    }
+  }
+}
+
 // bf16-products mode: x rounded to bf16, bf16 products summed in float32; each row keeps its
 // bits whatever m and the threads; F32 weights are refused. Where the CPU has AVX512-BF16.
 TEST(MatmulBf16ProductsTest, MatchesBf16ReferenceAndRowsAlone) {
@@ -338,6 +406,31 @@ TEST(RmsNormTest, MatchesReference) {
   }
 }
 
+// The fused residual add + norm gives the bits of the add followed by the norm, with the
+// transformer's aliasing (delta is the norm's output buffer), alone or on two threads.
+TEST(RmsNormTest, AddRmsNormEqualsAddThenNorm) {
+  ThreadPool pool(2);
+  for (int64_t rows : {1, 3, 40}) {
+    const int64_t dim = 1024;
+    const auto x0 = Random(static_cast<size_t>(rows * dim), 16);
+    const auto delta0 = Random(static_cast<size_t>(rows * dim), 17);
+    std::vector<float> w_stored;
+    auto w = Store(Random(static_cast<size_t>(dim), 18), DType::kBF16, &w_stored);
+    // Separately: x += delta, then y = RmsNorm(x).
+    std::vector<float> x_sep = x0, y_sep(x0.size());
+    for (size_t i = 0; i < x_sep.size(); ++i) x_sep[i] += delta0[i];
+    RmsNormParams sep{x_sep.data(), w.data(), DType::kBF16, y_sep.data(), rows, dim, 1e-5f};
+    RmsNorm(sep, nullptr);
+    for (ThreadPool* with : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::vector<float> x = x0, h = delta0;  // h: delta in, the norm out
+      RmsNormParams p{x.data(), w.data(), DType::kBF16, h.data(), rows, dim, 1e-5f};
+      AddRmsNorm(h.data(), p, with);
+      EXPECT_EQ(std::memcmp(x.data(), x_sep.data(), x.size() * sizeof(float)), 0);
+      EXPECT_EQ(std::memcmp(h.data(), y_sep.data(), h.size() * sizeof(float)), 0);
+    }
+  }
+}
+
 TEST(RopeTest, RotatesHalves) {
   const int64_t t = 3, hq = 2, hk = 1, d = 8, half = 4;
   auto q = Random(static_cast<size_t>(t * hq * d), 8);
@@ -364,6 +457,49 @@ TEST(RopeTest, RotatesHalves) {
   RopeParams odd = p;
   odd.head_dim = 7;
   EXPECT_FALSE(odd.Validate().ok());
+}
+
+// The vectorized rotation has the scalar formula's bits (two rounded products, then their
+// rounded difference or sum) on every target, head dims with and without a vector tail, 16
+// tokens on two threads.
+TEST(RopeTest, SameBitsAsTheScalarFormulaOnEveryTarget) {
+  ThreadPool pool(2);
+  struct ResetTargets {
+    ~ResetTargets() { hwy::SetSupportedTargetsForTest(0); }
+  } reset;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    SCOPED_TRACE(hwy::TargetName(target));
+    hwy::SetSupportedTargetsForTest(target);
+    for (int64_t d : {128, 72, 6}) {
+      const int64_t t = 16, hq = 4, hk = 2, half = d / 2;
+      auto q = Random(static_cast<size_t>(t * hq * d), 19);
+      auto k = Random(static_cast<size_t>(t * hk * d), 20);
+      const auto q0 = q, k0 = k;
+      auto cos = Random(static_cast<size_t>(t * half), 21);
+      auto sin = Random(static_cast<size_t>(t * half), 22);
+      RopeParams p{q.data(), k.data(), cos.data(), sin.data(), t, hq, hk, d, hq * d, hk * d};
+      Rope(p, &pool);
+      auto check = [&](const std::vector<float>& before, const std::vector<float>& after,
+                       int64_t heads) {
+        for (int64_t tok = 0; tok < t; ++tok) {
+          for (int64_t h = 0; h < heads; ++h) {
+            const float* x = &before[(tok * heads + h) * d];
+            const float* y = &after[(tok * heads + h) * d];
+            for (int64_t i = 0; i < half; ++i) {
+              const float c = cos[tok * half + i], s = sin[tok * half + i];
+              const float a = x[i] * c, b = x[i + half] * s;
+              const float e = x[i + half] * c, f = x[i] * s;
+              const float want_lo = a - b, want_hi = e + f;
+              ASSERT_EQ(std::memcmp(&y[i], &want_lo, 4), 0) << tok << " " << h << " " << i;
+              ASSERT_EQ(std::memcmp(&y[i + half], &want_hi, 4), 0) << tok << " " << h << " " << i;
+            }
+          }
+        }
+      };
+      check(q0, q, hq);
+      check(k0, k, hk);
+    }
+  }
 }
 
 // Attention of every (token, query head) of `p` in double precision from its host buffers

@@ -1,14 +1,16 @@
 // Batch invariance and the paged KV contract: a request's logits are bit-identical alone and
 // inside batches of 1..16 with other requests (mixed prefill chunks and decode tokens, any
 // position in the batch); chunked prefill equals one-shot prefill; slots need not be
-// contiguous.
+// contiguous. Every case runs on each SIMD target the CPU kernels can take here.
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "common/model_io/model_maker.h"
 #include "gtest/gtest.h"
 #include "services/worker/model/cpu_model_runner.h"
+#include "tests/testing/simd_targets.h"
 #include "tests/worker/model/test_util.h"
 
 namespace rl::model {
@@ -26,10 +28,12 @@ bool BitEqual(const float* a, const float* b, int64_t n) {
   return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
 }
 
-class BatchInvarianceTest : public ::testing::TestWithParam<std::string> {
+class BatchInvarianceTest : public ::testing::TestWithParam<std::tuple<std::string, int64_t>> {
  protected:
+  BatchInvarianceTest() : target_(std::get<1>(GetParam())) {}
+
   void SetUp() override {
-    const std::string which = GetParam();
+    const std::string which = std::get<0>(GetParam());
     if (which == "stories") {
       dir_ = testing::DataDir() + "/stories260K";
     } else {
@@ -73,6 +77,7 @@ class BatchInvarianceTest : public ::testing::TestWithParam<std::string> {
     return s;
   }
 
+  ::rl::testing::ScopedSimdTarget target_;  // for the whole test, runners included
   std::string dir_;
   bool made_ = false;
   std::unique_ptr<CpuModelRunner> runner_;
@@ -221,7 +226,13 @@ TEST_P(BatchInvarianceTest, ThreadCountDoesNotChangeLogits) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, BatchInvarianceTest,
-                         ::testing::Values("stories", "llama", "qwen2", "qwen3", "qwen3_moe"));
+                         ::testing::Combine(::testing::Values("stories", "llama", "qwen2", "qwen3",
+                                                              "qwen3_moe"),
+                                            ::testing::ValuesIn(::rl::testing::SimdTargets())),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  ::rl::testing::SimdTargetName(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace rl::model

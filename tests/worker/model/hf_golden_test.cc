@@ -4,21 +4,23 @@
 // deterministic maker from the parameters in tests/golden/model/hf_<arch>.json (written by
 // make_hf_fixtures.py). Prompt logits must match within 1e-4 and greedy tokens exactly; for
 // MoE, the routed experts (R3) of every token equal the router's top-k in transformers and their
-// weights match within 1e-5.
+// weights match within 1e-5. Each case runs on every SIMD target the CPU kernels can take here.
 #include <cmath>
 #include <filesystem>
+#include <tuple>
 
 #include "common/model_io/model_maker.h"
 #include "common/model_io/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/model/cpu_model_runner.h"
+#include "tests/testing/simd_targets.h"
 #include "tests/worker/model/test_util.h"
 
 namespace rl::model {
 namespace {
 
-class HfGoldenTest : public ::testing::TestWithParam<std::string> {};
+class HfGoldenTest : public ::testing::TestWithParam<std::tuple<std::string, int64_t>> {};
 
 // The whole greedy sequence in one prefill with routing export: every token's expert ids per
 // MoE layer equal transformers' top-k (same order), weights within 1e-5.
@@ -60,11 +62,13 @@ void ExpectRoutingMatches(ModelRunner* runner, const nlohmann::json& fx) {
 }
 
 TEST_P(HfGoldenTest, MatchesTransformers) {
-  const std::string path = std::string(RL_HF_FIXTURE_DIR) + "/hf_" + GetParam() + ".json";
+  const std::string arch = std::get<0>(GetParam());
+  ::rl::testing::ScopedSimdTarget target(std::get<1>(GetParam()));
+  const std::string path = std::string(RL_HF_FIXTURE_DIR) + "/hf_" + arch + ".json";
   ASSERT_TRUE(std::filesystem::exists(path)) << path;
   const nlohmann::json fx = testing::ReadJson(path);
 
-  const std::string dir = testing::FreshTempDir("hf_" + GetParam());
+  const std::string dir = testing::FreshTempDir("hf_" + arch);
   ASSERT_TRUE(model_io::MakeModel(testing::MakerOptions(fx["maker"], dir)).ok());
 
   // The maker reproduced the checkpoint the reference ran on.
@@ -100,19 +104,25 @@ TEST_P(HfGoldenTest, MatchesTransformers) {
     }
   }
   EXPECT_LE(max_diff, 1e-4);
-  std::printf("%s: max |logit diff| vs transformers = %.3g\n", GetParam().c_str(), max_diff);
+  std::printf("%s: max |logit diff| vs transformers = %.3g\n", arch.c_str(), max_diff);
 
   auto greedy = testing::Greedy(runner->get(), prompt, static_cast<int>(fx["generated_ids"].size()),
                                 /*slot_base=*/32);
   EXPECT_EQ(greedy.tokens, fx["generated_ids"].get<std::vector<int32_t>>());
   // The MoE fixture must carry the routing (a regenerated one without it would skip the check).
-  ASSERT_EQ(fx.contains("routed_experts"), GetParam() == "qwen3_moe");
+  ASSERT_EQ(fx.contains("routed_experts"), arch == "qwen3_moe");
   if (fx.contains("routed_experts")) ExpectRoutingMatches(runner->get(), fx);
   std::filesystem::remove_all(dir);
 }
 
 INSTANTIATE_TEST_SUITE_P(Archs, HfGoldenTest,
-                         ::testing::Values("llama", "qwen2", "qwen3", "qwen3_moe"));
+                         ::testing::Combine(::testing::Values("llama", "qwen2", "qwen3",
+                                                              "qwen3_moe"),
+                                            ::testing::ValuesIn(::rl::testing::SimdTargets())),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" +
+                                  ::rl::testing::SimdTargetName(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace rl::model

@@ -1,12 +1,15 @@
 // Golden test on a real trained model: stories260K (float32 and bfloat16 copies) against
-// reference logits and greedy tokens computed in float64.
+// reference logits and greedy tokens computed in float64, on each SIMD target the CPU kernels
+// can take here.
 #include <cmath>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/model/cpu_model_runner.h"
+#include "tests/testing/simd_targets.h"
 #include "tests/worker/model/test_util.h"
 
 namespace rl::model {
@@ -22,10 +25,11 @@ struct Case {
   bool exact_logits;
 };
 
-class StoriesGoldenTest : public ::testing::TestWithParam<Case> {};
+class StoriesGoldenTest : public ::testing::TestWithParam<std::tuple<Case, int64_t>> {};
 
 TEST_P(StoriesGoldenTest, LogitsAndGreedyTokens) {
-  const Case& c = GetParam();
+  const Case& c = std::get<0>(GetParam());
+  ::rl::testing::ScopedSimdTarget target(std::get<1>(GetParam()));
   const nlohmann::json golden = ReadJson(DataDir() + "/stories260K/" + c.golden);
   RunnerOptions opts;
   opts.model_dir = DataDir() + "/" + c.model;
@@ -48,17 +52,20 @@ TEST_P(StoriesGoldenTest, LogitsAndGreedyTokens) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, StoriesGoldenTest,
-                         ::testing::Values(Case{"stories260K", "golden_greedy.json", true},
-                                           Case{"stories260K", "golden_greedy_bos_only.json", true},
-                                           Case{"stories260K-bf16", "golden_greedy.json", false},
-                                           Case{"stories260K-bf16", "golden_greedy_bos_only.json",
-                                                false}),
-                         [](const auto& info) {
-                           return std::string(info.param.model == "stories260K" ? "F32" : "BF16") +
-                                  (info.param.golden == "golden_greedy.json" ? "_Prompt"
-                                                                             : "_BosOnly");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Models, StoriesGoldenTest,
+    ::testing::Combine(::testing::Values(Case{"stories260K", "golden_greedy.json", true},
+                                         Case{"stories260K", "golden_greedy_bos_only.json", true},
+                                         Case{"stories260K-bf16", "golden_greedy.json", false},
+                                         Case{"stories260K-bf16", "golden_greedy_bos_only.json",
+                                              false}),
+                       ::testing::ValuesIn(::rl::testing::SimdTargets())),
+    [](const auto& info) {
+      const Case& c = std::get<0>(info.param);
+      return std::string(c.model == "stories260K" ? "F32" : "BF16") +
+             (c.golden == "golden_greedy.json" ? "_Prompt_" : "_BosOnly_") +
+             ::rl::testing::SimdTargetName(std::get<1>(info.param));
+    });
 
 }  // namespace
 }  // namespace rl::model

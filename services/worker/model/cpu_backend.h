@@ -1,0 +1,28 @@
+// The CPU backend (cpu_backend.cc): the Backend ops on the kernels of kernels/cpu, over one
+// thread pool. CreateCpuBackend(int) / (int, bool) in backend.h are shorthands for the options
+// below. The kernels are chosen per CPU at run time (kernels/cpu/cpu_info.h), the same for
+// every backend of the process.
+#pragma once
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/cpu_info.h"
+#include "kernels/cpu/op_profile.h"
+#include "services/worker/model/backend.h"
+
+namespace rl::model {
+
+struct CpuBackendOptions {
+  int num_threads = 0;  // 0: hardware concurrency
+  // Matmuls of BF16 weights round x to bf16 and add bf16 products (kernels/cpu/matmul_bf16.h:
+  // faster, not exact); FAILED_PRECONDITION without AVX512-BF16.
+  bool bf16_products = false;
+  // When set (not owned; it must outlive the backend), every op's wall time, shape and rates
+  // are added to it (runner_bench --op-profile).
+  kernels::cpu::OpProfile* profile = nullptr;
+};
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend(const CpuBackendOptions& options);
+
+}  // namespace rl::model
