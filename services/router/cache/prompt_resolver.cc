@@ -119,6 +119,13 @@ absl::StatusOr<ResolvedPrompt> ResolveTextPrompt(std::string_view text, const Te
   Count(&counters->requests);
 
   CacheMatch m = cache.Match(text, MatchGoal::kMostGenerated);
+  // Whatever the tokens end up being, the holders go with the prompt (for routing).
+  const auto with_holders = [&m](ResolvedPrompt* r) {
+    r->holders = std::move(m.holders);
+    for (CacheHolder& h : r->holders) {
+      h.tokens = std::min<uint32_t>(h.tokens, static_cast<uint32_t>(r->ids.size()));
+    }
+  };
   // Reuse exactly through the last generated token.
   size_t keep = 0;
   for (size_t i = m.tokens.size(); i > 0; --i) {
@@ -135,6 +142,7 @@ absl::StatusOr<ResolvedPrompt> ResolveTextPrompt(std::string_view text, const Te
       Count(&counters->whole_text_fallbacks);
       resolved->whole_text_fallback = true;
     }
+    with_holders(&*resolved);
     return resolved;
   }
 
@@ -178,11 +186,15 @@ absl::StatusOr<ResolvedPrompt> ResolveTextPrompt(std::string_view text, const Te
   }
   // (a) on the whole prompt: the cached part is checked too.
   if (ok) ok = DecodesTo(tokenizer, p.ids, text);
-  if (ok) return p;
+  if (ok) {
+    with_holders(&p);
+    return p;
+  }
   Count(&counters->whole_text_fallbacks);
   resolved = WholeText(text, tokenizer);
   if (!resolved.ok()) return resolved.status();
   resolved->whole_text_fallback = true;
+  with_holders(&*resolved);
   return resolved;
 }
 

@@ -43,6 +43,9 @@ struct ResolvedPrompt {
   // Versions of the reused tokens (the first `cached_tokens` ids); the caller adds the rest.
   std::vector<int64_t> versions;
   int32_t cached_tokens = 0;  // reused from the cache
+  // The workers that served a cached prefix of the text (CacheMatch::holders), tokens capped to
+  // the prompt's: where cache-aware routing finds the prompt's KV.
+  std::vector<CacheHolder> holders;
   bool seam_continuation = false;
   bool whole_text_fallback = false;
 };

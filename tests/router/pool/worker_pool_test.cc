@@ -271,11 +271,11 @@ TEST(WorkerPoolTest, ThePolicyChoosesAmongRoutableCandidates) {
   class Last final : public RoutingPolicy {
    public:
     const char* name() const override { return "last"; }
-    size_t Choose(const PickRequest& r, absl::Span<const Candidate> c) override {
+    Choice Choose(const PickRequest& r, absl::Span<const Candidate> c) override {
       seen.clear();
       for (const Candidate& x : c) seen.push_back({*x.address, x.in_flight, x.weight_version});
       key = std::string(r.routing_key);
-      return c.size() - 1;
+      return Choice{c.size() - 1};
     }
     struct Seen {
       std::string address;
