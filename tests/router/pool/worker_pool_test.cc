@@ -407,5 +407,43 @@ TEST(WorkerPoolTest, FleetWeightsReachObserversAndBehindWorkersAreHandedToCatchU
   EXPECT_TRUE(pool.Behind(pool.Find(fake.address()).get()));
 }
 
+
+// A lease holds its request's samples as load; the pool counts picks, keyed picks, moves and
+// the load spread after each pick (routing metrics, docs/routing.md "Policies").
+TEST(WorkerPoolTest, LeasesCarryTheirSamplesAndPicksAreCounted) {
+  auto policy = MakeRoutingPolicy({"affinity", 1.25});
+  ASSERT_TRUE(policy.ok());
+  WorkerPool pool(Manual(), *std::move(policy));
+  EXPECT_STREQ(pool.policy_name(), "affinity");
+  EXPECT_EQ(pool.policy_load_factor(), 1.25);
+  auto fakes = Fakes(2);
+  for (const auto& f : fakes) ASSERT_TRUE(pool.Add(f->address()).ok());
+  PickRequest group;
+  group.routing_key = "group-1";
+  group.units = 8;
+  Lease g = pool.Pick(group);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->in_flight(), 1);
+  EXPECT_EQ(g->load(), 8);
+  EXPECT_EQ(StatusOf(pool, g->address()).load(), 8);
+  EXPECT_EQ(pool.LoadSpread(), 2.0);  // 8 and 0: max / mean
+  Lease other = pool.Pick();          // no key: the least loaded
+  ASSERT_TRUE(other);
+  EXPECT_NE(other->address(), g->address());
+  RoutingStats stats = pool.routing_stats();
+  EXPECT_EQ(stats.picks, 2);
+  EXPECT_EQ(stats.keyed_picks, 1);
+  EXPECT_EQ(stats.key_moves, 0);
+  EXPECT_DOUBLE_EQ(stats.mean_load_spread, (2.0 + 16.0 / 9.0) / 2);
+  // The same key while its worker holds 8 of 9 samples: over 1.25 x mean, so it moves.
+  Lease moved = pool.Pick(group);
+  ASSERT_TRUE(moved);
+  EXPECT_EQ(moved->address(), other->address());
+  EXPECT_EQ(pool.routing_stats().key_moves, 1);
+  Worker* w = g.get();
+  g = Lease();
+  EXPECT_EQ(w->in_flight(), 0);
+  EXPECT_EQ(w->load(), 0);
+}
 }  // namespace
 }  // namespace rl::router
