@@ -75,9 +75,9 @@ class Generation {
   struct Step {
     enum class Kind { kCall, kWait, kDone };
     Kind kind = Kind::kDone;
-    Worker* worker = nullptr;             // kCall: the worker to call (leased until EndAttempt)
-    std::chrono::milliseconds wait{0};    // kWait: call Next() again after this
-    absl::Status status;                  // kDone
+    Worker* worker = nullptr;           // kCall: the worker to call (leased until EndAttempt)
+    std::chrono::milliseconds wait{0};  // kWait: call Next() again after this
+    absl::Status status;                // kDone
   };
 
   // The checks that need no tokenizer: the --max-* limits and the reserved request id prefix.

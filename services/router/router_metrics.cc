@@ -92,8 +92,8 @@ RouterMetrics::RouterMetrics(MetricsRegistry* registry, const WorkerPool* pool,
                      [pool] { return double(pool->LiveWorkers().size()); });
   // The routing policy (docs/routing.md, "Policies"), labelled by --policy.
   const Labels policy = {{"policy", pool->policy_name()}};
-  m.SetGaugeCallback("rl_router_routing_picks_total", "Workers picked (retries included).",
-                     policy, [pool] { return double(pool->routing_stats().picks); });
+  m.SetGaugeCallback("rl_router_routing_picks_total", "Workers picked (retries included).", policy,
+                     [pool] { return double(pool->routing_stats().picks); });
   m.SetGaugeCallback(
       "rl_router_routing_keyed_picks_total",
       "Picks placed by a preference: routing key, group id, cached trajectory or prefix.", policy,

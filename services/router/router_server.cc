@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "services/router/pool/policies/make_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::router {

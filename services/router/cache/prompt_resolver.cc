@@ -48,8 +48,7 @@ size_t PendingFrom(const std::vector<uint32_t>& ends) {
   return i;
 }
 
-void AppendCompletionDelta(std::string_view delta, std::string* text,
-                           std::vector<uint32_t>* ends) {
+void AppendCompletionDelta(std::string_view delta, std::string* text, std::vector<uint32_t>* ends) {
   ends->push_back(kPendingEnd);
   if (delta.empty()) return;
   *text += delta;
@@ -88,8 +87,7 @@ bool DecodesTo(const tokenizer::Tokenizer& tokenizer, const std::vector<int32_t>
   return decoded.ok() && *decoded == text;
 }
 
-size_t FindWindowStart(const tokenizer::Tokenizer& tokenizer, std::string_view text,
-                       size_t seam) {
+size_t FindWindowStart(const tokenizer::Tokenizer& tokenizer, std::string_view text, size_t seam) {
   const bool regex = tokenizer.has_regex_pre_tokenizer();
   const size_t lowest = seam > kSeamWindowBytes ? seam - kSeamWindowBytes : 1;
   for (size_t p = std::min(seam, text.size() - 1); p >= std::max<size_t>(lowest, 1); --p) {

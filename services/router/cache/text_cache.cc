@@ -123,9 +123,9 @@ uint64_t TextCache::WorkerBit(std::string_view worker) {
   } else {
     // Every slot is taken (more than 64 workers ever served): the one used least recently goes,
     // and no node may keep claiming that its old worker holds it. O(nodes), and rare.
-    slot = static_cast<size_t>(
-        std::min_element(worker_slot_used_.begin(), worker_slot_used_.end()) -
-        worker_slot_used_.begin());
+    slot =
+        static_cast<size_t>(std::min_element(worker_slot_used_.begin(), worker_slot_used_.end()) -
+                            worker_slot_used_.begin());
     const uint64_t keep = ~(uint64_t{1} << slot);
     std::vector<Node*> stack = {root_.get()};
     while (!stack.empty()) {
@@ -302,8 +302,8 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
   const uint64_t worker_bit = WorkerBit(worker);
   Node* node = root_.get();
   size_t cached = n;  // tokens of the trajectory the cache holds afterwards
-  size_t pos = 0;    // bytes of text consumed: a boundary of both the path and the trajectory
-  size_t first = 0;  // tokens consumed: those ending at or before `pos`
+  size_t pos = 0;     // bytes of text consumed: a boundary of both the path and the trajectory
+  size_t first = 0;   // tokens consumed: those ending at or before `pos`
   while (true) {
     MarkWorkers(node, weight_version, worker_bit);
     Bump(node, weight_version);
@@ -365,8 +365,8 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
       RemoveSubtree(node, static_cast<size_t>(lo - children.begin()));
       ++conflicts_replaced_;
     }
-    Node* leaf = AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs,
-                          token_versions, weight_version);
+    Node* leaf = AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs, token_versions,
+                          weight_version);
     leaf->path_runs = std::move(path_runs);
     leaf->workers = worker_bit;
     break;

@@ -178,7 +178,8 @@ void TextCache::HoldersLocked(const std::vector<const Node*>& path,
   }
   for (uint64_t bits = any; bits != 0; bits &= bits - 1) {
     const int slot = __builtin_ctzll(bits);
-    if (held[slot] > 0) out->holders.push_back({worker_slots_[static_cast<size_t>(slot)], held[slot]});
+    if (held[slot] > 0)
+      out->holders.push_back({worker_slots_[static_cast<size_t>(slot)], held[slot]});
   }
   std::stable_sort(out->holders.begin(), out->holders.end(),
                    [](const CacheHolder& a, const CacheHolder& b) { return a.tokens > b.tokens; });

@@ -1,9 +1,10 @@
 // RoutingPolicy: which of the routable workers a request goes to. The pool filters first
 // (health, enablement, admin holds, the fleet's weight version, the request's exclusions) and
 // hands the policy what is left; the policy only chooses. Four implementations, one file each
-// under policies/ (chosen by --policy): round_robin (the default), least_load, affinity
-// (consistent hashing with bounded loads on a routing key, the GRPO group or the trajectory) and
-// cache_aware (the worker holding the longest cached prefix, within the same bound).
+// under policies/ (chosen by --policy, made by policies/make_policy.h): round_robin (the
+// default), least_load, affinity (consistent hashing with bounded loads on a routing key, the
+// GRPO group or the trajectory) and cache_aware (the worker holding the longest cached prefix,
+// within the same bound).
 // docs/routing.md ("Policies") has the rules and each one's cost.
 //
 // Contract: Choose runs under the pool's lock, so it must be quick (O(#candidates), plus a ring
@@ -50,7 +51,7 @@ struct PickRequest {
   const std::set<std::string>* exclude = nullptr;  // addresses not to pick (tried already)
   std::string_view routing_key;  // the client's routing key (field or rl-routing-key); "": none
   std::string_view group_id;     // the client's GRPO group; "": none
-  std::string_view text;                 // a text prompt ("" for token prompts)
+  std::string_view text;         // a text prompt ("" for token prompts)
   absl::Span<const int32_t> prompt_ids;  // the prompt's tokens, when resolved
   int32_t units = 1;                     // samples the request asks for (n)
   // Workers holding a cached prefix of the prompt, longest first.
@@ -88,8 +89,7 @@ struct PolicyOptions {
 // The names --policy accepts, comma-separated (for messages).
 inline constexpr char kPolicyNames[] = "round_robin, least_load, affinity, cache_aware";
 
-// InvalidArgument naming the bad option.
+// InvalidArgument naming the bad option. policies/make_policy.h makes the policy.
 absl::Status ValidatePolicyOptions(const PolicyOptions& options);
-absl::StatusOr<std::unique_ptr<RoutingPolicy>> MakeRoutingPolicy(const PolicyOptions& options);
 
 }  // namespace rl::router

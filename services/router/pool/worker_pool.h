@@ -217,8 +217,8 @@ class WorkerPool final : public WorkerSource {
   void MaybeCatchUp(const std::shared_ptr<Worker>& w) ABSL_LOCKS_EXCLUDED(mu_, handoff_mu_);
   std::vector<std::shared_ptr<Worker>> Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
   // Counts one pick of candidates[index] for `units` samples in routing_stats_.
-  void RecordPickLocked(const Choice& choice, absl::Span<const Candidate> candidates,
-                        int32_t units) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordPickLocked(const Choice& choice, absl::Span<const Candidate> candidates, int32_t units)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PoolOptions options_;
   const HealthThresholds thresholds_;

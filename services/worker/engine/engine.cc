@@ -136,8 +136,9 @@ Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& 
     so.routing_width = so.routing_layers * so.routing_top_k;
   }
   scheduler_ = std::make_unique<Scheduler>(so, decoder_.get());
-  kv_events_ = KvEventLog::Create(static_cast<size_t>(std::max<int64_t>(options.kv_event_buffer_units, 1)),
-                                  static_cast<size_t>(std::max(options.max_kv_event_subscribers, 1)));
+  kv_events_ =
+      KvEventLog::Create(static_cast<size_t>(std::max<int64_t>(options.kv_event_buffer_units, 1)),
+                         static_cast<size_t>(std::max(options.max_kv_event_subscribers, 1)));
   sampler_ = Sampler(SamplerOptions{config_.vocab_size, config_.eos_token_ids});
   scheduler_->set_weight_version(options.initial_weight_version);
   {
@@ -363,7 +364,8 @@ void Engine::Loop() {
 void Engine::PublishKvEvents() {
   if (!kv_recording_) return;
   if (!kv_pending_.empty()) {
-    kv_events_->Append(std::move(kv_pending_), absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    kv_events_->Append(std::move(kv_pending_),
+                       absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
     kv_pending_.clear();
   }
   if (!kv_events_->active()) {

@@ -154,6 +154,9 @@ class Engine {
   absl::StatusOr<std::unique_ptr<KvEventLog::Subscription>> SubscribeKvEvents(
       std::function<void()> notify);
   const KvEventLog& kv_events() const { return *kv_events_; }
+  // Ends every KV event subscription (UNAVAILABLE) and refuses new ones: for shutdown, so no
+  // subscriber holds the server's drain. Any thread; does not wait for the engine thread.
+  void CloseKvEvents() { kv_events_->Close(); }
   const model_io::ModelConfig& model_config() const { return config_; }
   const EngineLimits& limits() const { return limits_; }
 

@@ -56,10 +56,10 @@ absl::StatusOr<std::unique_ptr<KvEventLog::Subscription>> KvEventLog::Subscribe(
     std::vector<KvCacheEvent> snapshot, std::function<void()> notify) {
   std::unique_ptr<Subscription> s(new Subscription(shared_from_this(), std::move(notify)));
   absl::MutexLock lock(&mu_);
+  if (closed_) return absl::UnavailableError("KV events: the worker is shutting down");
   if (subscribers_.size() >= max_subscribers_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV event subscribers: ", subscribers_.size(), " already (at most ", max_subscribers_,
-        ")"));
+    return absl::ResourceExhaustedError(absl::StrCat("KV event subscribers: ", subscribers_.size(),
+                                                     " already (at most ", max_subscribers_, ")"));
   }
   s->snapshot_ = std::move(snapshot);
   s->snapshot_unix_s_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
@@ -77,19 +77,31 @@ void KvEventLog::DropReadLocked() {
   }
 }
 
+void KvEventLog::Close() {
+  absl::MutexLock lock(&mu_);
+  if (closed_) return;
+  closed_ = true;
+  for (Subscription* s : subscribers_) {
+    if (s->waiting_) {
+      s->waiting_ = false;
+      s->notify_();
+    }
+  }
+}
+
 void KvEventLog::Remove(Subscription* s) {
   absl::MutexLock lock(&mu_);
-  subscribers_.erase(std::remove(subscribers_.begin(), subscribers_.end(), s),
-                     subscribers_.end());
+  subscribers_.erase(std::remove(subscribers_.begin(), subscribers_.end(), s), subscribers_.end());
   DropReadLocked();
 }
 
 KvEventLog::Subscription::~Subscription() { log_->Remove(this); }
 
-absl::Status KvEventLog::Subscription::Take(
-    size_t max_batches, size_t max_units, std::vector<std::shared_ptr<const KvEventBatch>>* out) {
+absl::Status KvEventLog::Subscription::Take(size_t max_batches, size_t max_units,
+                                            std::vector<std::shared_ptr<const KvEventBatch>>* out) {
   KvEventLog& log = *log_;
   absl::MutexLock lock(&log.mu_);
+  if (log.closed_) return absl::UnavailableError("KV events: the worker is shutting down");
   size_t taken = 0;
   // The snapshot, in parts of at most max_units (a part holds at least one event).
   while (taken < max_batches && snapshot_next_ < snapshot_.size()) {
@@ -110,9 +122,9 @@ absl::Status KvEventLog::Subscription::Take(
   }
   if (!log.batches_.empty() && log.batches_.front()->seq > next_seq_) {
     return absl::DataLossError(absl::StrCat(
-        "KV event subscriber fell behind: the worker dropped ", log.batches_.front()->seq - next_seq_,
-        " batches it had not read (its buffer holds ", log.max_units_,
-        " tokens and hashes); subscribe again from 0 for a snapshot"));
+        "KV event subscriber fell behind: the worker dropped ",
+        log.batches_.front()->seq - next_seq_, " batches it had not read (its buffer holds ",
+        log.max_units_, " tokens and hashes); subscribe again from 0 for a snapshot"));
   }
   for (const auto& b : log.batches_) {
     if (taken >= max_batches) break;

@@ -42,8 +42,8 @@ struct KvCacheEvent {
 };
 
 struct KvEventBatch {
-  uint64_t seq = 0;    // the log's numbering (0 for snapshot parts)
-  double unix_s = 0;   // when the engine published it
+  uint64_t seq = 0;   // the log's numbering (0 for snapshot parts)
+  double unix_s = 0;  // when the engine published it
   std::vector<KvCacheEvent> events;
   size_t units = 0;
 };
@@ -60,7 +60,7 @@ class KvEventLog : public std::enable_shared_from_this<KvEventLog> {
     // Appends to `out` what the subscriber reads next, at most `max_batches`: the snapshot's
     // parts first (at most `max_units` each), then live batches in order. Empty when nothing is
     // new: `notify` runs once something is. DATA_LOSS when the log dropped batches it had not
-    // read (it fell behind by more than the log's bound).
+    // read (it fell behind by more than the log's bound); UNAVAILABLE once the log is closed.
     absl::Status Take(size_t max_batches, size_t max_units,
                       std::vector<std::shared_ptr<const KvEventBatch>>* out);
 
@@ -89,9 +89,15 @@ class KvEventLog : public std::enable_shared_from_this<KvEventLog> {
   void Append(std::vector<KvCacheEvent> events, double unix_s);
   // Adds a subscriber whose first reads are `snapshot`, then what Append publishes from now on.
   // `notify` runs (under the log's lock: it must only schedule work, never call back) when a
-  // Take that found nothing can find something. RESOURCE_EXHAUSTED past max_subscribers.
+  // Take that found nothing can find something. RESOURCE_EXHAUSTED past max_subscribers,
+  // UNAVAILABLE after Close.
   absl::StatusOr<std::unique_ptr<Subscription>> Subscribe(std::vector<KvCacheEvent> snapshot,
                                                           std::function<void()> notify);
+
+  // ---- any thread ----
+  // Ends every subscription (its next Take is UNAVAILABLE: the worker shuts down; waiting ones
+  // are notified) and refuses new ones, so no subscriber holds a server's drain. Idempotent.
+  void Close();
 
   size_t max_units() const { return max_units_; }
   size_t buffered_units() const;
@@ -111,6 +117,7 @@ class KvEventLog : public std::enable_shared_from_this<KvEventLog> {
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;  // of the next Append
   size_t units_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Subscription*> subscribers_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace rl::engine

@@ -37,7 +37,7 @@ class KvEventsReactor final : public grpc::ServerWriteReactor<common::KvEventBat
     }
     // Subscribing waits for the engine thread: off gRPC's callback thread.
     Ref();
-    absl::AnyInvocable<void() &&> task = [this] {
+    absl::AnyInvocable<void()&&> task = [this] {
       Subscribe();
       Unref();
     };
@@ -199,7 +199,7 @@ class KvEventsReactor final : public grpc::ServerWriteReactor<common::KvEventBat
   common::KvEventBatch msg_;
 
   absl::Mutex mu_;
-  int refs_ ABSL_GUARDED_BY(mu_) = 2;  // gRPC's (OnDone) and the constructor's
+  int refs_ ABSL_GUARDED_BY(mu_) = 2;           // gRPC's (OnDone) and the constructor's
   bool ending_ ABSL_GUARDED_BY(mu_) = false;    // End was called (end_status_)
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
   bool writing_ ABSL_GUARDED_BY(mu_) = false;   // a StartWrite is in flight

@@ -182,7 +182,10 @@ SglangService::SglangService(GenerateHost& host, WorkerControl& control, const W
       flushes_([this] { return control_.FlushCache().status(); }, &executor, kMaxPendingFlushes,
                kFlushPoll) {}
 
-void SglangService::Shutdown() { flushes_.Shutdown(); }
+void SglangService::Shutdown() {
+  flushes_.Shutdown();
+  host_.engine().CloseKvEvents();  // subscriptions end UNAVAILABLE instead of holding the drain
+}
 
 absl::Status SglangService::CheckData(const grpc::CallbackServerContext& context,
                                       const char* method) {

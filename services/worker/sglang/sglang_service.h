@@ -48,8 +48,8 @@ class SglangService final : public ::sglang::grpc::scheduler::SglangScheduler::C
   SglangService(GenerateHost& host, WorkerControl& control, const WorkerConfig& config,
                 BoundedExecutor& executor, PauseGuard& pause_guard, const BearerAuth& data_auth,
                 const BearerAuth& admin_auth);
-  // Ends pending FlushCache waits (they answer "worker shutting down"). Call before the gRPC
-  // server drains. Idempotent.
+  // Ends pending FlushCache waits (they answer "worker shutting down") and KV event
+  // subscriptions (UNAVAILABLE). Call before the gRPC server drains. Idempotent.
   void Shutdown();
 
   using GenerateRequest = ::sglang::grpc::scheduler::GenerateRequest;

@@ -642,7 +642,8 @@ TEST(TextCacheTest, RandomizedNeverReturnsAMix) {
       ASSERT_GE(m.tokens.size(), t.tokens.size());
       ++checked;
     }
-    EXPECT_GT(checked, random_tokens ? 5 : 100) << "round " << round << ": " << fully_cached.size() << " fully cached, " << kept << " kept";
+    EXPECT_GT(checked, random_tokens ? 5 : 100)
+        << "round " << round << ": " << fully_cached.size() << " fully cached, " << kept << " kept";
   }
 }
 
@@ -701,9 +702,9 @@ TEST(TextCacheTest, RemembersWhichWorkersServedEachPrefix) {
   Traj next = a;
   next.Words("User: and 3+3?\n");
   const CacheMatch m = cache->Match(next.text);
-  EXPECT_THAT(Holders(m), ElementsAre(std::make_pair(std::string("w1:1"), uint32_t(a.tokens.size())),
-                                      std::make_pair(std::string("w2:1"),
-                                                     uint32_t(sys.tokens.size() + 1))));
+  EXPECT_THAT(Holders(m),
+              ElementsAre(std::make_pair(std::string("w1:1"), uint32_t(a.tokens.size())),
+                          std::make_pair(std::string("w2:1"), uint32_t(sys.tokens.size() + 1))));
   // Unknown text: no holder; a worker-less insert adds none.
   EXPECT_TRUE(cache->Match("Something else entirely").holders.empty());
   Traj c = sys;

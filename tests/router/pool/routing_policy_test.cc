@@ -3,6 +3,7 @@
 #include "services/router/pool/routing_policy.h"
 
 #include "gtest/gtest.h"
+#include "services/router/pool/policies/make_policy.h"
 
 namespace rl::router {
 namespace {

@@ -16,6 +16,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "services/router/pool/policies/make_policy.h"
 #include "tests/testing/fake_pool_worker.h"
 
 namespace rl::router {
@@ -406,7 +407,6 @@ TEST(WorkerPoolTest, FleetWeightsReachObserversAndBehindWorkersAreHandedToCatchU
   EXPECT_FALSE(pool.StateOf(fake.address())->syncing());
   EXPECT_TRUE(pool.Behind(pool.Find(fake.address()).get()));
 }
-
 
 // A lease holds its request's samples as load; the pool counts picks, keyed picks, moves and
 // the load spread after each pick (routing metrics, docs/routing.md "Policies").

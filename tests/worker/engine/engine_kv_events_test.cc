@@ -52,10 +52,10 @@ class EngineKvEventsTest : public ::testing::Test {
   void Generate(const std::string& tag, int n, int32_t len) {
     const size_t before = collector_.num_finished();
     for (int i = 0; i < n; ++i) {
-      ASSERT_TRUE(fe_.engine
-                      ->Submit(Greedy(absl::StrCat(tag, i), Prompt(len, i), 8),
-                               collector_.Callbacks())
-                      .ok());
+      ASSERT_TRUE(
+          fe_.engine
+              ->Submit(Greedy(absl::StrCat(tag, i), Prompt(len, i), 8), collector_.Callbacks())
+              .ok());
     }
     ASSERT_TRUE(collector_.WaitFor(before + n));
   }
@@ -88,7 +88,8 @@ TEST_F(EngineKvEventsTest, LiveEventsReplayToTheSnapshot) {
   live.Drain(**sub);
   EXPECT_EQ(live.clears, 1);
   const size_t warm_blocks = live.blocks.size();
-  EXPECT_EQ(warm_blocks, static_cast<size_t>(fe_.engine->GetServerInfo().tree_cache_tokens / 4));
+  EXPECT_EQ(warm_blocks,
+            static_cast<size_t>(fe_.engine->GetServerInfo().scheduler.tree_cache_tokens / 4));
   Generate("a", 4, 25);
   Generate("b", 3, 12);
   live.Drain(**sub);
@@ -99,7 +100,7 @@ TEST_F(EngineKvEventsTest, LiveEventsReplayToTheSnapshot) {
   EXPECT_GT(live.blocks.size(), warm_blocks);
   EXPECT_EQ(live.blocks, Snapshot());
   EXPECT_EQ(live.blocks.size(),
-            static_cast<size_t>(fe_.engine->GetServerInfo().tree_cache_tokens / 4));
+            static_cast<size_t>(fe_.engine->GetServerInfo().scheduler.tree_cache_tokens / 4));
   // A flush clears.
   ASSERT_TRUE(fe_.engine->FlushCache().ok());
   live.Drain(**sub);
@@ -134,7 +135,7 @@ TEST_F(EngineKvEventsTest, NothingIsRecordedWithoutSubscribers) {
   EXPECT_EQ(fe_.engine->kv_events().buffered_units(), 0u);
   // A new subscriber still sees everything, through its snapshot.
   EXPECT_EQ(Snapshot().size(),
-            static_cast<size_t>(fe_.engine->GetServerInfo().tree_cache_tokens / 4));
+            static_cast<size_t>(fe_.engine->GetServerInfo().scheduler.tree_cache_tokens / 4));
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 // KV cache events (services/worker/engine/kv_events.h): the radix cache's stored / removed /
 // cleared events replay to exactly its snapshot, with chained block hashes; the log's bounded
-// buffer, subscriber limit, snapshot parts and DATA_LOSS for a subscriber left behind.
+// buffer, subscriber limit, snapshot parts, DATA_LOSS for a subscriber left behind, Close.
 #include "services/worker/engine/kv_events.h"
 
 #include <map>
@@ -255,6 +255,24 @@ TEST(KvEventLogTest, SubscribersAreBounded) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kResourceExhausted);
   a->reset();
   EXPECT_TRUE(log->Subscribe({}, [] {}).ok());
+}
+
+TEST(KvEventLogTest, CloseEndsEverySubscriptionAndRefusesNewOnes) {
+  auto log = KvEventLog::Create(100, 4);
+  int notified = 0;
+  auto waiting = log->Subscribe({}, [&] { ++notified; });
+  ASSERT_TRUE(waiting.ok());
+  std::vector<std::shared_ptr<const KvEventBatch>> out;
+  ASSERT_TRUE((*waiting)->Take(16, 100, &out).ok());
+  EXPECT_TRUE(out.empty());  // it waits now
+  log->Close();
+  EXPECT_EQ(notified, 1);  // woken, to find out
+  absl::Status s = (*waiting)->Take(16, 100, &out);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(s.message().find("shutting down"), std::string::npos);
+  EXPECT_EQ(log->Subscribe({}, [] {}).status().code(), absl::StatusCode::kUnavailable);
+  log->Close();  // idempotent
+  EXPECT_EQ(notified, 1);
 }
 
 }  // namespace

@@ -1,13 +1,14 @@
 // SubscribeKvEvents on an in-process worker (services/worker/sglang/kv_events_reactor.h): the
 // snapshot (a clear, then every cached block) and live batches as the SMG gateway reads them,
 // numbered from 1 without gaps; the blocks' tokens are what the model saw, chained by hash; a
-// resume cursor is OUT_OF_RANGE; the data-plane key guards it.
+// resume cursor is OUT_OF_RANGE; the data-plane key guards it; shutdown ends subscriptions.
+#include "services/worker/sglang/kv_events_reactor.h"
+
 #include <set>
 #include <thread>
 
 #include "gmock/gmock.h"
 #include "services/worker/engine/radix_cache.h"
-#include "services/worker/sglang/kv_events_reactor.h"
 #include "sglang_scheduler.grpc.pb.h"
 #include "tests/worker/worker_test_util.h"
 
@@ -175,6 +176,20 @@ TEST_F(KvEventsReactorTest, TheDataKeyGuardsIt) {
   while (ok->Read(&batch)) {
   }
   (void)ok->Finish();
+}
+
+TEST_F(KvEventsReactorTest, ShutdownEndsSubscriptionsInsteadOfWaitingForThem) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = sglang_->SubscribeKvEvents(&ctx, {});
+  common::KvEventBatch batch;
+  ASSERT_TRUE(reader->Read(&batch));  // the snapshot: subscribed
+  server_->Shutdown();
+  while (reader->Read(&batch)) {
+  }
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(s.error_message(), HasSubstr("shutting down"));  // not the drain's cancellation
 }
 
 }  // namespace

@@ -19,10 +19,9 @@ Choice CacheAwarePolicy::Choose(const PickRequest& request,
     while (end < holders.size() && holders[end].tokens == holders[run].tokens) ++end;
     int64_t best = -1;
     for (size_t h = run; h < end; ++h) {
-      auto it = std::lower_bound(candidates.begin(), candidates.end(), holders[h].address,
-                                 [](const Candidate& c, std::string_view a) {
-                                   return std::string_view(*c.address) < a;
-                                 });
+      auto it = std::lower_bound(
+          candidates.begin(), candidates.end(), holders[h].address,
+          [](const Candidate& c, std::string_view a) { return std::string_view(*c.address) < a; });
       if (it == candidates.end() || *it->address != holders[h].address) continue;
       if (!bound.Admits(*it)) {
         choice.moved = true;

@@ -17,7 +17,7 @@ namespace {
 
 using testing::FakeFleet;
 
-PickRequest Keyed(const std::string& key, int32_t units = 1) {
+PickRequest Keyed(std::string_view key, int32_t units = 1) {  // a view: `key` must outlive it
   PickRequest r;
   r.routing_key = key;
   r.units = units;
@@ -142,7 +142,7 @@ TEST(AffinityPolicyTest, BoundHoldsUnderASkewedKeySet) {
     FakeFleet fleet({"a:1", "b:1", "c:1"});
     int moves = 0;
     for (int i = 0; i < 600; ++i) {
-      const std::string key = i % 5 == 0   ? absl::StrCat("cold-", i)
+      const std::string key = i % 5 == 0  ? absl::StrCat("cold-", i)
                               : i % 5 < 3 ? std::string("hot-1")
                                           : std::string("hot-2");
       const int32_t units = i % 7 == 0 ? 8 : 1;
