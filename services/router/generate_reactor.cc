@@ -80,6 +80,18 @@ absl::StatusOr<std::string> ClientKey(const grpc::CallbackServerContext& context
   return absl::StrCat("id:", absl::string_view(it->second.data(), it->second.size()));
 }
 
+// The request with the rl-routing-key header as its routing_key, when the field is empty (its
+// length is checked with the request's).
+rl::v1::GenerateRequest WithRoutingKey(const grpc::CallbackServerContext& context,
+                                       const rl::v1::GenerateRequest& request) {
+  rl::v1::GenerateRequest out = request;
+  if (!out.routing_key().empty()) return out;
+  const auto& md = context.client_metadata();
+  auto it = md.find(kRoutingKeyHeader);
+  if (it != md.end()) out.set_routing_key(std::string(it->second.data(), it->second.size()));
+  return out;
+}
+
 // One Router.Generate stream: admission, then the Generation's steps driven by worker call
 // reactions and alarms. References: gRPC's, and the producer's, held by whichever step is
 // pending (admission wait, blocking task, alarm, worker call) and dropped in Done.
@@ -88,7 +100,9 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
  public:
   RouterGenerateReactor(const GenerateContext* deps, grpc::CallbackServerContext* context,
                         const rl::v1::GenerateRequest& request)
-      : WriteQueueReactor(deps->max_stream_buffer_bytes), deps_(deps), request_(request) {
+      : WriteQueueReactor(deps->max_stream_buffer_bytes),
+        deps_(deps),
+        request_(WithRoutingKey(*context, request)) {
     deps_->live->Enter();
     absl::Status s = deps_->data_auth->Check(*context);
     if (s.ok()) s = Generation::CheckRequest(request_, deps_->env->limits);

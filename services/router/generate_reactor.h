@@ -28,6 +28,9 @@ namespace rl::router {
 // The metadata header that names a client for fair admission (else its peer address).
 inline constexpr char kClientIdHeader[] = "rl-client-id";
 inline constexpr size_t kMaxClientIdBytes = 128;
+// The metadata header that carries a routing key when GenerateRequest.routing_key is empty
+// (docs/routing.md, "Policies").
+inline constexpr char kRoutingKeyHeader[] = "rl-routing-key";
 
 // Generate streams alive (their reactors exist). Thread-safe.
 class LiveGenerations {

@@ -60,6 +60,15 @@ bool Generation::PromptBlocks(const rl::v1::GenerateRequest& request) {
 absl::Status Generation::CheckRequest(const rl::v1::GenerateRequest& request,
                                       const RequestLimits& limits) {
   RETURN_IF_ERROR(CheckGenerateRequest(request, limits));
+  if (request.routing_key().size() > kMaxRoutingKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("routing_key (or the rl-routing-key header): ", request.routing_key().size(),
+                     " bytes is more than ", kMaxRoutingKeyBytes));
+  }
+  if (request.group_id().size() > kMaxRoutingKeyBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("group_id: ", request.group_id().size(),
+                                                   " bytes is more than ", kMaxRoutingKeyBytes));
+  }
   if (absl::StartsWith(request.request_id(), kRouterRequestIdPrefix)) {
     return absl::InvalidArgumentError(
         absl::StrCat("request_id: the prefix '", kRouterRequestIdPrefix,
@@ -86,6 +95,9 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Create(
   ASSIGN_OR_RETURN(g->prompt_,
                    ResolvePrompt(request, env->cache, env->tokenizer, env->seam_counters));
   RETURN_IF_ERROR(CheckPromptTokens(static_cast<int64_t>(g->prompt_.ids.size()), env->limits));
+  for (const CacheHolder& h : g->prompt_.holders) {
+    g->holders_.push_back({h.worker, static_cast<int32_t>(h.tokens)});
+  }
   Registration own;
   if (registered == nullptr) {
     own = Register(request, env->requests);
@@ -105,6 +117,11 @@ Lease Generation::PickWorker() {
   pick.exclude = &tried_;
   if (prompt_.from_text) pick.text = request_.text();
   pick.prompt_ids = prompt_.ids;
+  pick.routing_key = request_.routing_key();
+  pick.group_id = request_.group_id();
+  pick.units = request_.sampling_params().has_n() ? std::max(request_.sampling_params().n(), 1) : 1;
+  pick.prefix_holders = holders_;
+  pick.trajectory_tokens = prompt_.cached_tokens;
   Lease lease = env_->workers->Pick(pick);
   if (!lease) {
     pick.exclude = nullptr;  // every worker was tried: any will do
@@ -176,6 +193,8 @@ rl::v1::GenerateRequest Generation::WorkerRequest() {
   req.set_stream(true);
   req.set_skip_detokenize(true);  // the router decodes the ids itself (OnMessage)
   req.clear_return_trajectory();
+  req.clear_routing_key();  // the router's business only
+  req.clear_group_id();
   req.set_request_id(request_id_);
   request_handle_.SetWorker(lease_->address());
   const int n = req.sampling_params().has_n() ? req.sampling_params().n() : 1;
@@ -308,6 +327,12 @@ void Generation::CompleteFinal(size_t index, rl::v1::GenerateFinal* f) {
   f->set_worker(lease_->address());
   f->set_attempts(attempt_);
   env_->workers->ReportVersion(lease_.get(), f->weight_version());
+  if (f->finish_reason() != rl::v1::FINISH_REASON_ABORT) {
+    lease_->RecordPrefix(f->prompt_tokens(), f->cached_tokens());
+    if (env_->record_prefix) {
+      env_->record_prefix(lease_->address(), f->prompt_tokens(), f->cached_tokens());
+    }
+  }
   const int num_out = f->output_ids_size();
   std::vector<int32_t> tokens = prompt_.ids;
   tokens.insert(tokens.end(), f->output_ids().begin(), f->output_ids().end());
@@ -331,8 +356,8 @@ void Generation::CompleteFinal(size_t index, rl::v1::GenerateFinal* f) {
     std::vector<uint32_t> ends = prompt_.ends;
     const uint32_t base = static_cast<uint32_t>(request_.text().size());
     for (uint32_t e : c.ends) ends.push_back(base + e);
-    absl::Status s =
-        env_->cache->Insert(full, tokens, ends, mask, logprobs, f->weight_version(), versions);
+    absl::Status s = env_->cache->Insert(full, tokens, ends, mask, logprobs, f->weight_version(),
+                                         versions, nullptr, lease_->address());
     if (!s.ok()) spdlog::warn("text cache insert failed: {}", std::string(s.message()));
   }
   if (request_.return_trajectory()) {

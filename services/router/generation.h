@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <set>
@@ -37,6 +38,8 @@ namespace rl::router {
 
 // Text prompts longer than this are tokenized off gRPC's callback threads.
 inline constexpr size_t kInlinePromptBytes = 2048;
+// Longest routing_key / group_id accepted (docs/routing.md, "Policies").
+inline constexpr size_t kMaxRoutingKeyBytes = 256;
 
 struct RetryOptions {
   int max_attempts = 3;
@@ -56,6 +59,9 @@ struct GenerationEnv {
   RequestLimits limits;
   RetryOptions retry;
   Counter* retries_total = nullptr;
+  // Called with a worker's address and a finished completion's prompt and cached tokens (its
+  // prefix-cache hits as it reports them); may be empty.
+  std::function<void(const std::string&, int64_t, int64_t)> record_prefix;
 };
 
 // The prompt as the model will see it: cached tokens reused exactly plus the new ones.
@@ -69,9 +75,9 @@ class Generation {
   struct Step {
     enum class Kind { kCall, kWait, kDone };
     Kind kind = Kind::kDone;
-    Worker* worker = nullptr;             // kCall: the worker to call (leased until EndAttempt)
-    std::chrono::milliseconds wait{0};    // kWait: call Next() again after this
-    absl::Status status;                  // kDone
+    Worker* worker = nullptr;           // kCall: the worker to call (leased until EndAttempt)
+    std::chrono::milliseconds wait{0};  // kWait: call Next() again after this
+    absl::Status status;                // kDone
   };
 
   // The checks that need no tokenizer: the --max-* limits and the reserved request id prefix.
@@ -147,6 +153,8 @@ class Generation {
   std::chrono::steady_clock::time_point hold_deadline_;
   absl::Status last_;
   absl::Status done_status_;
+  // The prompt's prefix holders as the routing policy sees them (views into prompt_).
+  std::vector<PrefixHolder> holders_;
   // The current attempt.
   Lease lease_;
   std::vector<Completion> completions_;

@@ -36,6 +36,12 @@ int main(int argc, char** argv) {
             "failed checks before a worker is dead");
   flags.Int("health-successes", &c.health_success_threshold,
             "passed checks before a dead worker is live");
+  flags.String("policy", &c.policy,
+               "routing policy: round_robin, least_load, affinity (routing key / group / "
+               "trajectory, bounded load) or cache_aware (longest cached prefix, bounded load)");
+  flags.Double("load-factor", &c.load_factor,
+               "affinity/cache_aware: a preferred worker takes a request only within this many "
+               "times the fleet's mean load");
   flags.Int("max-in-flight", &c.max_in_flight,
             "generations running at once (0: the workers' capacity, the sum of their "
             "--max-running-requests); more wait in fair per-client queues");

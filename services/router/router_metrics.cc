@@ -1,5 +1,6 @@
 #include "services/router/router_metrics.h"
 
+#include <utility>
 #include <vector>
 
 namespace rl::router {
@@ -37,6 +38,23 @@ constexpr CacheGauge kCacheGauges[] = {
      [](const TextCacheStats& s) { return double(s.gc_threshold_k); }},
 };
 
+constexpr char kWorkerPromptTokens[] = "rl_router_worker_prompt_tokens_total";
+constexpr char kWorkerCachedTokens[] = "rl_router_worker_cached_tokens_total";
+
+// Every worker's prompt and prefix-cached tokens, summed.
+std::pair<int64_t, int64_t> PrefixTotals(const std::vector<rl::v1::WorkerStatus>& workers) {
+  int64_t prompt = 0, cached = 0;
+  for (const auto& w : workers) {
+    prompt += w.prompt_tokens();
+    cached += w.cached_prompt_tokens();
+  }
+  return {prompt, cached};
+}
+
+double Ratio(int64_t num, int64_t den) {
+  return den > 0 ? static_cast<double>(num) / static_cast<double>(den) : 0;
+}
+
 }  // namespace
 
 RouterMetrics::RouterMetrics(MetricsRegistry* registry, const WorkerPool* pool,
@@ -72,9 +90,54 @@ RouterMetrics::RouterMetrics(MetricsRegistry* registry, const WorkerPool* pool,
       {}, [seam] { return double(seam->whole_text_fallbacks.load()); });
   m.SetGaugeCallback("rl_router_live_workers", "Live workers.", {},
                      [pool] { return double(pool->LiveWorkers().size()); });
+  // The routing policy (docs/routing.md, "Policies"), labelled by --policy.
+  const Labels policy = {{"policy", pool->policy_name()}};
+  m.SetGaugeCallback("rl_router_routing_picks_total", "Workers picked (retries included).", policy,
+                     [pool] { return double(pool->routing_stats().picks); });
+  m.SetGaugeCallback(
+      "rl_router_routing_keyed_picks_total",
+      "Picks placed by a preference: routing key, group id, cached trajectory or prefix.", policy,
+      [pool] { return double(pool->routing_stats().keyed_picks); });
+  m.SetGaugeCallback("rl_router_routing_key_moves_total",
+                     "Picks that passed over a preferred worker above --load-factor times the "
+                     "fleet's mean load.",
+                     policy, [pool] { return double(pool->routing_stats().key_moves); });
+  m.SetGaugeCallback("rl_router_routing_load_spread",
+                     "Max / mean load (samples in flight) of the routable workers now.", policy,
+                     [pool] { return pool->LoadSpread(); });
+  m.SetGaugeCallback("rl_router_routing_mean_load_spread",
+                     "Max / mean load of the candidates right after each pick, averaged.", policy,
+                     [pool] { return pool->routing_stats().mean_load_spread; });
+  m.SetGaugeCallback(
+      "rl_router_routing_prefix_hit_ratio",
+      "Prompt tokens the workers served from their prefix caches / prompt tokens, as they report "
+      "them in their final messages (per worker: rl_router_worker_*_tokens_total).",
+      policy, [pool] {
+        const auto [prompt, cached] = PrefixTotals(pool->List());
+        return Ratio(cached, prompt);
+      });
   m.SetGaugeCallback("rl_router_weight_version_mismatch",
                      "1 when live workers report different weight versions.", {},
                      [pool] { return pool->VersionMismatch() ? 1.0 : 0.0; });
+}
+
+void RouterMetrics::RecordPrefix(const std::string& worker, int64_t prompt, int64_t cached) {
+  const Labels labels = {{"worker", worker}};
+  registry_
+      ->GetCounter(kWorkerPromptTokens,
+                   "Prompt tokens of the completions a worker finished for this router.", labels)
+      ->Inc(static_cast<double>(prompt));
+  registry_
+      ->GetCounter(kWorkerCachedTokens,
+                   "Of those, the tokens the worker served from its prefix cache (its "
+                   "cached_tokens).",
+                   labels)
+      ->Inc(static_cast<double>(cached));
+}
+
+void RouterMetrics::ForgetWorker(const std::string& worker) {
+  registry_->RemoveSeries(kWorkerPromptTokens, "worker", worker);
+  registry_->RemoveSeries(kWorkerCachedTokens, "worker", worker);
 }
 
 void RouterMetrics::Fill(rl::v1::GetMetricsResponse* out) const {
@@ -108,6 +171,19 @@ void RouterMetrics::Fill(rl::v1::GetMetricsResponse* out) const {
   c->set_gc_threshold_k(s.gc_threshold_k);
   c->set_seam_continuations(seam_->seam_continuations.load());
   c->set_whole_text_fallbacks(seam_->whole_text_fallbacks.load());
+  const RoutingStats stats = pool_->routing_stats();
+  rl::v1::RoutingMetrics* r = out->mutable_routing();
+  r->set_policy(pool_->policy_name());
+  r->set_load_factor(pool_->policy_load_factor());
+  r->set_picks(stats.picks);
+  r->set_keyed_picks(stats.keyed_picks);
+  r->set_key_moves(stats.key_moves);
+  const auto [prompt, cached] = PrefixTotals(workers);
+  r->set_prompt_tokens(prompt);
+  r->set_cached_prompt_tokens(cached);
+  r->set_prefix_hit_rate(Ratio(cached, prompt));
+  r->set_load_spread(pool_->LoadSpread());
+  r->set_mean_load_spread(stats.mean_load_spread);
   out->set_prometheus_text(registry_->RenderPrometheus());
 }
 

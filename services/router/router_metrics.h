@@ -7,6 +7,9 @@
 // the cache's stats under their locks). Thread-safe.
 #pragma once
 
+#include <cstdint>
+#include <string>
+
 #include "common/metrics.h"
 #include "rl/v1/router.pb.h"
 #include "services/router/admission.h"
@@ -39,6 +42,11 @@ class RouterMetrics {
   void RecordRejected() { rejected_total_->Inc(); }
   // A client that did not read its stream was cut off.
   void RecordOverflow() { overflows_total_->Inc(); }
+  // A worker finished a completion of `prompt` prompt tokens, `cached` of them from its prefix
+  // cache (rl_router_worker_*_tokens_total{worker}).
+  void RecordPrefix(const std::string& worker, int64_t prompt, int64_t cached);
+  // Drops a removed worker's series.
+  void ForgetWorker(const std::string& worker);
   // Counted by the Generation itself (GenerationEnv::retries_total).
   Counter* retries_total() const { return retries_total_; }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "services/router/pool/policies/make_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::router {
@@ -55,6 +56,7 @@ absl::Status Validate(const RouterConfig& c) {
     return bad("blocking-threads", "must be in [1, 64]");
   if (c.admin_threads < 1 || c.admin_threads > 64)
     return bad("admin-threads", "must be in [1, 64]");
+  RETURN_IF_ERROR(ValidatePolicyOptions({c.policy, c.load_factor}));
   RETURN_IF_ERROR(ValidateRequestLimits(c.limits));
   for (const std::string& w : c.workers) {
     if (absl::Status s = CheckAddress(w, c.limits); !s.ok()) return Annotate(s, "--worker");
@@ -76,7 +78,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   pool_options.health_timeout = std::chrono::milliseconds(config.health_timeout_ms);
   pool_options.failure_threshold = config.health_failure_threshold;
   pool_options.success_threshold = config.health_success_threshold;
-  s->pool_ = std::make_unique<WorkerPool>(pool_options);
+  ASSIGN_OR_RETURN(std::unique_ptr<RoutingPolicy> policy,
+                   MakeRoutingPolicy({config.policy, config.load_factor}));
+  s->pool_ = std::make_unique<WorkerPool>(pool_options, std::move(policy));
   s->cache_follows_fleet_ = std::make_unique<CacheFollowsFleet>(s->cache_.get());
   s->pool_->AddObserver(s->cache_follows_fleet_.get());
   // Requests wait for a slot in the router's fair queues, not in a worker's FIFO queue: with

@@ -87,6 +87,9 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
   env_.limits = options.limits;
   env_.retry = options.retry;
   env_.retries_total = metrics_.retries_total();
+  env_.record_prefix = [this](const std::string& worker, int64_t prompt, int64_t cached) {
+    metrics_.RecordPrefix(worker, prompt, cached);
+  };
   generate_.env = &env_;
   generate_.pool = pool;
   generate_.data_auth = data_auth;
@@ -207,7 +210,10 @@ grpc::ServerUnaryReactor* RouterService::RemoveWorker(grpc::CallbackServerContex
     return FinishUnary(context, s);
   }
   absl::Status s = pool_->Remove(request->address());
-  if (s.ok()) pool_->FillList(response);
+  if (s.ok()) {
+    metrics_.ForgetWorker(request->address());
+    pool_->FillList(response);
+  }
   return FinishUnary(context, s);
 }
 

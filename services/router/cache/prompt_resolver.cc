@@ -48,8 +48,7 @@ size_t PendingFrom(const std::vector<uint32_t>& ends) {
   return i;
 }
 
-void AppendCompletionDelta(std::string_view delta, std::string* text,
-                           std::vector<uint32_t>* ends) {
+void AppendCompletionDelta(std::string_view delta, std::string* text, std::vector<uint32_t>* ends) {
   ends->push_back(kPendingEnd);
   if (delta.empty()) return;
   *text += delta;
@@ -88,8 +87,7 @@ bool DecodesTo(const tokenizer::Tokenizer& tokenizer, const std::vector<int32_t>
   return decoded.ok() && *decoded == text;
 }
 
-size_t FindWindowStart(const tokenizer::Tokenizer& tokenizer, std::string_view text,
-                       size_t seam) {
+size_t FindWindowStart(const tokenizer::Tokenizer& tokenizer, std::string_view text, size_t seam) {
   const bool regex = tokenizer.has_regex_pre_tokenizer();
   const size_t lowest = seam > kSeamWindowBytes ? seam - kSeamWindowBytes : 1;
   for (size_t p = std::min(seam, text.size() - 1); p >= std::max<size_t>(lowest, 1); --p) {
@@ -119,6 +117,13 @@ absl::StatusOr<ResolvedPrompt> ResolveTextPrompt(std::string_view text, const Te
   Count(&counters->requests);
 
   CacheMatch m = cache.Match(text, MatchGoal::kMostGenerated);
+  // Whatever the tokens end up being, the holders go with the prompt (for routing).
+  const auto with_holders = [&m](ResolvedPrompt* r) {
+    r->holders = std::move(m.holders);
+    for (CacheHolder& h : r->holders) {
+      h.tokens = std::min<uint32_t>(h.tokens, static_cast<uint32_t>(r->ids.size()));
+    }
+  };
   // Reuse exactly through the last generated token.
   size_t keep = 0;
   for (size_t i = m.tokens.size(); i > 0; --i) {
@@ -135,6 +140,7 @@ absl::StatusOr<ResolvedPrompt> ResolveTextPrompt(std::string_view text, const Te
       Count(&counters->whole_text_fallbacks);
       resolved->whole_text_fallback = true;
     }
+    with_holders(&*resolved);
     return resolved;
   }
 
@@ -178,11 +184,15 @@ absl::StatusOr<ResolvedPrompt> ResolveTextPrompt(std::string_view text, const Te
   }
   // (a) on the whole prompt: the cached part is checked too.
   if (ok) ok = DecodesTo(tokenizer, p.ids, text);
-  if (ok) return p;
+  if (ok) {
+    with_holders(&p);
+    return p;
+  }
   Count(&counters->whole_text_fallbacks);
   resolved = WholeText(text, tokenizer);
   if (!resolved.ok()) return resolved.status();
   resolved->whole_text_fallback = true;
+  with_holders(&*resolved);
   return resolved;
 }
 

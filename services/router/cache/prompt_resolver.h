@@ -37,12 +37,15 @@ struct SeamCounters {
 
 struct ResolvedPrompt {
   std::vector<int32_t> ids;
-  std::vector<uint32_t> ends;  // byte end of each token in the text (non-decreasing)
-  std::vector<uint8_t> mask;   // 0 prompt, 1 generated
+  std::vector<uint32_t> ends;   // byte end of each token in the text (non-decreasing)
+  std::vector<uint8_t> mask;    // 0 prompt, 1 generated
   std::vector<float> logprobs;  // NaN where unknown
   // Versions of the reused tokens (the first `cached_tokens` ids); the caller adds the rest.
   std::vector<int64_t> versions;
   int32_t cached_tokens = 0;  // reused from the cache
+  // The workers that served a cached prefix of the text (CacheMatch::holders), tokens capped to
+  // the prompt's: where cache-aware routing finds the prompt's KV.
+  std::vector<CacheHolder> holders;
   bool seam_continuation = false;
   bool whole_text_fallback = false;
 };
@@ -70,8 +73,7 @@ struct DecodedCompletion {
 // StreamDecoder::Flush, append the rest to `text` and set the ends from PendingFrom(ends) on
 // to text's size.
 inline constexpr uint32_t kPendingEnd = 0xFFFFFFFF;
-void AppendCompletionDelta(std::string_view delta, std::string* text,
-                           std::vector<uint32_t>* ends);
+void AppendCompletionDelta(std::string_view delta, std::string* text, std::vector<uint32_t>* ends);
 // Index of the first trailing kPendingEnd in `ends` (ends.size() when none).
 size_t PendingFrom(const std::vector<uint32_t>& ends);
 
@@ -88,7 +90,6 @@ bool DecodesTo(const tokenizer::Tokenizer& tokenizer, const std::vector<int32_t>
 
 // Largest pre-token boundary w with seam - kSeamWindowBytes <= w <= seam that the resolver
 // may start a window at, or 0 when there is none (0 is always a boundary).
-size_t FindWindowStart(const tokenizer::Tokenizer& tokenizer, std::string_view text,
-                       size_t seam);
+size_t FindWindowStart(const tokenizer::Tokenizer& tokenizer, std::string_view text, size_t seam);
 
 }  // namespace rl::router

@@ -98,6 +98,48 @@ void TextCache::SyncLeaf(Node* node) {
   if (!leaf && node->in_leaf_index) UnlinkLeaf(node);
 }
 
+void TextCache::MarkWorkers(Node* node, int64_t version, uint64_t bit) {
+  if (bit == 0 || node->parent == nullptr) return;  // the root holds no tokens
+  if (version > node->version) {
+    node->workers = bit;
+  } else if (version == node->version) {
+    node->workers |= bit;
+  }
+}
+
+uint64_t TextCache::WorkerBit(std::string_view worker) {
+  if (worker.empty()) return 0;
+  ++inserts_;
+  for (size_t i = 0; i < worker_slots_.size(); ++i) {
+    if (worker_slots_[i] == worker) {
+      worker_slot_used_[i] = inserts_;
+      return uint64_t{1} << i;
+    }
+  }
+  size_t slot = worker_slots_.size();
+  if (slot < kMaxCacheWorkers) {
+    worker_slots_.emplace_back(worker);
+    worker_slot_used_.push_back(inserts_);
+  } else {
+    // Every slot is taken (more than 64 workers ever served): the one used least recently goes,
+    // and no node may keep claiming that its old worker holds it. O(nodes), and rare.
+    slot =
+        static_cast<size_t>(std::min_element(worker_slot_used_.begin(), worker_slot_used_.end()) -
+                            worker_slot_used_.begin());
+    const uint64_t keep = ~(uint64_t{1} << slot);
+    std::vector<Node*> stack = {root_.get()};
+    while (!stack.empty()) {
+      Node* n = stack.back();
+      stack.pop_back();
+      n->workers &= keep;
+      for (auto& child : n->children) stack.push_back(child.get());
+    }
+    worker_slots_[slot] = std::string(worker);
+    worker_slot_used_[slot] = inserts_;
+  }
+  return uint64_t{1} << slot;
+}
+
 void TextCache::Bump(Node* node, int64_t version) {
   if (node == root_.get() || version <= node->version) return;
   if (node->in_leaf_index) {
@@ -128,6 +170,7 @@ TextCache::Node* TextCache::Split(Node* node, uint32_t num_tokens) {
   std::memcpy(upper->mask(), node->mask(), num_tokens);
   std::memcpy(upper->text_data(), text.data(), cut);
   upper->version = node->version;
+  upper->workers = node->workers;
   upper->parent = parent;
   std::vector<int64_t> versions;
   versions.reserve(n);
@@ -216,7 +259,8 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
                                absl::Span<const uint32_t> token_end_offsets,
                                absl::Span<const uint8_t> loss_mask,
                                absl::Span<const float> logprobs, int64_t weight_version,
-                               absl::Span<const int64_t> token_versions, size_t* cached_tokens) {
+                               absl::Span<const int64_t> token_versions, size_t* cached_tokens,
+                               std::string_view worker) {
   const absl::Span<const uint32_t> ends = token_end_offsets;
   if (cached_tokens != nullptr) *cached_tokens = 0;
   if (text.empty() || tokens.empty()) {
@@ -255,11 +299,13 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
                              : EncodeRuns(token_versions);
   absl::MutexLock lock(&mu_);
   current_version_ = std::max(current_version_, weight_version);
+  const uint64_t worker_bit = WorkerBit(worker);
   Node* node = root_.get();
   size_t cached = n;  // tokens of the trajectory the cache holds afterwards
-  size_t pos = 0;    // bytes of text consumed: a boundary of both the path and the trajectory
-  size_t first = 0;  // tokens consumed: those ending at or before `pos`
+  size_t pos = 0;     // bytes of text consumed: a boundary of both the path and the trajectory
+  size_t first = 0;   // tokens consumed: those ending at or before `pos`
   while (true) {
+    MarkWorkers(node, weight_version, worker_bit);
     Bump(node, weight_version);
     if (pos == text.size()) {
       node->path_runs = std::move(path_runs);
@@ -319,9 +365,10 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
       RemoveSubtree(node, static_cast<size_t>(lo - children.begin()));
       ++conflicts_replaced_;
     }
-    Node* leaf = AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs,
-                          token_versions, weight_version);
+    Node* leaf = AddChild(node, text, pos, first, tokens, ends, loss_mask, logprobs, token_versions,
+                          weight_version);
     leaf->path_runs = std::move(path_runs);
+    leaf->workers = worker_bit;
     break;
   }
   if (cached_tokens != nullptr) *cached_tokens = cached;

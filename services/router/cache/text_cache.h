@@ -8,7 +8,8 @@
 //
 // Cost: Match O(matched bytes + depth * log fan-out) per path followed; Insert O(bytes + depth
 // * log fan-out) plus O(new tokens) for the new edge; GC O(log #versions) per removed node.
-// Memory: 13 B per token plus the text bytes and a ~135 B node per edge.
+// Memory: 13 B per token plus the text bytes and a ~145 B node per edge (with the bit set of
+// the workers that served it).
 //
 // Thread safety: every method may be called concurrently. Insert and SetCurrentVersion hold the
 // writer lock; Match, Retrieve, GetStats and ValidateForTesting a shared reader lock. The
@@ -20,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -48,6 +50,16 @@ struct TextCacheOptions {
   absl::Status Validate() const;
 };
 
+// Worker addresses the cache remembers at once (one bit per node each; docs/text-cache.md,
+// "Workers"). A 65th address takes the slot of the one used least recently.
+inline constexpr size_t kMaxCacheWorkers = 64;
+
+// A worker that served a trajectory through the first `tokens` tokens of a match.
+struct CacheHolder {
+  std::string worker;
+  uint32_t tokens = 0;
+};
+
 // The cached prefix of a query. Empty (matched_bytes == 0, no tokens) on a miss.
 struct CacheMatch {
   size_t matched_bytes = 0;  // query[0, matched_bytes) is covered by `tokens`
@@ -58,6 +70,9 @@ struct CacheMatch {
   // Per token, as inserted: up to the deepest trajectory end on the path, that trajectory's.
   std::vector<int64_t> token_versions;
   int64_t weight_version = 0;  // version of the deepest matched node (0 on a miss)
+  // The workers that served trajectories through a prefix of the match at the cache's current
+  // version, each with the tokens of the longest such prefix; longest first.
+  std::vector<CacheHolder> holders;
 };
 
 // RetrieveFromText's view of a match: exactly what was inserted for query[0, matched_bytes).
@@ -103,11 +118,14 @@ class TextCache {
   // cache holds: all of them unless a conflict kept generated tokens); then runs GC when over
   // the size limit. InvalidArgument (cache unchanged) when the text is empty or over 4 GiB,
   // lengths differ, ends decrease or do not end at the text size, or a mask is not 0/1.
+  // `worker` (empty: unknown) is the address of the worker that served the trajectory: every
+  // node on its cached path remembers it (Match's holders).
   absl::Status Insert(std::string_view text, absl::Span<const int32_t> tokens,
                       absl::Span<const uint32_t> token_end_offsets,
                       absl::Span<const uint8_t> loss_mask, absl::Span<const float> logprobs,
                       int64_t weight_version, absl::Span<const int64_t> token_versions = {},
-                      size_t* cached_tokens = nullptr) ABSL_LOCKS_EXCLUDED(mu_);
+                      size_t* cached_tokens = nullptr, std::string_view worker = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Longest cached prefix of `query` ending on a token boundary (see the file comment). Counts
   // one hit (some tokens matched) or one miss.
@@ -158,6 +176,13 @@ class TextCache {
                  absl::Span<const int64_t> token_versions, int64_t version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCollectGarbage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The bit of `worker`'s slot, taking a slot (and clearing its old owner's bits) when new.
+  uint64_t WorkerBit(std::string_view worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that the worker(s) `bit` computed `node` at `version` (before Bump raises it): a
+  // newer version replaces the node's workers (older versions' KV is gone from every worker).
+  static void MarkWorkers(Node* node, int64_t version, uint64_t bit);
+  void HoldersLocked(const std::vector<const Node*>& path, const std::vector<size_t>& tokens,
+                     CacheMatch* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void MatchLocked(std::string_view query, MatchGoal goal, CacheMatch* out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
@@ -175,6 +200,11 @@ class TextCache {
   int64_t conflicts_replaced_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t conflicts_kept_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t current_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Worker addresses by slot (a node's `workers` bit i is worker_slots_[i]) and, per slot, the
+  // insert count at its last use.
+  std::vector<std::string> worker_slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> worker_slot_used_ ABSL_GUARDED_BY(mu_);
+  uint64_t inserts_ ABSL_GUARDED_BY(mu_) = 0;
   // Counted under the shared lock, hence atomic.
   mutable std::atomic<int64_t> hits_{0};
   mutable std::atomic<int64_t> misses_{0};

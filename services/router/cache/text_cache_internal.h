@@ -38,6 +38,9 @@ struct TextCache::Node {
   // Set on a node where an inserted trajectory ends (empty elsewhere): the versions that insert
   // gave every token on the path from the root, run-length as (first token index, version).
   std::vector<std::pair<uint32_t, int64_t>> path_runs;
+  // The workers (bits of TextCache::worker_slots_) that served a trajectory through this edge
+  // at `version`; meaningful only while `version` is the cache's current version.
+  uint64_t workers = 0;
 
   // Sets the versions of the tokens from `v` (num_tokens values).
   void SetVersions(const int64_t* v) {

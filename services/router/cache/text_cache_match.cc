@@ -112,6 +112,8 @@ void TextCache::MatchLocked(std::string_view query, MatchGoal goal, CacheMatch* 
   // The deepest fully matched node where a trajectory ended, and the tokens up to it.
   const Node* terminal = nullptr;
   size_t terminal_tokens = 0;
+  std::vector<size_t> path_tokens;  // tokens through each node of `path`
+  path_tokens.reserve(path.size());
   for (const Node* child : path) {
     const uint32_t* e = child->ends();
     const size_t take = child == best.node ? best.take : child->num_tokens;
@@ -126,6 +128,7 @@ void TextCache::MatchLocked(std::string_view query, MatchGoal goal, CacheMatch* 
       out->token_end_offsets[old + i] = static_cast<uint32_t>(pos + e[i]);
     }
     edges.emplace_back(old, child->version);
+    path_tokens.push_back(out->tokens.size());
     pos += e[take - 1];
     if (take == child->num_tokens && !child->path_runs.empty()) {
       terminal = child;
@@ -155,6 +158,31 @@ void TextCache::MatchLocked(std::string_view query, MatchGoal goal, CacheMatch* 
   out->matched_bytes = pos;
   while (!edges.empty() && edges.back().first >= out->tokens.size()) edges.pop_back();
   out->weight_version = edges.empty() ? 0 : edges.back().second;
+  HoldersLocked(path, path_tokens, out);
+}
+
+void TextCache::HoldersLocked(const std::vector<const Node*>& path,
+                              const std::vector<size_t>& tokens, CacheMatch* out) const {
+  if (worker_slots_.empty()) return;
+  // Per slot, the tokens through the deepest node it served (at the current version).
+  uint32_t held[kMaxCacheWorkers] = {};
+  uint64_t any = 0;
+  for (size_t i = 0; i < path.size(); ++i) {
+    if (path[i]->version < current_version_) continue;  // older KV: flushed from every worker
+    const uint32_t t = static_cast<uint32_t>(std::min(tokens[i], out->tokens.size()));
+    for (uint64_t bits = path[i]->workers; bits != 0; bits &= bits - 1) {
+      const int slot = __builtin_ctzll(bits);
+      held[slot] = t;
+      any |= uint64_t{1} << slot;
+    }
+  }
+  for (uint64_t bits = any; bits != 0; bits &= bits - 1) {
+    const int slot = __builtin_ctzll(bits);
+    if (held[slot] > 0)
+      out->holders.push_back({worker_slots_[static_cast<size_t>(slot)], held[slot]});
+  }
+  std::stable_sort(out->holders.begin(), out->holders.end(),
+                   [](const CacheHolder& a, const CacheHolder& b) { return a.tokens > b.tokens; });
 }
 
 CacheMatch TextCache::Match(std::string_view query, MatchGoal goal) const {

@@ -61,8 +61,8 @@ void HealthChecker::CheckAsync(const std::shared_ptr<Worker>& w,
   call->health_stub = grpc::health::v1::Health::NewStub(w->channel());
   call->hctx.set_deadline(deadline);
   call->lctx.set_deadline(deadline);
-  auto finish = [call, on_report = std::move(on_report)](const grpc::Status& s,
-                                                         bool version_known) {
+  auto finish = [call, w, on_report = std::move(on_report)](const grpc::Status& s,
+                                                            bool version_known) {
     HealthReport report;
     report.reachable = s.ok();
     if (!s.ok()) {
@@ -73,6 +73,7 @@ void HealthChecker::CheckAsync(const std::shared_ptr<Worker>& w,
     if (s.ok() && version_known) {
       report.weight_version = call->load.weight_version();
       report.max_running_requests = call->load.max_running_requests();
+      w->set_kv_usage(call->load.kv_usage());  // least_load's second criterion
     }
     on_report(report);
   };

@@ -1,21 +1,22 @@
 #include "services/router/pool/routing_policy.h"
 
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
 namespace rl::router {
 
-size_t RoundRobinPolicy::Choose(const PickRequest&, absl::Span<const Candidate> candidates) {
-  size_t chosen = 0;  // wraps to the first when none follows the last one chosen
-  for (size_t i = 0; i < candidates.size(); ++i) {
-    if (*candidates[i].address > last_) {
-      chosen = i;
-      break;
-    }
+absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
+  if (options.name != "round_robin" && options.name != "least_load" && options.name != "affinity" &&
+      options.name != "cache_aware") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--policy: '", options.name, "' is not one of ", kPolicyNames));
   }
-  last_ = *candidates[chosen].address;
-  return chosen;
-}
-
-std::unique_ptr<RoutingPolicy> MakeRoundRobinPolicy() {
-  return std::make_unique<RoundRobinPolicy>();
+  if (!std::isfinite(options.load_factor) || options.load_factor < 1 || options.load_factor > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--load-factor: must be in [1, 100], got ", options.load_factor));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace rl::router

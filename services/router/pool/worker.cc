@@ -1,5 +1,7 @@
 #include "services/router/pool/worker.h"
 
+#include <utility>
+
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -21,20 +23,35 @@ Worker::Worker(std::string address) : address_(std::move(address)) {
   }
 }
 
-Lease::Lease(std::shared_ptr<Worker> w) : worker_(std::move(w)) {
-  if (worker_) worker_->in_flight_.fetch_add(1);
+Lease::Lease(std::shared_ptr<Worker> w, int32_t units)
+    : worker_(std::move(w)), units_(units > 0 ? units : 1) {
+  if (worker_) {
+    worker_->in_flight_.fetch_add(1);
+    worker_->load_.fetch_add(units_);
+  }
+}
+
+Lease::Lease(Lease&& other) noexcept
+    : worker_(std::move(other.worker_)), units_(std::exchange(other.units_, 0)) {}
+
+void Lease::Drop() {
+  if (worker_) {
+    worker_->in_flight_.fetch_sub(1);
+    worker_->load_.fetch_sub(units_);
+  }
+  worker_.reset();
+  units_ = 0;
 }
 
 Lease& Lease::operator=(Lease&& other) noexcept {
   if (this != &other) {
-    if (worker_) worker_->in_flight_.fetch_sub(1);
+    Drop();
     worker_ = std::move(other.worker_);
+    units_ = std::exchange(other.units_, 0);
   }
   return *this;
 }
 
-Lease::~Lease() {
-  if (worker_) worker_->in_flight_.fetch_sub(1);
-}
+Lease::~Lease() { Drop(); }
 
 }  // namespace rl::router

@@ -47,6 +47,19 @@ class Worker {
   CallRegistry& calls() { return calls_; }
   // The router's requests running on it now (leases).
   int32_t in_flight() const { return in_flight_.load(); }
+  // The samples of those requests (a request with n samples counts n): what policies balance.
+  int32_t load() const { return load_.load(); }
+  // Its KV-cache usage in [0, 1] as its last health check's GetLoad reported it.
+  double kv_usage() const { return kv_usage_.load(std::memory_order_relaxed); }
+  void set_kv_usage(double usage) { kv_usage_.store(usage, std::memory_order_relaxed); }
+  // Prompt tokens of the completions it finished for this router, and those it served from its
+  // prefix cache (GenerateFinal.cached_tokens): its prefix-cache hit rate as it reports it.
+  void RecordPrefix(int64_t prompt_tokens, int64_t cached_tokens) {
+    prompt_tokens_.fetch_add(prompt_tokens, std::memory_order_relaxed);
+    cached_tokens_.fetch_add(cached_tokens, std::memory_order_relaxed);
+  }
+  int64_t prompt_tokens() const { return prompt_tokens_.load(std::memory_order_relaxed); }
+  int64_t cached_tokens() const { return cached_tokens_.load(std::memory_order_relaxed); }
   // Times the pool picked it.
   int64_t served() const { return served_.load(); }
   void CountServed() { served_.fetch_add(1); }
@@ -62,16 +75,20 @@ class Worker {
   std::unique_ptr<rl::v1::Admin::Stub> admin_stub_;
   CallRegistry calls_;
   std::atomic<int32_t> in_flight_{0};
+  std::atomic<int32_t> load_{0};
+  std::atomic<double> kv_usage_{0};
   std::atomic<int64_t> served_{0};
+  std::atomic<int64_t> prompt_tokens_{0};
+  std::atomic<int64_t> cached_tokens_{0};
 };
 
-// One in-flight unit on a worker (Worker::in_flight); movable, released on destruction. An empty
-// lease holds no worker.
+// One in-flight request on a worker (Worker::in_flight) and its `units` samples (Worker::load);
+// movable, released on destruction. An empty lease holds no worker.
 class Lease {
  public:
   Lease() = default;
-  explicit Lease(std::shared_ptr<Worker> w);
-  Lease(Lease&& other) noexcept = default;
+  explicit Lease(std::shared_ptr<Worker> w, int32_t units = 1);
+  Lease(Lease&& other) noexcept;
   Lease& operator=(Lease&& other) noexcept;
   ~Lease();
   Worker* operator->() const { return worker_.get(); }
@@ -79,7 +96,10 @@ class Lease {
   explicit operator bool() const { return worker_ != nullptr; }
 
  private:
+  void Drop();
+
   std::shared_ptr<Worker> worker_;
+  int32_t units_ = 0;
 };
 
 }  // namespace rl::router

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "services/router/pool/policies/round_robin.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::router {
@@ -235,6 +236,10 @@ rl::v1::WorkerStatus WorkerPool::StatusLocked(const Entry& e, int64_t reference)
   s.set_version_mismatch(st.weight_version() >= 0 && st.Differs(reference));
   s.set_consecutive_failures(st.failures());
   s.set_requests_served(e.worker->served());
+  s.set_load(e.worker->load());
+  s.set_prompt_tokens(e.worker->prompt_tokens());
+  s.set_cached_prompt_tokens(e.worker->cached_tokens());
+  s.set_kv_usage(e.worker->kv_usage());
   return s;
 }
 
@@ -297,16 +302,19 @@ Lease WorkerPool::Pick(const PickRequest& request) {
   const int64_t reference = ReferenceVersionLocked();
   for (Entry& e : entries_) {
     if (!EligibleLocked(e, request, reference)) continue;
-    candidates.push_back(
-        {e.worker.get(), &e.worker->address(), e.worker->in_flight(), e.state.weight_version()});
+    candidates.push_back({e.worker.get(), &e.worker->address(), e.worker->in_flight(),
+                          e.worker->load(), e.worker->kv_usage(), e.state.weight_version()});
     entries.push_back(&e);
   }
   while (!candidates.empty()) {
-    const size_t i = std::min(policy_->Choose(request, candidates), candidates.size() - 1);
+    Choice choice = policy_->Choose(request, candidates);
+    choice.index = std::min(choice.index, candidates.size() - 1);
+    const size_t i = choice.index;
     Entry* e = entries[i];
     if (e->worker->channel()->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
       e->worker->CountServed();
-      return Lease(e->worker);
+      RecordPickLocked(choice, candidates, request.units);
+      return Lease(e->worker, request.units);
     }
     // The connection dropped since the last check: verify process and version first.
     e->state.OnConnectionLost();
@@ -315,6 +323,41 @@ Lease WorkerPool::Pick(const PickRequest& request) {
     entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(i));
   }
   return Lease();
+}
+
+void WorkerPool::RecordPickLocked(const Choice& choice, absl::Span<const Candidate> candidates,
+                                  int32_t units) {
+  ++routing_stats_.picks;
+  if (choice.keyed) ++routing_stats_.keyed_picks;
+  if (choice.moved) ++routing_stats_.key_moves;
+  int64_t total = 0, max = 0;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const int64_t load = candidates[i].load + (i == choice.index ? std::max(units, 1) : 0);
+    total += load;
+    max = std::max(max, load);
+  }
+  load_spread_sum_ += static_cast<double>(max) * static_cast<double>(candidates.size()) /
+                      static_cast<double>(total);
+}
+
+RoutingStats WorkerPool::routing_stats() const {
+  absl::MutexLock lock(&mu_);
+  RoutingStats s = routing_stats_;
+  s.mean_load_spread = s.picks > 0 ? load_spread_sum_ / static_cast<double>(s.picks) : 0;
+  return s;
+}
+
+double WorkerPool::LoadSpread() const {
+  absl::MutexLock lock(&mu_);
+  int64_t total = 0, max = 0, n = 0;
+  for (const Entry& e : entries_) {
+    if (!e.state.Routable(fleet_.version)) continue;
+    ++n;
+    total += e.worker->load();
+    max = std::max<int64_t>(max, e.worker->load());
+  }
+  return total > 0 ? static_cast<double>(max) * static_cast<double>(n) / static_cast<double>(total)
+                   : 0;
 }
 
 void WorkerPool::Hold(Worker* w) {

@@ -67,9 +67,19 @@ class WorkerSource {
   virtual void ReportVersion(Worker* w, int64_t version) = 0;
 };
 
+// What the routing policy did since the pool started (docs/routing.md, "Policies").
+struct RoutingStats {
+  int64_t picks = 0;        // workers picked (retries included)
+  int64_t keyed_picks = 0;  // placed by a preference (key, group, trajectory, cached prefix)
+  int64_t key_moves = 0;    // a preferred worker was over the load bound
+  // Mean over picks of max / mean load (samples in flight) of the candidates, right after the
+  // pick (0 before the first pick).
+  double mean_load_spread = 0;
+};
+
 class WorkerPool final : public WorkerSource {
  public:
-  // `policy` null: round-robin. Starts the health thread.
+  // `policy` null: round-robin (routing_policy.h has the others). Starts the health thread.
   explicit WorkerPool(const PoolOptions& options, std::unique_ptr<RoutingPolicy> policy = nullptr);
   ~WorkerPool() override;  // stops the health thread
 
@@ -115,6 +125,13 @@ class WorkerPool final : public WorkerSource {
   // operator enables it or a resync succeeds (ClearPartial).
   void DisablePartial(Worker* w, const std::string& reason);
   void ClearPartial(Worker* w);
+
+  // ---- routing figures ----
+  const char* policy_name() const { return policy_->name(); }
+  double policy_load_factor() const { return policy_->load_factor(); }
+  RoutingStats routing_stats() const;
+  // Max / mean load (samples in flight) of the routable workers now; 0 when none is loaded.
+  double LoadSpread() const;
 
   // ---- health ----
   // A call to `w` failed with UNAVAILABLE: not routed until the next health check passes (it
@@ -199,6 +216,9 @@ class WorkerPool final : public WorkerSource {
   // rejoined, and not syncing already.
   void MaybeCatchUp(const std::shared_ptr<Worker>& w) ABSL_LOCKS_EXCLUDED(mu_, handoff_mu_);
   std::vector<std::shared_ptr<Worker>> Snapshot() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts one pick of candidates[index] for `units` samples in routing_stats_.
+  void RecordPickLocked(const Choice& choice, absl::Span<const Candidate> candidates, int32_t units)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const PoolOptions options_;
   const HealthThresholds thresholds_;
@@ -206,6 +226,8 @@ class WorkerPool final : public WorkerSource {
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);  // sorted by address
   const std::unique_ptr<RoutingPolicy> policy_ ABSL_PT_GUARDED_BY(mu_);
   FleetWeights fleet_ ABSL_GUARDED_BY(mu_);
+  RoutingStats routing_stats_ ABSL_GUARDED_BY(mu_);
+  double load_spread_sum_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<int> holds_{0};
   absl::Mutex capacity_mu_;
   std::function<void(int64_t)> capacity_observer_ ABSL_GUARDED_BY(capacity_mu_);

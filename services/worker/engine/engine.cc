@@ -136,6 +136,9 @@ Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& 
     so.routing_width = so.routing_layers * so.routing_top_k;
   }
   scheduler_ = std::make_unique<Scheduler>(so, decoder_.get());
+  kv_events_ =
+      KvEventLog::Create(static_cast<size_t>(std::max<int64_t>(options.kv_event_buffer_units, 1)),
+                         static_cast<size_t>(std::max(options.max_kv_event_subscribers, 1)));
   sampler_ = Sampler(SamplerOptions{config_.vocab_size, config_.eos_token_ids});
   scheduler_->set_weight_version(options.initial_weight_version);
   {
@@ -358,6 +361,36 @@ void Engine::Loop() {
   }
 }
 
+void Engine::PublishKvEvents() {
+  if (!kv_recording_) return;
+  if (!kv_pending_.empty()) {
+    kv_events_->Append(std::move(kv_pending_),
+                       absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()));
+    kv_pending_.clear();
+  }
+  if (!kv_events_->active()) {
+    scheduler_->kv().set_event_sink(nullptr);
+    kv_recording_ = false;
+  }
+}
+
+absl::StatusOr<std::unique_ptr<KvEventLog::Subscription>> Engine::SubscribeKvEvents(
+    std::function<void()> notify) {
+  std::unique_ptr<KvEventLog::Subscription> subscription;
+  RETURN_IF_ERROR(Call([&]() -> absl::Status {
+    PublishKvEvents();  // what happened before belongs to the earlier subscribers only
+    std::vector<KvCacheEvent> snapshot;
+    scheduler_->kv().Snapshot(&snapshot);
+    ASSIGN_OR_RETURN(subscription, kv_events_->Subscribe(std::move(snapshot), std::move(notify)));
+    if (!kv_recording_) {
+      scheduler_->kv().set_event_sink(&kv_pending_);
+      kv_recording_ = true;
+    }
+    return absl::OkStatus();
+  }));
+  return subscription;
+}
+
 void Engine::Step() {
   ScheduledBatch batch = scheduler_->Schedule(NowUs());
   if (batch.empty()) return;
@@ -388,6 +421,8 @@ ServerInfo Engine::BuildInfo() const {
 }
 
 void Engine::PublishSnapshot() {
+  // KV events first: whoever reads a finish (below) finds the events of its step published.
+  PublishKvEvents();
   // The counters are copied every step; the running ids (one string per running sequence)
   // only when the running batch changed since the last snapshot.
   ServerInfo info = BuildInfo();

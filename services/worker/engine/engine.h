@@ -3,7 +3,7 @@
 //
 //   loop: run queued commands → batch = scheduler.Schedule() → runner.Forward(batch)
 //         → sampler.Sample(batch, logits) → scheduler.Update(batch, tokens)
-//         → publish a ServerInfo snapshot
+//         → publish the step's KV events (while subscribed) and a ServerInfo snapshot
 //
 // Every public method may be called from any thread: commands reach the engine thread through a
 // mutex + condition-variable queue, and the blocking ones return once it applied them, between
@@ -29,6 +29,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/model_io/model_config.h"
+#include "services/worker/engine/kv_events.h"
 #include "services/worker/engine/request.h"
 #include "services/worker/engine/sampler.h"
 #include "services/worker/engine/scheduler.h"
@@ -55,6 +56,10 @@ struct EngineOptions {
   bool check_invariants = false;
   // Allow return_routed_experts (R3) on MoE models (--enable-return-routed-experts).
   bool enable_return_routed_experts = false;
+  // KV events (kv_events.h): tokens + hashes buffered for subscribers at most, and how many may
+  // subscribe at once.
+  int64_t kv_event_buffer_units = int64_t{1} << 22;
+  int32_t max_kv_event_subscribers = 16;
 };
 
 // A snapshot of the engine, published by the engine thread after every step and command.
@@ -142,6 +147,16 @@ class Engine {
   absl::Status SetWeightVersion(int64_t version);
   // Non-blocking: the snapshot published after the latest step or command.
   ServerInfo GetServerInfo() const;
+  // A KV event subscription (kv_events.h): a snapshot of the prefix cache taken between two
+  // steps, then every later change, one batch per step. The engine records events only while
+  // someone subscribes. Waits for the engine thread (at most the step in flight);
+  // RESOURCE_EXHAUSTED past max_kv_event_subscribers, UNAVAILABLE after shutdown began.
+  absl::StatusOr<std::unique_ptr<KvEventLog::Subscription>> SubscribeKvEvents(
+      std::function<void()> notify);
+  const KvEventLog& kv_events() const { return *kv_events_; }
+  // Ends every KV event subscription (UNAVAILABLE) and refuses new ones: for shutdown, so no
+  // subscriber holds the server's drain. Any thread; does not wait for the engine thread.
+  void CloseKvEvents() { kv_events_->Close(); }
   const model_io::ModelConfig& model_config() const { return config_; }
   const EngineLimits& limits() const { return limits_; }
 
@@ -161,6 +176,8 @@ class Engine {
   // snapshot (GetServerInfo, gauges).
   void PublishSnapshot();
   ServerInfo BuildInfo() const;
+  // Hands this step's KV events to the log; stops recording once nobody subscribes.
+  void PublishKvEvents();
   void ApplyPause(PauseMode mode);
   absl::Status ApplyFlush();
   absl::Status ApplyReplaceRunner(std::unique_ptr<model::ModelRunner> runner);
@@ -190,6 +207,9 @@ class Engine {
   int64_t num_steps_ = 0;
   int64_t published_running_epoch_ = 0;  // scheduler running_epoch() of snapshot_'s ids
   std::string invariant_error_;
+  std::shared_ptr<KvEventLog> kv_events_;
+  std::vector<KvCacheEvent> kv_pending_;  // the radix cache's events since the last publish
+  bool kv_recording_ = false;
   std::vector<std::function<void()>> deferred_finishes_;  // delivered by PublishSnapshot
 
   std::thread thread_;

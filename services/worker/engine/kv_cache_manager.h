@@ -60,6 +60,9 @@ class KvCacheManager {
   int64_t evictable_tokens() const { return tree_.evictable_tokens(); }
   int64_t cached_tokens() const { return tree_.cached_tokens(); }
   int64_t num_cache_nodes() const { return tree_.num_nodes(); }
+  // KV events of the radix cache (radix_cache.h, kv_events.h).
+  void set_event_sink(std::vector<KvCacheEvent>* sink) { tree_.set_event_sink(sink); }
+  void Snapshot(std::vector<KvCacheEvent>* out) const { tree_.Snapshot(out); }
 
   // OK when the page accounting invariant holds for `running` (every sequence holding KV);
   // INTERNAL naming the mismatch otherwise.

@@ -16,11 +16,55 @@ std::vector<int32_t> RadixCache::PageKey(absl::Span<const int32_t> tokens, int64
   return std::vector<int32_t>(tokens.begin() + pos, tokens.begin() + pos + page_size_);
 }
 
+namespace {
+
+uint64_t Mix(uint64_t h) {
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ULL;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebULL;
+  h ^= h >> 31;
+  return h;
+}
+
+}  // namespace
+
+uint64_t RadixCache::BlockHash(uint64_t parent, absl::Span<const int32_t> tokens) {
+  uint64_t h = parent ^ 0xcbf29ce484222325ULL;
+  for (int32_t t : tokens) {
+    h ^= static_cast<uint32_t>(t);
+    h *= 0x100000001b3ULL;
+  }
+  return Mix(h);
+}
+
+std::vector<int64_t> RadixCache::PageHashes(const Node& node) const {
+  std::vector<int64_t> out;
+  out.reserve(node.pages.size());
+  uint64_t h = node.parent->hash;
+  for (size_t p = 0; p < node.pages.size(); ++p) {
+    h = BlockHash(h, absl::MakeConstSpan(node.key).subspan(p * page_size_, page_size_));
+    out.push_back(static_cast<int64_t>(h));
+  }
+  return out;
+}
+
+KvCacheEvent RadixCache::StoredEvent(const Node& node) const {
+  KvCacheEvent e;
+  e.kind = KvCacheEvent::Kind::kStored;
+  e.has_parent = node.parent->parent != nullptr;
+  e.parent_hash = static_cast<int64_t>(node.parent->hash);
+  e.hashes = PageHashes(node);
+  e.tokens = node.key;
+  return e;
+}
+
 RadixCache::Node* RadixCache::Root(int64_t ns) {
   std::unique_ptr<Node>& root = roots_[ns];
   if (root == nullptr) {
     root = std::make_unique<Node>();
     root->ns = ns;
+    root->hash = Mix(static_cast<uint64_t>(ns) + 0x9e3779b97f4a7c15ULL);
   }
   return root.get();
 }
@@ -37,6 +81,11 @@ RadixCache::Node* RadixCache::Split(Node* node, int64_t num_pages) {
   prefix->ns = node->ns;
   node->key.erase(node->key.begin(), node->key.begin() + split_tokens);
   node->pages.erase(node->pages.begin(), node->pages.begin() + num_pages);
+  uint64_t h = prefix->parent->hash;  // the prefix's last page: the same block as before
+  for (int64_t p = 0; p < num_pages; ++p) {
+    h = BlockHash(h, absl::MakeConstSpan(prefix->key).subspan(p * page_size_, page_size_));
+  }
+  prefix->hash = h;
 
   Node* parent = node->parent;
   auto it = parent->children.find(PageKey(prefix->key, 0));
@@ -112,6 +161,9 @@ int64_t RadixCache::Insert(int64_t ns, absl::Span<const int32_t> tokens,
     cached_tokens_ += len - matched;
     evictable_tokens_ += len - matched;
     ++num_nodes_;
+    const std::vector<int64_t> hashes = PageHashes(*leaf);
+    leaf->hash = static_cast<uint64_t>(hashes.back());
+    if (sink_ != nullptr) sink_->push_back(StoredEvent(*leaf));
     node->children.emplace(PageKey(leaf->key, 0), std::move(leaf));
   }
   return matched;
@@ -150,6 +202,12 @@ int64_t RadixCache::Evict(int64_t num_pages, std::vector<int32_t>* freed) {
   while (num_freed < num_pages && !leaves.empty()) {
     Node* leaf = leaves.top().second;
     leaves.pop();
+    if (sink_ != nullptr) {
+      KvCacheEvent removed;
+      removed.kind = KvCacheEvent::Kind::kRemoved;
+      removed.hashes = PageHashes(*leaf);
+      sink_->push_back(std::move(removed));
+    }
     freed->insert(freed->end(), leaf->pages.begin(), leaf->pages.end());
     num_freed += static_cast<int64_t>(leaf->pages.size());
     const int64_t n_tokens = static_cast<int64_t>(leaf->key.size());
@@ -183,6 +241,19 @@ void RadixCache::Reset(std::vector<int32_t>* freed) {
   cached_tokens_ = 0;
   evictable_tokens_ = 0;
   num_nodes_ = 0;
+  if (sink_ != nullptr) sink_->push_back(KvCacheEvent{KvCacheEvent::Kind::kCleared});
+}
+
+void RadixCache::Snapshot(std::vector<KvCacheEvent>* out) const {
+  out->push_back(KvCacheEvent{KvCacheEvent::Kind::kCleared});
+  std::vector<const Node*> stack;
+  for (const auto& [ns, root] : roots_) stack.push_back(root.get());
+  while (!stack.empty()) {  // preorder: a node's event comes before its children's
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (n->parent != nullptr) out->push_back(StoredEvent(*n));
+    for (const auto& [key, child] : n->children) stack.push_back(child.get());
+  }
 }
 
 }  // namespace rl::engine

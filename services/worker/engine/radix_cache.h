@@ -10,8 +10,12 @@
 // Invariant: cached_tokens() == evictable_tokens() + locked_tokens(); the tree owns every page
 // it holds (the KvPool sees them as allocated).
 //
-// Cost: Match / Insert are O(matched pages) plus one hash lookup per edge; Evict is
-// O(nodes log nodes). Thread safety: none; used only from the engine thread.
+// Events (kv_events.h): every page has a block hash chained from its parent's (the namespace
+// seeds the root); with an event sink set, new leaves are reported stored, evicted leaves
+// removed and Reset cleared (splits change no block). Snapshot lists every block.
+//
+// Cost: Match / Insert are O(matched pages) plus one hash lookup per edge, and O(new tokens) of
+// hashing; Evict is O(nodes log nodes). Thread safety: none; used only from the engine thread.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +24,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/types/span.h"
+#include "services/worker/engine/kv_events.h"
 
 namespace rl::engine {
 
@@ -34,6 +39,7 @@ class RadixCache {
     int32_t lock_ref = 0;
     uint64_t last_access = 0;
     int64_t ns = 0;
+    uint64_t hash = 0;  // block hash of its last page (a root: the namespace's seed)
   };
 
   struct MatchResult {
@@ -71,6 +77,13 @@ class RadixCache {
   // Drops the whole tree, appending every page to `freed`. Requires no locks.
   void Reset(std::vector<int32_t>* freed);
 
+  // Events of every later change go to `sink` (null: none are made; kv_events.h).
+  void set_event_sink(std::vector<KvCacheEvent>* sink) { sink_ = sink; }
+  // A clear, then every cached block as stored events, parents before children.
+  void Snapshot(std::vector<KvCacheEvent>* out) const;
+  // The hash of the page `tokens` (page_size of them) after a block hashed `parent`.
+  static uint64_t BlockHash(uint64_t parent, absl::Span<const int32_t> tokens);
+
   int64_t cached_tokens() const { return cached_tokens_; }
   int64_t evictable_tokens() const { return evictable_tokens_; }
   int64_t locked_tokens() const { return cached_tokens_ - evictable_tokens_; }
@@ -84,6 +97,9 @@ class RadixCache {
   Node* Split(Node* node, int64_t num_pages);
   Node* Root(int64_t ns);
   std::vector<int32_t> PageKey(absl::Span<const int32_t> tokens, int64_t pos) const;
+  // A stored event for `node`'s pages (kStored), or the hashes of them (kRemoved).
+  KvCacheEvent StoredEvent(const Node& node) const;
+  std::vector<int64_t> PageHashes(const Node& node) const;
 
   int32_t page_size_;
   absl::flat_hash_map<int64_t, std::unique_ptr<Node>> roots_;
@@ -91,6 +107,7 @@ class RadixCache {
   int64_t cached_tokens_ = 0;
   int64_t evictable_tokens_ = 0;
   int64_t num_nodes_ = 0;
+  std::vector<KvCacheEvent>* sink_ = nullptr;
 };
 
 }  // namespace rl::engine

@@ -123,6 +123,8 @@ class Scheduler {
   // Changes whenever a sequence joins or leaves the running batch: RunningIds() is the same
   // list as long as it does not.
   int64_t running_epoch() const { return running_epoch_; }
+  // The KV bookkeeping (the engine reads KV events and snapshots from it).
+  KvCacheManager& kv() { return kv_; }
   // OK when the page accounting invariant holds; INTERNAL naming the mismatch otherwise.
   absl::Status CheckInvariants() const;
 

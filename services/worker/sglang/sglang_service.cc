@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "google/protobuf/util/time_util.h"
 #include "services/worker/engine_stream_reactor.h"
+#include "services/worker/sglang/kv_events_reactor.h"
 #include "services/worker/sglang/sglang_convert.h"
 #include "spdlog/spdlog.h"
 
@@ -173,6 +174,7 @@ SglangService::SglangService(GenerateHost& host, WorkerControl& control, const W
       control_(control),
       config_(config),
       pause_guard_(pause_guard),
+      executor_(executor),
       data_auth_(data_auth),
       admin_auth_(admin_auth),
       start_time_(std::chrono::system_clock::now()),
@@ -180,7 +182,10 @@ SglangService::SglangService(GenerateHost& host, WorkerControl& control, const W
       flushes_([this] { return control_.FlushCache().status(); }, &executor, kMaxPendingFlushes,
                kFlushPoll) {}
 
-void SglangService::Shutdown() { flushes_.Shutdown(); }
+void SglangService::Shutdown() {
+  flushes_.Shutdown();
+  host_.engine().CloseKvEvents();  // subscriptions end UNAVAILABLE instead of holding the drain
+}
 
 absl::Status SglangService::CheckData(const grpc::CallbackServerContext& context,
                                       const char* method) {
@@ -448,17 +453,9 @@ grpc::ServerWriteReactor<common::GetTokenizerChunk>* SglangService::GetTokenizer
 }
 
 grpc::ServerWriteReactor<common::KvEventBatch>* SglangService::SubscribeKvEvents(
-    grpc::CallbackServerContext*, const common::SubscribeKvEventsRequest*) {
-  class Refuse final : public grpc::ServerWriteReactor<common::KvEventBatch> {
-   public:
-    Refuse() {
-      Finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                          "SubscribeKvEvents (KV cache events) is not supported by this worker "
-                          "(rlfleet); poll GetLoads"));
-    }
-    void OnDone() override { delete this; }
-  };
-  return new Refuse();
+    grpc::CallbackServerContext* context, const common::SubscribeKvEventsRequest* request) {
+  return StartKvEvents(&host_.engine(), &executor_, config_.page_size,
+                       CheckData(*context, "SubscribeKvEvents"), *request);
 }
 
 grpc::ServerUnaryReactor* SglangService::LoadLoRAAdapter(grpc::CallbackServerContext* context,

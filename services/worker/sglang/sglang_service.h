@@ -10,8 +10,9 @@
 // completion the engine aborts ends the call with UNAVAILABLE, which the gateway retries.
 // FlushCache{timeout_s} retries the flush until the engine is idle, for up to timeout_s, on the
 // admin executor (flush_waiter.h; at most 64 calls wait); a flush refused because requests are
-// in flight answers success=false with the reason. What the engine has no counterpart for
-// (embeddings, LoRA, profiling, KV events) is UNIMPLEMENTED with a message.
+// in flight answers success=false with the reason. SubscribeKvEvents streams the prefix cache's
+// block stores, removals and clears (kv_events_reactor.h). What the engine has no counterpart
+// for (embeddings, LoRA, profiling) is UNIMPLEMENTED with a message.
 // A request that waits on a paused worker ends UNAVAILABLE after --sglang-pause-timeout-s
 // (pause_guard.h), and one sent to a worker paused longer is refused with it: none hangs.
 // Auth: the data-plane key (--api-key) guards every call but FlushCache, which takes the admin
@@ -47,8 +48,8 @@ class SglangService final : public ::sglang::grpc::scheduler::SglangScheduler::C
   SglangService(GenerateHost& host, WorkerControl& control, const WorkerConfig& config,
                 BoundedExecutor& executor, PauseGuard& pause_guard, const BearerAuth& data_auth,
                 const BearerAuth& admin_auth);
-  // Ends pending FlushCache waits (they answer "worker shutting down"). Call before the gRPC
-  // server drains. Idempotent.
+  // Ends pending FlushCache waits (they answer "worker shutting down") and KV event
+  // subscriptions (UNAVAILABLE). Call before the gRPC server drains. Idempotent.
   void Shutdown();
 
   using GenerateRequest = ::sglang::grpc::scheduler::GenerateRequest;
@@ -123,6 +124,7 @@ class SglangService final : public ::sglang::grpc::scheduler::SglangScheduler::C
   WorkerControl& control_;
   const WorkerConfig& config_;
   PauseGuard& pause_guard_;
+  BoundedExecutor& executor_;  // FlushCache retries, KV event subscriptions
   const BearerAuth& data_auth_;
   const BearerAuth& admin_auth_;
   const std::chrono::system_clock::time_point start_time_;

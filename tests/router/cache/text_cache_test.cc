@@ -642,7 +642,8 @@ TEST(TextCacheTest, RandomizedNeverReturnsAMix) {
       ASSERT_GE(m.tokens.size(), t.tokens.size());
       ++checked;
     }
-    EXPECT_GT(checked, random_tokens ? 5 : 100) << "round " << round << ": " << fully_cached.size() << " fully cached, " << kept << " kept";
+    EXPECT_GT(checked, random_tokens ? 5 : 100)
+        << "round " << round << ": " << fully_cached.size() << " fully cached, " << kept << " kept";
   }
 }
 
@@ -672,6 +673,95 @@ TEST(TextCacheTest, ConcurrentInsertsAndMatches) {
   EXPECT_EQ(stats.hits + stats.misses, 2 * kThreads * kPerThread);
   EXPECT_EQ(stats.conflicts_replaced, 0);
   EXPECT_EQ(stats.current_version, 2);
+}
+
+// ---- Workers (docs/text-cache.md, "Workers"): which workers served which prefixes ----
+
+std::vector<std::pair<std::string, uint32_t>> Holders(const CacheMatch& m) {
+  std::vector<std::pair<std::string, uint32_t>> out;
+  for (const CacheHolder& h : m.holders) out.emplace_back(h.worker, h.tokens);
+  return out;
+}
+
+absl::Status InsertBy(TextCache& cache, const Traj& t, int64_t version, const std::string& worker) {
+  return cache.Insert(t.text, t.tokens, t.ends, t.mask, t.logp, version, t.versions, nullptr,
+                      worker);
+}
+
+TEST(TextCacheTest, RemembersWhichWorkersServedEachPrefix) {
+  auto cache = MakeCache();
+  Traj sys;
+  sys.Words("System: you are a careful solver of problems\n");
+  Traj a = sys;
+  a.Words("User: what is 2+2?\n").Words("Assistant: 4\n", 1);
+  Traj b = sys;
+  b.Words("User: name a prime\n").Words("Assistant: 7\n", 1);
+  ASSERT_TRUE(InsertBy(*cache, a, 0, "w1:1").ok());
+  ASSERT_TRUE(InsertBy(*cache, b, 0, "w2:1").ok());
+  // A's next turn: w1 holds all of A, w2 the system prompt and "User: " only.
+  Traj next = a;
+  next.Words("User: and 3+3?\n");
+  const CacheMatch m = cache->Match(next.text);
+  EXPECT_THAT(Holders(m),
+              ElementsAre(std::make_pair(std::string("w1:1"), uint32_t(a.tokens.size())),
+                          std::make_pair(std::string("w2:1"), uint32_t(sys.tokens.size() + 1))));
+  // Unknown text: no holder; a worker-less insert adds none.
+  EXPECT_TRUE(cache->Match("Something else entirely").holders.empty());
+  Traj c = sys;
+  c.Words("User: anonymous\n");
+  ASSERT_TRUE(c.InsertInto(*cache, 0).ok());
+  EXPECT_EQ(cache->Match(c.text).holders.size(), 2u);  // w1 and w2 through the system prompt
+  // A split keeps the workers of both halves: w3 shares A's first user words only.
+  Traj d = sys;
+  d.Words("User: what is 5+5?\n");
+  ASSERT_TRUE(InsertBy(*cache, d, 0, "w3:1").ok());
+  const CacheMatch again = cache->Match(next.text);
+  ASSERT_EQ(again.holders.size(), 3u);
+  EXPECT_EQ(again.holders[0].worker, "w1:1");
+  EXPECT_EQ(again.holders[0].tokens, a.tokens.size());
+  EXPECT_EQ(again.holders[1].worker, "w3:1");
+  EXPECT_EQ(again.holders[1].tokens, sys.tokens.size() + 3);  // "User: " "what " "is "
+  EXPECT_TRUE(cache->ValidateForTesting().ok());
+}
+
+TEST(TextCacheTest, AWeightUpdateForgetsWhoHeldOlderVersions) {
+  auto cache = MakeCache();
+  Traj t;
+  t.Words("System: shared\n").Words("Assistant: x\n", 1);
+  ASSERT_TRUE(InsertBy(*cache, t, 1, "w1:1").ok());
+  ASSERT_TRUE(InsertBy(*cache, t, 1, "w2:1").ok());
+  EXPECT_EQ(cache->Match(t.text).holders.size(), 2u);
+  // The fleet moved to version 2: every worker flushed its KV.
+  cache->SetCurrentVersion(2);
+  EXPECT_TRUE(cache->Match(t.text).holders.empty());
+  // A version-2 insert through the same nodes: only its worker holds them.
+  ASSERT_TRUE(InsertBy(*cache, t, 2, "w2:1").ok());
+  EXPECT_THAT(Holders(cache->Match(t.text)),
+              ElementsAre(std::make_pair(std::string("w2:1"), uint32_t(t.tokens.size()))));
+  // A late version-1 response adds no claim to version-2 nodes.
+  ASSERT_TRUE(InsertBy(*cache, t, 1, "w1:1").ok());
+  EXPECT_EQ(cache->Match(t.text).holders.size(), 1u);
+}
+
+TEST(TextCacheTest, MoreThan64WorkersRecycleTheLeastRecentlyUsedSlot) {
+  auto cache = MakeCache();
+  Traj first;
+  first.Words("zero prompt\n");
+  ASSERT_TRUE(InsertBy(*cache, first, 0, "w0:1").ok());
+  for (int i = 1; i < 64; ++i) {
+    Traj t;
+    t.Words(std::to_string(i) + " prompt\n");
+    ASSERT_TRUE(InsertBy(*cache, t, 0, "w" + std::to_string(i) + ":1").ok());
+  }
+  EXPECT_EQ(Holders(cache->Match(first.text)).size(), 1u);
+  // The 65th takes w0's slot: w0's claim is gone, nobody inherits it.
+  Traj t;
+  t.Words("64 prompt\n");
+  ASSERT_TRUE(InsertBy(*cache, t, 0, "w64:1").ok());
+  EXPECT_TRUE(cache->Match(first.text).holders.empty());
+  EXPECT_THAT(Holders(cache->Match(t.text)),
+              ElementsAre(std::make_pair(std::string("w64:1"), uint32_t(t.tokens.size()))));
+  EXPECT_TRUE(cache->ValidateForTesting().ok());
 }
 
 }  // namespace

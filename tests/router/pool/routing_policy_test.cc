@@ -1,50 +1,34 @@
-// RoundRobinPolicy (services/router/pool/routing_policy.h): every candidate takes its turn in
-// address order, whatever joins, leaves or is excluded between picks.
+// MakeRoutingPolicy / ValidatePolicyOptions (services/router/pool/routing_policy.h): --policy
+// names and --load-factor bounds.
 #include "services/router/pool/routing_policy.h"
 
-#include <string>
-#include <vector>
-
 #include "gtest/gtest.h"
+#include "services/router/pool/policies/make_policy.h"
 
 namespace rl::router {
 namespace {
 
-// Candidates for the given addresses (sorted, as the pool hands them over).
-std::vector<Candidate> Candidates(const std::vector<std::string>& addresses) {
-  std::vector<Candidate> out;
-  for (const std::string& a : addresses) out.push_back({nullptr, &a, 0, 0});
-  return out;
+TEST(RoutingPolicyTest, MakesEveryNamedPolicy) {
+  for (const char* name : {"round_robin", "least_load", "affinity", "cache_aware"}) {
+    auto p = MakeRoutingPolicy({name, 1.5});
+    ASSERT_TRUE(p.ok()) << name << ": " << p.status();
+    EXPECT_STREQ((*p)->name(), name);
+  }
+  EXPECT_EQ((*MakeRoutingPolicy({"affinity", 1.5}))->load_factor(), 1.5);
+  EXPECT_EQ((*MakeRoutingPolicy({"round_robin", 1.5}))->load_factor(), 0);
 }
 
-std::string ChooseOne(RoutingPolicy& p, const std::vector<std::string>& addresses) {
-  const std::vector<Candidate> c = Candidates(addresses);
-  const size_t i = p.Choose(PickRequest{}, c);
-  EXPECT_LT(i, c.size());
-  return i < c.size() ? *c[i].address : "";
-}
-
-TEST(RoundRobinPolicyTest, CyclesInAddressOrder) {
-  auto p = MakeRoundRobinPolicy();
-  EXPECT_STREQ(p->name(), "round_robin");
-  const std::vector<std::string> all = {"a:1", "b:1", "c:1"};
-  std::vector<std::string> picked;
-  for (int i = 0; i < 7; ++i) picked.push_back(ChooseOne(*p, all));
-  EXPECT_EQ(picked, (std::vector<std::string>{"a:1", "b:1", "c:1", "a:1", "b:1", "c:1", "a:1"}));
-}
-
-TEST(RoundRobinPolicyTest, ContinuesAfterTheLastChoiceWhenCandidatesChange) {
-  auto p = MakeRoundRobinPolicy();
-  EXPECT_EQ(ChooseOne(*p, {"a:1", "b:1", "c:1"}), "a:1");
-  EXPECT_EQ(ChooseOne(*p, {"a:1", "b:1", "c:1"}), "b:1");
-  // b left (or is excluded, or out of routing): the turn goes on to c, then wraps.
-  EXPECT_EQ(ChooseOne(*p, {"a:1", "c:1"}), "c:1");
-  EXPECT_EQ(ChooseOne(*p, {"a:1", "c:1"}), "a:1");
-  // A newcomer between a and c gets its turn next.
-  EXPECT_EQ(ChooseOne(*p, {"a:1", "b:2", "c:1"}), "b:2");
-  // One candidate: always it.
-  EXPECT_EQ(ChooseOne(*p, {"z:1"}), "z:1");
-  EXPECT_EQ(ChooseOne(*p, {"z:1"}), "z:1");
+TEST(RoutingPolicyTest, RefusesBadOptionsNamingTheFlag) {
+  auto bad = MakeRoutingPolicy({"random", 1.25});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--policy"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("cache_aware"), std::string::npos);
+  for (double f : {0.5, 0.0, -1.0, 101.0}) {
+    auto s = ValidatePolicyOptions({"affinity", f});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << f;
+    EXPECT_NE(s.message().find("--load-factor"), std::string::npos);
+  }
+  EXPECT_TRUE(ValidatePolicyOptions({"affinity", 1.0}).ok());
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "services/router/pool/policies/make_policy.h"
 #include "tests/testing/fake_pool_worker.h"
 
 namespace rl::router {
@@ -271,11 +272,11 @@ TEST(WorkerPoolTest, ThePolicyChoosesAmongRoutableCandidates) {
   class Last final : public RoutingPolicy {
    public:
     const char* name() const override { return "last"; }
-    size_t Choose(const PickRequest& r, absl::Span<const Candidate> c) override {
+    Choice Choose(const PickRequest& r, absl::Span<const Candidate> c) override {
       seen.clear();
       for (const Candidate& x : c) seen.push_back({*x.address, x.in_flight, x.weight_version});
       key = std::string(r.routing_key);
-      return c.size() - 1;
+      return Choice{c.size() - 1};
     }
     struct Seen {
       std::string address;
@@ -407,5 +408,42 @@ TEST(WorkerPoolTest, FleetWeightsReachObserversAndBehindWorkersAreHandedToCatchU
   EXPECT_TRUE(pool.Behind(pool.Find(fake.address()).get()));
 }
 
+// A lease holds its request's samples as load; the pool counts picks, keyed picks, moves and
+// the load spread after each pick (routing metrics, docs/routing.md "Policies").
+TEST(WorkerPoolTest, LeasesCarryTheirSamplesAndPicksAreCounted) {
+  auto policy = MakeRoutingPolicy({"affinity", 1.25});
+  ASSERT_TRUE(policy.ok());
+  WorkerPool pool(Manual(), *std::move(policy));
+  EXPECT_STREQ(pool.policy_name(), "affinity");
+  EXPECT_EQ(pool.policy_load_factor(), 1.25);
+  auto fakes = Fakes(2);
+  for (const auto& f : fakes) ASSERT_TRUE(pool.Add(f->address()).ok());
+  PickRequest group;
+  group.routing_key = "group-1";
+  group.units = 8;
+  Lease g = pool.Pick(group);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->in_flight(), 1);
+  EXPECT_EQ(g->load(), 8);
+  EXPECT_EQ(StatusOf(pool, g->address()).load(), 8);
+  EXPECT_EQ(pool.LoadSpread(), 2.0);  // 8 and 0: max / mean
+  Lease other = pool.Pick();          // no key: the least loaded
+  ASSERT_TRUE(other);
+  EXPECT_NE(other->address(), g->address());
+  RoutingStats stats = pool.routing_stats();
+  EXPECT_EQ(stats.picks, 2);
+  EXPECT_EQ(stats.keyed_picks, 1);
+  EXPECT_EQ(stats.key_moves, 0);
+  EXPECT_DOUBLE_EQ(stats.mean_load_spread, (2.0 + 16.0 / 9.0) / 2);
+  // The same key while its worker holds 8 of 9 samples: over 1.25 x mean, so it moves.
+  Lease moved = pool.Pick(group);
+  ASSERT_TRUE(moved);
+  EXPECT_EQ(moved->address(), other->address());
+  EXPECT_EQ(pool.routing_stats().key_moves, 1);
+  Worker* w = g.get();
+  g = Lease();
+  EXPECT_EQ(w->in_flight(), 0);
+  EXPECT_EQ(w->load(), 0);
+}
 }  // namespace
 }  // namespace rl::router

@@ -459,11 +459,6 @@ TEST_F(SglangServiceTest, RegistrationCalls) {
   grpc::Status s = sglang_->Embed(&c6, {}, &embed);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNIMPLEMENTED);
   EXPECT_THAT(s.error_message(), HasSubstr("not supported"));
-  grpc::ClientContext c7;
-  auto kv = sglang_->SubscribeKvEvents(&c7, {});
-  common::KvEventBatch batch;
-  EXPECT_FALSE(kv->Read(&batch));
-  EXPECT_EQ(kv->Finish().error_code(), grpc::StatusCode::UNIMPLEMENTED);
 }
 
 TEST_F(SglangServiceTest, NonStreamingGreedyMatchesGolden) {

@@ -1,0 +1,67 @@
+#include "services/router/pool/policies/affinity.h"
+
+#include <algorithm>
+#include <string>
+
+#include "services/router/pool/policies/least_load.h"
+#include "services/router/pool/policies/load_bound.h"
+
+namespace rl::router {
+namespace {
+
+// The candidate index of `address`, or -1 (candidates are sorted by address).
+int64_t FindCandidate(absl::Span<const Candidate> candidates, std::string_view address) {
+  auto it = std::lower_bound(
+      candidates.begin(), candidates.end(), address,
+      [](const Candidate& c, std::string_view a) { return std::string_view(*c.address) < a; });
+  if (it == candidates.end() || *it->address != address) return -1;
+  return it - candidates.begin();
+}
+
+}  // namespace
+
+Choice AffinityPolicy::Choose(const PickRequest& request, absl::Span<const Candidate> candidates) {
+  const LoadBound bound(candidates, request.units, load_factor_);
+  Choice choice;
+  // 1. The trajectory this prompt extends: the workers holding all of it, longest first.
+  if (request.trajectory_tokens > 0) {
+    for (const PrefixHolder& h : request.prefix_holders) {
+      if (h.tokens < request.trajectory_tokens) break;
+      const int64_t i = FindCandidate(candidates, h.address);
+      if (i < 0) continue;
+      if (bound.Admits(candidates[static_cast<size_t>(i)])) {
+        choice.index = static_cast<size_t>(i);
+        choice.keyed = true;
+        return choice;
+      }
+      choice.moved = true;
+    }
+  }
+  // 2. The key's worker on the ring, or the next ones within the bound.
+  std::string key;
+  if (!request.routing_key.empty()) {
+    key = "k:";
+    key.append(request.routing_key);
+  } else if (!request.group_id.empty()) {
+    key = "g:";
+    key.append(request.group_id);
+  }
+  if (!key.empty()) {
+    ring_.Sync(candidates);
+    const int64_t i = ring_.Walk(StableHash(key), [&](size_t c) {
+      if (bound.Admits(candidates[c])) return true;
+      choice.moved = true;
+      return false;
+    });
+    if (i >= 0) {
+      choice.index = static_cast<size_t>(i);
+      choice.keyed = true;
+      return choice;
+    }
+  }
+  // 3. No preference (or every preferred worker is over the bound).
+  choice.index = LeastLoadedIndex(candidates, turn_++);
+  return choice;
+}
+
+}  // namespace rl::router
