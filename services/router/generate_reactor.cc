@@ -105,6 +105,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
         request_(WithRoutingKey(*context, request)) {
     deps_->live->Enter();
     absl::Status s = deps_->data_auth->Check(*context);
+    if (s.ok() && deps_->drain != nullptr) s = deps_->drain->Check("Generate");
     if (s.ok()) s = Generation::CheckRequest(request_, deps_->env->limits);
     absl::StatusOr<std::string> client = s.ok() ? ClientKey(*context) : s;
     if (!client.ok()) {
@@ -344,6 +345,12 @@ void LiveGenerations::WaitForNone() {
   absl::MutexLock lock(&mu_);
   auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_ == 0; };
   mu_.Await(absl::Condition(&none));
+}
+
+bool LiveGenerations::WaitForNoneFor(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
 }
 
 grpc::ServerWriteReactor<rl::v1::GenerateResponse>* StartGenerate(

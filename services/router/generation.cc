@@ -305,7 +305,13 @@ void Generation::EndAttempt(const absl::Status& status, std::optional<std::strin
                      ")", retriable ? "" : "; output was already streamed, so it is not retried"));
   } else {
     if (status.code() == absl::StatusCode::kUnavailable) env_->workers->ReportFailure(lease.get());
-    if (status.code() != absl::StatusCode::kUnavailable) may_retry = false;
+    // CANCELLED from the worker (not from our client: cancelled_ above) is a worker that went
+    // away mid-call, e.g. a SIGTERMed one whose gRPC server cancelled what was left: retried
+    // like UNAVAILABLE while nothing was sent.
+    if (status.code() != absl::StatusCode::kUnavailable &&
+        status.code() != absl::StatusCode::kCancelled) {
+      may_retry = false;
+    }
     result = NameWorker(status, lease->address(), retriable);
   }
   if (result.ok() || !may_retry || attempt_ >= env_->retry.max_attempts) {

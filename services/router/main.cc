@@ -13,6 +13,12 @@ int main(int argc, char** argv) {
   flags.Int("port", &c.port, "gRPC port (0 picks a free one)");
   flags.String("tokenizer", &c.tokenizer_path, "folder with tokenizer.json (the model folder)");
   flags.StringList("worker", &c.workers, "rl-worker address HOST:PORT (repeatable)");
+  flags.StringList("worker-dns", &c.worker_dns,
+                   "NAME:PORT: every address NAME resolves to is a worker at PORT, re-resolved "
+                   "every --dns-interval-ms; vanished ones are removed (repeatable)");
+  flags.String("dns-server", &c.dns_server,
+               "HOST:PORT of the DNS server for --worker-dns (default: the system's resolv.conf)");
+  flags.Int("dns-interval-ms", &c.dns_interval_ms, "how often --worker-dns names are re-resolved");
   const rl::ServerKeyFlags keys = {&c.admin_api_key, &c.admin_api_key_file, &c.api_key,
                                    &c.api_key_file};
   rl::RegisterServerKeyFlags(flags, keys, "Generate/Retrieve");
@@ -30,6 +36,13 @@ int main(int argc, char** argv) {
             "per-worker deadline of pause/continue/flush/destroy-group and read-only admin calls");
   flags.Int("admin-load-timeout-ms", &c.admin_load_timeout_ms,
             "per-worker deadline of weight updates, group init, sleep and wake");
+  flags.String("router-id", &c.router_id,
+               "this router's name as the owner of its workers' admin leases (default: "
+               "HOSTNAME-PID)");
+  flags.Int("admin-lease-ttl-ms", &c.admin_lease_ttl_ms,
+            "admin fencing: a worker takes control calls from this router only, and refuses "
+            "other routers', until this long after this router's last call (renewed while it "
+            "lives); 0: off, no lease asked");
   flags.Int("health-interval-ms", &c.health_interval_ms, "worker health check interval");
   flags.Int("health-timeout-ms", &c.health_timeout_ms, "deadline of one worker health check");
   flags.Int("health-failures", &c.health_failure_threshold,
@@ -53,6 +66,9 @@ int main(int argc, char** argv) {
             "threads for tokenizing long prompts and cache inserts");
   flags.Int("admin-threads", &c.admin_threads,
             "threads that wait on admin broadcasts (one each) and AddWorker checks");
+  flags.Double("drain-grace-s", &c.drain_grace_s,
+               "on SIGTERM: refuse new generations and admin calls, let the streams in flight "
+               "finish for up to this long, then stop");
   rl::MainOptions options{
       .program = "rl-router", .flags = &flags, .log_level = &c.log_level, .keys = keys};
   return rl::RunServerMain(argc, argv, options, [&] { return rl::router::RouterServer::Start(c); });

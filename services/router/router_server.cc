@@ -1,8 +1,11 @@
 #include "services/router/router_server.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/status.h"
 #include "services/router/pool/policies/make_policy.h"
 #include "spdlog/spdlog.h"
@@ -43,6 +46,23 @@ absl::Status Validate(const RouterConfig& c) {
   if (c.admin_lock_timeout_ms < 1) return bad("admin-lock-timeout-ms", "must be >= 1");
   if (c.admin_call_timeout_ms < 1) return bad("admin-call-timeout-ms", "must be >= 1");
   if (c.admin_load_timeout_ms < 1) return bad("admin-load-timeout-ms", "must be >= 1");
+  for (const std::string& target : c.worker_dns) {
+    if (absl::StatusOr<discovery::DnsTarget> t = discovery::ParseDnsTarget(target); !t.ok()) {
+      return t.status();
+    }
+  }
+  if (c.admin_lease_ttl_ms != 0 && (c.admin_lease_ttl_ms < 100 || c.admin_lease_ttl_ms > 3600000)) {
+    return bad("admin-lease-ttl-ms", "must be 0 (off) or in [100, 3600000]");
+  }
+  if (c.router_id.size() > 128) return bad("router-id", "must be at most 128 bytes");
+  for (char ch : c.router_id) {
+    if (ch < 0x21 || ch > 0x7e) return bad("router-id", "printable ASCII without spaces only");
+  }
+  if (c.dns_interval_ms < 100) return bad("dns-interval-ms", "must be >= 100");
+  if (!c.dns_server.empty() && c.worker_dns.empty()) return bad("dns-server", "needs --worker-dns");
+  if (!(c.drain_grace_s >= 0 && c.drain_grace_s <= 86400)) {
+    return bad("drain-grace-s", "must be in [0, 86400]");
+  }
   if (c.health_interval_ms < 10) return bad("health-interval-ms", "must be >= 10");
   if (c.health_timeout_ms < 1) return bad("health-timeout-ms", "must be >= 1");
   if (c.health_failure_threshold < 1) return bad("health-failures", "must be >= 1");
@@ -87,6 +107,34 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   // --max-in-flight 0 the bound is what the workers run at once (set below, once the service
   // exists, and followed as workers join, leave or report their capacity).
   RETURN_IF_ERROR(s->pool_->AddAll(config.workers));
+  if (!config.worker_dns.empty()) {
+    discovery::DnsResolverOptions dns;
+    dns.server = config.dns_server;
+    ASSIGN_OR_RETURN(s->resolver_, discovery::DnsResolver::Create(dns));
+    std::vector<discovery::DnsTarget> targets;
+    for (const std::string& t : config.worker_dns) {
+      ASSIGN_OR_RETURN(discovery::DnsTarget target, discovery::ParseDnsTarget(t));
+      targets.push_back(std::move(target));
+    }
+    WorkerPool* const pool = s->pool_.get();
+    discovery::DnsResolver* const resolver = s->resolver_.get();
+    // A --worker address is the operator's: discovery never removes it.
+    const std::vector<std::string> fixed = config.workers;
+    discovery::WorkerDiscovery::Pool ops;
+    ops.add = [pool](const std::string& address) { return pool->Add(address); };
+    ops.remove = [pool, fixed](const std::string& address) {
+      if (std::find(fixed.begin(), fixed.end(), address) != fixed.end()) {
+        return absl::OkStatus();
+      }
+      return pool->Remove(address);
+    };
+    discovery::DiscoveryOptions options;
+    options.interval = std::chrono::milliseconds(config.dns_interval_ms);
+    options.retry = std::min(options.interval, std::chrono::milliseconds(1000));
+    s->discovery_ = std::make_unique<discovery::WorkerDiscovery>(
+        std::move(targets), [resolver](const std::string& name) { return resolver->Resolve(name); },
+        std::move(ops), options);
+  }
   s->admin_auth_ = std::make_unique<BearerAuth>(config.admin_api_key);
   s->data_auth_ = std::make_unique<BearerAuth>(config.api_key);
   // Every in-flight generation has at most one blocking task queued at a time.
@@ -104,6 +152,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   service.max_stream_buffer_bytes = config.max_stream_buffer_bytes;
   service.blocking = s->blocking_.get();
   service.admin = s->admin_executor_.get();
+  service.drain = &s->drain_;
   s->router_service_ = std::make_unique<RouterService>(s->pool_.get(), s->cache_.get(),
                                                        s->tokenizer_.get(), s->data_auth_.get(),
                                                        s->admin_auth_.get(), &s->metrics_, service);
@@ -123,8 +172,18 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   admin.broadcast.control_timeout = std::chrono::milliseconds(config.admin_call_timeout_ms);
   admin.broadcast.load_timeout = std::chrono::milliseconds(config.admin_load_timeout_ms);
   admin.broadcast.worker_admin_key = config.admin_api_key;
+  if (config.admin_lease_ttl_ms > 0) {
+    admin.broadcast.lease_owner = config.router_id;
+    if (admin.broadcast.lease_owner.empty()) {
+      char host[256] = {};
+      gethostname(host, sizeof(host) - 1);
+      admin.broadcast.lease_owner = absl::StrCat(host, "-", getpid());
+    }
+    admin.broadcast.lease_ttl = std::chrono::milliseconds(config.admin_lease_ttl_ms);
+  }
   admin.executor = s->admin_executor_.get();
   admin.limits = config.limits;
+  admin.drain = &s->drain_;
   s->admin_service_ =
       std::make_unique<admin::AdminService>(s->pool_.get(), s->admin_auth_.get(), admin);
   ServerOptions options;
@@ -137,6 +196,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   ASSIGN_OR_RETURN(s->grpc_,
                    GrpcServer::Start(options, {s->router_service_.get(), s->admin_service_.get()}));
   s->router_service_->SetOwnAddress(config.host, s->grpc_->port());
+  s->grpc_->SetServiceServing(kReadinessService, true);
   if (config.metrics_port >= 0) {
     ASSIGN_OR_RETURN(s->metrics_http_,
                      MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));
@@ -146,10 +206,30 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
 
 RouterServer::~RouterServer() { Shutdown(); }
 
+bool RouterServer::Drain() {
+  if (shut_down_) return true;
+  drain_.Begin();
+  if (grpc_) grpc_->SetServiceServing(kReadinessService, false);
+  spdlog::info(
+      "draining: new generations and admin calls refused; up to {}s for the streams in "
+      "flight",
+      config_.drain_grace_s);
+  const bool all = router_service_->WaitForGenerationsFor(
+      absl::Milliseconds(static_cast<int64_t>(config_.drain_grace_s * 1e3)));
+  if (all) {
+    spdlog::info("drained: no generation in flight");
+  } else {
+    spdlog::warn("drain grace period ({}s) over with generations still in flight",
+                 config_.drain_grace_s);
+  }
+  return all;
+}
+
 void RouterServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (pool_) pool_->SetCapacityObserver(nullptr);  // it points into the router service
+  discovery_.reset();  // no pool change from now on
   if (grpc_) grpc_->Shutdown();
   // No call is taken any more: let the generations wind down, then run what is queued.
   if (router_service_) router_service_->WaitForGenerations();

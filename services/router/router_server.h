@@ -1,7 +1,8 @@
 // RouterServer: the rl-router process and its composition root. Owns and wires the worker pool,
 // the text cache (which follows the pool's fleet version through an observer), the tokenizer,
 // the Router service, the Admin service, health, reflection and the metrics endpoint; it
-// decides nothing itself.
+// decides nothing itself. Health: the overall status is liveness (SERVING until Shutdown); the
+// service `rl.v1.Router` is readiness (NOT_SERVING once Drain began).
 #pragma once
 
 #include <memory>
@@ -10,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/auth.h"
+#include "common/drain_gate.h"
 #include "common/metrics.h"
 #include "common/metrics_http.h"
 #include "common/request_limits.h"
@@ -17,6 +19,8 @@
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/admin/admin_service.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/discovery/dns_resolver.h"
+#include "services/router/discovery/worker_discovery.h"
 #include "services/router/pool/fleet_weights.h"
 #include "services/router/pool/worker_pool.h"
 #include "services/router/router_service.h"
@@ -28,6 +32,11 @@ struct RouterConfig {
   int port = 0;
   std::string tokenizer_path;
   std::vector<std::string> workers;
+  // --worker-dns NAME:PORT (repeatable): workers found by DNS, re-resolved every
+  // dns_interval_ms (services/router/discovery/worker_discovery.h).
+  std::vector<std::string> worker_dns;
+  std::string dns_server;  // "HOST:PORT" of the DNS server; "": the system's (/etc/resolv.conf)
+  int dns_interval_ms = 5000;
   std::string admin_api_key;
   std::string api_key;
   std::string admin_api_key_file;  // read the admin key from this file (a mounted Secret)
@@ -42,6 +51,10 @@ struct RouterConfig {
   int admin_lock_timeout_ms = 30000;
   int admin_call_timeout_ms = 10000;
   int admin_load_timeout_ms = 600000;
+  // Admin fencing: this router's name as the owner of its workers' admin leases ("": the host
+  // name and the process id), and the lease's length (0: no lease asked).
+  std::string router_id;
+  int admin_lease_ttl_ms = 0;
   int health_interval_ms = 1000;
   int health_timeout_ms = 2000;
   int health_failure_threshold = 2;
@@ -55,6 +68,8 @@ struct RouterConfig {
   int64_t max_stream_buffer_bytes = 4 << 20;
   int blocking_threads = 2;
   int admin_threads = 8;
+  // SIGTERM: how long the generations in flight may take to finish (RouterServer::Drain).
+  double drain_grace_s = 30;
   std::string log_level = "info";
 };
 
@@ -69,6 +84,13 @@ class RouterServer {
   int metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
   WorkerPool& pool() { return *pool_; }
   TextCache& cache() { return *cache_; }
+  // The readiness service's name on grpc.health.v1.
+  static constexpr char kReadinessService[] = "rl.v1.Router";
+  // SIGTERM's first step (RunServerMain calls it before Shutdown): readiness off; Generate, the
+  // admin calls and the pool's changes are refused UNAVAILABLE from now on; waits until every
+  // generation in flight has ended, or `drain_grace_s` has passed. Returns whether all ended.
+  // Idempotent.
+  bool Drain();
   void Shutdown();
 
  private:
@@ -81,7 +103,11 @@ class RouterServer {
   std::unique_ptr<BoundedExecutor> blocking_;
   std::unique_ptr<BoundedExecutor> admin_executor_;
   std::unique_ptr<WorkerPool> pool_;
+  // --worker-dns: stopped in Shutdown, before the pool goes.
+  std::unique_ptr<discovery::DnsResolver> resolver_;
+  std::unique_ptr<discovery::WorkerDiscovery> discovery_;
   MetricsRegistry metrics_;
+  DrainGate drain_{"rl-router"};
   std::unique_ptr<BearerAuth> admin_auth_;
   std::unique_ptr<BearerAuth> data_auth_;
   std::unique_ptr<RouterService> router_service_;

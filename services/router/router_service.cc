@@ -98,9 +98,14 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
   generate_.max_stream_buffer_bytes = options.max_stream_buffer_bytes;
   generate_.metrics = &metrics_;
   generate_.live = &live_;
+  generate_.drain = options.drain;
 }
 
 RouterService::~RouterService() { WaitForGenerations(); }
+
+absl::Status RouterService::CheckNotDraining(absl::string_view what) const {
+  return options_.drain != nullptr ? options_.drain->Check(what) : absl::OkStatus();
+}
 
 grpc::ServerWriteReactor<rl::v1::GenerateResponse>* RouterService::Generate(
     grpc::CallbackServerContext* context, const rl::v1::GenerateRequest* request) {
@@ -171,6 +176,7 @@ grpc::ServerUnaryReactor* RouterService::AddWorker(grpc::CallbackServerContext* 
                                                    const rl::v1::AddWorkerRequest* request,
                                                    rl::v1::WorkerListResponse* response) {
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckNotDraining("AddWorker"); !s.ok()) return FinishUnary(context, s);
   if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
     return FinishUnary(context, s);
   }
@@ -206,6 +212,7 @@ grpc::ServerUnaryReactor* RouterService::RemoveWorker(grpc::CallbackServerContex
                                                       const rl::v1::RemoveWorkerRequest* request,
                                                       rl::v1::WorkerListResponse* response) {
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckNotDraining("RemoveWorker"); !s.ok()) return FinishUnary(context, s);
   if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
     return FinishUnary(context, s);
   }
@@ -229,6 +236,8 @@ grpc::ServerUnaryReactor* RouterService::SetWorkerEnabled(
     grpc::CallbackServerContext* context, const rl::v1::SetWorkerEnabledRequest* request,
     rl::v1::WorkerListResponse* response) {
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckNotDraining("SetWorkerEnabled"); !s.ok())
+    return FinishUnary(context, s);
   if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
     return FinishUnary(context, s);
   }

@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
+#include "common/drain_gate.h"
 #include "common/metrics.h"
 #include "common/request_limits.h"
 #include "common/tokenizer/tokenizer.h"
@@ -44,6 +45,9 @@ struct RouterServiceOptions {
   int64_t max_stream_buffer_bytes = 4 << 20;
   BoundedExecutor* blocking = nullptr;  // tokenization of long prompts, cache inserts
   BoundedExecutor* admin = nullptr;     // AddWorker checks
+  // While the router drains (SIGTERM): Generate and the pool's changes (AddWorker,
+  // RemoveWorker, SetWorkerEnabled) are refused UNAVAILABLE; streams in flight go on. May be null.
+  const DrainGate* drain = nullptr;
 };
 
 class RouterService final : public rl::v1::Router::CallbackService {
@@ -90,10 +94,14 @@ class RouterService final : public rl::v1::Router::CallbackService {
 
   // Blocks until no Generate stream is alive (after the server stopped taking calls).
   void WaitForGenerations() { live_.WaitForNone(); }
+  // Waits at most `timeout` for no generation to be alive; false when some still are.
+  bool WaitForGenerationsFor(absl::Duration timeout) { return live_.WaitForNoneFor(timeout); }
   WorkerPool* pool() const { return pool_; }
   RequestTable* requests() { return &requests_; }
 
  private:
+  // OK unless the router drains (options_.drain).
+  absl::Status CheckNotDraining(absl::string_view what) const;
   // RetrieveFromText with tokenize_remainder: the prompt a Generate of `text` would send.
   absl::Status ResolveForRetrieve(const std::string& text,
                                   rl::v1::RetrieveFromTextResponse* response);

@@ -69,7 +69,10 @@ class FakePoolWorker {
   std::string address() const { return address_.empty() ? server_->address() : address_; }
   VersionedFakeWorker& service() { return service_; }
   void SetVersion(int64_t v) { service_.weight_version.store(v); }
+  // The overall health status (liveness; a worker without a readiness service: also readiness).
   void SetServing(bool serving) { server_->SetServing(serving); }
+  // The readiness service `rl.v1.Worker`, as a real rl-worker reports it (unset: NOT_FOUND).
+  void SetReady(bool ready) { server_->SetServiceServing("rl.v1.Worker", ready); }
   // Shuts the server down (the address stays known); calls to it then fail.
   void Stop() {
     if (server_ == nullptr) return;

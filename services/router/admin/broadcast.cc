@@ -71,6 +71,10 @@ void Broadcaster::Prepare(Ctx* caller, grpc::ClientContext* ctx,
   } else if (!options_.worker_admin_key.empty()) {
     ctx->AddMetadata("authorization", "Bearer " + options_.worker_admin_key);
   }
+  if (!options_.lease_owner.empty()) {
+    ctx->AddMetadata("rl-admin-lease-owner", options_.lease_owner);
+    ctx->AddMetadata("rl-admin-lease-ttl-ms", std::to_string(options_.lease_ttl.count()));
+  }
 }
 
 void Broadcaster::StartOne(const Plan& plan, Ctx* caller, const std::shared_ptr<Worker>& w,
