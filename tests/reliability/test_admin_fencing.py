@@ -10,7 +10,8 @@ import time
 
 import grpc
 
-from chaos import Client, pb, start_fixed_worker
+from chaos import start_fixed_worker
+from raw_client import Client, pb
 from rltest import STORIES, start_router, wait_for
 
 ROUTER = pb["router_pb2"]

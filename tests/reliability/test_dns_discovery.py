@@ -12,8 +12,9 @@ import time
 
 import grpc
 
-from chaos import PROMPTS, Client, pb
+from chaos import PROMPTS
 from fake_dns import FakeDns
+from raw_client import Client, pb
 from rltest import start_router, start_worker, wait_for
 
 ROUTER = pb["router_pb2"]

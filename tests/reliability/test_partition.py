@@ -20,7 +20,8 @@ import warnings
 import grpc
 import pytest
 
-from chaos import PROMPTS, Client, pb, start_fixed_worker
+from chaos import PROMPTS, start_fixed_worker
+from raw_client import Client, pb
 from rltest import BIN, STORIES, Server, free_port, start_router, wait_for
 
 ROUTER = pb["router_pb2"]

@@ -12,7 +12,8 @@ import time
 
 import grpc
 
-from chaos import PROMPTS, Client, pb, start_fixed_worker
+from chaos import PROMPTS, start_fixed_worker
+from raw_client import Client, pb
 from rltest import start_router, wait_for
 
 ROUTER = pb["router_pb2"]
