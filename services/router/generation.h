@@ -30,6 +30,7 @@
 #include "rl/v1/worker.pb.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/episodes/episode_store.h"
 #include "services/router/pool/worker_pool.h"
 #include "services/router/request_table.h"
 
@@ -56,6 +57,8 @@ struct GenerationEnv {
   RequestLimits limits;
   RetryOptions retry;
   Counter* retries_total = nullptr;
+  // Where completions of requests that name an episode are recorded (null: not recorded).
+  EpisodeStore* episodes = nullptr;
 };
 
 // The prompt as the model will see it: cached tokens reused exactly plus the new ones.
@@ -69,9 +72,9 @@ class Generation {
   struct Step {
     enum class Kind { kCall, kWait, kDone };
     Kind kind = Kind::kDone;
-    Worker* worker = nullptr;             // kCall: the worker to call (leased until EndAttempt)
-    std::chrono::milliseconds wait{0};    // kWait: call Next() again after this
-    absl::Status status;                  // kDone
+    Worker* worker = nullptr;           // kCall: the worker to call (leased until EndAttempt)
+    std::chrono::milliseconds wait{0};  // kWait: call Next() again after this
+    absl::Status status;                // kDone
   };
 
   // The checks that need no tokenizer: the --max-* limits and the reserved request id prefix.

@@ -87,6 +87,7 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
   env_.limits = options.limits;
   env_.retry = options.retry;
   env_.retries_total = metrics_.retries_total();
+  env_.episodes = options.episodes;
   generate_.env = &env_;
   generate_.pool = pool;
   generate_.data_auth = data_auth;
@@ -237,6 +238,19 @@ grpc::ServerUnaryReactor* RouterService::GetMetrics(grpc::CallbackServerContext*
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   metrics_.Fill(response);
   return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* RouterService::GetEpisode(grpc::CallbackServerContext* context,
+                                                    const rl::v1::GetEpisodeRequest* request,
+                                                    rl::v1::GetEpisodeResponse* response) {
+  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (options_.episodes == nullptr) {
+    return FinishUnary(context, absl::FailedPreconditionError("this router records no episodes"));
+  }
+  absl::StatusOr<rl::v1::GetEpisodeResponse> r =
+      options_.episodes->Export(request->episode_id(), request->remove());
+  if (r.ok()) *response = *std::move(r);
+  return FinishUnary(context, r.status());
 }
 
 }  // namespace rl::router
