@@ -116,7 +116,9 @@ absl::StatusOr<rl::v1::GetEpisodeResponse> EpisodeStore::Export(absl::string_vie
         "episode ", episode_id,
         ": not held (never recorded, removed, or collected by age or weight version)"));
   }
-  const Episode& e = it->second;
+  Episode& e = it->second;
+  e.touched = now;
+  lru_.splice(lru_.end(), lru_, e.lru);
   rl::v1::GetEpisodeResponse out;
   out.set_episode_id(std::string(episode_id));
   std::vector<bool> has_child(e.turns.size(), false);

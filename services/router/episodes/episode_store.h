@@ -9,7 +9,8 @@
 // Export gives one sample per leaf: the leaf's trajectory, which holds its whole branch.
 // docs/episodes.md has the rules in full.
 //
-// Bounded: at most max_episodes episodes (the least recently touched is dropped), max_turns and
+// Bounded: at most max_episodes episodes (the least recently used, by Record or
+// Export, is dropped), max_turns and
 // max_episode_tokens per episode (a turn past them is refused), and GC by age (an episode idle
 // for ttl) and by version (an episode whose newest turn is gc_threshold_k versions behind the
 // fleet, as the text cache collects; checked when the fleet's version moves).
