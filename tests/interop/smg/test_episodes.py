@@ -220,6 +220,9 @@ def test_history_edited_at_turn_three_forks_into_two_samples(fleet):
             [1] * t0.completion_tokens
     assert sum(e.samples[1].trajectory.loss_mask) == \
         e.turns[0].completion_tokens + e.turns[3].completion_tokens
+    # rlctl shows the same episode.
+    shown = rlctl_json("--target", fleet.router.address, "episode", "--episode-id", episode_id)
+    assert [s["turns"] for s in shown["samples"]] == [[0, 1, 2], [0, 3]]
     # remove=True hands the episode over once.
     fleet.stub.GetEpisode(pb["router_pb2"].GetEpisodeRequest(episode_id=episode_id,
                                                              remove=True))
