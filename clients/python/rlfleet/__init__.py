@@ -11,6 +11,7 @@ The gRPC stubs are generated from protos/ when the package is built (pip install
 clients/python); the trajectory loader needs only numpy (torch and pyarrow are optional).
 """
 
+from rlfleet.episodes import episodes_to_dataproto  # noqa: F401
 from rlfleet.trajectories import Trajectories, load_trajectories  # noqa: F401
 
 
@@ -20,7 +21,7 @@ def __getattr__(name):
         from rlfleet import client
         return getattr(client, name)
     if name in ("SamplingParams", "GenerateResult", "Chunk", "TokenLogprob", "Trajectory",
-                "build_generate_request"):
+                "build_generate_request", "Episode", "EpisodeTurn", "EpisodeSample"):
         from rlfleet import types
         return getattr(types, name)
     if name in ("prepare_prompt_set", "ChatTemplate"):
@@ -31,4 +32,5 @@ def __getattr__(name):
 
 __all__ = ["Client", "AsyncClient", "SamplingParams", "GenerateResult", "Chunk", "TokenLogprob",
            "Trajectory", "Trajectories", "load_trajectories", "prepare_prompt_set",
-           "ChatTemplate", "build_generate_request"]
+           "ChatTemplate", "build_generate_request", "Episode", "EpisodeTurn", "EpisodeSample",
+           "episodes_to_dataproto"]

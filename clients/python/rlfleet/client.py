@@ -13,7 +13,8 @@ import grpc
 
 from rlfleet._stubs import (admin_pb2, admin_pb2_grpc, router_pb2, router_pb2_grpc, worker_pb2,
                             worker_pb2_grpc)
-from rlfleet.types import GenerateResult, Chunk, Trajectory, build_generate_request, chunk_from_proto
+from rlfleet.types import (Chunk, Episode, GenerateResult, Trajectory, build_generate_request,
+                           chunk_from_proto)
 
 _OPTIONS = [("grpc.max_receive_message_length", 512 << 20),
             ("grpc.max_send_message_length", 512 << 20)]
@@ -115,6 +116,14 @@ class Client:
             timeout=self.timeout, metadata=self.metadata)
         return Trajectory.from_proto(r.trajectory)
 
+    def get_episode(self, episode_id: str, remove: bool = False) -> Episode:
+        """Router.GetEpisode: the agent episode's turns and one sample per branch (remove:
+        forget it once exported). docs/episodes.md."""
+        r = self.router.GetEpisode(
+            router_pb2.GetEpisodeRequest(episode_id=episode_id, remove=remove),
+            timeout=self.timeout, metadata=self.metadata)
+        return Episode.from_proto(r)
+
     # Control plane ---------------------------------------------------------------------------
     def _admin(self, method, request):
         return getattr(self.admin, method)(request, timeout=self.timeout, metadata=self.metadata)
@@ -195,6 +204,12 @@ class AsyncClient:
             router_pb2.RetrieveFromTextRequest(text=text, tokenize_remainder=tokenize_remainder),
             timeout=self.timeout, metadata=self.metadata)
         return Trajectory.from_proto(r.trajectory)
+
+    async def get_episode(self, episode_id: str, remove: bool = False) -> Episode:
+        r = await self.router.GetEpisode(
+            router_pb2.GetEpisodeRequest(episode_id=episode_id, remove=remove),
+            timeout=self.timeout, metadata=self.metadata)
+        return Episode.from_proto(r)
 
     async def _admin(self, method, request):
         return await getattr(self.admin, method)(request, timeout=self.timeout,

@@ -51,6 +51,7 @@ def build_generate_request(text: Optional[str] = None, input_ids: Optional[list[
                            return_routed_experts: bool = False,
                            return_expert_weights: bool = False,
                            routed_experts_start_len: Optional[int] = None,
+                           episode_id: str = "",
                            **sampling_kwargs) -> "generate_pb2.GenerateRequest":
     """Every rl.v1.GenerateRequest field; sampling fields as `sampling=` or keyword arguments."""
     if (text is None) == (input_ids is None):
@@ -67,7 +68,7 @@ def build_generate_request(text: Optional[str] = None, input_ids: Optional[list[
         return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
         logprobs_at_temperature_one=logprobs_at_temperature_one,
         return_trajectory=return_trajectory, return_routed_experts=return_routed_experts,
-        return_expert_weights=return_expert_weights)
+        return_expert_weights=return_expert_weights, episode_id=episode_id)
     if routed_experts_start_len is not None:
         req.routed_experts_start_len = routed_experts_start_len
     if text is not None:
@@ -208,3 +209,43 @@ def chunk_from_proto(msg) -> Chunk:
     c = msg.chunk
     return Chunk(msg.index, list(c.token_ids), c.text,
                  [TokenLogprob.from_proto(p) for p in c.logprobs])
+
+
+@dataclass
+class EpisodeTurn:
+    """One recorded turn of an agent episode (rl.v1.EpisodeTurn)."""
+    request_id: str
+    index: int
+    parent: int  # the turn whose whole trajectory this turn's prompt extends; -1 for a root
+    prompt_tokens: int
+    completion_tokens: int
+    worker: str
+    weight_version: int
+    finish_reason: str
+
+    @staticmethod
+    def from_proto(p) -> "EpisodeTurn":
+        return EpisodeTurn(p.request_id, p.index, p.parent, p.prompt_tokens, p.completion_tokens,
+                           p.worker, p.weight_version,
+                           FINISH_REASONS.get(p.finish_reason, str(p.finish_reason)))
+
+
+@dataclass
+class EpisodeSample:
+    """One branch of an episode: its last turn's trajectory and the turns on it, root first."""
+    trajectory: Trajectory
+    turns: list[int]
+
+
+@dataclass
+class Episode:
+    """Router.GetEpisode: the turns in the order they ended and one sample per branch."""
+    episode_id: str
+    turns: list[EpisodeTurn]
+    samples: list[EpisodeSample]
+
+    @staticmethod
+    def from_proto(p) -> "Episode":
+        return Episode(p.episode_id, [EpisodeTurn.from_proto(t) for t in p.turns],
+                       [EpisodeSample(Trajectory.from_proto(s.trajectory), list(s.turns))
+                        for s in p.samples])
