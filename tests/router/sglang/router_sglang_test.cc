@@ -1,6 +1,7 @@
 #include <memory>
 #include <string>
 
+#include "common/sglang/sglang_request.h"
 #include "gtest/gtest.h"
 #include "services/router/sglang/router_sglang_service.h"
 #include "tests/testing/test_data.h"
