@@ -18,7 +18,7 @@ struct Options {
   std::string file;       // tokenize: the whole file as one text
   std::string request_id;
   std::string episode_id;
-  bool remove = false;  // episode: forget it once exported
+  bool remove = false;             // episode: forget it once exported
   bool all = false;                // abort: every request
   bool allow_unreachable = false;  // workers add: register a worker that does not answer yet
   std::string ids;
