@@ -75,6 +75,7 @@ absl::Status Generation::CheckRequest(const rl::v1::GenerateRequest& request,
                      "' is reserved for ids the router assigns (leave request_id empty to get "
                      "one)"));
   }
+  if (!request.episode_id().empty()) RETURN_IF_ERROR(ValidateEpisodeId(request.episode_id()));
   return absl::OkStatus();
 }
 
@@ -118,6 +119,10 @@ Lease Generation::PickWorker() {
   if (prompt_.from_text) pick.text = request_.text();
   pick.prompt_ids = prompt_.ids;
   pick.routing_key = request_.routing_key();
+  // An agent episode's turns go where its earlier turns went (their KV is there).
+  if (pick.routing_key.empty() && !request_.episode_id().empty()) {
+    pick.routing_key = absl::StrCat("episode:", request_.episode_id());
+  }
   pick.group_id = request_.group_id();
   pick.units = request_.sampling_params().has_n() ? std::max(request_.sampling_params().n(), 1) : 1;
   pick.prefix_holders = holders_;
@@ -359,6 +364,23 @@ void Generation::CompleteFinal(size_t index, rl::v1::GenerateFinal* f) {
     absl::Status s = env_->cache->Insert(full, tokens, ends, mask, logprobs, f->weight_version(),
                                          versions, nullptr, lease_->address());
     if (!s.ok()) spdlog::warn("text cache insert failed: {}", std::string(s.message()));
+  }
+  if (!request_.episode_id().empty() && env_->episodes != nullptr &&
+      f->finish_reason() != rl::v1::FINISH_REASON_ABORT) {
+    EpisodeTurnRecord turn;
+    turn.request_id = request_id_;
+    turn.index = static_cast<int32_t>(index);
+    turn.worker = lease_->address();
+    turn.tokens = tokens;
+    turn.mask = mask;
+    turn.logprobs = logprobs;
+    turn.versions = versions;
+    turn.prompt_tokens = static_cast<int32_t>(prompt_.ids.size());
+    turn.weight_version = f->weight_version();
+    turn.finish_reason = f->finish_reason();
+    turn.matched_token_id = f->matched_token_id();
+    absl::Status s = env_->episodes->Record(request_.episode_id(), std::move(turn));
+    if (!s.ok()) spdlog::warn("episode turn not recorded: {}", std::string(s.message()));
   }
   if (request_.return_trajectory()) {
     rl::v1::Trajectory* t = f->mutable_trajectory();

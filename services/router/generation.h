@@ -31,6 +31,7 @@
 #include "rl/v1/worker.pb.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/episodes/episode_store.h"
 #include "services/router/pool/worker_pool.h"
 #include "services/router/request_table.h"
 
@@ -62,6 +63,8 @@ struct GenerationEnv {
   // Called with a worker's address and a finished completion's prompt and cached tokens (its
   // prefix-cache hits as it reports them); may be empty.
   std::function<void(const std::string&, int64_t, int64_t)> record_prefix;
+  // Where completions of requests that name an episode are recorded (null: not recorded).
+  EpisodeStore* episodes = nullptr;
 };
 
 // The prompt as the model will see it: cached tokens reused exactly plus the new ones.

@@ -53,7 +53,22 @@ int main(int argc, char** argv) {
             "threads for tokenizing long prompts and cache inserts");
   flags.Int("admin-threads", &c.admin_threads,
             "threads that wait on admin broadcasts (one each) and AddWorker checks");
+  flags.Int("sglang-port", &c.sglang_port,
+            "also serve SGLang's scheduler protocol for the SMG gateway here, with no key "
+            "(-1 off, 0 any; the main port serves it behind --api-key)");
+  flags.Int("max-episodes", &c.max_episodes,
+            "agent episodes held; beyond, the least recently used is dropped");
+  flags.Int("max-episode-turns", &c.max_episode_turns, "turns recorded per episode");
+  flags.Int("max-episode-tokens", &c.max_episode_tokens,
+            "tokens recorded per episode (all its turns' trajectories)");
+  flags.Int("episode-ttl-s", &c.episode_ttl_s, "an episode idle this long is dropped");
   rl::MainOptions options{
       .program = "rl-router", .flags = &flags, .log_level = &c.log_level, .keys = keys};
-  return rl::RunServerMain(argc, argv, options, [&] { return rl::router::RouterServer::Start(c); });
+  return rl::RunServerMain(
+      argc, argv, options, [&] { return rl::router::RouterServer::Start(c); },
+      [](rl::router::RouterServer& server) {
+        if (!server.sglang_address().empty()) {
+          rl::AnnounceListening(server.sglang_address(), "sglang");
+        }
+      });
 }

@@ -1,10 +1,13 @@
 #include "services/router/router_server.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "services/router/pool/policies/make_policy.h"
+#include "grpcpp/server.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::router {
@@ -14,15 +17,18 @@ namespace {
 // fleet's weight version.
 class CacheFollowsFleet final : public FleetObserver {
  public:
-  explicit CacheFollowsFleet(TextCache* cache) : cache_(cache) {}
+  CacheFollowsFleet(TextCache* cache, EpisodeStore* episodes)
+      : cache_(cache), episodes_(episodes) {}
   void OnFleetWeights(const FleetWeights& before, const FleetWeights& after) override {
     if (after.version >= 0 && after.version != before.version) {
       cache_->SetCurrentVersion(after.version);
+      episodes_->SetCurrentVersion(after.version);
     }
   }
 
  private:
   TextCache* const cache_;
+  EpisodeStore* const episodes_;
 };
 
 }  // namespace
@@ -57,6 +63,12 @@ absl::Status Validate(const RouterConfig& c) {
   if (c.admin_threads < 1 || c.admin_threads > 64)
     return bad("admin-threads", "must be in [1, 64]");
   RETURN_IF_ERROR(ValidatePolicyOptions({c.policy, c.load_factor}));
+  if (c.sglang_port < -1 || c.sglang_port > 65535)
+    return bad("sglang-port", "must be -1 or in [0, 65535]");
+  if (c.max_episodes < 1) return bad("max-episodes", "must be >= 1");
+  if (c.max_episode_turns < 1) return bad("max-episode-turns", "must be >= 1");
+  if (c.max_episode_tokens < 1) return bad("max-episode-tokens", "must be >= 1");
+  if (c.episode_ttl_s < 1) return bad("episode-ttl-s", "must be >= 1");
   RETURN_IF_ERROR(ValidateRequestLimits(c.limits));
   for (const std::string& w : c.workers) {
     if (absl::Status s = CheckAddress(w, c.limits); !s.ok()) return Annotate(s, "--worker");
@@ -73,6 +85,14 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   cache_options.max_cache_size = config.max_cache_size;
   cache_options.gc_threshold_k = config.gc_threshold_k;
   ASSIGN_OR_RETURN(s->cache_, TextCache::Create(cache_options));
+  EpisodeOptions episode_options;
+  episode_options.max_episodes = config.max_episodes;
+  episode_options.max_turns = config.max_episode_turns;
+  episode_options.max_episode_tokens = config.max_episode_tokens;
+  episode_options.ttl = std::chrono::seconds(config.episode_ttl_s);
+  episode_options.gc_threshold_k = config.gc_threshold_k;
+  RETURN_IF_ERROR(episode_options.Validate());
+  s->episodes_ = std::make_unique<EpisodeStore>(episode_options);
   PoolOptions pool_options;
   pool_options.health_interval = std::chrono::milliseconds(config.health_interval_ms);
   pool_options.health_timeout = std::chrono::milliseconds(config.health_timeout_ms);
@@ -81,7 +101,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   ASSIGN_OR_RETURN(std::unique_ptr<RoutingPolicy> policy,
                    MakeRoutingPolicy({config.policy, config.load_factor}));
   s->pool_ = std::make_unique<WorkerPool>(pool_options, std::move(policy));
-  s->cache_follows_fleet_ = std::make_unique<CacheFollowsFleet>(s->cache_.get());
+  s->cache_follows_fleet_ = std::make_unique<CacheFollowsFleet>(s->cache_.get(), s->episodes_.get());
   s->pool_->AddObserver(s->cache_follows_fleet_.get());
   // Requests wait for a slot in the router's fair queues, not in a worker's FIFO queue: with
   // --max-in-flight 0 the bound is what the workers run at once (set below, once the service
@@ -104,6 +124,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   service.max_stream_buffer_bytes = config.max_stream_buffer_bytes;
   service.blocking = s->blocking_.get();
   service.admin = s->admin_executor_.get();
+  service.episodes = s->episodes_.get();
   s->router_service_ = std::make_unique<RouterService>(s->pool_.get(), s->cache_.get(),
                                                        s->tokenizer_.get(), s->data_auth_.get(),
                                                        s->admin_auth_.get(), &s->metrics_, service);
@@ -127,6 +148,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   admin.limits = config.limits;
   s->admin_service_ =
       std::make_unique<admin::AdminService>(s->pool_.get(), s->admin_auth_.get(), admin);
+  std::optional<std::string> self_authorization;
+  if (!config.api_key.empty()) self_authorization = "Bearer " + config.api_key;
+  const int32_t max_n = static_cast<int32_t>(config.limits.max_n);
+  s->sglang_service_ = std::make_unique<RouterSglangService>(
+      s->pool_.get(), s->router_service_.get(), s->tokenizer_.get(), config.tokenizer_path,
+      self_authorization, s->data_auth_.get(), max_n);
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
@@ -135,8 +162,33 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   options.max_message_bytes = static_cast<int>(std::min<int64_t>(
       std::max<int64_t>(config.limits.max_tensor_chunk_bytes + (1 << 20), 64 << 20), INT32_MAX));
   ASSIGN_OR_RETURN(s->grpc_,
-                   GrpcServer::Start(options, {s->router_service_.get(), s->admin_service_.get()}));
+                   GrpcServer::Start(options, {s->router_service_.get(), s->admin_service_.get(),
+                                               s->sglang_service_.get()}));
   s->router_service_->SetOwnAddress(config.host, s->grpc_->port());
+  grpc::ChannelArguments self_args;
+  self_args.SetMaxReceiveMessageSize(-1);
+  std::shared_ptr<grpc::Channel> self = s->grpc_->server()->InProcessChannel(self_args);
+  s->sglang_service_->Connect(self);
+  if (config.sglang_port >= 0) {
+    // SMG's gRPC client sends no metadata: this listener takes no key, and only the gateway
+    // must reach it (docs/episodes.md).
+    s->no_auth_ = std::make_unique<BearerAuth>("");
+    s->sglang_open_service_ = std::make_unique<RouterSglangService>(
+        s->pool_.get(), s->router_service_.get(), s->tokenizer_.get(), config.tokenizer_path,
+        self_authorization, s->no_auth_.get(), max_n);
+    s->sglang_open_service_->Connect(self);
+    ServerOptions sglang_options = options;
+    sglang_options.port = config.sglang_port;
+    sglang_options.max_message_bytes = 64 << 20;  // token ids only
+    ASSIGN_OR_RETURN(s->sglang_grpc_,
+                     GrpcServer::Start(sglang_options, {s->sglang_open_service_.get()}));
+    if (s->data_auth_->enabled()) {
+      spdlog::warn(
+          "--sglang-port: SGLang's scheduler protocol on {} takes no API key (the SMG gateway "
+          "sends none); only the gateway must reach that address",
+          s->sglang_grpc_->address());
+    }
+  }
   if (config.metrics_port >= 0) {
     ASSIGN_OR_RETURN(s->metrics_http_,
                      MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));
@@ -150,6 +202,7 @@ void RouterServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (pool_) pool_->SetCapacityObserver(nullptr);  // it points into the router service
+  if (sglang_grpc_) sglang_grpc_->Shutdown();
   if (grpc_) grpc_->Shutdown();
   // No call is taken any more: let the generations wind down, then run what is queued.
   if (router_service_) router_service_->WaitForGenerations();

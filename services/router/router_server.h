@@ -1,6 +1,7 @@
 // RouterServer: the rl-router process and its composition root. Owns and wires the worker pool,
-// the text cache (which follows the pool's fleet version through an observer), the tokenizer,
-// the Router service, the Admin service, health, reflection and the metrics endpoint; it
+// the text cache and the episode store (which follow the pool's fleet version through an
+// observer), the tokenizer, the Router service, the Admin service, SGLang's scheduler protocol
+// (main port, and --sglang-port without a key), health, reflection and the metrics endpoint; it
 // decides nothing itself.
 #pragma once
 
@@ -17,9 +18,11 @@
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/admin/admin_service.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/episodes/episode_store.h"
 #include "services/router/pool/fleet_weights.h"
 #include "services/router/pool/worker_pool.h"
 #include "services/router/router_service.h"
+#include "services/router/sglang/router_sglang_service.h"
 
 namespace rl::router {
 
@@ -55,6 +58,14 @@ struct RouterConfig {
   int64_t max_stream_buffer_bytes = 4 << 20;
   int blocking_threads = 2;
   int admin_threads = 8;
+  // Agent episodes (episode_store.h); their version GC uses gc_threshold_k.
+  int64_t max_episodes = 10000;
+  int64_t max_episode_turns = 1024;
+  int64_t max_episode_tokens = 1 << 22;
+  int episode_ttl_s = 3600;
+  // A second listener for SGLang's scheduler protocol that takes no key (-1: none); the SMG
+  // gateway sends none. The main port serves it too, behind the data key.
+  int sglang_port = -1;
   std::string log_level = "info";
 };
 
@@ -66,6 +77,9 @@ class RouterServer {
   static absl::StatusOr<std::unique_ptr<RouterServer>> Start(const RouterConfig& config);
   ~RouterServer();
   std::string address() const { return grpc_->address(); }
+  // --sglang-port's listener ("" when off).
+  std::string sglang_address() const { return sglang_grpc_ ? sglang_grpc_->address() : ""; }
+  EpisodeStore& episodes() { return *episodes_; }
   int metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
   WorkerPool& pool() { return *pool_; }
   TextCache& cache() { return *cache_; }
@@ -76,6 +90,7 @@ class RouterServer {
   RouterConfig config_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<TextCache> cache_;
+  std::unique_ptr<EpisodeStore> episodes_;
   // The cache's GC follows the fleet's weight version (declared before pool_: outlives it).
   std::unique_ptr<FleetObserver> cache_follows_fleet_;
   std::unique_ptr<BoundedExecutor> blocking_;
@@ -86,7 +101,11 @@ class RouterServer {
   std::unique_ptr<BearerAuth> data_auth_;
   std::unique_ptr<RouterService> router_service_;
   std::unique_ptr<admin::AdminService> admin_service_;
+  std::unique_ptr<BearerAuth> no_auth_;
+  std::unique_ptr<RouterSglangService> sglang_service_;       // main port, data key
+  std::unique_ptr<RouterSglangService> sglang_open_service_;  // --sglang-port, no key
   std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<GrpcServer> sglang_grpc_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   bool shut_down_ = false;
 };

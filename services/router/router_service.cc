@@ -90,6 +90,7 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
   env_.record_prefix = [this](const std::string& worker, int64_t prompt, int64_t cached) {
     metrics_.RecordPrefix(worker, prompt, cached);
   };
+  env_.episodes = options.episodes;
   generate_.env = &env_;
   generate_.pool = pool;
   generate_.data_auth = data_auth;
@@ -243,6 +244,19 @@ grpc::ServerUnaryReactor* RouterService::GetMetrics(grpc::CallbackServerContext*
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   metrics_.Fill(response);
   return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* RouterService::GetEpisode(grpc::CallbackServerContext* context,
+                                                    const rl::v1::GetEpisodeRequest* request,
+                                                    rl::v1::GetEpisodeResponse* response) {
+  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (options_.episodes == nullptr) {
+    return FinishUnary(context, absl::FailedPreconditionError("this router records no episodes"));
+  }
+  absl::StatusOr<rl::v1::GetEpisodeResponse> r =
+      options_.episodes->Export(request->episode_id(), request->remove());
+  if (r.ok()) *response = *std::move(r);
+  return FinishUnary(context, r.status());
 }
 
 }  // namespace rl::router

@@ -29,6 +29,7 @@
 #include "services/router/admission.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/episodes/episode_store.h"
 #include "services/router/generate_reactor.h"
 #include "services/router/generation.h"
 #include "services/router/pool/worker_pool.h"
@@ -44,6 +45,7 @@ struct RouterServiceOptions {
   int64_t max_stream_buffer_bytes = 4 << 20;
   BoundedExecutor* blocking = nullptr;  // tokenization of long prompts, cache inserts
   BoundedExecutor* admin = nullptr;     // AddWorker checks
+  EpisodeStore* episodes = nullptr;     // agent episodes (null: none recorded, GetEpisode fails)
 };
 
 class RouterService final : public rl::v1::Router::CallbackService {
@@ -74,6 +76,9 @@ class RouterService final : public rl::v1::Router::CallbackService {
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
                                        const rl::v1::GetMetricsRequest* request,
                                        rl::v1::GetMetricsResponse* response) override;
+  grpc::ServerUnaryReactor* GetEpisode(grpc::CallbackServerContext* context,
+                                       const rl::v1::GetEpisodeRequest* request,
+                                       rl::v1::GetEpisodeResponse* response) override;
   // router_abort.cc
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
                                   const rl::v1::AbortRequest* request,
