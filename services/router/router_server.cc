@@ -5,9 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
-#include "services/router/pool/policies/make_policy.h"
 #include "grpcpp/server.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "services/router/pool/policies/make_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::router {
@@ -101,7 +101,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   ASSIGN_OR_RETURN(std::unique_ptr<RoutingPolicy> policy,
                    MakeRoutingPolicy({config.policy, config.load_factor}));
   s->pool_ = std::make_unique<WorkerPool>(pool_options, std::move(policy));
-  s->cache_follows_fleet_ = std::make_unique<CacheFollowsFleet>(s->cache_.get(), s->episodes_.get());
+  s->cache_follows_fleet_ =
+      std::make_unique<CacheFollowsFleet>(s->cache_.get(), s->episodes_.get());
   s->pool_->AddObserver(s->cache_follows_fleet_.get());
   // Requests wait for a slot in the router's fair queues, not in a worker's FIFO queue: with
   // --max-in-flight 0 the bound is what the workers run at once (set below, once the service
