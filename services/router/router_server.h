@@ -16,6 +16,7 @@
 #include "common/server_runner.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/admin/admin_service.h"
+#include "services/router/cache/cache_store.h"
 #include "services/router/cache/text_cache.h"
 #include "services/router/pool/fleet_weights.h"
 #include "services/router/pool/worker_pool.h"
@@ -35,6 +36,9 @@ struct RouterConfig {
   RequestLimits limits;            // --max-* bounds on what a client may send
   int metrics_port = -1;
   int64_t max_cache_size = 1 << 24;
+  // The text cache's durable store (cache_store.h); empty: memory only, and answers say so.
+  std::string cache_dir;
+  int64_t max_cache_disk_bytes = int64_t{8} << 30;
   int64_t gc_threshold_k = 2;
   int max_attempts = 3;
   int retry_backoff_ms = 50;
@@ -72,6 +76,7 @@ class RouterServer {
   RouterServer() = default;
   RouterConfig config_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<CacheStore> store_;  // outlives the cache
   std::unique_ptr<TextCache> cache_;
   // The cache's GC follows the fleet's weight version (declared before pool_: outlives it).
   std::unique_ptr<FleetObserver> cache_follows_fleet_;

@@ -10,6 +10,11 @@
 // * log fan-out) plus O(new tokens) for the new edge; GC O(log #versions) per removed node.
 // Memory: 13 B per token plus the text bytes and a ~135 B node per edge.
 //
+// Durability: created with a CacheStore, the cache is recovered from it (before the router takes
+// traffic) and every mutation queues the nodes it changed as one batch, in mutation order, under
+// the writer lock (text_cache_store.cc); the caller waits for the store's ticket before it
+// answers. Without a store it lives in memory only.
+//
 // Thread safety: every method may be called concurrently. Insert and SetCurrentVersion hold the
 // writer lock; Match, Retrieve, GetStats and ValidateForTesting a shared reader lock. The
 // implementation is split by concern: text_cache.cc (inserts, structure, GC),
@@ -20,6 +25,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -30,6 +36,8 @@
 #include "absl/types/span.h"
 
 namespace rl::router {
+
+class CacheStore;
 
 // Edges a Match examines at most (the paths a query follows; see the file comment).
 inline constexpr size_t kMaxMatchNodes = 4096;
@@ -89,7 +97,11 @@ struct TextCacheStats {
 
 class TextCache {
  public:
-  static absl::StatusOr<std::unique_ptr<TextCache>> Create(const TextCacheOptions& options);
+  // `store` (may be null: memory only) must outlive the cache; its contents are recovered here
+  // (FailedPrecondition naming the store when they are corrupt) and every later change is
+  // queued to it.
+  static absl::StatusOr<std::unique_ptr<TextCache>> Create(const TextCacheOptions& options,
+                                                           CacheStore* store = nullptr);
   ~TextCache();
   TextCache(const TextCache&) = delete;
   TextCache& operator=(const TextCache&) = delete;
@@ -124,6 +136,9 @@ class TextCache {
   void SetCurrentVersion(int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
 
   TextCacheStats GetStats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The durable store (null: memory only).
+  CacheStore* store() const { return store_; }
 
   // Walks the whole tree and checks every invariant and counter. O(size); for tests.
   absl::Status ValidateForTesting() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -160,8 +175,16 @@ class TextCache {
   void MaybeCollectGarbage() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MatchLocked(std::string_view query, MatchGoal goal, CacheMatch* out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The store journal (text_cache_store.cc): nodes changed / removed by the current mutation,
+  // queued to the store as one batch by FlushJournal. No-ops without a store.
+  void MarkDirty(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetNode(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FlushJournal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static std::string EncodeNode(const Node& node);
+  absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
 
   const TextCacheOptions options_;
+  CacheStore* store_ = nullptr;
   mutable absl::Mutex mu_;
   std::unique_ptr<Node> root_ ABSL_GUARDED_BY(mu_);
   // Leaves (non-root nodes without children) by version: head of an intrusive list each.
@@ -175,6 +198,11 @@ class TextCache {
   int64_t conflicts_replaced_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t conflicts_kept_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t current_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // The store journal.
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;  // node ids are never reused; the root is 0
+  std::vector<Node*> dirty_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> deleted_ ABSL_GUARDED_BY(mu_);
+  int64_t stored_version_ ABSL_GUARDED_BY(mu_) = 0;
   // Counted under the shared lock, hence atomic.
   mutable std::atomic<int64_t> hits_{0};
   mutable std::atomic<int64_t> misses_{0};
