@@ -103,6 +103,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   s->pool_ = std::make_unique<WorkerPool>(pool_options);
   s->cache_follows_fleet_ = std::make_unique<CacheFollowsFleet>(s->cache_.get());
   s->pool_->AddObserver(s->cache_follows_fleet_.get());
+  if (s->store_ != nullptr) {
+    // The fleet's record first, then the workers: each is judged against it (fleet_record.h).
+    s->fleet_record_ = std::make_unique<FleetRecord>(s->store_.get());
+    RETURN_IF_ERROR(s->fleet_record_->Restore(s->pool_.get()));
+    s->pool_->AddObserver(s->fleet_record_.get());
+  }
   // Requests wait for a slot in the router's fair queues, not in a worker's FIFO queue: with
   // --max-in-flight 0 the bound is what the workers run at once (set below, once the service
   // exists, and followed as workers join, leave or report their capacity).

@@ -21,6 +21,7 @@
 #include "services/router/pool/fleet_weights.h"
 #include "services/router/pool/worker_pool.h"
 #include "services/router/router_service.h"
+#include "services/router/state/fleet_record.h"
 
 namespace rl::router {
 
@@ -80,6 +81,8 @@ class RouterServer {
   std::unique_ptr<TextCache> cache_;
   // The cache's GC follows the fleet's weight version (declared before pool_: outlives it).
   std::unique_ptr<FleetObserver> cache_follows_fleet_;
+  // Persists the fleet's weights and pause state (with --cache-dir; outlives pool_).
+  std::unique_ptr<FleetRecord> fleet_record_;
   std::unique_ptr<BoundedExecutor> blocking_;
   std::unique_ptr<BoundedExecutor> admin_executor_;
   std::unique_ptr<WorkerPool> pool_;

@@ -1,7 +1,10 @@
 #include "services/router/cache/cache_store.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -67,6 +70,14 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Open(const CacheStoreOpt
   }
   std::unique_ptr<CacheStore> store(new CacheStore());
   store->path_ = (std::filesystem::path(options.dir) / kFileName).string();
+  // One router per store: a second one over the same folder would interleave its batches.
+  const std::string lock_path = store->path_ + ".lock";
+  store->lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (store->lock_fd_ < 0 || ::flock(store->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--cache-dir ", options.dir, ": ", lock_path,
+                     " is locked by another process (another rl-router uses this folder?)"));
+  }
   store->max_disk_bytes_ = options.max_disk_bytes;
   // The database gets 3/4 of the bound, the write-ahead log (checkpointed and truncated by the
   // commit that finds it over 1/8 of the bound or 64 MiB) the rest.
@@ -116,6 +127,7 @@ CacheStore::~CacheStore() {
   }
   if (committer_.joinable()) committer_.join();
   if (db_ != nullptr) sqlite3_close_v2(db_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
 }
 
 int64_t CacheStore::DiskBytes() const { return FileSize(path_) + FileSize(path_ + "-wal"); }

@@ -123,6 +123,7 @@ class CacheStore {
   std::string path_;
   int64_t max_disk_bytes_ = 0;
   int64_t max_pages_ = 0;
+  int lock_fd_ = -1;        // flock'd: one process per folder
   sqlite3* db_ = nullptr;  // used by the committer only once it runs (and by recovery before)
   std::thread committer_;
   std::atomic<bool> near_full_{false};

@@ -73,6 +73,7 @@ void HealthChecker::CheckAsync(const std::shared_ptr<Worker>& w,
     if (s.ok() && version_known) {
       report.weight_version = call->load.weight_version();
       report.max_running_requests = call->load.max_running_requests();
+      report.paused = call->load.paused();
     }
     on_report(report);
   };

@@ -262,6 +262,19 @@ TEST(CacheStoreTest, WhenDurableFiresInOrderAfterCommit) {
   EXPECT_EQ(**v, "v");
 }
 
+TEST(CacheStoreTest, OneRouterPerFolder) {
+  testing::TempDir dir;
+  CacheStoreOptions so;
+  so.dir = dir.path();
+  auto first = CacheStore::Open(so);
+  ASSERT_TRUE(first.ok());
+  auto second = CacheStore::Open(so);
+  ASSERT_FALSE(second.ok());
+  EXPECT_NE(second.status().message().find("another rl-router"), std::string::npos);
+  first->reset();
+  EXPECT_TRUE(CacheStore::Open(so).ok());
+}
+
 TEST(CacheStoreTest, BadOptionsNameTheFlag) {
   CacheStoreOptions so;
   so.dir = "";
