@@ -82,6 +82,18 @@ class Fleet:
         self.router.start(tries=50)  # the same arguments: same port, same --cache-dir
         self.client = Client(self.router.address, timeout=60)
 
+        def reachable():
+            # gRPC shares subchannels between channels: the killed router's may still be in
+            # its reconnect backoff for a moment.
+            try:
+                self.client.router.ListWorkers(ROUTER.ListWorkersRequest(), timeout=10,
+                                               wait_for_ready=True)
+                return True
+            except grpc.RpcError:
+                return False
+
+        wait_for(reachable, "the restarted router to answer")
+
     def close(self):
         for w in self.workers:
             w.stop()
