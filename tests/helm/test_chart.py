@@ -163,7 +163,9 @@ def test_gpu_resources():
 def test_other_options_render_valid_manifests():
     docs = render({"model": {"pvc": "models"}, "worker": {"replicas": 3, "batchInvariant": True,
                                                           "extraArgs": ["--threads=8"]},
-                   "router": {"replicas": 2}, "image": {"tag": "v1"}})
+                   # Two routers: each would need its own store, so memory only.
+                   "router": {"replicas": 2, "persistence": {"enabled": False}},
+                   "image": {"tag": "v1"}})
     validate_all(docs)
     (sts,) = by_kind(docs, "StatefulSet")
     assert sts["spec"]["replicas"] == 3
