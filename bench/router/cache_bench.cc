@@ -138,8 +138,7 @@ absl::StatusOr<ReplayTimes> Replay(const CacheBenchConfig& config,
       tokens.mask = std::move(match.loss_mask);
       tokens.logprobs = std::move(match.logprobs);
       r.reused_tokens += static_cast<int64_t>(tokens.ids.size());
-      Tokenize(std::string_view(text).substr(match.matched_bytes), match.matched_bytes, 0,
-               &tokens);
+      Tokenize(std::string_view(text).substr(match.matched_bytes), match.matched_bytes, 0, &tokens);
       r.prompt_tokens += static_cast<int64_t>(tokens.ids.size());
       // The "generated" reply.
       const size_t reply_start = text.size();
@@ -271,8 +270,10 @@ static absl::Status RunPersistentReplay(const CacheBenchConfig& config,
                "tokenization included; %d commits, %.1f inserts each, %.1f MB written, %.1f MB "
                "on disk)\n",
                static_cast<double>(t.inserts) / until_durable, until_durable, st.commits,
-               static_cast<double>(st.batches) / static_cast<double>(std::max<int64_t>(1, st.commits)),
-               static_cast<double>(st.bytes_written) / 1e6, static_cast<double>(st.disk_bytes) / 1e6);
+               static_cast<double>(st.batches) /
+                   static_cast<double>(std::max<int64_t>(1, st.commits)),
+               static_cast<double>(st.bytes_written) / 1e6,
+               static_cast<double>(st.disk_bytes) / 1e6);
   }
   {
     // Recovery of what the sequential replay left.
@@ -307,9 +308,8 @@ static absl::Status RunPersistentReplay(const CacheBenchConfig& config,
     {
       std::vector<std::thread> threads;
       for (size_t i = 0; i < n; ++i) {
-        threads.emplace_back([&, i] {
-          results[i] = Replay(config, workload, i, workload.size(), n, *cache, true);
-        });
+        threads.emplace_back(
+            [&, i] { results[i] = Replay(config, workload, i, workload.size(), n, *cache, true); });
       }
       for (std::thread& th : threads) th.join();
     }

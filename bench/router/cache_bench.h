@@ -36,9 +36,8 @@ struct CacheBenchConfig {
   int64_t seam_limit = 2000;  // trajectories of that replay
   // Also replay with the durable store (SQLite) and time its recovery.
   bool persistence = true;
-  std::string persist_dir;      // its folder (empty: a temporary one, removed after)
+  std::string persist_dir;       // its folder (empty: a temporary one, removed after)
   int64_t durable_threads = 16;  // concurrent replayers that wait for their commits
-
 
   absl::Status Validate() const;
 };

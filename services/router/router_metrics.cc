@@ -67,12 +67,11 @@ RouterMetrics::RouterMetrics(MetricsRegistry* registry, const WorkerPool* pool,
       {}, [cache] {
         return cache->store() != nullptr && !cache->store()->GetStats().failed ? 1.0 : 0.0;
       });
-  m.SetGaugeCallback("rl_router_cache_disk_bytes",
-                     "Bytes of the text cache's store on disk (database + log).", {}, [cache] {
-                       return cache->store() != nullptr
-                                  ? double(cache->store()->GetStats().disk_bytes)
-                                  : 0.0;
-                     });
+  m.SetGaugeCallback(
+      "rl_router_cache_disk_bytes", "Bytes of the text cache's store on disk (database + log).", {},
+      [cache] {
+        return cache->store() != nullptr ? double(cache->store()->GetStats().disk_bytes) : 0.0;
+      });
   m.SetGaugeCallback("rl_router_cache_store_commits_total",
                      "Transactions of the text cache's store (each holds every insert queued "
                      "since the one before).",

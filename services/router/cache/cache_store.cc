@@ -36,8 +36,8 @@ int64_t FileSize(const std::string& path) {
 absl::Status CacheStoreOptions::Validate() const {
   if (dir.empty()) return absl::InvalidArgumentError("--cache-dir: must not be empty");
   if (max_disk_bytes < kMinDiskBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-cache-disk-bytes: must be >= ",
-                                                   kMinDiskBytes, ", got ", max_disk_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max-cache-disk-bytes: must be >= ", kMinDiskBytes, ", got ", max_disk_bytes));
   }
   return absl::OkStatus();
 }
@@ -145,8 +145,8 @@ absl::Status CacheStore::ForEachNode(
     const auto id = static_cast<uint64_t>(sqlite3_column_int64(st.s, 0));
     const void* blob = sqlite3_column_blob(st.s, 1);
     const int n = sqlite3_column_bytes(st.s, 1);
-    absl::Status s = fn(id, std::string_view(static_cast<const char*>(blob),
-                                             static_cast<size_t>(n)));
+    absl::Status s =
+        fn(id, std::string_view(static_cast<const char*>(blob), static_cast<size_t>(n)));
     if (!s.ok()) return s;
   }
   if (rc != SQLITE_DONE) {
@@ -234,8 +234,7 @@ absl::Status CacheStore::Commit(const std::deque<StoreBatch>& batches) {
   Stmt put, del, meta;
   if (sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO nodes(id, rec) VALUES(?, ?)", -1, &put.s,
                          nullptr) != SQLITE_OK ||
-      sqlite3_prepare_v2(db_, "DELETE FROM nodes WHERE id = ?", -1, &del.s, nullptr) !=
-          SQLITE_OK ||
+      sqlite3_prepare_v2(db_, "DELETE FROM nodes WHERE id = ?", -1, &del.s, nullptr) != SQLITE_OK ||
       sqlite3_prepare_v2(db_, "INSERT OR REPLACE INTO meta(key, value) VALUES(?, ?)", -1, &meta.s,
                          nullptr) != SQLITE_OK) {
     return fail("prepare");
@@ -298,9 +297,8 @@ void CacheStore::CommitLoop() {
     uint64_t upto;
     {
       absl::MutexLock lock(&mu_);
-      auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return !queue_.empty() || stopping_;
-      };
+      auto work = [this]()
+                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stopping_; };
       mu_.Await(absl::Condition(&work));
       if (queue_.empty()) return;  // stopping, nothing left
       batches.swap(queue_);

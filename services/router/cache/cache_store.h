@@ -66,14 +66,14 @@ struct StoreBatch {
 };
 
 struct CacheStoreStats {
-  int64_t commits = 0;           // transactions
-  int64_t batches = 0;           // batches committed (>= commits: grouped)
-  int64_t bytes_written = 0;     // record bytes
-  int64_t disk_bytes = 0;        // database + WAL file sizes after the last commit
+  int64_t commits = 0;        // transactions
+  int64_t batches = 0;        // batches committed (>= commits: grouped)
+  int64_t bytes_written = 0;  // record bytes
+  int64_t disk_bytes = 0;     // database + WAL file sizes after the last commit
   int64_t max_disk_bytes = 0;
-  int64_t pending_batches = 0;   // queued, not yet committed
-  bool failed = false;           // a commit failed: the store writes nothing more
-  std::string failure;           // why
+  int64_t pending_batches = 0;  // queued, not yet committed
+  bool failed = false;          // a commit failed: the store writes nothing more
+  std::string failure;          // why
 };
 
 class CacheStore {
@@ -123,7 +123,7 @@ class CacheStore {
   std::string path_;
   int64_t max_disk_bytes_ = 0;
   int64_t max_pages_ = 0;
-  int lock_fd_ = -1;        // flock'd: one process per folder
+  int lock_fd_ = -1;       // flock'd: one process per folder
   sqlite3* db_ = nullptr;  // used by the committer only once it runs (and by recovery before)
   std::thread committer_;
   std::atomic<bool> near_full_{false};

@@ -45,8 +45,9 @@ absl::Status FleetRecord::Restore(WorkerPool* pool) {
   if (paused->has_value()) {
     if (**paused != "0" && **paused != "1") return bad(kPausedKey, **paused);
     if (**paused == "1") {
-      spdlog::warn("fleet state restored: the fleet is paused (a pause without its continue "
-                   "before the restart); requests queue on the workers until `rlctl continue`");
+      spdlog::warn(
+          "fleet state restored: the fleet is paused (a pause without its continue "
+          "before the restart); requests queue on the workers until `rlctl continue`");
     }
     pool->SetFleetPaused(**paused == "1");
   }
@@ -54,8 +55,8 @@ absl::Status FleetRecord::Restore(WorkerPool* pool) {
 }
 
 void FleetRecord::OnFleetWeights(const FleetWeights& /*before*/, const FleetWeights& after) {
-  const std::string value = absl::StrCat(after.version, " ", static_cast<int>(after.source), " ",
-                                         after.path);
+  const std::string value =
+      absl::StrCat(after.version, " ", static_cast<int>(after.source), " ", after.path);
   if (absl::Status s = store_->PutMeta(kWeightsKey, value); !s.ok()) {
     spdlog::error("fleet weights not persisted: {}", std::string(s.message()));
   }

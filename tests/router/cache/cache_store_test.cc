@@ -134,8 +134,7 @@ TEST(CacheStoreTest, MultiTurnTrajectoriesRecoverExactly) {
     texts.push_back(t.text);
     // Turn 2 reuses turn 1's tokens and versions, at a newer version.
     t.Words("then more ", 0, v + 1).Words("second reply " + std::to_string(i) + " ", 1, v + 1);
-    ASSERT_TRUE(
-        o.cache->Insert(t.text, t.tokens, t.ends, t.mask, t.logp, v + 1, t.versions).ok());
+    ASSERT_TRUE(o.cache->Insert(t.text, t.tokens, t.ends, t.mask, t.logp, v + 1, t.versions).ok());
     texts.push_back(t.text);
     trajs.push_back(t);
   }
@@ -180,9 +179,8 @@ TEST(CacheStoreTest, RandomHistoryWithGcRecoversTheSameTree) {
         for (int w = 0; w < 1 + static_cast<int>(rng() % 3); ++w) reply += words[rng() % 7];
         t.Words(prompt, 0, version).Words(reply, static_cast<uint8_t>(rng() % 2), version);
       }
-      ASSERT_TRUE(live.cache
-                      ->Insert(t.text, t.tokens, t.ends, t.mask, t.logp, version, t.versions)
-                      .ok());
+      ASSERT_TRUE(
+          live.cache->Insert(t.text, t.tokens, t.ends, t.mask, t.logp, version, t.versions).ok());
       texts.push_back(t.text);
     }
     ASSERT_GT(live.cache->GetStats().gc_runs, 0) << "the test must cover GC";
