@@ -22,11 +22,19 @@ import time
 
 import grpc
 
-from chaos import Client, pb, start_fixed_worker
+from chaos import start_fixed_worker
+from rlfleet._stubs import generate_pb2 as GEN
+from rlfleet._stubs import router_pb2 as ROUTER
+from rlfleet._stubs import router_pb2_grpc
 from rltest import BIN, STORIES, free_port, start_router, wait_for
 
-GEN = pb["generate_pb2"]
-ROUTER = pb["router_pb2"]
+
+class Client:
+    """The raw Router stub (this test reads fields the typed client does not surface)."""
+
+    def __init__(self, target, timeout=60):
+        self.channel = grpc.insecure_channel(target)
+        self.router = router_pb2_grpc.RouterStub(self.channel)
 PROMPTS = ["Once upon a time", "The little dog", "Lily and Tom went", "One day, a bird",
            "The sun was", "A big red ball"]
 
