@@ -20,6 +20,11 @@ int main(int argc, char** argv) {
   flags.Int("metrics-port", &c.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
   flags.Int("max-cache-size", &c.max_cache_size, "text cache size in tokens before GC");
   flags.Int("gc-threshold-k", &c.gc_threshold_k, "GC removes versions <= current - k");
+  flags.String("cache-dir", &c.cache_dir,
+               "folder of the durable text cache and fleet state (recovered at start-up); empty: "
+               "memory only, a restart forgets every trajectory");
+  flags.Int("max-cache-disk-bytes", &c.max_cache_disk_bytes,
+            "bound on the --cache-dir store on disk; GC runs early near it");
   flags.Int("max-attempts", &c.max_attempts, "attempts per generation (retries + 1)");
   flags.Int("retry-backoff-ms", &c.retry_backoff_ms, "first retry backoff, doubled per retry");
   flags.Int("hold-wait-ms", &c.hold_wait_ms,

@@ -1,6 +1,7 @@
 #include "services/router/router_server.h"
 
 #include <algorithm>
+#include <chrono>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +44,12 @@ absl::Status Validate(const RouterConfig& c) {
     return bad("metrics-port", "must be -1 or in [0, 65535]");
   if (c.max_cache_size <= 0) return bad("max-cache-size", "must be > 0 (tokens)");
   if (c.gc_threshold_k < 0) return bad("gc-threshold-k", "must be >= 0");
+  if (!c.cache_dir.empty()) {
+    CacheStoreOptions store;
+    store.dir = c.cache_dir;
+    store.max_disk_bytes = c.max_cache_disk_bytes;
+    RETURN_IF_ERROR(store.Validate());
+  }
   if (c.max_attempts < 1 || c.max_attempts > 100) return bad("max-attempts", "must be in [1, 100]");
   if (c.retry_backoff_ms < 0) return bad("retry-backoff-ms", "must be >= 0");
   if (c.hold_wait_ms < 0) return bad("hold-wait-ms", "must be >= 0");
@@ -84,7 +91,24 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   TextCacheOptions cache_options;
   cache_options.max_cache_size = config.max_cache_size;
   cache_options.gc_threshold_k = config.gc_threshold_k;
-  ASSIGN_OR_RETURN(s->cache_, TextCache::Create(cache_options));
+  if (!config.cache_dir.empty()) {
+    // Recovered here, before the server takes any call.
+    CacheStoreOptions store_options;
+    store_options.dir = config.cache_dir;
+    store_options.max_disk_bytes = config.max_cache_disk_bytes;
+    const auto t0 = std::chrono::steady_clock::now();
+    ASSIGN_OR_RETURN(s->store_, CacheStore::Open(store_options));
+    ASSIGN_OR_RETURN(s->cache_, TextCache::Create(cache_options, s->store_.get()));
+    const TextCacheStats stats = s->cache_->GetStats();
+    spdlog::info("text cache recovered from {}: {} tokens in {} nodes, weight version {}, {:.3f} s",
+                 s->store_->path(), stats.size_tokens, stats.entries, stats.current_version,
+                 std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  } else {
+    spdlog::warn(
+        "no --cache-dir: the text cache lives in memory only; a restart forgets every trajectory "
+        "and text-prompt answers say cache_history_unknown");
+    ASSIGN_OR_RETURN(s->cache_, TextCache::Create(cache_options));
+  }
   EpisodeOptions episode_options;
   episode_options.max_episodes = config.max_episodes;
   episode_options.max_turns = config.max_episode_turns;
@@ -104,6 +128,12 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   s->cache_follows_fleet_ =
       std::make_unique<CacheFollowsFleet>(s->cache_.get(), s->episodes_.get());
   s->pool_->AddObserver(s->cache_follows_fleet_.get());
+  if (s->store_ != nullptr) {
+    // The fleet's record first, then the workers: each is judged against it (fleet_record.h).
+    s->fleet_record_ = std::make_unique<FleetRecord>(s->store_.get());
+    RETURN_IF_ERROR(s->fleet_record_->Restore(s->pool_.get()));
+    s->pool_->AddObserver(s->fleet_record_.get());
+  }
   // Requests wait for a slot in the router's fair queues, not in a worker's FIFO queue: with
   // --max-in-flight 0 the bound is what the workers run at once (set below, once the service
   // exists, and followed as workers join, leave or report their capacity).

@@ -17,12 +17,14 @@
 #include "common/server_runner.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/admin/admin_service.h"
+#include "services/router/cache/cache_store.h"
 #include "services/router/cache/text_cache.h"
 #include "services/router/episodes/episode_store.h"
 #include "services/router/pool/fleet_weights.h"
 #include "services/router/pool/worker_pool.h"
 #include "services/router/router_service.h"
 #include "services/router/sglang/router_sglang_service.h"
+#include "services/router/state/fleet_record.h"
 
 namespace rl::router {
 
@@ -38,6 +40,9 @@ struct RouterConfig {
   RequestLimits limits;            // --max-* bounds on what a client may send
   int metrics_port = -1;
   int64_t max_cache_size = 1 << 24;
+  // The text cache's durable store (cache_store.h); empty: memory only, and answers say so.
+  std::string cache_dir;
+  int64_t max_cache_disk_bytes = int64_t{8} << 30;
   int64_t gc_threshold_k = 2;
   int max_attempts = 3;
   int retry_backoff_ms = 50;
@@ -89,10 +94,13 @@ class RouterServer {
   RouterServer() = default;
   RouterConfig config_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<CacheStore> store_;  // outlives the cache
   std::unique_ptr<TextCache> cache_;
   std::unique_ptr<EpisodeStore> episodes_;
   // The cache's GC follows the fleet's weight version (declared before pool_: outlives it).
   std::unique_ptr<FleetObserver> cache_follows_fleet_;
+  // Persists the fleet's weights and pause state (with --cache-dir; outlives pool_).
+  std::unique_ptr<FleetRecord> fleet_record_;
   std::unique_ptr<BoundedExecutor> blocking_;
   std::unique_ptr<BoundedExecutor> admin_executor_;
   std::unique_ptr<WorkerPool> pool_;

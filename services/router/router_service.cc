@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "services/router/cache/cache_store.h"
 
 namespace rl::router {
 namespace {
@@ -91,6 +92,7 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
     metrics_.RecordPrefix(worker, prompt, cached);
   };
   env_.episodes = options.episodes;
+  env_.history_unknown_total = metrics_.history_unknown_total();
   generate_.env = &env_;
   generate_.pool = pool;
   generate_.data_auth = data_auth;
@@ -144,7 +146,15 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
   t->set_weight_version(r.weight_version);
   response->set_matched_bytes(static_cast<int64_t>(r.matched_bytes));
   response->set_cached_tokens(static_cast<int32_t>(r.tokens.size()));
+  MarkHistory(response);
   return FinishUnary(context, absl::OkStatus());
+}
+
+void RouterService::MarkHistory(rl::v1::RetrieveFromTextResponse* response) {
+  const CacheStore* store = cache_->store();
+  if (store != nullptr && !store->GetStats().failed) return;
+  response->set_cache_history_unknown(true);
+  metrics_.history_unknown_total()->Inc();
 }
 
 absl::Status RouterService::ResolveForRetrieve(const std::string& text,
@@ -165,6 +175,7 @@ absl::Status RouterService::ResolveForRetrieve(const std::string& text,
   t->set_weight_version(newest);
   response->set_matched_bytes(r.cached_tokens > 0 ? r.ends[r.cached_tokens - 1] : 0);
   response->set_cached_tokens(r.cached_tokens);
+  MarkHistory(response);
   return absl::OkStatus();
 }
 

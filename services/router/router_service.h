@@ -100,6 +100,8 @@ class RouterService final : public rl::v1::Router::CallbackService {
 
  private:
   // RetrieveFromText with tokenize_remainder: the prompt a Generate of `text` would send.
+  // Sets cache_history_unknown (and counts it) when the cache keeps no durable store.
+  void MarkHistory(rl::v1::RetrieveFromTextResponse* response);
   absl::Status ResolveForRetrieve(const std::string& text,
                                   rl::v1::RetrieveFromTextResponse* response);
 
