@@ -55,9 +55,9 @@ absl::StatusOr<std::unique_ptr<TextCache>> TextCache::Create(const TextCacheOpti
     cache->store_ = store;
     if (absl::Status s = cache->Recover(); !s.ok()) return s;
     if (absl::Status s = cache->ValidateForTesting(); !s.ok()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "text cache store: the recovered tree is inconsistent (", s.message(),
-          "); move the folder away to start with an empty cache"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("text cache store: the recovered tree is inconsistent (", s.message(),
+                       "); move the folder away to start with an empty cache"));
     }
   }
   return cache;
