@@ -26,6 +26,11 @@ int main(int argc, char** argv) {
   flags.Int("metrics-port", &c.metrics_port, "Prometheus HTTP port (-1 off, 0 any)");
   flags.Int("max-cache-size", &c.max_cache_size, "text cache size in tokens before GC");
   flags.Int("gc-threshold-k", &c.gc_threshold_k, "GC removes versions <= current - k");
+  flags.String("cache-dir", &c.cache_dir,
+               "folder of the durable text cache and fleet state (recovered at start-up); empty: "
+               "memory only, a restart forgets every trajectory");
+  flags.Int("max-cache-disk-bytes", &c.max_cache_disk_bytes,
+            "bound on the --cache-dir store on disk; GC runs early near it");
   flags.Int("max-attempts", &c.max_attempts, "attempts per generation (retries + 1)");
   flags.Int("retry-backoff-ms", &c.retry_backoff_ms, "first retry backoff, doubled per retry");
   flags.Int("hold-wait-ms", &c.hold_wait_ms,
@@ -69,7 +74,22 @@ int main(int argc, char** argv) {
   flags.Double("drain-grace-s", &c.drain_grace_s,
                "on SIGTERM: refuse new generations and admin calls, let the streams in flight "
                "finish for up to this long, then stop");
+  flags.Int("sglang-port", &c.sglang_port,
+            "also serve SGLang's scheduler protocol for the SMG gateway here, with no key "
+            "(-1 off, 0 any; the main port serves it behind --api-key)");
+  flags.Int("max-episodes", &c.max_episodes,
+            "agent episodes held; beyond, the least recently used is dropped");
+  flags.Int("max-episode-turns", &c.max_episode_turns, "turns recorded per episode");
+  flags.Int("max-episode-tokens", &c.max_episode_tokens,
+            "tokens recorded per episode (all its turns' trajectories)");
+  flags.Int("episode-ttl-s", &c.episode_ttl_s, "an episode idle this long is dropped");
   rl::MainOptions options{
       .program = "rl-router", .flags = &flags, .log_level = &c.log_level, .keys = keys};
-  return rl::RunServerMain(argc, argv, options, [&] { return rl::router::RouterServer::Start(c); });
+  return rl::RunServerMain(
+      argc, argv, options, [&] { return rl::router::RouterServer::Start(c); },
+      [](rl::router::RouterServer& server) {
+        if (!server.sglang_address().empty()) {
+          rl::AnnounceListening(server.sglang_address(), "sglang");
+        }
+      });
 }

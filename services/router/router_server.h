@@ -1,6 +1,8 @@
 // RouterServer: the rl-router process and its composition root. Owns and wires the worker pool,
-// the text cache (which follows the pool's fleet version through an observer), the tokenizer,
-// the Router service, the Admin service, health, reflection and the metrics endpoint; it
+// RouterServer: the rl-router process and its composition root. Owns and wires the worker pool,
+// the text cache and the episode store (which follow the pool's fleet version through an
+// observer), the tokenizer, the Router service, the Admin service, SGLang's scheduler protocol
+// (main port, and --sglang-port without a key), health, reflection and the metrics endpoint; it
 // decides nothing itself. Health: the overall status is liveness (SERVING until Shutdown); the
 // service `rl.v1.Router` is readiness (NOT_SERVING once Drain began).
 #pragma once
@@ -18,12 +20,16 @@
 #include "common/server_runner.h"
 #include "common/tokenizer/tokenizer.h"
 #include "services/router/admin/admin_service.h"
+#include "services/router/cache/cache_store.h"
 #include "services/router/cache/text_cache.h"
 #include "services/router/discovery/dns_resolver.h"
 #include "services/router/discovery/worker_discovery.h"
+#include "services/router/episodes/episode_store.h"
 #include "services/router/pool/fleet_weights.h"
 #include "services/router/pool/worker_pool.h"
 #include "services/router/router_service.h"
+#include "services/router/sglang/router_sglang_service.h"
+#include "services/router/state/fleet_record.h"
 
 namespace rl::router {
 
@@ -44,6 +50,9 @@ struct RouterConfig {
   RequestLimits limits;            // --max-* bounds on what a client may send
   int metrics_port = -1;
   int64_t max_cache_size = 1 << 24;
+  // The text cache's durable store (cache_store.h); empty: memory only, and answers say so.
+  std::string cache_dir;
+  int64_t max_cache_disk_bytes = int64_t{8} << 30;
   int64_t gc_threshold_k = 2;
   int max_attempts = 3;
   int retry_backoff_ms = 50;
@@ -70,6 +79,14 @@ struct RouterConfig {
   int admin_threads = 8;
   // SIGTERM: how long the generations in flight may take to finish (RouterServer::Drain).
   double drain_grace_s = 30;
+  // Agent episodes (episode_store.h); their version GC uses gc_threshold_k.
+  int64_t max_episodes = 10000;
+  int64_t max_episode_turns = 1024;
+  int64_t max_episode_tokens = 1 << 22;
+  int episode_ttl_s = 3600;
+  // A second listener for SGLang's scheduler protocol that takes no key (-1: none); the SMG
+  // gateway sends none. The main port serves it too, behind the data key.
+  int sglang_port = -1;
   std::string log_level = "info";
 };
 
@@ -81,6 +98,9 @@ class RouterServer {
   static absl::StatusOr<std::unique_ptr<RouterServer>> Start(const RouterConfig& config);
   ~RouterServer();
   std::string address() const { return grpc_->address(); }
+  // --sglang-port's listener ("" when off).
+  std::string sglang_address() const { return sglang_grpc_ ? sglang_grpc_->address() : ""; }
+  EpisodeStore& episodes() { return *episodes_; }
   int metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
   WorkerPool& pool() { return *pool_; }
   TextCache& cache() { return *cache_; }
@@ -97,9 +117,13 @@ class RouterServer {
   RouterServer() = default;
   RouterConfig config_;
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
+  std::unique_ptr<CacheStore> store_;  // outlives the cache
   std::unique_ptr<TextCache> cache_;
+  std::unique_ptr<EpisodeStore> episodes_;
   // The cache's GC follows the fleet's weight version (declared before pool_: outlives it).
   std::unique_ptr<FleetObserver> cache_follows_fleet_;
+  // Persists the fleet's weights and pause state (with --cache-dir; outlives pool_).
+  std::unique_ptr<FleetRecord> fleet_record_;
   std::unique_ptr<BoundedExecutor> blocking_;
   std::unique_ptr<BoundedExecutor> admin_executor_;
   std::unique_ptr<WorkerPool> pool_;
@@ -112,7 +136,11 @@ class RouterServer {
   std::unique_ptr<BearerAuth> data_auth_;
   std::unique_ptr<RouterService> router_service_;
   std::unique_ptr<admin::AdminService> admin_service_;
+  std::unique_ptr<BearerAuth> no_auth_;
+  std::unique_ptr<RouterSglangService> sglang_service_;       // main port, data key
+  std::unique_ptr<RouterSglangService> sglang_open_service_;  // --sglang-port, no key
   std::unique_ptr<GrpcServer> grpc_;
+  std::unique_ptr<GrpcServer> sglang_grpc_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
   bool shut_down_ = false;
 };

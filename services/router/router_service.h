@@ -30,6 +30,7 @@
 #include "services/router/admission.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/episodes/episode_store.h"
 #include "services/router/generate_reactor.h"
 #include "services/router/generation.h"
 #include "services/router/pool/worker_pool.h"
@@ -48,6 +49,7 @@ struct RouterServiceOptions {
   // While the router drains (SIGTERM): Generate and the pool's changes (AddWorker,
   // RemoveWorker, SetWorkerEnabled) are refused UNAVAILABLE; streams in flight go on. May be null.
   const DrainGate* drain = nullptr;
+  EpisodeStore* episodes = nullptr;     // agent episodes (null: none recorded, GetEpisode fails)
 };
 
 class RouterService final : public rl::v1::Router::CallbackService {
@@ -78,6 +80,9 @@ class RouterService final : public rl::v1::Router::CallbackService {
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
                                        const rl::v1::GetMetricsRequest* request,
                                        rl::v1::GetMetricsResponse* response) override;
+  grpc::ServerUnaryReactor* GetEpisode(grpc::CallbackServerContext* context,
+                                       const rl::v1::GetEpisodeRequest* request,
+                                       rl::v1::GetEpisodeResponse* response) override;
   // router_abort.cc
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
                                   const rl::v1::AbortRequest* request,
@@ -103,6 +108,8 @@ class RouterService final : public rl::v1::Router::CallbackService {
   // OK unless the router drains (options_.drain).
   absl::Status CheckNotDraining(absl::string_view what) const;
   // RetrieveFromText with tokenize_remainder: the prompt a Generate of `text` would send.
+  // Sets cache_history_unknown (and counts it) when the cache keeps no durable store.
+  void MarkHistory(rl::v1::RetrieveFromTextResponse* response);
   absl::Status ResolveForRetrieve(const std::string& text,
                                   rl::v1::RetrieveFromTextResponse* response);
 

@@ -82,8 +82,8 @@ def test_default_values_render_and_validate():
     assert jsonschema.validate(values_default(), json.loads((CHART / "values.schema.json").read_text())) is None
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["Deployment", "PodDisruptionBudget", "PodDisruptionBudget", "Service",
-                     "Service", "StatefulSet"], kinds
+    assert kinds == ["Deployment", "PersistentVolumeClaim", "PodDisruptionBudget",
+                     "PodDisruptionBudget", "Service", "Service", "StatefulSet"], kinds
     validate_all(docs)
     assert not by_kind(docs, "ServiceMonitor")
     # The router follows the workers' headless Service by DNS (scaling needs no re-render).
@@ -222,7 +222,9 @@ def test_gpu_resources():
 def test_other_options_render_valid_manifests():
     docs = render({"model": {"pvc": "models"}, "worker": {"replicas": 3, "batchInvariant": True,
                                                           "extraArgs": ["--threads=8"]},
-                   "router": {"replicas": 2, "workerDiscovery": "static"},
+                   # Two routers: each would need its own store, so memory only.
+                   "router": {"replicas": 2, "workerDiscovery": "static",
+                              "persistence": {"enabled": False}},
                    "image": {"tag": "v1"}})
     validate_all(docs)
     (sts,) = by_kind(docs, "StatefulSet")
@@ -271,6 +273,34 @@ def test_router_admission_and_thread_flags():
     args = container(docs, "Deployment")["args"]
     for key, flag in ROUTER_FLAGS.items():
         assert f"--{flag}={custom[key]}" in args, (flag, args)
+
+
+def test_router_state_on_a_claim():
+    """On by default: a claim, mounted at --cache-dir, the store bounded to 90% of it, the
+    Recreate strategy; an existing claim is used as is; off: memory only."""
+    docs = render()
+    validate_all(docs)
+    (claim,) = by_kind(docs, "PersistentVolumeClaim")
+    assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    (router,) = by_kind(docs, "Deployment")
+    assert router["spec"]["strategy"] == {"type": "Recreate"}
+    args = container(docs, "Deployment")["args"]
+    assert "--cache-dir=/var/lib/rl-router" in args
+    assert f"--max-cache-disk-bytes={10 * (1 << 30) * 9 // 10}" in args
+    volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    docs = render({"router": {"persistence": {"existingClaim": "mine"}}})
+    assert not by_kind(docs, "PersistentVolumeClaim")
+    (router,) = by_kind(docs, "Deployment")
+    volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == "mine"
+    docs = render({"router": {"persistence": {"enabled": False}, "replicas": 2}})
+    validate_all(docs)
+    assert not by_kind(docs, "PersistentVolumeClaim")
+    assert not [a for a in container(docs, "Deployment")["args"] if a.startswith("--cache-dir")]
+    with pytest.raises(helm.HelmError) as e:
+        render({"router": {"replicas": 2}})
+    assert "replicas: 1" in str(e.value)
 
 
 @pytest.mark.parametrize("bad", [

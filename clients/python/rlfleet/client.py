@@ -26,8 +26,8 @@ from rlfleet._rpc import CLIENT_ID_HEADER, MAX_CLIENT_ID_BYTES  # noqa: F401  (r
 from rlfleet._stubs import admin_pb2, generate_pb2, router_pb2, worker_pb2
 from rlfleet.errors import FleetError
 from rlfleet.tensors import DEFAULT_CHUNK_BYTES, NamedTensors, total_bytes
-from rlfleet.types import (Chunk, GenerateResult, Generations, Trajectory, build_generate_request,
-                           chunk_from_proto)
+from rlfleet.types import (Chunk, Episode, GenerateResult, Generations, Trajectory,
+                           build_generate_request, chunk_from_proto)
 
 if TYPE_CHECKING:
     from rlfleet.weight_group import WeightsGroup
@@ -168,6 +168,14 @@ class Client:
                                                            tokenize_remainder=tokenize_remainder),
                         router_pb2.RetrieveFromTextResponse)
         return Trajectory.from_proto(r.trajectory)
+
+    def get_episode(self, episode_id: str, remove: bool = False) -> Episode:
+        """Router.GetEpisode: the agent episode's turns and one sample per branch (remove:
+        forget it once exported). FleetError NOT_FOUND for an unknown episode. docs/episodes.md."""
+        r = self._unary(ROUTER, "GetEpisode",
+                        router_pb2.GetEpisodeRequest(episode_id=episode_id, remove=remove),
+                        router_pb2.GetEpisodeResponse)
+        return Episode.from_proto(r)
 
     def get_load(self) -> worker_pb2.GetLoadResponse:
         """A worker's load (Worker.GetLoad; `via="worker"` clients)."""

@@ -146,8 +146,9 @@ class Broadcaster {
   std::chrono::milliseconds Timeout(Deadline d) const;
 
   AdminLock& lock() { return lock_; }
-  // Whether the last broadcast that set it left the fleet paused.
-  bool fleet_paused() const ABSL_LOCKS_EXCLUDED(paused_mu_);
+  // Whether the last broadcast that set it left the fleet paused (kept by the pool, which
+  // persists it: worker_pool.h SetFleetPaused).
+  bool fleet_paused() const;
   WorkerPool* pool() const { return pool_; }
   const BroadcastOptions& options() const { return options_; }
 
@@ -169,8 +170,6 @@ class Broadcaster {
   WorkerPool* const pool_;
   const BroadcastOptions options_;
   AdminLock lock_;
-  mutable absl::Mutex paused_mu_;
-  bool fleet_paused_ ABSL_GUARDED_BY(paused_mu_) = false;
 };
 
 template <typename Req, typename Resp>

@@ -83,6 +83,7 @@ void HealthChecker::CheckAsync(const std::shared_ptr<Worker>& w,
       report.weight_version = call->load.weight_version();
       report.max_running_requests = call->load.max_running_requests();
       w->set_kv_usage(call->load.kv_usage());  // least_load's second criterion
+      report.paused = call->load.paused();
     }
     on_report(report);
   };
