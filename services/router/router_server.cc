@@ -312,7 +312,8 @@ void RouterServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (pool_) pool_->SetCapacityObserver(nullptr);  // it points into the router service
-  discovery_.reset();  // no pool change from now on
+  // Discovery first: no pool change from now on.
+  discovery_.reset();
   if (sglang_grpc_) sglang_grpc_->Shutdown();
   if (grpc_) grpc_->Shutdown();
   // No call is taken any more: let the generations wind down, then run what is queued.

@@ -49,7 +49,7 @@ struct RouterServiceOptions {
   // While the router drains (SIGTERM): Generate and the pool's changes (AddWorker,
   // RemoveWorker, SetWorkerEnabled) are refused UNAVAILABLE; streams in flight go on. May be null.
   const DrainGate* drain = nullptr;
-  EpisodeStore* episodes = nullptr;     // agent episodes (null: none recorded, GetEpisode fails)
+  EpisodeStore* episodes = nullptr;  // agent episodes (null: none recorded, GetEpisode fails)
 };
 
 class RouterService final : public rl::v1::Router::CallbackService {

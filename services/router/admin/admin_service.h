@@ -15,8 +15,8 @@
 #include "absl/status/status.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
-#include "common/request_limits.h"
 #include "common/drain_gate.h"
+#include "common/request_limits.h"
 #include "rl/v1/admin.grpc.pb.h"
 #include "services/router/admin/broadcast.h"
 #include "services/router/admin/catch_up.h"
@@ -101,7 +101,7 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   const RequestLimits limits_;
   const DrainGate* const drain_;
   Broadcaster broadcaster_;
-  std::unique_ptr<CatchUp> catch_up_;  // after broadcaster_: stopped first
+  std::unique_ptr<CatchUp> catch_up_;          // after broadcaster_: stopped first
   std::unique_ptr<LeaseKeeper> lease_keeper_;  // after broadcaster_: stopped first
 };
 
