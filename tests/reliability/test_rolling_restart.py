@@ -32,6 +32,28 @@ def health(address, service=""):
             return e.code().name
 
 
+def start_held_request(generate, admin, tries=5):
+    """A 400-token stream through `generate`, its worker (`admin`) paused in place while it runs:
+    returns (stream, first message). On a fast CPU the request can end between its first chunk
+    and the pause; then the worker is continued, the stream read out and a new one started."""
+    for _ in range(tries):
+        req = GEN.GenerateRequest(text=PROMPTS[0], stream=True)
+        req.sampling_params.temperature = 0.0
+        req.sampling_params.max_new_tokens = 400
+        req.sampling_params.ignore_eos = True  # runs its whole budget: still running when paused
+        stream = generate(req, timeout=60)
+        first = next(stream)
+        assert first.HasField("chunk")
+        admin.PauseGeneration(ADMIN.PauseGenerationRequest(mode=ADMIN.PAUSE_MODE_IN_PLACE),
+                              timeout=30)
+        if admin.GetServerInfo(ADMIN.GetServerInfoRequest(), timeout=30).num_running == 1:
+            return stream, first
+        admin.ContinueGeneration(ADMIN.ContinueGenerationRequest(), timeout=30)
+        for _ in stream:
+            pass
+    raise AssertionError(f"the request ended before the pause {tries} times")
+
+
 class Load:
     """`n` client threads generating through `address` until stop(); counts every outcome."""
 
@@ -131,16 +153,7 @@ def test_draining_worker_is_live_but_not_ready(tmp_path):
     w.start(tries=50)
     try:
         direct = Client(w.address, timeout=60)
-        req = GEN.GenerateRequest(text=PROMPTS[0], stream=True)
-        req.sampling_params.temperature = 0.0
-        req.sampling_params.max_new_tokens = 400
-        req.sampling_params.ignore_eos = True  # runs its whole budget: still running when paused
-        stream = direct.worker.Generate(req, timeout=60)
-        first = next(stream)
-        assert first.HasField("chunk")
-        direct.admin.PauseGeneration(ADMIN.PauseGenerationRequest(mode=ADMIN.PAUSE_MODE_IN_PLACE),
-                                     timeout=30)
-        assert direct.admin.GetServerInfo(ADMIN.GetServerInfoRequest(), timeout=30).num_running == 1
+        stream, first = start_held_request(direct.worker.Generate, direct.admin)
         w.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: health(w.address, "rl.v1.Worker") == "NOT_SERVING", "readiness off")
         assert health(w.address) == "SERVING"
@@ -178,16 +191,7 @@ def test_draining_router_refuses_new_work_and_admin_calls(tmp_path):
         client = Client(router.address, timeout=60)
         wait_for(lambda: live(client, w.address), "worker live")
         direct = Client(w.address, timeout=60)
-        req = GEN.GenerateRequest(text=PROMPTS[0], stream=True)
-        req.sampling_params.temperature = 0.0
-        req.sampling_params.max_new_tokens = 400
-        req.sampling_params.ignore_eos = True
-        stream = client.router.Generate(req, timeout=60)
-        first = next(stream)
-        assert first.HasField("chunk")
-        direct.admin.PauseGeneration(ADMIN.PauseGenerationRequest(mode=ADMIN.PAUSE_MODE_IN_PLACE),
-                                     timeout=30)
-        assert direct.admin.GetServerInfo(ADMIN.GetServerInfoRequest(), timeout=30).num_running == 1
+        stream, _ = start_held_request(client.router.Generate, direct.admin)
         assert health(router.address, "rl.v1.Router") == "SERVING"
         router.proc.send_signal(signal.SIGTERM)
         wait_for(lambda: health(router.address, "rl.v1.Router") == "NOT_SERVING", "readiness off")
