@@ -390,8 +390,10 @@ class Client:
                                               self.load_timeout))
 
     def health_check(self, service: str = "") -> str:
-        """grpc.health.v1 status name of `service` ("" = the server's overall status):
-        "SERVING", or "NOT_SERVING" while a worker sleeps or holds a weight update."""
+        """grpc.health.v1 status name of `service`. "" = the overall status, liveness: "SERVING"
+        while the process is sound (asleep and during updates included); "rl.v1.Worker" /
+        "rl.v1.Router" = readiness: "NOT_SERVING" while a worker sleeps, holds a weight update
+        or drains, and while a router drains."""
         from grpc_health.v1 import health_pb2  # type: ignore[import-untyped]
         r = self._unary("grpc.health.v1.Health", "Check",
                         health_pb2.HealthCheckRequest(service=service),
