@@ -17,7 +17,7 @@ request latency, the load spread (max / mean of the workers' running + waiting r
 every 50 ms while any is busy, averaged) and the requests each worker served; with --rounds > 1
 the medians over rounds (runs interleaved: round 1 of every row, then round 2, ...).
 
-  .venv/bin/python bench/routing/grpo_trace_bench.py [--model DIR] [--groups 6] [--n 8]
+  .venv/bin/python bench/routing/grpo_trace_bench.py [--model DIR] [--groups 3] [--n 8]
       [--turns 3] [--concurrency 16] [--max-tokens 16] [--rounds 1] [--no-smg] [--no-skewed]
 
 Without --model it makes a Qwen3-0.6B-shaped model (`rlctl make-model --arch qwen3 --size 0.5b
@@ -206,7 +206,7 @@ def run_one(name, send, workers, system, groups, args):
         d("rl_worker_cached_tokens_total")), d("rl_worker_requests_total")
     return {"name": name, "tok_s": out_tokens / wall, "hit": cached / prompt if prompt else 0.0,
             "p50": percentile(lat, 0.5) * 1e3, "p99": percentile(lat, 0.99) * 1e3,
-            "spread": statistics.mean(sampler.spreads) if sampler.spreads else 1.0,
+            "spread": statistics.mean(sampler.spreads) if sampler.spreads else float("nan"),
             "reqs": "/".join(str(int(r)) for r in reqs), "wall": wall,
             "prompt_tokens": int(prompt)}
 
@@ -322,16 +322,16 @@ def main():
     ap.add_argument("--build", type=Path, default=ROOT / "build")
     ap.add_argument("--model", type=Path, default=None,
                     help="model folder (default: a made qwen3 0.5b under BUILD/bench-models)")
-    ap.add_argument("--groups", type=int, default=6)
+    ap.add_argument("--groups", type=int, default=3)
     ap.add_argument("--n", type=int, default=8, help="samples per group")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=16, help="episodes in flight")
     ap.add_argument("--max-tokens", type=int, default=16, help="new tokens per turn")
-    ap.add_argument("--system-words", type=int, default=120)
-    ap.add_argument("--question-words", type=int, default=80)
-    ap.add_argument("--followup-words", type=int, default=12)
+    ap.add_argument("--system-words", type=int, default=60)
+    ap.add_argument("--question-words", type=int, default=150)
+    ap.add_argument("--followup-words", type=int, default=40)
     ap.add_argument("--threads", type=int, default=1, help="rl-worker --threads")
-    ap.add_argument("--kv-cache-gb", type=float, default=0.5)
+    ap.add_argument("--kv-cache-gb", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policies", default=",".join(OURS),
