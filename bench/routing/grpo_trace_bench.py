@@ -12,7 +12,8 @@ same with a routing key per group, 80% of the groups on 2 keys (affinity keys on
 ignore keys). Before each run the workers' prefix caches are flushed and each gateway is fresh.
 
 Per run it prints output tokens/s (wall clock of the replay), the workers' prefix-cache hit rate
-(their rl_worker_cached_tokens_total / rl_worker_prompt_tokens_total over the run), p50 / p99
+(their rl_worker_cached_tokens_total / rl_worker_prompt_tokens_total over the run) and the
+prompt tokens they prefilled (prompt - cached: the work the cache did not save), p50 / p99
 request latency, the load spread (max / mean of the workers' running + waiting requests, sampled
 every 50 ms while any is busy, averaged) and the requests each worker served; with --rounds > 1
 the medians over rounds (runs interleaved: round 1 of every row, then round 2, ...).
@@ -208,7 +209,7 @@ def run_one(name, send, workers, system, groups, args):
             "p50": percentile(lat, 0.5) * 1e3, "p99": percentile(lat, 0.99) * 1e3,
             "spread": statistics.mean(sampler.spreads) if sampler.spreads else float("nan"),
             "reqs": "/".join(str(int(r)) for r in reqs), "wall": wall,
-            "prompt_tokens": int(prompt)}
+            "prompt_tokens": int(prompt), "prefilled": int(prompt - cached)}
 
 
 def ours(args, workers, policy):
@@ -302,16 +303,16 @@ def smg(args, workers, policy):
 def print_table(title, rows, base):
     print(f"\n{title}")
     print(f"{'gateway / policy':<24} {'out tok/s':>9} {'x rr':>5} {'hit rate':>8} "
-          f"{'p50 ms':>8} {'p99 ms':>8} {'spread':>6}  requests per worker")
+          f"{'prefilled':>9} {'p50 ms':>8} {'p99 ms':>8} {'spread':>6}  requests per worker")
     for r in rows:
         ratio = r["tok_s"] / base if base else 0.0
         print(f"{r['name']:<24} {r['tok_s']:9.1f} {ratio:5.2f} {r['hit'] * 100:7.1f}% "
-              f"{r['p50']:8.0f} {r['p99']:8.0f} {r['spread']:6.2f}  {r['reqs']}", flush=True)
+              f"{r['prefilled']:9.0f} {r['p50']:8.0f} {r['p99']:8.0f} {r['spread']:6.2f}  {r['reqs']}", flush=True)
 
 
 def median_row(rows):
     out = dict(rows[0])
-    for k in ("tok_s", "hit", "p50", "p99", "spread", "wall"):
+    for k in ("tok_s", "hit", "prefilled", "p50", "p99", "spread", "wall"):
         out[k] = statistics.median(r[k] for r in rows)
     out["reqs"] = " ".join(r["reqs"] for r in rows)
     return out

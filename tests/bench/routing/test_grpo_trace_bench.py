@@ -8,7 +8,7 @@ import sys
 
 from rltest import BUILD, ROOT, STORIES
 
-ROW = r"\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+%\s+\d+\s+\d+\s+\S+\s+\d+/\d+/\d+"
+ROW = r"\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+%\s+\d+\s+\d+\s+\d+\s+\S+\s+\d+/\d+/\d+"
 
 
 def test_prints_every_row():
