@@ -255,7 +255,19 @@ int WorkerServer::Drain() {
       std::chrono::milliseconds(static_cast<int64_t>(config_.drain_grace_s * 1e3));
   int left = active();
   spdlog::info("draining: {} request(s) active, up to {}s to finish", left, config_.drain_grace_s);
-  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+  // A request admitted just before BeginDrain may still be on its way into the scheduler (the
+  // engine's inbox, then the next published stats), so one empty sample is not "drained":
+  // nothing may be active for a whole settle period. Shutdown would otherwise end such a request
+  // with an abort and no output, which the router passes on instead of retrying elsewhere.
+  constexpr auto kSettle = std::chrono::milliseconds(300);
+  auto quiet_since = std::chrono::steady_clock::now();
+  for (auto now = std::chrono::steady_clock::now(); now < deadline;
+       now = std::chrono::steady_clock::now()) {
+    if (left > 0) {
+      quiet_since = now;
+    } else if (now - quiet_since >= kSettle) {
+      break;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     left = active();
   }
