@@ -246,28 +246,17 @@ void WorkerServer::Shutdown() {
 int WorkerServer::Drain() {
   if (shut_down_ || !control_ || !engine_) return 0;
   control_->BeginDrain();  // readiness off (RefreshHealth), admission refused
-  const auto active = [this] {
-    const engine::SchedulerStats s = engine_->GetServerInfo().scheduler;
-    return s.num_running + s.num_waiting;
-  };
+  // Every request Submit accepted and has not finished (inbox, scheduler, final in delivery):
+  // the published stats would miss one still in the inbox, which shutdown would then end with an
+  // abort and no output. BeginDrain comes first, so only a Submit already past its admission
+  // check (the next statement in EngineHost::Submit) can still join.
+  const auto active = [this] { return engine_->NumLive(); };
   const auto deadline =
       std::chrono::steady_clock::now() +
       std::chrono::milliseconds(static_cast<int64_t>(config_.drain_grace_s * 1e3));
-  int left = active();
+  int64_t left = active();
   spdlog::info("draining: {} request(s) active, up to {}s to finish", left, config_.drain_grace_s);
-  // A request admitted just before BeginDrain may still be on its way into the scheduler (the
-  // engine's inbox, then the next published stats), so one empty sample is not "drained":
-  // nothing may be active for a whole settle period. Shutdown would otherwise end such a request
-  // with an abort and no output, which the router passes on instead of retrying elsewhere.
-  constexpr auto kSettle = std::chrono::milliseconds(300);
-  auto quiet_since = std::chrono::steady_clock::now();
-  for (auto now = std::chrono::steady_clock::now(); now < deadline;
-       now = std::chrono::steady_clock::now()) {
-    if (left > 0) {
-      quiet_since = now;
-    } else if (now - quiet_since >= kSettle) {
-      break;
-    }
+  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     left = active();
   }
@@ -277,7 +266,7 @@ int WorkerServer::Drain() {
   } else {
     spdlog::info("drained: no request active");
   }
-  return left;
+  return static_cast<int>(left);
 }
 
 void WorkerServer::RefreshHealth() {

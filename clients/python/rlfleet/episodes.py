@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
 
 import numpy as np
 
+from rlfleet.trajectories import pack_dataproto_batch
+
 if TYPE_CHECKING:
     from rlfleet.types import Episode
 
@@ -51,33 +53,10 @@ def episodes_to_dataproto(episodes: Iterable[Episode], pad_token_id: int = 0,
             raise ValueError(f"episode {e.episode_id}: {pl} prompt / {rl} response tokens, more "
                              f"than {P} / {R}")
     n = len(rows)
-    prompts = np.full((n, P), pad_token_id, dtype=np.int64)
-    prompt_attn = np.zeros((n, P), dtype=np.int64)
-    responses = np.full((n, R), pad_token_id, dtype=np.int64)
-    response_attn = np.zeros((n, R), dtype=np.int64)
-    response_mask = np.zeros((n, R), dtype=np.int64)
-    logp = np.zeros((n, R), dtype=np.float32)
-    versions = np.full((n, R), -1, dtype=np.int64)
-    for r, ((e, s, pl), rl) in enumerate(zip(rows, rlens)):
-        t = s.trajectory
-        if pl:
-            prompts[r, P - pl:] = t.tokens[:pl]
-            prompt_attn[r, P - pl:] = 1
-        if rl:
-            responses[r, :rl] = t.tokens[pl:]
-            response_attn[r, :rl] = 1
-            response_mask[r, :rl] = t.loss_mask[pl:]
-            logp[r, :rl] = np.nan_to_num(np.asarray(t.rollout_logp[pl:], dtype=np.float32),
-                                         nan=0.0)
-            versions[r, :rl] = t.token_weight_versions[pl:]
-    attention_mask = np.concatenate([prompt_attn, response_attn], axis=1)
-    position_ids = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
-    batch = {
-        "prompts": prompts, "responses": responses, "response_mask": response_mask,
-        "input_ids": np.concatenate([prompts, responses], axis=1),
-        "attention_mask": attention_mask, "position_ids": position_ids,
-        "rollout_log_probs": logp, "rollout_weight_versions": versions,
-    }
+    batch = pack_dataproto_batch(
+        [(s.trajectory.tokens[:pl], s.trajectory.tokens[pl:], s.trajectory.loss_mask[pl:],
+          s.trajectory.rollout_logp[pl:], s.trajectory.token_weight_versions[pl:])
+         for _, s, pl in rows], P, R, pad_token_id)
     raw = raw_prompts or {}
     raw_prompt = np.empty(n, dtype=object)  # element by element: messages stay Python lists
     for r, (e, _, _) in enumerate(rows):
