@@ -51,7 +51,15 @@ absl::Status Validate(const RouterConfig& c) {
     CacheStoreOptions store;
     store.dir = c.cache_dir;
     store.max_disk_bytes = c.max_cache_disk_bytes;
+    store.retry_interval = std::chrono::milliseconds(c.cache_store_retry_ms);
     RETURN_IF_ERROR(store.Validate());
+  }
+  if (c.cache_store_failure != "refuse" && c.cache_store_failure != "serve") {
+    return bad("cache-store-failure",
+               absl::StrCat("must be refuse or serve, got '", c.cache_store_failure, "'"));
+  }
+  if (c.cache_store_retry_ms < 1 || c.cache_store_retry_ms > 3600000) {
+    return bad("cache-store-retry-ms", "must be in [1, 3600000]");
   }
   if (c.max_attempts < 1 || c.max_attempts > 100) return bad("max-attempts", "must be in [1, 100]");
   if (c.retry_backoff_ms < 0) return bad("retry-backoff-ms", "must be >= 0");
@@ -116,6 +124,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
     CacheStoreOptions store_options;
     store_options.dir = config.cache_dir;
     store_options.max_disk_bytes = config.max_cache_disk_bytes;
+    store_options.retry_interval = std::chrono::milliseconds(config.cache_store_retry_ms);
     const auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(s->store_, CacheStore::Open(store_options));
     ASSIGN_OR_RETURN(s->cache_, TextCache::Create(cache_options, s->store_.get()));
@@ -157,7 +166,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   // Requests wait for a slot in the router's fair queues, not in a worker's FIFO queue: with
   // --max-in-flight 0 the bound is what the workers run at once (set below, once the service
   // exists, and followed as workers join, leave or report their capacity).
-  RETURN_IF_ERROR(s->pool_->AddAll(config.workers));
+  // With a record, the workers added and removed at run time too (fleet_record.h).
+  const std::vector<std::string> start_workers =
+      s->fleet_record_ != nullptr ? s->fleet_record_->StartWorkers(config.workers) : config.workers;
+  RETURN_IF_ERROR(s->pool_->AddAll(start_workers));
   if (!config.worker_dns.empty()) {
     discovery::DnsResolverOptions dns;
     dns.server = config.dns_server;
@@ -205,6 +217,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   service.admin = s->admin_executor_.get();
   service.drain = &s->drain_;
   service.episodes = s->episodes_.get();
+  service.fleet_record = s->fleet_record_.get();
+  service.refuse_when_store_failed = config.cache_store_failure == "refuse";
   s->router_service_ = std::make_unique<RouterService>(s->pool_.get(), s->cache_.get(),
                                                        s->tokenizer_.get(), s->data_auth_.get(),
                                                        s->admin_auth_.get(), &s->metrics_, service);

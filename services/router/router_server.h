@@ -53,6 +53,11 @@ struct RouterConfig {
   // The text cache's durable store (cache_store.h); empty: memory only, and answers say so.
   std::string cache_dir;
   int64_t max_cache_disk_bytes = int64_t{8} << 30;
+  // While the store has failed (disk full, I/O error): "refuse" text prompts UNAVAILABLE naming
+  // the store, or "serve" them marked trajectory_not_durable. It retries every
+  // cache_store_retry_ms and works again once the whole cache is written.
+  std::string cache_store_failure = "refuse";
+  int cache_store_retry_ms = 2000;
   int64_t gc_threshold_k = 2;
   int max_attempts = 3;
   int retry_backoff_ms = 50;

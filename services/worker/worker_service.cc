@@ -47,6 +47,20 @@ absl::Status CheckMinWeightVersion(const grpc::CallbackServerContext& context, i
   return absl::OkStatus();
 }
 
+// The router sends `rl-fleet-running` while its fleet is not paused: a paused worker (paused
+// directly, or by a pause the router did not record) refuses with UNAVAILABLE instead of holding
+// the request until a continue the router will not send; the router retries elsewhere and its
+// next health check takes this worker out of routing.
+absl::Status CheckFleetRunning(const grpc::CallbackServerContext& context,
+                               const engine::Engine& engine) {
+  const auto& md = context.client_metadata();
+  if (md.find("rl-fleet-running") == md.end()) return absl::OkStatus();
+  if (!engine.GetServerInfo().paused) return absl::OkStatus();  // the published snapshot
+  return absl::UnavailableError(
+      "this worker is paused while the router's fleet is running (paused directly, or by a "
+      "pause the router did not record): route elsewhere; `continue` resumes it");
+}
+
 class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateResponse> {
  public:
   GenerateReactor(GenerateHost* server, const BearerAuth* auth,
@@ -61,6 +75,7 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
                      const rl::v1::GenerateRequest& request) {
     RETURN_IF_ERROR(auth->Check(*context));
     RETURN_IF_ERROR(CheckMinWeightVersion(*context, server_->weight_version()));
+    RETURN_IF_ERROR(CheckFleetRunning(*context, server_->engine()));
     // Every client-sized field is bounded before tokenization or any per-sample allocation.
     RETURN_IF_ERROR(CheckGenerateRequest(request, server_->limits(), server_->context_len()));
     std::vector<int32_t> ids;

@@ -50,7 +50,8 @@ int PrepareWeights(const Options& o, const Client& c);
 int CompleteWeights(const Options& o, const Client& c);
 int ReceiveWeights(const Options& o, const Client& c);
 
-// worker_commands.cc: the router's worker pool (`workers list|add|remove|enable|disable|resync`).
+// worker_commands.cc: the router's worker pool (`workers
+// list|add|remove|enable|disable|resync|adopt`).
 int Workers(const Options& o, const Client& c, const std::vector<std::string>& args);
 
 // offline_commands.cc: no server involved.

@@ -33,7 +33,7 @@ constexpr char kCommands[] = R"(Commands:
   weights-checker --action snapshot|reset_tensors|compare|checksum
   list-weights      model-info      server-info      metrics      health
   workers list | add ADDR [--allow-unreachable] | remove ADDR | enable ADDR | disable ADDR
-    | resync ADDR... --from-disk DIR [--version N]
+    | resync ADDR... --from-disk DIR [--version N] | adopt ADDR [--from-disk DIR]
   tokenize --tokenizer DIR [--text T | --file PATH] [--no-special]
            (offline; --file: the whole file as one text; neither: one text per stdin line)
   detokenize --tokenizer DIR [--ids 1,2,3] [--skip-special]  (offline; stdin JSON arrays)

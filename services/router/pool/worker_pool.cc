@@ -184,10 +184,23 @@ std::string WorkerPool::VersionReasonLocked(const Entry& e, int64_t reference) c
     const std::string behind = absl::StrCat("weight_version ", st.weight_version(),
                                             " is behind the fleet's ", fleet_.version);
     if (fleet_.replayable()) return absl::StrCat(behind, "; catching up from ", fleet_.path);
+    const char* from = "a distributed group";
+    if (fleet_.source == FleetWeights::Source::kTensor) from = "a tensor stream";
+    if (fleet_.source == FleetWeights::Source::kAdopted) {
+      from = "a worker's version an operator adopted without its folder";
+    }
+    return absl::StrCat(behind, ", which came from ", from,
+                        " the router cannot replay; resync it: rlctl workers resync ", address,
+                        " --from-disk DIR");
+  }
+  if (fleet_.version >= 0 && st.weight_version() > fleet_.version) {
     return absl::StrCat(
-        behind, ", which came from ",
-        fleet_.source == FleetWeights::Source::kTensor ? "a tensor stream" : "a distributed group",
-        " the router cannot replay; resync it: rlctl workers resync ", address, " --from-disk DIR");
+        "weight_version ", st.weight_version(), " is ahead of the fleet's ", fleet_.version,
+        " (an update the router did not record: sent to it alone, or the router restarted in "
+        "the middle of a fleet update): not routed until an operator decides: resync it "
+        "(rlctl workers resync ",
+        address, " --from-disk DIR) or adopt its version as the fleet's (rlctl workers adopt ",
+        address, " [--from-disk DIR])");
   }
   if (fleet_.version >= 0) {
     return absl::StrCat(
@@ -572,6 +585,48 @@ void WorkerPool::SetFleetWeights(const FleetWeights& fleet) {
   }
   spdlog::info("fleet weights: version {} from {}", fleet.version, fleet.Describe());
   for (const auto& w : all) MaybeCatchUp(w);
+}
+
+absl::StatusOr<FleetWeights> WorkerPool::AdoptWorkerVersion(const std::string& address,
+                                                            const std::string& model_path) {
+  if (held()) {
+    return absl::FailedPreconditionError(
+        "an admin broadcast is running (versions move): adopt once it has ended");
+  }
+  FleetWeights fleet;
+  {
+    absl::MutexLock lock(&mu_);
+    const Entry* e = FindLocked(address);
+    if (e == nullptr) return NoWorker(address);
+    const WorkerState& st = e->state;
+    if (st.liveness() != Liveness::kLive) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "address: worker ", address, " is ", LivenessName(st.liveness()),
+          ": only a live worker's version can be adopted (its version is what it reports)"));
+    }
+    if (st.weight_version() < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("address: worker ", address, " has not reported a weight version yet"));
+    }
+    if (st.weight_version() <= fleet_.version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "address: worker ", address, " serves weight_version ", st.weight_version(),
+          ", not ahead of the fleet's ", fleet_.version,
+          ": only a newer version can be adopted (a worker behind is caught up or resynced)"));
+    }
+    fleet.version = st.weight_version();
+    if (model_path.empty()) {
+      fleet.source = FleetWeights::Source::kAdopted;
+      fleet.path = address;
+    } else {
+      fleet.source = FleetWeights::Source::kDisk;
+      fleet.path = model_path;
+    }
+  }
+  spdlog::warn("operator adopted worker {}'s weight_version {} as the fleet's (from {})", address,
+               fleet.version, fleet.Describe());
+  SetFleetWeights(fleet);
+  return fleet;
 }
 
 FleetWeights WorkerPool::fleet_weights() const {

@@ -34,6 +34,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "rl/v1/router.pb.h"
 #include "services/router/pool/fleet_weights.h"
@@ -166,6 +167,14 @@ class WorkerPool final : public WorkerSource {
   // ---- fleet weights and the catch-up hand-off ----
   void SetFleetWeights(const FleetWeights& fleet);
   FleetWeights fleet_weights() const;
+  // The operator's decision on a live worker AHEAD of the fleet's recorded version
+  // (VERSION_MISMATCH): its version becomes the fleet's, from `model_path` (the folder that holds
+  // it: the others are caught up from it) or, when empty, from a source the router cannot replay
+  // (the others are STALE until resynced). Returns the new record. NotFound for an unknown
+  // address; FailedPrecondition while an admin broadcast holds the pool, or for a worker that is
+  // not live, has reported no version, or is not ahead of the fleet's version.
+  absl::StatusOr<FleetWeights> AdoptWorkerVersion(const std::string& address,
+                                                  const std::string& model_path);
   // The recorded fleet version alone (-1 when none), without copying the source: per request.
   int64_t fleet_version() const;
   // The fleet's pause state (the admin's pause / continue broadcasts set it; recovered at
