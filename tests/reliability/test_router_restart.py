@@ -324,7 +324,7 @@ def test_worker_ahead_after_restart_is_kept_out_until_adopted(tmp_path):
         assert out.returncode != 0 and "not ahead" in out.stdout + out.stderr, out
         r = rlctl(fleet.router.address, "workers", "adopt", ahead.address, "--from-disk",
                   str(step6))
-        assert r["fleetWeightVersion"] == "6", r
+        assert r["fleet_weight_version"] == "6", r
         wait_for(lambda: all(w.state == ROUTER.WORKER_STATE_LIVE and w.weight_version == 6
                              for w in listing_of(client).workers),
                  "the other worker caught up to the adopted version", timeout_s=60)
