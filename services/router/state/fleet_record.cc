@@ -96,7 +96,9 @@ absl::Status FleetRecord::PersistWorkersLocked() {
   absl::Status s = store_->WaitDurable(store_->Enqueue(std::move(batch)));
   if (!s.ok()) {
     return absl::UnavailableError(absl::StrCat(
-        "the worker change is in effect but not persisted (a restart forgets it): ", s.message()));
+        "the worker change is in effect but not yet persisted (the store writes it once it "
+        "recovers; a restart before that forgets it): ",
+        s.message()));
   }
   return absl::OkStatus();
 }
