@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -120,7 +121,9 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   cache_options.max_cache_size = config.max_cache_size;
   cache_options.gc_threshold_k = config.gc_threshold_k;
   if (!config.cache_dir.empty()) {
-    // Recovered here, before the server takes any call.
+    // Recovered here, before the server takes any call. A write past RLIMIT_FSIZE fails (EFBIG)
+    // like one on a full disk, instead of killing the router: the store reports it and recovers.
+    signal(SIGXFSZ, SIG_IGN);
     CacheStoreOptions store_options;
     store_options.dir = config.cache_dir;
     store_options.max_disk_bytes = config.max_cache_disk_bytes;

@@ -16,6 +16,9 @@
   restart, also when a --worker flag names a removed one.
 - A worker paused directly between two health checks refuses the router's requests, which are
   retried elsewhere at once: none waits on a pause the router does not know about.
+- A full disk (prlimit --fsize on the running router): no answer claims durability, text
+  prompts are refused UNAVAILABLE naming the store, and once space returns the store writes the
+  whole cache again (every answered trajectory survives the next restart).
 - Without --cache-dir the router says so: text-prompt answers carry cache_history_unknown, and
   rl_router_cache_durable is 0.
 """
@@ -383,5 +386,59 @@ def test_a_worker_paused_between_health_checks_gets_no_request(tmp_path):
         reasons = {w.address: w.reason for w in listing.workers}
         assert "paused while the fleet is not" in reasons[paused.address], reasons
         rlctl(paused.address, "continue")
+    finally:
+        fleet.close()
+
+
+def test_a_full_disk_refuses_text_prompts_then_recovers(tmp_path):
+    """The router's files may not grow (prlimit --fsize on the running router: its writes fail
+    with EFBIG, as on a full disk). No trajectory is acknowledged as durable: the answer whose
+    insert was lost says so, later text prompts are refused UNAVAILABLE naming the store; once
+    the limit is lifted the store writes the whole cache again and answers are durable."""
+    state = tmp_path / "state"
+    fleet = Fleet(tmp_path, 1, "--cache-dir", str(state), "--cache-store-retry-ms", "100",
+                  "--metrics-port", "0")
+    try:
+        client = fleet.client
+        first = generate(client, "Once upon a time", 1)
+        assert not first.trajectory_not_durable
+        db = state / "router-state.sqlite3"
+        wal = state / "router-state.sqlite3-wal"
+        full = max(p.stat().st_size for p in (db, wal) if p.exists())
+        pid = str(fleet.router.proc.pid)
+        subprocess.run(["prlimit", "--pid", pid, f"--fsize={full}:"], check=True)
+        outcomes = []
+        for i in range(6):
+            try:
+                f = generate(client, f"The little dog {i}", i)
+                outcomes.append(("answered", f.trajectory_not_durable, f.text))
+            except grpc.RpcError as e:
+                outcomes.append((e.code(), e.details(), ""))
+        assert all(o[1] for o in outcomes if o[0] == "answered"), outcomes  # never "durable"
+        refused = [o for o in outcomes if o[0] == grpc.StatusCode.UNAVAILABLE]
+        assert refused, outcomes
+        assert str(db) in refused[0][1] and "retry" in refused[0][1], refused[0]
+        subprocess.run(["prlimit", "--pid", pid, "--fsize=unlimited:"], check=True)
+
+        def durable_again():
+            try:
+                return not generate(client, "A big red ball", 7).trajectory_not_durable
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+                return False
+
+        wait_for(durable_again, "the store to recover", timeout_s=30)
+        m = client.router.GetMetrics(ROUTER.GetMetricsRequest(), timeout=10)
+        assert m.cache.durable
+        assert "rl_router_cache_store_recoveries_total 1" in m.prometheus_text
+        # Every answered trajectory, those whose batch was lost included, survives a restart.
+        answered = [("The little dog %d" % i) + o[2] for i, o in enumerate(outcomes)
+                    if o[0] == "answered"]
+        fleet.router.kill()
+        fleet.restart_router()
+        for text in ["Once upon a time" + first.text] + answered:
+            r = fleet.client.router.RetrieveFromText(ROUTER.RetrieveFromTextRequest(text=text),
+                                                     timeout=30)
+            assert r.matched_bytes == len(text.encode()), text
     finally:
         fleet.close()
