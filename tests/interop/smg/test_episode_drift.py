@@ -78,6 +78,15 @@ def run_agent(fleet, episode_id, rng):
     return after
 
 
+def token_strings(model):
+    """id -> the token's string in tokenizer.json (byte-level tokens in GPT-2's byte alphabet,
+    SentencePiece ones with their U+2581 space)."""
+    tok = json.loads((Path(model) / "tokenizer.json").read_text(encoding="utf-8"))
+    strings = {i: t for t, i in tok["model"]["vocab"].items()}
+    strings.update({t["id"]: t["content"] for t in tok.get("added_tokens", [])})
+    return strings
+
+
 def stop_ids(model):
     config = json.loads((Path(model) / "config.json").read_text())
     eos = config.get("eos_token_id", [])
@@ -143,11 +152,10 @@ def test_drift_count_over_200_random_episodes(drift_fleet):
         i, tokens = exported[k]
         ids = fresh[k]
         at = next(j for j, (a, b) in enumerate(zip(tokens, ids)) if a != b)
-        pieces = decode_all(fleet.model, [[t] for t in tokens[at:at + 3]] +
-                            [[t] for t in ids[at:at + 3]])
+        vocab = token_strings(fleet.model)
         print(f"first case: episode {prefix}{i} at token {at}: the model generated "
-              f"{tokens[at:at + 3]} {pieces[:3]}, the text encoded from scratch is "
-              f"{ids[at:at + 3]} {pieces[3:]}")
+              f"{[(t, vocab.get(t)) for t in tokens[at:at + 3]]}, the text encoded from scratch "
+              f"is {[(t, vocab.get(t)) for t in ids[at:at + 3]]}")
     if fleet.name == "qwen3":
         # Random weights over Qwen's 151646 tokens generate non-canonical sequences all the
         # time: the count must find them, and a sample is never the re-encoded text's tokens

@@ -13,7 +13,7 @@ import pytest
 
 from agent_fleet import (AgentFleet, check_sample_against_worker, episode_header, index_calls,
                          mask_runs)
-from conftest import SMG
+from conftest import SMG, rlctl_json
 from made_qwen import QWEN_TEMPLATE, make_qwen3_model
 from rlfleet.prompts import ChatTemplate
 
@@ -100,12 +100,13 @@ def test_qwen_five_turn_tool_episode_exports_exact_tokens(qwen_fleet, stream):
         assert len(got) == len(logprobs)
         for a, b in zip(got, logprobs):
             assert abs(a - b) < 1e-4
-    # The gateway's rendering of the tools, the tool calls and the results is the template's
-    # (rendered here as Hugging Face does): the tokens between the model's turns are exactly the
-    # conversation's text, so the final conversation re-rendered starts with the sample's text
-    # wherever the model's tokens were canonical.
-    text = ChatTemplate.from_model(fleet.model).render(messages, add_generation_prompt=False,
-                                                       tools=TOOLS)
-    assert "<tool_call>\n{\"name\": \"lookup\", \"arguments\": {\"q\": \"word3\"}}\n</tool_call>" \
-        in text
-    assert text.count("<tool_response>") == 4
+    # The text between the model's turns is the gateway's rendering of the conversation with
+    # the template (tools, tool calls, results); rlfleet renders it the same (as Hugging Face
+    # does): the sample's text is the start of the final conversation rendered by rlfleet.
+    rendered = ChatTemplate.from_model(fleet.model).render(messages, add_generation_prompt=False,
+                                                           tools=TOOLS)
+    text = rlctl_json("detokenize", "--tokenizer", fleet.model, "--ids",
+                      ",".join(map(str, sample.trajectory.tokens)))["text"]
+    assert rendered.startswith(text), (text, rendered)
+    assert rendered.count('<tool_call>\n{"name": "lookup"') == 4
+    assert rendered.count("<tool_response>") == 4 and '{"type": "function"' in rendered
