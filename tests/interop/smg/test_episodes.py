@@ -15,7 +15,7 @@ import pytest
 
 from agent_fleet import (AgentFleet, check_sample_against_worker, episode_header, index_calls,
                          mask_runs)
-from conftest import MODEL, SMG, rlctl_json
+from conftest import MODEL, SMG, rlctl, rlctl_json
 from rlfleet._stubs import router_pb2
 
 TEMPLATE = Path(__file__).resolve().parent / "episode_template.jinja"
@@ -152,6 +152,14 @@ def test_history_edited_at_turn_three_forks_into_two_samples(fleet):
     with pytest.raises(grpc.RpcError) as err:
         fleet.episode(episode_id)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    # The router's metrics count it (the Prometheus text of GetMetrics, as /metrics serves it).
+    text = rlctl("--target", fleet.router.address, "metrics")
+    assert "rl_router_episodes_removed_total 1\n" in text
+    live = int(next(line.split()[1] for line in text.splitlines()
+                    if line.startswith("rl_router_episodes_live ")))
+    recorded = int(next(line.split()[1] for line in text.splitlines()
+                        if line.startswith("rl_router_episodes_turns_recorded_total ")))
+    assert live >= 2 and recorded >= 4 + 2 * 5  # the two 5-turn episodes and this one
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
