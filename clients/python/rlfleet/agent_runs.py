@@ -42,6 +42,7 @@ from rlfleet.prompts import ChatTemplate, read_rows
 from rlfleet.trajectories import FORMAT, Trajectories, load_trajectories
 
 Agent = Callable[["EpisodeSession", dict[str, Any]], Any]
+MAX_EPISODES = 50_000_000  # as rl-collect's bound on a collection
 
 
 class EpisodeSession:
@@ -137,11 +138,11 @@ def save_trajectories(t: Trajectories, path: Union[str, Path]) -> None:
     for name in ("index", "sample", "group", "prompt_len", "attempts", "weight_version"):
         meta[name] = json.dumps([int(x) for x in getattr(t, name)])
     for name in ("status", "finish_reason", "metadata"):
-        meta[name] = json.dumps(getattr(t, name))
+        meta[name] = json.dumps(getattr(t, name), default=str)
     if t.num_turns is not None:
         meta["num_turns"] = json.dumps([int(x) for x in t.num_turns])
     if t.raw_prompt is not None:
-        meta["raw_prompt"] = json.dumps(t.raw_prompt)
+        meta["raw_prompt"] = json.dumps(t.raw_prompt, default=str)
     header["__metadata__"] = meta
     head = json.dumps(header).encode()
     head += b" " * (-len(head) % 8)
@@ -248,6 +249,8 @@ def collect_agent_episodes(client: Any, prompts: Union[str, Path], agent: Agent,
     done = {(i, s) for i, s in ckpt.get("completed", [])}
     shards: list[str] = list(ckpt.get("shards", []))
     total = len(rows) * n
+    if total > MAX_EPISODES:
+        raise ValueError(f"{len(rows)} rows x n={n} is more than {MAX_EPISODES} episodes")
     todo = [(i, r, s) for i, r in rows for s in range(n) if (i, s) not in done]
     run = secrets.token_hex(4)  # a fresh id per run: a crashed run's partial episodes never mix in
     lock = threading.Lock()
