@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "clients" / "python"))
+# The venv's installed rlfleet (scripts/venv) first: it carries the generated gRPC stubs.
+sys.path.append(str(ROOT / "clients" / "python"))
 
 
 def free_port():
