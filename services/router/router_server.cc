@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "grpcpp/server.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "services/router/episodes/episode_metrics.h"
 #include "services/router/pool/policies/make_policy.h"
 #include "spdlog/spdlog.h"
 
@@ -137,6 +138,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   episode_options.gc_threshold_k = config.gc_threshold_k;
   RETURN_IF_ERROR(episode_options.Validate());
   s->episodes_ = std::make_unique<EpisodeStore>(episode_options);
+  RegisterEpisodeMetrics(&s->metrics_, s->episodes_.get());
   PoolOptions pool_options;
   pool_options.health_interval = std::chrono::milliseconds(config.health_interval_ms);
   pool_options.health_timeout = std::chrono::milliseconds(config.health_timeout_ms);
