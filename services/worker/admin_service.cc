@@ -1,5 +1,6 @@
 #include "services/worker/admin_service.h"
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -157,6 +158,30 @@ grpc::ServerUnaryReactor* AdminService::ReleaseMemory(Ctx* c, const rl::v1::Rele
                                                       rl::v1::AdminResponse* resp) {
   return RunAsync(c, "ReleaseMemory",
                   [this, resp] { return FillFrom(control_.ReleaseMemory(), resp); });
+}
+
+grpc::ServerUnaryReactor* AdminService::StageWeights(Ctx* c, const rl::v1::StageWeightsRequest* req,
+                                                     rl::v1::AdminResponse* resp) {
+  return RunAsync(c, "StageWeights", [this, req, resp] {
+    std::optional<int64_t> version;
+    if (req->has_weight_version()) version = req->weight_version();
+    return FillFrom(weights_.StageWeightsFromDisk(req->model_path(), version), resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::ActivateWeights(Ctx* c,
+                                                        const rl::v1::ActivateWeightsRequest* req,
+                                                        rl::v1::AdminResponse* resp) {
+  return RunAsync(c, "ActivateWeights", [this, req, resp] {
+    return FillFrom(weights_.ActivateStagedWeights(PolicyFrom(*req)), resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::DropStagedWeights(Ctx* c,
+                                                          const rl::v1::DropStagedWeightsRequest*,
+                                                          rl::v1::AdminResponse* resp) {
+  return RunAsync(c, "DropStagedWeights",
+                  [this, resp] { return FillFrom(weights_.DropStagedWeights(), resp); });
 }
 
 grpc::ServerUnaryReactor* AdminService::ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest*,

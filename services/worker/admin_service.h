@@ -81,6 +81,12 @@ class AdminService final : public rl::v1::Admin::CallbackService {
                                           rl::v1::AdminResponse* resp) override;
   grpc::ServerUnaryReactor* ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest* req,
                                          rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* StageWeights(Ctx* c, const rl::v1::StageWeightsRequest* req,
+                                         rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* ActivateWeights(Ctx* c, const rl::v1::ActivateWeightsRequest* req,
+                                            rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* DropStagedWeights(Ctx* c, const rl::v1::DropStagedWeightsRequest* req,
+                                              rl::v1::AdminResponse* resp) override;
 
  private:
   // Checks the key, then runs `fn` on the admin executor and finishes the call with its status

@@ -291,8 +291,20 @@ std::optional<WorkerState> WorkerPool::StateOf(const std::string& address) const
 
 bool WorkerPool::EligibleLocked(const Entry& e, const PickRequest& request,
                                 int64_t reference) const {
-  return e.state.Routable(reference) &&
+  return e.state.Routable(reference) && request.versions.Accepts(e.state.weight_version()) &&
          (request.exclude == nullptr || !request.exclude->contains(e.worker->address()));
+}
+
+std::vector<int64_t> WorkerPool::RoutableVersions() const {
+  absl::MutexLock lock(&mu_);
+  const int64_t reference = ReferenceVersionLocked();
+  std::vector<int64_t> out;
+  for (const Entry& e : entries_) {
+    if (e.state.Routable(reference)) out.push_back(e.state.weight_version());
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 Lease WorkerPool::Pick(const PickRequest& request) {

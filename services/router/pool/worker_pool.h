@@ -65,6 +65,9 @@ class WorkerSource {
   virtual bool held() const = 0;
   virtual void ReportFailure(Worker* w) = 0;
   virtual void ReportVersion(Worker* w, int64_t version) = 0;
+  // The weight versions of the workers routable now, whatever a request accepts (sorted,
+  // unique): what a version-constrained request that found no worker is told is available.
+  virtual std::vector<int64_t> RoutableVersions() const { return {}; }
 };
 
 // What the routing policy did since the pool started (docs/routing.md, "Policies").
@@ -112,6 +115,7 @@ class WorkerPool final : public WorkerSource {
   // ---- picking ----
   Lease Pick(const PickRequest& request) override;
   Lease Pick() { return Pick(PickRequest{}); }
+  std::vector<int64_t> RoutableVersions() const override;
   // An admin broadcast that takes workers out of routing holds the pool (nested). While held,
   // a request that finds no routable worker waits for the broadcast instead of failing.
   void BeginHold() { holds_.fetch_add(1); }

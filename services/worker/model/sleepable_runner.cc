@@ -135,6 +135,23 @@ absl::Status SleepableRunner::LoadWeightsFromDisk(const std::string& model_dir) 
   return absl::OkStatus();
 }
 
+absl::Status SleepableRunner::ActivateWeights(std::unique_ptr<Weights>* weights,
+                                              const std::string& source) {
+  if (inner_ == nullptr) {
+    if (source.empty()) {
+      return absl::FailedPreconditionError("ActivateWeights: asleep, and no folder to stage");
+    }
+    RETURN_IF_ERROR(LoadWeightsFromDisk(source));
+    weights->reset();
+    return absl::OkStatus();
+  }
+  // The folder may have been saved over between the read and now, so it is not trusted to give
+  // these weights back: they count as changed in memory, and a Release spills them.
+  RETURN_IF_ERROR(inner_->ActivateWeights(weights, source));
+  dirty_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status SleepableRunner::UpdateWeight(const TensorInfo& info,
                                            absl::Span<const uint8_t> bytes) {
   if (inner_ == nullptr) {

@@ -48,6 +48,11 @@ class SleepableRunner final : public ModelRunner {
       const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const override;
   absl::Status LoadWeightsFromDisk(const std::string& model_dir) override;
   absl::Status UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) override;
+  // Awake: the inner runner's; the weights then count as changed in memory (the folder may have
+  // been saved over since the read), so a Release spills them. Asleep: the read-ahead copy is
+  // dropped and `source` is staged as by LoadWeightsFromDisk.
+  absl::Status ActivateWeights(std::unique_ptr<Weights>* weights,
+                               const std::string& source) override;
 
   // Whether the backend is freed (the worker is asleep). Any thread: it changes only at the end
   // of a successful Release or Resume (on the engine thread).
