@@ -196,7 +196,7 @@ Generation::Step Generation::Next() {
       hold_poll_ = std::min(hold_poll_ * 2, retry.hold_poll * 8);
       return step;
     }
-    if (!versions_.any()) {
+    if (versions_.any()) {
       last_ = absl::UnavailableError("no live, enabled, serving worker");
       phase_ = Phase::kStartAttempt;
       continue;
@@ -204,9 +204,11 @@ Generation::Step Generation::Next() {
     // No worker serves a version the request accepts: wait for one (an update in progress, a
     // worker catching up) until its deadline, not counted as an attempt; then a retryable
     // UNAVAILABLE naming what it asked for and what there is.
-    if (std::chrono::steady_clock::now() < version_deadline_) {
+    if (const auto now = std::chrono::steady_clock::now(); now < version_deadline_) {
       step.kind = Step::Kind::kWait;
-      step.wait = version_poll_;
+      // Never past the deadline: the answer is due then.
+      step.wait = std::min(version_poll_,
+                           std::chrono::ceil<std::chrono::milliseconds>(version_deadline_ - now));
       version_poll_ = std::min(version_poll_ * 2, env_->retry.version_poll * 8);
       return step;
     }

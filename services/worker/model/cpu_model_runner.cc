@@ -69,7 +69,7 @@ absl::Status CpuModelRunner::UpdateWeight(const TensorInfo& info, absl::Span<con
 }
 
 absl::Status CpuModelRunner::ActivateWeights(std::unique_ptr<Weights>* weights,
-                                             const std::string& source) {
+                                             const std::string& source, const std::string&) {
   if (weights == nullptr || *weights == nullptr) {
     return absl::InvalidArgumentError("ActivateWeights: no weights");
   }

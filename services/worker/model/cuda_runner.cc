@@ -112,8 +112,8 @@ class CudaModelRunner final : public ModelRunner {
   }
   // A staged version is held in host memory until here: activation copies it into the device
   // mirror (one host-to-device copy of every tensor inside the pause), then swaps the host copy.
-  absl::Status ActivateWeights(std::unique_ptr<Weights>* weights,
-                               const std::string& source) override {
+  absl::Status ActivateWeights(std::unique_ptr<Weights>* weights, const std::string& source,
+                               const std::string&) override {
     if (weights == nullptr || *weights == nullptr) {
       return absl::InvalidArgumentError("ActivateWeights: no weights");
     }

@@ -69,9 +69,10 @@ class ModelRunner {
   // docs/weight-updates.md) from folder `source`: checks the architecture, then swaps them in
   // (CPU: a pointer swap; CUDA: a copy into the device mirror, then the host copy is swapped).
   // Takes `*weights` on success; on error it and the served weights are left as they were. The
-  // KV cache is not cleared (the engine flushes it).
-  virtual absl::Status ActivateWeights(std::unique_ptr<Weights>* weights,
-                                       const std::string& source) {
+  // KV cache is not cleared (the engine flushes it). `source_identity` is the folder's
+  // FolderIdentity (sleepable_runner.h) taken before the read, "" when unknown.
+  virtual absl::Status ActivateWeights(std::unique_ptr<Weights>* weights, const std::string& source,
+                                       const std::string& source_identity) {
     return absl::UnimplementedError("ActivateWeights");
   }
 };

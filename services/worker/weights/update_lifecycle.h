@@ -8,7 +8,8 @@
 // an engine paused with retract, or a self-pausing update), pause (retract), abort if asked,
 // apply, flush the prefix cache, bump weight_version, resume unless keep_pause or asleep.
 // Full semantics: docs/weight-updates.md.
-// Cost: holds the engine thread for the whole `apply` (the read, receive or copy).
+// Cost: holds the engine thread for the whole `apply` (a swap of weights read ahead, a receive or
+// a copy).
 // Thread-safe: Run may be called concurrently (the engine thread serializes the updates).
 #pragma once
 

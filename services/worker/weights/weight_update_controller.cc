@@ -92,6 +92,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
   // Stage + activate in one call: the read runs here, off the engine thread, while it keeps
   // generating; the engine pauses only for the swap and the flush. The staged slot is not
   // touched (a version staged by StageWeights stays staged).
+  // Taken before the read: a save racing with it shows up as a change on wake.
+  const std::string identity = model::FolderIdentity(model_path).value_or("");
   absl::StatusOr<std::unique_ptr<model::Weights>> fresh =
       model::LoadWeights(model_path, deps_.model_config);
   if (!fresh.ok()) {
@@ -101,7 +103,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
   }
   return lifecycle_.Run("update_weights_from_disk", policy,
                         [&](model::ModelRunner& runner) {
-                          return Annotate(runner.ActivateWeights(&*fresh, model_path), model_path);
+                          return Annotate(runner.ActivateWeights(&*fresh, model_path, identity),
+                                          model_path);
                         },
                         {});
 }
@@ -125,6 +128,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
   }
   // Off the engine thread: it keeps generating with the served weights meanwhile. Non-finite
   // values are refused while the files are read (model_io), unless --allow-non-finite-weights.
+  std::string identity = model::FolderIdentity(model_path).value_or("");
   absl::StatusOr<std::unique_ptr<model::Weights>> read =
       model::LoadWeights(model_path, deps_.model_config);
   absl::MutexLock lock(&stage_mu_);
@@ -137,6 +141,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
   auto staged = std::make_unique<StagedVersion>();
   staged->version = weight_version;
   staged->path = model_path;
+  staged->identity = std::move(identity);
   staged->bytes = (*read)->TotalBytes();
   staged->weights = *std::move(read);
   AdminOutcome out;
@@ -174,7 +179,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
   absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
       "activate_weights", p,
       [&](model::ModelRunner& runner) {
-        return Annotate(runner.ActivateWeights(&staged->weights, staged->path), staged->path);
+        return Annotate(runner.ActivateWeights(&staged->weights, staged->path, staged->identity),
+                        staged->path);
       },
       {.self_pause = true});
   if (!out.ok() && staged->weights != nullptr) {

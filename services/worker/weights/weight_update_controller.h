@@ -95,6 +95,7 @@ class WeightUpdateController final : public WeightUpdates {
   struct StagedVersion {
     std::optional<int64_t> version;
     std::string path;
+    std::string identity;  // model::FolderIdentity of `path` before the read ("" unknown)
     std::unique_ptr<model::Weights> weights;
     int64_t bytes = 0;
   };

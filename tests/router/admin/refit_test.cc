@@ -1,10 +1,10 @@
 // The transactional fleet refit (Admin.RefitWeights through a router over in-process rl-workers
 // on stories260K, issue 30): with every worker staging, all activate the new version (fleet
-// version recorded, outputs changed, exact-version requests served); with one of three workers
-// refusing to stage (its own --max-path-bytes is shorter than the folder's path), none activates,
-// every staged copy is dropped, the answer names each worker's reason and the fleet keeps serving
-// the old version (same outputs; a request for the new version is UNAVAILABLE). Also the router's
-// ActivateWeights: refused unless every live worker has the version staged.
+// version recorded, checksums changed and equal, exact-version requests served); with one of three
+// workers refusing to stage (its own --max-path-bytes is shorter than the folder's path), none
+// activates, every staged copy is dropped, the answer names each worker's reason and the fleet
+// keeps serving the old version (same outputs; a request for the new version is UNAVAILABLE). Also
+// the router's ActivateWeights: refused unless every live worker has the version staged.
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,12 +56,25 @@ class RefitTest : public testing::RouterFleetTest {
     return out;
   }
 
+  // Every live worker's rank checksum, through the router.
+  std::vector<std::string> Checksums() {
+    rl::v1::WeightsCheckerRequest req;
+    req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
+    rl::v1::WeightsCheckerResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(admin_->WeightsChecker(&ctx, req, &resp).ok());
+    std::vector<std::string> out;
+    for (const auto& w : resp.workers()) out.push_back(w.result().rank_sha256());
+    return out;
+  }
+
   std::unique_ptr<TempDir> next_;
 };
 
 TEST_F(RefitTest, EveryWorkerStagesThenAllActivate) {
   StartFleet(2);
-  const std::vector<int32_t> before = GreedyIds();
+  const std::vector<std::string> before = Checksums();
+  ASSERT_EQ(before.size(), 2u);
   rl::v1::AdminResponse resp;
   const grpc::Status s = Refit(5, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -74,15 +87,18 @@ TEST_F(RefitTest, EveryWorkerStagesThenAllActivate) {
     EXPECT_FALSE(staged);
   }
   EXPECT_EQ(ListWorkers().fleet_weight_version(), 5);
-  const std::vector<int32_t> after = GreedyIds(/*exact_version=*/5);
-  EXPECT_NE(after, before);
+  const std::vector<std::string> after = Checksums();
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_NE(after[0], before[0]);
+  EXPECT_EQ(after[0], after[1]);  // one version, one content
+  EXPECT_EQ(GreedyIds(/*exact_version=*/5).size(), 8u);
 }
 
 TEST_F(RefitTest, OneWorkerFailingToStageActivatesNowhere) {
   StartFleet(2);
   // The third worker refuses the folder: its own path limit is shorter than the path.
   worker::WorkerConfig strict;
-  strict.limits.max_path_bytes = 4;
+  strict.limits.max_path_bytes = 16;  // the smallest allowed; shorter than the folder's path
   auto w = testing::StartTestWorker(strict);
   ASSERT_TRUE(w.ok()) << w.status();
   const std::string strict_address = (*w)->address();
@@ -90,6 +106,7 @@ TEST_F(RefitTest, OneWorkerFailingToStageActivatesNowhere) {
   AddWorker(strict_address);
   ASSERT_TRUE(WaitFor([&] { return Status(strict_address).state() == rl::v1::WORKER_STATE_LIVE; }));
   const std::vector<int32_t> before = GreedyIds();
+  const std::vector<std::string> sums = Checksums();
 
   rl::v1::AdminResponse resp;
   const grpc::Status s = Refit(5, &resp);
@@ -117,6 +134,7 @@ TEST_F(RefitTest, OneWorkerFailingToStageActivatesNowhere) {
     EXPECT_FALSE(staged);
   }
   for (int i = 0; i < 3; ++i) EXPECT_EQ(GreedyIds(), before);
+  EXPECT_EQ(Checksums(), sums);
   rl::v1::GenerateRequest want_new = TextRequest("Once upon a time", 4, false);
   want_new.set_min_weight_version(5);
   rl::v1::GenerateFinal f;
