@@ -140,9 +140,10 @@ class Client:
 
         Options: every GenerateRequest field (request_id, return_logprob, top_logprobs_num,
         logprob_start_len, logprobs_at_temperature_one, stream, return_trajectory,
-        return_routed_experts, return_expert_weights, routed_experts_start_len) and every
-        sampling field (`sampling=SamplingParams(...)` or keywords: max_new_tokens,
-        temperature, top_p, top_k, min_p, seed, n, stop, stop_token_ids, ignore_eos, ...)."""
+        return_routed_experts, return_expert_weights, routed_experts_start_len,
+        min_weight_version, exact_weight_version) and every sampling field
+        (`sampling=SamplingParams(...)` or keywords: max_new_tokens, temperature, top_p, top_k,
+        min_p, seed, n, stop, stop_token_ids, ignore_eos, ...)."""
         options.setdefault("stream", False)
         req = build_generate_request(text, input_ids, **options)
         fn = self._callable("unary_stream", self._data_service(), "Generate",

@@ -17,7 +17,7 @@ def test_versions_a_request_accepts(fleet):
     with Client(fleet["router"].address, timeout=5.0) as c:
         c.wait_ready()
         r = c.generate(text="Once upon a time", max_new_tokens=4, temperature=0.0,
-                       min_weight_version=0, exact_weight_version=0)
+                       min_weight_version=0, exact_weight_version=0).one()
         assert r.weight_version == 0 and r.dispatch_weight_version == 0
     # The router waits for a worker at the version until just before the client's deadline.
     with Client(fleet["router"].address, timeout=1.0) as c, pytest.raises(grpc.RpcError) as e:
