@@ -131,8 +131,8 @@ class Generation {
   // The client went away: Next() returns kDone CANCELLED. Thread-safe (any thread, any time).
   void Cancel() { cancelled_.store(true); }
   // The client's deadline (gRPC's; infinite when none): a version-constrained request waits for
-  // a qualifying worker until shortly before it at most (a tenth of the time left, at most 200
-  // ms, is kept for the answer to arrive). Call before the first Next().
+  // a qualifying worker until shortly before it at most (a quarter of the time left, at most
+  // 1 s, is kept for the answer to arrive). Call before the first Next().
   void SetDeadline(std::chrono::system_clock::time_point deadline);
 
  private:

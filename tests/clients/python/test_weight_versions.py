@@ -20,7 +20,7 @@ def test_versions_a_request_accepts(fleet):
                        min_weight_version=0, exact_weight_version=0).one()
         assert r.weight_version == 0 and r.dispatch_weight_version == 0
     # The router waits for a worker at the version until just before the client's deadline.
-    with Client(fleet["router"].address, timeout=1.0) as c, pytest.raises(grpc.RpcError) as e:
+    with Client(fleet["router"].address, timeout=3.0) as c, pytest.raises(grpc.RpcError) as e:
         c.generate(text="Once upon a time", max_new_tokens=4, min_weight_version=7)
     assert e.value.code() == grpc.StatusCode.UNAVAILABLE, e.value.details()
     assert "weight version >= 7" in e.value.details()

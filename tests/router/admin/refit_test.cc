@@ -139,7 +139,7 @@ TEST_F(RefitTest, OneWorkerFailingToStageActivatesNowhere) {
   want_new.set_min_weight_version(5);
   rl::v1::GenerateFinal f;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
   auto reader = stub_->Generate(&ctx, want_new);
   rl::v1::GenerateResponse msg;
   while (reader->Read(&msg)) {
