@@ -7,7 +7,8 @@
 //                  failure is one line "<program>: <message>" on stderr and exit status 2.
 //   RunServerMain  signals blocked (before any thread starts) → PrepareMain → start (failure:
 //                  "<program>: <message>", exit 1) → `listening on HOST:PORT` on stdout → waits
-//                  for SIGINT / SIGTERM → Shutdown (graceful drain) → exit 0.
+//                  for SIGINT / SIGTERM → Drain (when the server has one: readiness off, new
+//                  work refused, what runs finishes within a grace period) → Shutdown → exit 0.
 //
 // A job (rl-collect) runs PrepareMain and StopOnTerminationSignal instead of RunServerMain.
 // Cost: nothing after start-up.
@@ -61,8 +62,9 @@ int StartFailed(const std::string& program, const absl::Status& status);
 
 // The whole main() of a server. `start` runs after PrepareMain and returns
 // absl::StatusOr<std::unique_ptr<Server>> of any Server with `std::string address()` and
-// `void Shutdown()` (WorkerServer, RouterServer); `ready(Server&)`, when given, runs right after
-// the `listening on` line (more lines, a log line). Returns the process's exit status.
+// `void Shutdown()` (WorkerServer, RouterServer), and optionally `Drain()`, run on the signal
+// before Shutdown; `ready(Server&)`, when given, runs right after the `listening on` line (more
+// lines, a log line). Returns the process's exit status.
 template <typename StartFn, typename ReadyFn>
 int RunServerMain(int argc, char** argv, const MainOptions& options, StartFn start, ReadyFn ready) {
   internal::BeginServerMain();
@@ -72,6 +74,7 @@ int RunServerMain(int argc, char** argv, const MainOptions& options, StartFn sta
   AnnounceListening((*server)->address());
   ready(**server);
   WaitForTerminationSignal();
+  if constexpr (requires { (*server)->Drain(); }) (void)(*server)->Drain();
   (*server)->Shutdown();
   return 0;
 }

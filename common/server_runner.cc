@@ -106,16 +106,21 @@ std::string JoinHostPort(const std::string& host, int port) {
 
 std::string GrpcServer::address() const { return JoinHostPort(host_, port_); }
 
-void GrpcServer::SetServing(bool serving) {
+void GrpcServer::SetServing(bool serving) { SetServiceServing("", serving); }
+
+void GrpcServer::SetServiceServing(const std::string& service, bool serving) {
   if (server_ && server_->GetHealthCheckService() != nullptr) {
-    server_->GetHealthCheckService()->SetServingStatus(serving);
+    server_->GetHealthCheckService()->SetServingStatus(service, serving);
   }
 }
 
 void GrpcServer::Shutdown() {
   if (shut_down_ || !server_) return;
   shut_down_ = true;
-  SetServing(false);
+  // Every service, named ones included (the health service's all-services form).
+  if (server_->GetHealthCheckService() != nullptr) {
+    server_->GetHealthCheckService()->SetServingStatus(false);
+  }
   server_->Shutdown(std::chrono::system_clock::now() + drain_);
   server_->Wait();
 }

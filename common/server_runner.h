@@ -4,6 +4,12 @@
 // files), and drains gracefully on shutdown: new calls are refused, in-flight calls get `drain`
 // to finish, then are cancelled.
 //
+// Health: the overall status (service "") is liveness: SERVING from start until Shutdown,
+// whatever else the process does (a weight update, sleep, a drain). Readiness to take new work
+// is a named service's status (SetServiceServing: "rl.v1.Worker" on rl-worker, "rl.v1.Router" on
+// rl-router), which the process sets as its state changes. Shutdown sets every status
+// NOT_SERVING.
+//
 // Signals: BlockTerminationSignals() first thing in main (before any thread starts) and
 // WaitForTerminationSignal() when the process has nothing else to do; RunServerMain
 // (common/server_main.h) does both.
@@ -37,8 +43,11 @@ class GrpcServer {
   int port() const { return port_; }
   // "HOST:PORT" as bound.
   std::string address() const;
-  // Overall health status ("" service) reported by grpc.health.v1.Health.
+  // Overall health status ("" service, liveness) reported by grpc.health.v1.Health; named
+  // services keep theirs.
   void SetServing(bool serving);
+  // The status of one named service (readiness); a name never set answers NOT_FOUND.
+  void SetServiceServing(const std::string& service, bool serving);
   // Graceful drain (idempotent).
   void Shutdown();
   grpc::Server* server() { return server_.get(); }

@@ -3,10 +3,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "bench/router/heap_counter.h"
 #include "common/status.h"
 #include "nlohmann/json.hpp"
+#include "services/router/cache/cache_store.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
 
@@ -104,6 +108,55 @@ absl::StatusOr<std::vector<Trajectory>> LoadWorkload(const std::string& path, in
 
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
+struct ReplayTimes {
+  Clock::duration lookup{}, insert{};
+  int64_t lookups = 0, inserts = 0, prompt_tokens = 0, reused_tokens = 0;
+};
+
+// Replays trajectories begin, begin + step, ... (< end) turn by turn into `cache`; with
+// `wait_durable`, each insert waits for the store to hold it (as the router's final does).
+absl::StatusOr<ReplayTimes> Replay(const CacheBenchConfig& config,
+                                   const std::vector<Trajectory>& workload, size_t begin,
+                                   size_t end, size_t step, router::TextCache& cache,
+                                   bool wait_durable = false) {
+  ReplayTimes r;
+  std::string text;
+  Tokens tokens;
+  for (size_t index = begin; index < end; index += step) {
+    const Trajectory& traj = workload[index];
+    const int64_t version = 1 + static_cast<int64_t>(index) / config.trajectories_per_version;
+    text = traj.system;
+    for (const Turn& turn : traj.turns) {
+      text += turn.user;
+      Clock::time_point t0 = Clock::now();
+      router::CacheMatch match = cache.Match(text);
+      r.lookup += Clock::now() - t0;
+      ++r.lookups;
+      // The prompt: cached tokens reused as they are, the rest tokenized.
+      tokens.ids = std::move(match.tokens);
+      tokens.ends = std::move(match.token_end_offsets);
+      tokens.mask = std::move(match.loss_mask);
+      tokens.logprobs = std::move(match.logprobs);
+      r.reused_tokens += static_cast<int64_t>(tokens.ids.size());
+      Tokenize(std::string_view(text).substr(match.matched_bytes), match.matched_bytes, 0, &tokens);
+      r.prompt_tokens += static_cast<int64_t>(tokens.ids.size());
+      // The "generated" reply.
+      const size_t reply_start = text.size();
+      text += turn.assistant;
+      Tokenize(std::string_view(text).substr(reply_start), reply_start, 1, &tokens);
+      t0 = Clock::now();
+      RETURN_IF_ERROR(
+          cache.Insert(text, tokens.ids, tokens.ends, tokens.mask, tokens.logprobs, version));
+      if (wait_durable) {
+        RETURN_IF_ERROR(cache.store()->WaitDurable(cache.store()->last_ticket()));
+      }
+      r.insert += Clock::now() - t0;
+      ++r.inserts;
+    }
+  }
+  return r;
+}
+
 }  // namespace
 
 // Replays the workload as the router resolves text prompts with a real tokenizer: the seam
@@ -169,6 +222,114 @@ static absl::Status RunSeamReplay(const CacheBenchConfig& config,
   return absl::OkStatus();
 }
 
+// The same replay with the durable store (cache_store.h) in a fresh folder: the insert calls
+// (journal + queue), the time until the last insert is on disk, the router's pattern (threads
+// that each wait for their insert to be durable, sharing commits), then the recovery of the
+// whole cache by a new store + cache over the folder.
+static absl::Status RunPersistentReplay(const CacheBenchConfig& config,
+                                        const std::vector<Trajectory>& workload,
+                                        const router::TextCacheStats& memory_stats,
+                                        std::ostream& out) {
+  std::string dir = config.persist_dir;
+  std::string made;
+  if (dir.empty()) {
+    std::string tmpl = "/tmp/router-bench-XXXXXX";
+    if (mkdtemp(tmpl.data()) == nullptr) return absl::InternalError("mkdtemp failed");
+    dir = made = tmpl;
+  }
+  const auto cleanup = [&made] {
+    if (!made.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(made, ec);
+    }
+  };
+  router::TextCacheOptions options;
+  options.max_cache_size = config.max_cache_size;
+  options.gc_threshold_k = config.gc_threshold_k;
+  router::CacheStoreOptions store_options;
+  store_options.dir = dir + "/sequential";
+  store_options.max_disk_bytes = int64_t{64} << 30;
+  out << "== text cache with the durable store (SQLite, " << dir << ") ==\n";
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<router::CacheStore> store,
+                     router::CacheStore::Open(store_options));
+    ASSIGN_OR_RETURN(std::unique_ptr<router::TextCache> cache,
+                     router::TextCache::Create(options, store.get()));
+    const Clock::time_point start = Clock::now();
+    ASSIGN_OR_RETURN(ReplayTimes t, Replay(config, workload, 0, workload.size(), 1, *cache));
+    RETURN_IF_ERROR(store->WaitDurable(store->last_ticket()));
+    const double until_durable = Seconds(Clock::now() - start);
+    const router::CacheStoreStats st = store->GetStats();
+    out << absl::StrFormat("insert ops/s          %12.0f  (%d inserts, %.3f s in Insert calls)\n",
+                           static_cast<double>(t.inserts) / Seconds(t.insert), t.inserts,
+                           Seconds(t.insert))
+        << absl::StrFormat("lookup ops/s          %12.0f  (%d lookups)\n",
+                           static_cast<double>(t.lookups) / Seconds(t.lookup), t.lookups)
+        << absl::StrFormat(
+               "durable inserts/s     %12.0f  (replay until the last insert is on disk: %.3f s, "
+               "tokenization included; %d commits, %.1f inserts each, %.1f MB written, %.1f MB "
+               "on disk)\n",
+               static_cast<double>(t.inserts) / until_durable, until_durable, st.commits,
+               static_cast<double>(st.batches) /
+                   static_cast<double>(std::max<int64_t>(1, st.commits)),
+               static_cast<double>(st.bytes_written) / 1e6,
+               static_cast<double>(st.disk_bytes) / 1e6);
+  }
+  {
+    // Recovery of what the sequential replay left.
+    const Clock::time_point start = Clock::now();
+    ASSIGN_OR_RETURN(std::unique_ptr<router::CacheStore> store,
+                     router::CacheStore::Open(store_options));
+    ASSIGN_OR_RETURN(std::unique_ptr<router::TextCache> cache,
+                     router::TextCache::Create(options, store.get()));
+    const double recovery = Seconds(Clock::now() - start);
+    const router::TextCacheStats s = cache->GetStats();
+    if (s.entries != memory_stats.entries || s.size_tokens != memory_stats.size_tokens) {
+      return absl::InternalError(absl::StrCat("recovered ", s.entries, " nodes / ", s.size_tokens,
+                                              " tokens, the memory-only replay had ",
+                                              memory_stats.entries, " / ",
+                                              memory_stats.size_tokens));
+    }
+    out << absl::StrFormat(
+        "recovery              %12.3f s (%d trajectories: %d nodes, %d tokens; open + read + "
+        "link + invariant walk)\n",
+        recovery, workload.size(), s.entries, s.size_tokens);
+  }
+  {
+    // The router's pattern: concurrent requests, each final waiting for its insert on disk.
+    store_options.dir = dir + "/concurrent";
+    ASSIGN_OR_RETURN(std::unique_ptr<router::CacheStore> store,
+                     router::CacheStore::Open(store_options));
+    ASSIGN_OR_RETURN(std::unique_ptr<router::TextCache> cache,
+                     router::TextCache::Create(options, store.get()));
+    const size_t n = static_cast<size_t>(config.durable_threads);
+    std::vector<absl::StatusOr<ReplayTimes>> results(n, absl::UnknownError("not run"));
+    const Clock::time_point start = Clock::now();
+    {
+      std::vector<std::thread> threads;
+      for (size_t i = 0; i < n; ++i) {
+        threads.emplace_back(
+            [&, i] { results[i] = Replay(config, workload, i, workload.size(), n, *cache, true); });
+      }
+      for (std::thread& th : threads) th.join();
+    }
+    const double wall = Seconds(Clock::now() - start);
+    int64_t inserts = 0;
+    for (auto& r : results) {
+      RETURN_IF_ERROR(r.status());
+      inserts += r->inserts;
+    }
+    const router::CacheStoreStats st = store->GetStats();
+    out << absl::StrFormat(
+        "durable inserts/s     %12.0f  (%d threads, each insert waits for its commit: %d "
+        "inserts in %.3f s, %d commits, %.1f inserts each)\n",
+        static_cast<double>(inserts) / wall, n, inserts, wall, st.commits,
+        static_cast<double>(st.batches) / static_cast<double>(std::max<int64_t>(1, st.commits)));
+  }
+  cleanup();
+  return absl::OkStatus();
+}
+
 absl::Status CacheBenchConfig::Validate() const {
   if (workload_path.empty()) return absl::InvalidArgumentError("--workload is required");
   if (max_cache_size <= 0) return absl::InvalidArgumentError("--max-cache-size must be > 0");
@@ -177,6 +338,9 @@ absl::Status CacheBenchConfig::Validate() const {
     return absl::InvalidArgumentError("--trajectories-per-version must be > 0");
   }
   if (limit < 0) return absl::InvalidArgumentError("--limit must be >= 0");
+  if (durable_threads < 1 || durable_threads > 1024) {
+    return absl::InvalidArgumentError("--durable-threads must be in [1, 1024]");
+  }
   return absl::OkStatus();
 }
 
@@ -191,47 +355,11 @@ absl::Status RunCacheBench(const CacheBenchConfig& config, std::ostream& out) {
   const int64_t heap_before = LiveHeapBytes();
   ASSIGN_OR_RETURN(std::unique_ptr<router::TextCache> cache, router::TextCache::Create(options));
 
-  Clock::duration lookup_time{}, insert_time{};
-  int64_t lookups = 0, inserts = 0, prompt_tokens = 0, reused_tokens = 0, turns = 0;
   const Clock::time_point start = Clock::now();
-  {
-    std::string text;
-    Tokens tokens;
-    for (size_t index = 0; index < workload.size(); ++index) {
-      const Trajectory& traj = workload[index];
-      const int64_t version = 1 + static_cast<int64_t>(index) / config.trajectories_per_version;
-      text = traj.system;
-      for (const Turn& turn : traj.turns) {
-        text += turn.user;
-        Clock::time_point t0 = Clock::now();
-        router::CacheMatch match = cache->Match(text);
-        lookup_time += Clock::now() - t0;
-        ++lookups;
-
-        // The prompt: cached tokens reused as they are, the rest tokenized.
-        tokens.ids = std::move(match.tokens);
-        tokens.ends = std::move(match.token_end_offsets);
-        tokens.mask = std::move(match.loss_mask);
-        tokens.logprobs = std::move(match.logprobs);
-        reused_tokens += static_cast<int64_t>(tokens.ids.size());
-        Tokenize(std::string_view(text).substr(match.matched_bytes), match.matched_bytes, 0,
-                 &tokens);
-        prompt_tokens += static_cast<int64_t>(tokens.ids.size());
-        // The "generated" reply.
-        const size_t reply_start = text.size();
-        text += turn.assistant;
-        Tokenize(std::string_view(text).substr(reply_start), reply_start, 1, &tokens);
-
-        t0 = Clock::now();
-        const absl::Status inserted =
-            cache->Insert(text, tokens.ids, tokens.ends, tokens.mask, tokens.logprobs, version);
-        insert_time += Clock::now() - t0;
-        RETURN_IF_ERROR(inserted);
-        ++inserts;
-        ++turns;
-      }
-    }
-  }
+  ASSIGN_OR_RETURN(ReplayTimes times, Replay(config, workload, 0, workload.size(), 1, *cache));
+  const Clock::duration lookup_time = times.lookup, insert_time = times.insert;
+  const int64_t lookups = times.lookups, inserts = times.inserts, turns = times.inserts;
+  const int64_t prompt_tokens = times.prompt_tokens, reused_tokens = times.reused_tokens;
   const double wall = Seconds(Clock::now() - start);
   const router::TextCacheStats stats = cache->GetStats();
   const int64_t heap = LiveHeapBytes() - heap_before;
@@ -273,6 +401,7 @@ absl::Status RunCacheBench(const CacheBenchConfig& config, std::ostream& out) {
              "gc runs %d, gc removed tokens %d, conflicts replaced %d, conflicts kept %d\n",
              stats.gc_runs, stats.gc_removed_tokens, stats.conflicts_replaced, stats.conflicts_kept)
       << absl::StrFormat("replay wall time      %12.3f s (tokenization included)\n", wall);
+  if (config.persistence) RETURN_IF_ERROR(RunPersistentReplay(config, workload, stats, out));
   if (!config.seam_tokenizer_dir.empty()) RETURN_IF_ERROR(RunSeamReplay(config, workload, out));
   return absl::OkStatus();
 }

@@ -11,7 +11,9 @@
 // through ResolveTextPrompt (cached generated tokens reused, the rest encoded as the full text,
 // decode(tokens) == text checked) with the real tokenizer, and reports the resolve rate and the
 // shares of seam continuations and whole-text fallbacks. Heap bytes come from heap_counter (the
-// binary must link it).
+// binary must link it). With persistence (the default) the replay runs again over the durable
+// store (cache_store.h): Insert-call throughput, time until the last insert is durable, the
+// router's pattern (threads each waiting for their commit), and recovery of the whole cache.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +34,10 @@ struct CacheBenchConfig {
   // tokenizer folder and report the share of requests served by whole-text encoding.
   std::string seam_tokenizer_dir;
   int64_t seam_limit = 2000;  // trajectories of that replay
+  // Also replay with the durable store (SQLite) and time its recovery.
+  bool persistence = true;
+  std::string persist_dir;       // its folder (empty: a temporary one, removed after)
+  int64_t durable_threads = 16;  // concurrent replayers that wait for their commits
 
   absl::Status Validate() const;
 };

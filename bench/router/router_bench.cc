@@ -27,6 +27,12 @@ int main(int argc, char** argv) {
   flags.String("seam-tokenizer", &cache_config.seam_tokenizer_dir,
                "also replay through the seam check with this tokenizer folder");
   flags.Int("seam-limit", &cache_config.seam_limit, "trajectories of the seam-check replay");
+  flags.Bool("persistence", &cache_config.persistence,
+             "also replay with the durable store (--cache-dir's SQLite) and time its recovery");
+  flags.String("persist-dir", &cache_config.persist_dir,
+               "folder for that store (default: a temporary one, removed after)");
+  flags.Int("durable-threads", &cache_config.durable_threads,
+            "replayers that each wait for their insert to be durable (the router's pattern)");
   rl::bench::LatencyBenchConfig latency;
   bool run_latency = false;
   flags.Bool("latency", &run_latency, "run the router-vs-direct latency and throughput benchmark");

@@ -12,6 +12,7 @@
 #include "common/status.h"
 #include "common/write_queue_reactor.h"
 #include "grpcpp/alarm.h"
+#include "services/router/cache/cache_store.h"
 
 namespace rl::router {
 namespace {
@@ -105,6 +106,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
         request_(WithRoutingKey(*context, request)) {
     deps_->live->Enter();
     absl::Status s = deps_->data_auth->Check(*context);
+    if (s.ok() && deps_->drain != nullptr) s = deps_->drain->Check("Generate");
     if (s.ok()) s = Generation::CheckRequest(request_, deps_->env->limits);
     absl::StatusOr<std::string> client = s.ok() ? ClientKey(*context) : s;
     if (!client.ok()) {
@@ -278,7 +280,30 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
 
   void HandleMessage(const std::shared_ptr<WorkerCall>& call, GenerateResponse msg) {
     std::vector<GenerateResponse> out;
-    bool go_on = generation_->OnMessage(std::move(msg), &out);
+    const bool go_on = generation_->OnMessage(std::move(msg), &out);
+    const uint64_t ticket = generation_->TakeDurableTicket();
+    CacheStore* store = deps_->env->cache->store();
+    if (ticket == 0 || store == nullptr) {
+      Send(call, std::move(out), go_on);
+      return;
+    }
+    // The final goes out once its trajectory is on disk (the worker call waits unread, and holds
+    // this reactor, meanwhile); if the store failed instead, the final says so.
+    store->WhenDurable(ticket, [this, call, out = std::move(out), go_on](absl::Status s) mutable {
+      if (!s.ok()) {
+        for (GenerateResponse& m : out) {
+          if (m.has_final()) {
+            m.mutable_final()->set_cache_history_unknown(true);
+            m.mutable_final()->set_trajectory_not_durable(true);
+          }
+        }
+      }
+      Send(call, std::move(out), go_on);
+    });
+  }
+
+  void Send(const std::shared_ptr<WorkerCall>& call, std::vector<GenerateResponse> out,
+            bool go_on) {
     for (GenerateResponse& m : out) {
       if (!Enqueue(std::move(m))) {
         go_on = false;
@@ -347,6 +372,12 @@ void LiveGenerations::WaitForNone() {
   absl::MutexLock lock(&mu_);
   auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_ == 0; };
   mu_.Await(absl::Condition(&none));
+}
+
+bool LiveGenerations::WaitForNoneFor(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_ == 0; };
+  return mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
 }
 
 grpc::ServerWriteReactor<rl::v1::GenerateResponse>* StartGenerate(

@@ -14,8 +14,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
+#include "common/drain_gate.h"
 #include "grpcpp/support/server_callback.h"
 #include "rl/v1/router.grpc.pb.h"
 #include "services/router/admission.h"
@@ -40,6 +42,8 @@ class LiveGenerations {
   // Blocks until none is alive (after the server stopped taking calls: each winds down within
   // a retry backoff).
   void WaitForNone() ABSL_LOCKS_EXCLUDED(mu_);
+  // WaitForNone for at most `timeout`; false when some are still alive.
+  bool WaitForNoneFor(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   absl::Mutex mu_;
@@ -56,6 +60,7 @@ struct GenerateContext {
   int64_t max_stream_buffer_bytes = 4 << 20;
   RouterMetrics* metrics = nullptr;
   LiveGenerations* live = nullptr;
+  const DrainGate* drain = nullptr;  // refuses new streams while the router drains (may be null)
 };
 
 // A new reactor for one Router.Generate call (it deletes itself when done).

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status.h"
+#include "services/router/cache/cache_store.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::router {
@@ -76,6 +77,7 @@ absl::Status Generation::CheckRequest(const rl::v1::GenerateRequest& request,
                      "' is reserved for ids the router assigns (leave request_id empty to get "
                      "one)"));
   }
+  if (!request.episode_id().empty()) RETURN_IF_ERROR(ValidateEpisodeId(request.episode_id()));
   return absl::OkStatus();
 }
 
@@ -134,6 +136,10 @@ Lease Generation::PickWorker() {
   if (prompt_.from_text) pick.text = request_.text();
   pick.prompt_ids = prompt_.ids;
   pick.routing_key = request_.routing_key();
+  // An agent episode's turns go where its earlier turns went (their KV is there).
+  if (pick.routing_key.empty() && !request_.episode_id().empty()) {
+    pick.routing_key = absl::StrCat("episode:", request_.episode_id());
+  }
   pick.group_id = request_.group_id();
   pick.units = request_.sampling_params().has_n() ? std::max(request_.sampling_params().n(), 1) : 1;
   pick.prefix_holders = holders_;
@@ -343,7 +349,13 @@ void Generation::EndAttempt(const absl::Status& status, std::optional<std::strin
                      ")", retriable ? "" : "; output was already streamed, so it is not retried"));
   } else {
     if (status.code() == absl::StatusCode::kUnavailable) env_->workers->ReportFailure(lease.get());
-    if (status.code() != absl::StatusCode::kUnavailable) may_retry = false;
+    // CANCELLED from the worker (not from our client: cancelled_ above) is a worker that went
+    // away mid-call, e.g. a SIGTERMed one whose gRPC server cancelled what was left: retried
+    // like UNAVAILABLE while nothing was sent.
+    if (status.code() != absl::StatusCode::kUnavailable &&
+        status.code() != absl::StatusCode::kCancelled) {
+      may_retry = false;
+    }
     result = NameWorker(status, lease->address(), retriable);
   }
   if (result.ok() || !may_retry || attempt_ >= env_->retry.max_attempts) {
@@ -388,15 +400,47 @@ void Generation::CompleteFinal(size_t index, rl::v1::GenerateFinal* f) {
   versions.resize(prompt_.ids.size(), f->dispatch_weight_version());
   const std::vector<int64_t> out_versions = OutputVersions(*f);
   versions.insert(versions.end(), out_versions.begin(), out_versions.end());
+  bool inserted = false;
   if (prompt_.from_text && f->finish_reason() != rl::v1::FINISH_REASON_ABORT && num_out > 0 &&
       static_cast<int>(c.ends.size()) == num_out) {
     const std::string full = request_.text() + c.text;
     std::vector<uint32_t> ends = prompt_.ends;
     const uint32_t base = static_cast<uint32_t>(request_.text().size());
     for (uint32_t e : c.ends) ends.push_back(base + e);
+    size_t cached = 0;
     absl::Status s = env_->cache->Insert(full, tokens, ends, mask, logprobs, f->weight_version(),
-                                         versions, nullptr, lease_->address());
+                                         versions, &cached, lease_->address());
     if (!s.ok()) spdlog::warn("text cache insert failed: {}", std::string(s.message()));
+    inserted = s.ok() && cached == tokens.size();
+  }
+  if (prompt_.from_text) {
+    // Durability (docs/text-cache.md): the final waits for the store to hold everything the
+    // cache changed up to now (this insert and any it reused), or says it is not durable.
+    CacheStore* store = env_->cache->store();
+    const bool durable = store != nullptr && !store->GetStats().failed;
+    if (store != nullptr) durable_ticket_ = std::max(durable_ticket_, store->last_ticket());
+    if (!durable) {
+      f->set_cache_history_unknown(true);
+      if (env_->history_unknown_total != nullptr) env_->history_unknown_total->Inc();
+    }
+    f->set_trajectory_not_durable(!durable || !inserted);
+  }
+  if (!request_.episode_id().empty() && env_->episodes != nullptr &&
+      f->finish_reason() != rl::v1::FINISH_REASON_ABORT) {
+    EpisodeTurnRecord turn;
+    turn.request_id = request_id_;
+    turn.index = static_cast<int32_t>(index);
+    turn.worker = lease_->address();
+    turn.tokens = tokens;
+    turn.mask = mask;
+    turn.logprobs = logprobs;
+    turn.versions = versions;
+    turn.prompt_tokens = static_cast<int32_t>(prompt_.ids.size());
+    turn.weight_version = f->weight_version();
+    turn.finish_reason = f->finish_reason();
+    turn.matched_token_id = f->matched_token_id();
+    absl::Status s = env_->episodes->Record(request_.episode_id(), std::move(turn));
+    if (!s.ok()) spdlog::warn("episode turn not recorded: {}", std::string(s.message()));
   }
   if (request_.return_trajectory()) {
     rl::v1::Trajectory* t = f->mutable_trajectory();

@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -34,6 +35,7 @@
 #include "rl/v1/worker.pb.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/episodes/episode_store.h"
 #include "services/router/pool/worker_pool.h"
 #include "services/router/request_table.h"
 
@@ -70,6 +72,9 @@ struct GenerationEnv {
   // Called with a worker's address and a finished completion's prompt and cached tokens (its
   // prefix-cache hits as it reports them); may be empty.
   std::function<void(const std::string&, int64_t, int64_t)> record_prefix;
+  // Where completions of requests that name an episode are recorded (null: not recorded).
+  EpisodeStore* episodes = nullptr;
+  Counter* history_unknown_total = nullptr;  // answers with cache_history_unknown; may be null
 };
 
 // The prompt as the model will see it: cached tokens reused exactly plus the new ones.
@@ -128,6 +133,10 @@ class Generation {
   // The worker call ended with `status`; `pool_reason` is set when the pool cancelled it
   // (the worker was marked dead). kDone when the generation is over, else Next() goes on.
   void EndAttempt(const absl::Status& status, std::optional<std::string> pool_reason);
+  // After OnMessage: the text cache store's ticket that must be durable before the messages it
+  // appended are sent (cache_store.h WhenDurable), or 0 when there is nothing to wait for.
+  // Taking it resets it.
+  uint64_t TakeDurableTicket() { return std::exchange(durable_ticket_, 0); }
   // The client went away: Next() returns kDone CANCELLED. Thread-safe (any thread, any time).
   void Cancel() { cancelled_.store(true); }
   // The client's deadline (gRPC's; infinite when none): a version-constrained request waits for
@@ -175,6 +184,7 @@ class Generation {
   std::vector<Completion> completions_;
   size_t num_finals_ = 0;
   bool aborted_before_output_ = false;
+  uint64_t durable_ticket_ = 0;
 };
 
 }  // namespace rl::router

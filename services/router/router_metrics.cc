@@ -3,6 +3,8 @@
 #include <utility>
 #include <vector>
 
+#include "services/router/cache/cache_store.h"
+
 namespace rl::router {
 namespace {
 
@@ -72,6 +74,29 @@ RouterMetrics::RouterMetrics(MetricsRegistry* registry, const WorkerPool* pool,
   overflows_total_ = m.GetCounter(
       "rl_router_stream_overflows_total",
       "Generate streams cancelled because the client did not read (--max-stream-buffer-bytes).");
+  history_unknown_total_ = m.GetCounter(
+      "rl_router_cache_history_unknown_answers_total",
+      "Text-prompt answers that said cache_history_unknown: the router keeps no durable text "
+      "cache, so trajectories from before its start are unknown to it.");
+  m.SetGaugeCallback(
+      "rl_router_cache_durable",
+      "1 when the text cache has a working durable store (--cache-dir), 0 when it lives in "
+      "memory only or its store failed.",
+      {}, [cache] {
+        return cache->store() != nullptr && !cache->store()->GetStats().failed ? 1.0 : 0.0;
+      });
+  m.SetGaugeCallback(
+      "rl_router_cache_disk_bytes", "Bytes of the text cache's store on disk (database + log).", {},
+      [cache] {
+        return cache->store() != nullptr ? double(cache->store()->GetStats().disk_bytes) : 0.0;
+      });
+  m.SetGaugeCallback("rl_router_cache_store_commits_total",
+                     "Transactions of the text cache's store (each holds every insert queued "
+                     "since the one before).",
+                     {}, [cache] {
+                       return cache->store() != nullptr ? double(cache->store()->GetStats().commits)
+                                                        : 0.0;
+                     });
   m.SetGaugeCallback("rl_router_admission_queued",
                      "Generate requests waiting for an in-flight slot.", {},
                      [admission] { return double(admission->queued()); });
@@ -184,6 +209,14 @@ void RouterMetrics::Fill(rl::v1::GetMetricsResponse* out) const {
   r->set_prefix_hit_rate(Ratio(cached, prompt));
   r->set_load_spread(pool_->LoadSpread());
   r->set_mean_load_spread(stats.mean_load_spread);
+  if (cache_->store() != nullptr) {
+    const CacheStoreStats st = cache_->store()->GetStats();
+    c->set_durable(!st.failed);
+    c->set_disk_bytes(st.disk_bytes);
+    c->set_max_disk_bytes(st.max_disk_bytes);
+    c->set_store_commits(st.commits);
+  }
+  c->set_history_unknown_answers(static_cast<int64_t>(history_unknown_total_->value()));
   out->set_prometheus_text(registry_->RenderPrometheus());
 }
 

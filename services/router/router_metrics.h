@@ -49,6 +49,8 @@ class RouterMetrics {
   void ForgetWorker(const std::string& worker);
   // Counted by the Generation itself (GenerationEnv::retries_total).
   Counter* retries_total() const { return retries_total_; }
+  // Answers that said cache_history_unknown (GenerationEnv::history_unknown_total).
+  Counter* history_unknown_total() const { return history_unknown_total_; }
 
   // GetMetrics' answer: router totals, every worker's status, the cache's figures and the whole
   // registry as Prometheus text.
@@ -64,6 +66,7 @@ class RouterMetrics {
   Counter* failures_total_;
   Counter* rejected_total_;
   Counter* overflows_total_;
+  Counter* history_unknown_total_;
   Gauge* in_flight_;
 };
 

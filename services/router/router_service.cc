@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "services/router/cache/cache_store.h"
 
 namespace rl::router {
 namespace {
@@ -90,6 +91,8 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
   env_.record_prefix = [this](const std::string& worker, int64_t prompt, int64_t cached) {
     metrics_.RecordPrefix(worker, prompt, cached);
   };
+  env_.episodes = options.episodes;
+  env_.history_unknown_total = metrics_.history_unknown_total();
   generate_.env = &env_;
   generate_.pool = pool;
   generate_.data_auth = data_auth;
@@ -98,9 +101,14 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
   generate_.max_stream_buffer_bytes = options.max_stream_buffer_bytes;
   generate_.metrics = &metrics_;
   generate_.live = &live_;
+  generate_.drain = options.drain;
 }
 
 RouterService::~RouterService() { WaitForGenerations(); }
+
+absl::Status RouterService::CheckNotDraining(absl::string_view what) const {
+  return options_.drain != nullptr ? options_.drain->Check(what) : absl::OkStatus();
+}
 
 grpc::ServerWriteReactor<rl::v1::GenerateResponse>* RouterService::Generate(
     grpc::CallbackServerContext* context, const rl::v1::GenerateRequest* request) {
@@ -143,7 +151,15 @@ grpc::ServerUnaryReactor* RouterService::RetrieveFromText(
   t->set_weight_version(r.weight_version);
   response->set_matched_bytes(static_cast<int64_t>(r.matched_bytes));
   response->set_cached_tokens(static_cast<int32_t>(r.tokens.size()));
+  MarkHistory(response);
   return FinishUnary(context, absl::OkStatus());
+}
+
+void RouterService::MarkHistory(rl::v1::RetrieveFromTextResponse* response) {
+  const CacheStore* store = cache_->store();
+  if (store != nullptr && !store->GetStats().failed) return;
+  response->set_cache_history_unknown(true);
+  metrics_.history_unknown_total()->Inc();
 }
 
 absl::Status RouterService::ResolveForRetrieve(const std::string& text,
@@ -164,6 +180,7 @@ absl::Status RouterService::ResolveForRetrieve(const std::string& text,
   t->set_weight_version(newest);
   response->set_matched_bytes(r.cached_tokens > 0 ? r.ends[r.cached_tokens - 1] : 0);
   response->set_cached_tokens(r.cached_tokens);
+  MarkHistory(response);
   return absl::OkStatus();
 }
 
@@ -171,6 +188,7 @@ grpc::ServerUnaryReactor* RouterService::AddWorker(grpc::CallbackServerContext* 
                                                    const rl::v1::AddWorkerRequest* request,
                                                    rl::v1::WorkerListResponse* response) {
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckNotDraining("AddWorker"); !s.ok()) return FinishUnary(context, s);
   if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
     return FinishUnary(context, s);
   }
@@ -206,6 +224,7 @@ grpc::ServerUnaryReactor* RouterService::RemoveWorker(grpc::CallbackServerContex
                                                       const rl::v1::RemoveWorkerRequest* request,
                                                       rl::v1::WorkerListResponse* response) {
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckNotDraining("RemoveWorker"); !s.ok()) return FinishUnary(context, s);
   if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
     return FinishUnary(context, s);
   }
@@ -229,6 +248,8 @@ grpc::ServerUnaryReactor* RouterService::SetWorkerEnabled(
     grpc::CallbackServerContext* context, const rl::v1::SetWorkerEnabledRequest* request,
     rl::v1::WorkerListResponse* response) {
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckNotDraining("SetWorkerEnabled"); !s.ok())
+    return FinishUnary(context, s);
   if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
     return FinishUnary(context, s);
   }
@@ -243,6 +264,19 @@ grpc::ServerUnaryReactor* RouterService::GetMetrics(grpc::CallbackServerContext*
   if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
   metrics_.Fill(response);
   return FinishUnary(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* RouterService::GetEpisode(grpc::CallbackServerContext* context,
+                                                    const rl::v1::GetEpisodeRequest* request,
+                                                    rl::v1::GetEpisodeResponse* response) {
+  if (absl::Status s = data_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (options_.episodes == nullptr) {
+    return FinishUnary(context, absl::FailedPreconditionError("this router records no episodes"));
+  }
+  absl::StatusOr<rl::v1::GetEpisodeResponse> r =
+      options_.episodes->Export(request->episode_id(), request->remove());
+  if (r.ok()) *response = *std::move(r);
+  return FinishUnary(context, r.status());
 }
 
 }  // namespace rl::router

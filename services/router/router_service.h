@@ -22,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
+#include "common/drain_gate.h"
 #include "common/metrics.h"
 #include "common/request_limits.h"
 #include "common/tokenizer/tokenizer.h"
@@ -29,6 +30,7 @@
 #include "services/router/admission.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
+#include "services/router/episodes/episode_store.h"
 #include "services/router/generate_reactor.h"
 #include "services/router/generation.h"
 #include "services/router/pool/worker_pool.h"
@@ -44,6 +46,10 @@ struct RouterServiceOptions {
   int64_t max_stream_buffer_bytes = 4 << 20;
   BoundedExecutor* blocking = nullptr;  // tokenization of long prompts, cache inserts
   BoundedExecutor* admin = nullptr;     // AddWorker checks
+  // While the router drains (SIGTERM): Generate and the pool's changes (AddWorker,
+  // RemoveWorker, SetWorkerEnabled) are refused UNAVAILABLE; streams in flight go on. May be null.
+  const DrainGate* drain = nullptr;
+  EpisodeStore* episodes = nullptr;  // agent episodes (null: none recorded, GetEpisode fails)
 };
 
 class RouterService final : public rl::v1::Router::CallbackService {
@@ -74,6 +80,9 @@ class RouterService final : public rl::v1::Router::CallbackService {
   grpc::ServerUnaryReactor* GetMetrics(grpc::CallbackServerContext* context,
                                        const rl::v1::GetMetricsRequest* request,
                                        rl::v1::GetMetricsResponse* response) override;
+  grpc::ServerUnaryReactor* GetEpisode(grpc::CallbackServerContext* context,
+                                       const rl::v1::GetEpisodeRequest* request,
+                                       rl::v1::GetEpisodeResponse* response) override;
   // router_abort.cc
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
                                   const rl::v1::AbortRequest* request,
@@ -90,11 +99,17 @@ class RouterService final : public rl::v1::Router::CallbackService {
 
   // Blocks until no Generate stream is alive (after the server stopped taking calls).
   void WaitForGenerations() { live_.WaitForNone(); }
+  // Waits at most `timeout` for no generation to be alive; false when some still are.
+  bool WaitForGenerationsFor(absl::Duration timeout) { return live_.WaitForNoneFor(timeout); }
   WorkerPool* pool() const { return pool_; }
   RequestTable* requests() { return &requests_; }
 
  private:
+  // OK unless the router drains (options_.drain).
+  absl::Status CheckNotDraining(absl::string_view what) const;
   // RetrieveFromText with tokenize_remainder: the prompt a Generate of `text` would send.
+  // Sets cache_history_unknown (and counts it) when the cache keeps no durable store.
+  void MarkHistory(rl::v1::RetrieveFromTextResponse* response);
   absl::Status ResolveForRetrieve(const std::string& text,
                                   rl::v1::RetrieveFromTextResponse* response);
 

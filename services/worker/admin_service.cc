@@ -21,13 +21,37 @@ absl::Status AdminService::ExecutorFull(absl::string_view method, const BoundedE
                    " waiting: the engine is stuck or receives are slow); retry later"));
 }
 
+absl::StatusOr<LeaseClaim> AdminService::ClaimOf(const Ctx& context) {
+  const auto& md = context.client_metadata();
+  std::string owner, ttl;
+  auto it = md.find(kLeaseOwnerHeader);
+  const bool has_owner = it != md.end();
+  if (has_owner) owner.assign(it->second.data(), it->second.size());
+  it = md.find(kLeaseTtlHeader);
+  const bool has_ttl = it != md.end();
+  if (has_ttl) ttl.assign(it->second.data(), it->second.size());
+  return ParseLeaseClaim(has_owner ? &owner : nullptr, has_ttl ? &ttl : nullptr);
+}
+
+void AdminService::RenewLease(const Ctx& context) {
+  if (absl::StatusOr<LeaseClaim> claim = ClaimOf(context); claim.ok()) lease_.Renew(*claim);
+}
+
 grpc::ServerUnaryReactor* AdminService::RunAsync(Ctx* context, absl::string_view method,
-                                                 absl::AnyInvocable<absl::Status() &&> fn) {
+                                                 absl::AnyInvocable<absl::Status() &&> fn,
+                                                 bool control) {
   if (absl::Status s = auth_.Check(*context); !s.ok()) return FinishUnary(context, s);
+  absl::StatusOr<LeaseClaim> claim = ClaimOf(*context);
+  if (!claim.ok()) return FinishUnary(context, claim.status());
+  if (control) {
+    if (absl::Status s = lease_.Acquire(*claim, method); !s.ok()) return FinishUnary(context, s);
+  }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   // Submit takes the task only when it accepts it; a refused call is answered here.
-  if (!executor_.Submit([reactor, fn = std::move(fn)]() mutable {
-        reactor->Finish(ToGrpcStatus(std::move(fn)()));
+  if (!executor_.Submit([this, reactor, claim = *std::move(claim), fn = std::move(fn)]() mutable {
+        const absl::Status s = std::move(fn)();
+        lease_.Renew(claim);  // the holder's lease counts from the end of its call
+        reactor->Finish(ToGrpcStatus(s));
       })) {
     reactor->Finish(ToGrpcStatus(ExecutorFull(method, executor_)));
   }
@@ -122,6 +146,7 @@ grpc::ServerUnaryReactor* AdminService::DestroyWeightsUpdateGroup(
 grpc::ServerUnaryReactor* AdminService::GetModelInfo(Ctx* c, const rl::v1::GetModelInfoRequest*,
                                                      rl::v1::GetModelInfoResponse* resp) {
   if (absl::Status s = auth_.Check(*c); !s.ok()) return FinishUnary(c, s);
+  RenewLease(*c);
   FillModelInfo(host_.engine().model_config(), control_.model_identity(), host_.weight_version(),
                 resp);
   return FinishUnary(c, absl::OkStatus());
@@ -130,17 +155,24 @@ grpc::ServerUnaryReactor* AdminService::GetModelInfo(Ctx* c, const rl::v1::GetMo
 grpc::ServerUnaryReactor* AdminService::GetServerInfo(Ctx* c, const rl::v1::GetServerInfoRequest*,
                                                       rl::v1::GetServerInfoResponse* resp) {
   if (absl::Status s = auth_.Check(*c); !s.ok()) return FinishUnary(c, s);
+  RenewLease(*c);
   FillServerInfo(host_.engine().GetServerInfo(), control_.worker_info(), resp);
+  const AdminLease::State lease = lease_.state();
+  resp->set_admin_lease_owner(lease.owner);
+  resp->set_admin_lease_expires_in_ms(lease.expires_in_ms);
   return FinishUnary(c, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AdminService::ListWeights(Ctx* c, const rl::v1::ListWeightsRequest*,
                                                     rl::v1::ListWeightsResponse* resp) {
-  return RunAsync(c, "ListWeights", [this, resp]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::vector<model::TensorInfo> weights, weights_.ListWeights());
-    ToProto(weights, resp);
-    return absl::OkStatus();
-  });
+  return RunAsync(
+      c, "ListWeights",
+      [this, resp]() -> absl::Status {
+        ASSIGN_OR_RETURN(std::vector<model::TensorInfo> weights, weights_.ListWeights());
+        ToProto(weights, resp);
+        return absl::OkStatus();
+      },
+      /*control=*/false);
 }
 
 grpc::ServerUnaryReactor* AdminService::WeightsChecker(Ctx* c,

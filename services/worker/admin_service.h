@@ -6,17 +6,21 @@
 // block gRPC's callback threads and never make a thread per call; when it is full (every
 // thread busy and its queue full: a stuck engine or slow receives) a call answers
 // RESOURCE_EXHAUSTED at once, saying so. GetModelInfo and GetServerInfo answer inline (they
-// never wait). Semantics: docs/worker-control.md, docs/weight-updates.md.
+// never wait). Control calls (all but GetModelInfo, GetServerInfo, ListWeights) are fenced by
+// the admin lease (control/admin_lease.h): one router at a time; GetServerInfo reports it.
+// Semantics: docs/worker-control.md, docs/weight-updates.md.
 // Thread-safe. Lifetime: everything it references must outlive the gRPC server's drain and the
 // executor's last task (the composition root shuts the server down, then the executor).
 #pragma once
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
 #include "rl/v1/admin.grpc.pb.h"
+#include "services/worker/control/admin_lease.h"
 #include "services/worker/control/worker_control.h"
 #include "services/worker/generate_host.h"
 #include "services/worker/weights/weight_updates.h"
@@ -89,10 +93,17 @@ class AdminService final : public rl::v1::Admin::CallbackService {
                                               rl::v1::AdminResponse* resp) override;
 
  private:
-  // Checks the key, then runs `fn` on the admin executor and finishes the call with its status
-  // (RESOURCE_EXHAUSTED at once when the executor is full).
+  // Checks the key and, for a `control` call, the admin lease; then runs `fn` on the admin
+  // executor and finishes the call with its status (RESOURCE_EXHAUSTED at once when the
+  // executor is full). The lease's holder renews it with every call.
   grpc::ServerUnaryReactor* RunAsync(Ctx* context, absl::string_view method,
-                                     absl::AnyInvocable<absl::Status() &&> fn);
+                                     absl::AnyInvocable<absl::Status() &&> fn, bool control = true);
+  // The call's lease claim (its headers); InvalidArgument for bad ones.
+  static absl::StatusOr<LeaseClaim> ClaimOf(const Ctx& context);
+  // A read-only call: the holder's claim renews the lease.
+  void RenewLease(const Ctx& context);
+
+  AdminLease lease_;
 
   GenerateHost& host_;
   WorkerControl& control_;

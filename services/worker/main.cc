@@ -34,6 +34,9 @@ int main(int argc, char** argv) {
                "an SGLang request waits at most this long on a paused worker, then ends "
                "UNAVAILABLE (the gateway retries elsewhere); new ones are refused until it "
                "resumes");
+  flags.Double("drain-grace-s", &config.drain_grace_s,
+               "on SIGTERM: stop taking work, let what runs finish for up to this long, then "
+               "abort the rest with their partial outputs");
   flags.Int("page-size", &config.page_size, "KV cache page size in tokens");
   flags.Double("kv-cache-gb", &config.kv_cache_gb,
                "KV cache budget in GiB (0: 0.25 on cpu, --gpu-memory-fraction on cuda)");

@@ -37,6 +37,9 @@ absl::Status Validate(const WorkerConfig& c) {
   if (!(c.sglang_pause_timeout_s >= 0 && c.sglang_pause_timeout_s <= 86400)) {
     return bad("sglang-pause-timeout-s", "must be in [0, 86400]");
   }
+  if (!(c.drain_grace_s >= 0 && c.drain_grace_s <= 86400)) {
+    return bad("drain-grace-s", "must be in [0, 86400]");
+  }
   if (c.metrics_port < -1 || c.metrics_port > 65535) {
     return bad("metrics-port", "must be -1 (off) or in [0, 65535]");
   }

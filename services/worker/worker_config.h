@@ -55,6 +55,10 @@ struct WorkerConfig {
   std::string sglang_host;
   // How long an SGLang request may wait on a paused worker before UNAVAILABLE (PauseGuard).
   double sglang_pause_timeout_s = 60;
+  // SIGTERM: how long the requests running or waiting may take to finish before the rest are
+  // aborted with their partial outputs (WorkerServer::Drain). The chart's
+  // terminationGracePeriodSeconds is larger.
+  double drain_grace_s = 30;
 };
 
 // InvalidArgument naming the first bad flag.

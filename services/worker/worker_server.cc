@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -213,6 +214,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
     ASSIGN_OR_RETURN(s->metrics_http_, MetricsHttpServer::Start(config.host, config.metrics_port,
                                                                 s->metrics_->registry()));
   }
+  s->RefreshHealth();  // the readiness service's first status
   return s;
 }
 
@@ -241,11 +243,38 @@ void WorkerServer::Shutdown() {
   engine_.reset();
 }
 
+int WorkerServer::Drain() {
+  if (shut_down_ || !control_ || !engine_) return 0;
+  control_->BeginDrain();  // readiness off (RefreshHealth), admission refused
+  // Every request Submit accepted and has not finished (inbox, scheduler, final in delivery):
+  // the published stats would miss one still in the inbox, which shutdown would then end with an
+  // abort and no output. BeginDrain comes first, so only a Submit already past its admission
+  // check (the next statement in EngineHost::Submit) can still join.
+  const auto active = [this] { return engine_->NumLive(); };
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(config_.drain_grace_s * 1e3));
+  int64_t left = active();
+  spdlog::info("draining: {} request(s) active, up to {}s to finish", left, config_.drain_grace_s);
+  while (left > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    left = active();
+  }
+  if (left > 0) {
+    spdlog::warn("drain grace period ({}s) over: aborting {} request(s) with their partial outputs",
+                 config_.drain_grace_s, left);
+  } else {
+    spdlog::info("drained: no request active");
+  }
+  return static_cast<int>(left);
+}
+
 void WorkerServer::RefreshHealth() {
   if (!control_) return;
-  const bool serving = control_->serving();
-  if (grpc_) grpc_->SetServing(serving);
-  if (sglang_grpc_) sglang_grpc_->SetServing(serving);
+  // Liveness (the overall status) stays SERVING; only readiness follows the serving state.
+  const bool ready = control_->serving();
+  if (grpc_) grpc_->SetServiceServing(kReadinessService, ready);
+  if (sglang_grpc_) sglang_grpc_->SetServiceServing(kReadinessService, ready);
 }
 
 }  // namespace rl::worker

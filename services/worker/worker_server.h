@@ -5,8 +5,10 @@
 // executor, the gRPC services (Worker, Admin, SGLang scheduler, health, reflection), the
 // optional key-free SGLang scheduler listener for the SMG gateway (--sglang-port) and the
 // metrics endpoint. No service includes this header; each talks to the interfaces it needs
-// (GenerateHost, WorkerControl, WeightUpdates). Health (grpc.health.v1) follows
-// WorkerControl::serving(). Layout and semantics: docs/worker-control.md.
+// (GenerateHost, WorkerControl, WeightUpdates). Health (grpc.health.v1): the overall status is
+// liveness (SERVING from start until Shutdown, updates, sleep and drain included); the service
+// `rl.v1.Worker` is readiness and follows WorkerControl::serving(). Layout and semantics:
+// docs/worker-control.md.
 // Cost: the admin executor's kAdminThreads threads and the stream thread, made once at Start.
 // Thread-safe: gRPC handlers call in concurrently; Shutdown from one thread.
 #pragma once
@@ -60,7 +62,16 @@ class WorkerServer final {
   std::string sglang_address() const { return sglang_grpc_ ? sglang_grpc_->address() : ""; }
   int metrics_port() const { return metrics_http_ ? metrics_http_->port() : -1; }
   std::string backend_name() const { return control_->model_identity().backend; }
-  // Graceful drain: refuses new calls, aborts generations, lets calls in flight finish, closes
+  // The readiness service's name on grpc.health.v1 (the overall status is liveness).
+  static constexpr char kReadinessService[] = "rl.v1.Worker";
+
+  // SIGTERM's first step (RunServerMain calls it before Shutdown): readiness off, new
+  // generations refused with UNAVAILABLE (the router retries them elsewhere), and waits until no
+  // request is running or waiting, or `drain_grace_s` (the flag) has passed. Admin calls and
+  // streams in flight go on. Returns the number of requests still active (Shutdown aborts them
+  // with their partial outputs). Idempotent.
+  int Drain();
+  // Graceful stop: refuses new calls, aborts generations, lets calls in flight finish, closes
   // the weight-update groups, stops the executors and the engine. Idempotent.
   void Shutdown();
 

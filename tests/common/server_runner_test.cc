@@ -4,6 +4,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
+#include "tests/testing/grpc_health.h"
 
 namespace rl {
 namespace {
@@ -39,6 +40,30 @@ TEST(GrpcServer, RefusesAPortInUse) {
   first->reset();
   auto again = GrpcServer::Start(same, {});
   EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// Liveness (overall) and readiness (a named service) are separate statuses: a named service
+// going NOT_SERVING leaves the overall SERVING and the reverse; Shutdown turns both off.
+TEST(GrpcServer, OverallAndNamedHealthAreIndependent) {
+  auto server = GrpcServer::Start(ServerOptions{}, {});
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string addr = (*server)->address();
+  const auto HealthOf = [](const std::string& a, const std::string& service) {
+    return rl::testing::HealthStatus(a, service);
+  };
+  EXPECT_EQ(HealthOf(addr, ""), "SERVING");
+  EXPECT_EQ(HealthOf(addr, "rl.v1.Worker").rfind("error 5", 0), 0u);  // NOT_FOUND until set
+  (*server)->SetServiceServing("rl.v1.Worker", true);
+  EXPECT_EQ(HealthOf(addr, "rl.v1.Worker"), "SERVING");
+  (*server)->SetServiceServing("rl.v1.Worker", false);
+  EXPECT_EQ(HealthOf(addr, "rl.v1.Worker"), "NOT_SERVING");
+  EXPECT_EQ(HealthOf(addr, ""), "SERVING");
+  (*server)->SetServing(false);
+  (*server)->SetServiceServing("rl.v1.Worker", true);
+  EXPECT_EQ(HealthOf(addr, ""), "NOT_SERVING");
+  EXPECT_EQ(HealthOf(addr, "rl.v1.Worker"), "SERVING");
+  (*server)->SetServing(true);
+  EXPECT_EQ(HealthOf(addr, ""), "SERVING");
 }
 
 TEST(GrpcServer, RejectsBadPort) {

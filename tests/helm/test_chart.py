@@ -8,6 +8,7 @@ import asyncio
 import copy
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -81,13 +82,20 @@ def test_default_values_render_and_validate():
     assert jsonschema.validate(values_default(), json.loads((CHART / "values.schema.json").read_text())) is None
     docs = render()
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["Deployment", "PodDisruptionBudget", "PodDisruptionBudget", "Service",
-                     "Service", "StatefulSet"], kinds
+    assert kinds == ["Deployment", "PersistentVolumeClaim", "PodDisruptionBudget",
+                     "PodDisruptionBudget", "Service", "Service", "StatefulSet"], kinds
     validate_all(docs)
     assert not by_kind(docs, "ServiceMonitor")
-    # The router lists every worker by its stable StatefulSet DNS name.
+    # The router follows the workers' headless Service by DNS (scaling needs no re-render).
     args = container(docs, "Deployment")["args"]
-    workers = [a for a in args if a.startswith("--worker")]
+    (headless,) = [d for d in by_kind(docs, "Service") if d["spec"].get("clusterIP") == "None"]
+    dns = [a for a in args if a.startswith("--worker")]
+    assert len(dns) == 1 and re.fullmatch(
+        rf"--worker-dns={headless['metadata']['name']}\.[a-z0-9-]+\.svc:"
+        rf"{values_default()['worker']['port']}", dns[0]), args
+    # `static`: every worker by its stable StatefulSet DNS name.
+    args = container(render({"router": {"workerDiscovery": "static"}}), "Deployment")["args"]
+    workers = [a for a in args if a.startswith("--worker=")]
     assert len(workers) == values_default()["worker"]["replicas"], args
     # Non-root containers.
     for kind in ("Deployment", "StatefulSet"):
@@ -101,13 +109,64 @@ def test_probes():
     assert w["startupProbe"]["grpc"]["port"] == port
     assert w["startupProbe"]["failureThreshold"] * w["startupProbe"]["periodSeconds"] >= \
         values_default()["worker"]["startupSeconds"]
-    assert w["readinessProbe"]["grpc"]["port"] == port
-    assert w["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    # Readiness is the named service (NOT_SERVING under a refit, asleep, draining); liveness
+    # the overall status (SERVING while the process is sound, refits included).
+    assert w["readinessProbe"]["grpc"] == {"port": port, "service": "rl.v1.Worker"}
+    assert w["livenessProbe"]["grpc"] == {"port": port}
     r = container(docs, "Deployment")
-    assert r["readinessProbe"]["grpc"]["port"] == values_default()["router"]["port"]
-    assert "startupProbe" in r and "livenessProbe" in r
+    rport = values_default()["router"]["port"]
+    assert r["readinessProbe"]["grpc"] == {"port": rport, "service": "rl.v1.Router"}
+    assert r["livenessProbe"]["grpc"] == {"port": rport}
+    assert "startupProbe" in r
     docs = render({"worker": {"startupSeconds": 1800}})
     assert container(docs, "StatefulSet")["startupProbe"]["failureThreshold"] == 180
+
+
+def test_drain_grace_and_disruption_budgets():
+    docs = render()
+    pods = {d["kind"]: d["spec"]["template"]["spec"] for d in docs
+            if d["kind"] in ("StatefulSet", "Deployment")}
+    w, r = values_default()["worker"], values_default()["router"]
+    # The pod's grace period outlasts the process's own drain.
+    assert pods["StatefulSet"]["terminationGracePeriodSeconds"] == w["drainGraceSeconds"] + 30
+    assert pods["Deployment"]["terminationGracePeriodSeconds"] == r["drainGraceSeconds"] + 15
+    assert f"--drain-grace-s={w['drainGraceSeconds']}" in container(docs, "StatefulSet")["args"]
+    assert f"--drain-grace-s={r['drainGraceSeconds']}" in container(docs, "Deployment")["args"]
+    docs = render({"worker": {"drainGraceSeconds": 600}})
+    assert by_kind(docs, "StatefulSet")[0]["spec"]["template"]["spec"][
+        "terminationGracePeriodSeconds"] == 630
+    # PDBs allow one pod at a time: a single router never blocks a node drain.
+    pdbs = {d["metadata"]["name"]: d["spec"] for d in by_kind(render(), "PodDisruptionBudget")}
+    assert all(spec == {"maxUnavailable": 1, "selector": spec["selector"]}
+               for spec in pdbs.values()), pdbs
+    # A worker that is not ready (asleep, refit, draining) stays in the headless Service's DNS.
+    (svc,) = [d for d in by_kind(render(), "Service") if d["spec"].get("clusterIP") == "None"]
+    assert svc["spec"]["publishNotReadyAddresses"] is True
+
+
+def test_admin_lease_flags():
+    r = container(render(), "Deployment")
+    secs = values_default()["router"]["adminLeaseSeconds"]
+    assert "--router-id=$(POD_NAME)" in r["args"]
+    assert f"--admin-lease-ttl-ms={secs * 1000}" in r["args"]
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} \
+        in r["env"]
+    r = container(render({"router": {"adminLeaseSeconds": 0}}), "Deployment")
+    assert not any(a.startswith("--admin-lease") for a in r["args"])
+
+
+def test_model_init_container():
+    assert not any("initContainers" in d["spec"]["template"]["spec"] for d in render()
+                   if d["kind"] in ("StatefulSet", "Deployment"))
+    cmd = ["huggingface-cli", "download", "Qwen/Qwen3-0.6B", "--local-dir", "/models/current"]
+    docs = render({"model": {"init": {"image": "hf-cli:1", "command": cmd,
+                                      "env": [{"name": "HF_HOME", "value": "/models/.hf"}]}}})
+    validate_all(docs)
+    for kind in ("StatefulSet", "Deployment"):
+        (init,) = by_kind(docs, kind)[0]["spec"]["template"]["spec"]["initContainers"]
+        assert init["image"] == "hf-cli:1" and init["command"] == cmd
+        assert {"name": "models", "mountPath": "/models"} in init["volumeMounts"]
+        assert init["securityContext"]["runAsNonRoot"] is True
 
 
 def test_service_monitor():
@@ -163,7 +222,10 @@ def test_gpu_resources():
 def test_other_options_render_valid_manifests():
     docs = render({"model": {"pvc": "models"}, "worker": {"replicas": 3, "batchInvariant": True,
                                                           "extraArgs": ["--threads=8"]},
-                   "router": {"replicas": 2}, "image": {"tag": "v1"}})
+                   # Two routers: each would need its own store, so memory only.
+                   "router": {"replicas": 2, "workerDiscovery": "static",
+                              "persistence": {"enabled": False}},
+                   "image": {"tag": "v1"}})
     validate_all(docs)
     (sts,) = by_kind(docs, "StatefulSet")
     assert sts["spec"]["replicas"] == 3
@@ -211,6 +273,34 @@ def test_router_admission_and_thread_flags():
     args = container(docs, "Deployment")["args"]
     for key, flag in ROUTER_FLAGS.items():
         assert f"--{flag}={custom[key]}" in args, (flag, args)
+
+
+def test_router_state_on_a_claim():
+    """On by default: a claim, mounted at --cache-dir, the store bounded to 90% of it, the
+    Recreate strategy; an existing claim is used as is; off: memory only."""
+    docs = render()
+    validate_all(docs)
+    (claim,) = by_kind(docs, "PersistentVolumeClaim")
+    assert claim["spec"]["resources"]["requests"]["storage"] == "10Gi"
+    (router,) = by_kind(docs, "Deployment")
+    assert router["spec"]["strategy"] == {"type": "Recreate"}
+    args = container(docs, "Deployment")["args"]
+    assert "--cache-dir=/var/lib/rl-router" in args
+    assert f"--max-cache-disk-bytes={10 * (1 << 30) * 9 // 10}" in args
+    volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    docs = render({"router": {"persistence": {"existingClaim": "mine"}}})
+    assert not by_kind(docs, "PersistentVolumeClaim")
+    (router,) = by_kind(docs, "Deployment")
+    volumes = {v["name"]: v for v in router["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["state"]["persistentVolumeClaim"]["claimName"] == "mine"
+    docs = render({"router": {"persistence": {"enabled": False}, "replicas": 2}})
+    validate_all(docs)
+    assert not by_kind(docs, "PersistentVolumeClaim")
+    assert not [a for a in container(docs, "Deployment")["args"] if a.startswith("--cache-dir")]
+    with pytest.raises(helm.HelmError) as e:
+        render({"router": {"replicas": 2}})
+    assert "replicas: 1" in str(e.value)
 
 
 @pytest.mark.parametrize("bad", [

@@ -102,6 +102,30 @@ TEST_F(RouterRoutingTest, AffinityKeepsAKeysRequestsOnOneWorker) {
   EXPECT_EQ(r.key_moves(), 0);  // one request at a time: never over the bound
 }
 
+// An agent episode's turns (Generate's episode_id, as the router's SGLang path sets it from
+// the gateway's request id) are keyed by the episode when no routing key is given: the turns
+// here share no prefix, so only the key can keep them on one worker.
+TEST_F(RouterRoutingTest, AffinityKeepsAnEpisodesTurnsOnOneWorker) {
+  StartPolicy("affinity");
+  std::map<std::string, std::set<std::string>> by_episode;
+  std::set<std::string> used;
+  for (int e = 0; e < 12; ++e) {
+    for (int turn = 0; turn < 3; ++turn) {
+      rl::v1::GenerateRequest req;
+      req.mutable_input_ids()->add_ids(1);
+      req.mutable_input_ids()->add_ids(300 + 10 * turn + e);
+      req.mutable_sampling_params()->set_max_new_tokens(2);
+      req.set_episode_id(absl::StrCat("ep_", e));
+      const std::string worker = Run(req).worker();
+      by_episode[req.episode_id()].insert(worker);
+      used.insert(worker);
+    }
+  }
+  for (const auto& [episode, workers] : by_episode) EXPECT_EQ(workers.size(), 1u) << episode;
+  EXPECT_GE(used.size(), 2u);
+  EXPECT_EQ(Metrics().routing().keyed_picks(), 36);
+}
+
 TEST_F(RouterRoutingTest, AffinityFollowsAKeylessEpisodesTrajectory) {
   StartPolicy("affinity");
   const auto episodes = Episodes(6, "");

@@ -35,12 +35,14 @@ class VersionedFakeWorker final : public rl::v1::Worker::CallbackService {
       return r;
     }
     resp->set_weight_version(weight_version.load());
+    resp->set_paused(paused.load());
     r->Finish(grpc::Status::OK);
     return r;
   }
 
   FakeWorker& generate() { return generate_; }
   std::atomic<int64_t> weight_version{0};
+  std::atomic<bool> paused{false};  // GetLoad's paused
   std::atomic<bool> require_key{false};
   std::atomic<int> get_loads{0};
   // While set, GetLoad calls wait in `held_get_loads` until its Release (which the test must
@@ -69,7 +71,11 @@ class FakePoolWorker {
   std::string address() const { return address_.empty() ? server_->address() : address_; }
   VersionedFakeWorker& service() { return service_; }
   void SetVersion(int64_t v) { service_.weight_version.store(v); }
+  void SetPaused(bool paused) { service_.paused.store(paused); }
+  // The overall health status (liveness; a worker without a readiness service: also readiness).
   void SetServing(bool serving) { server_->SetServing(serving); }
+  // The readiness service `rl.v1.Worker`, as a real rl-worker reports it (unset: NOT_FOUND).
+  void SetReady(bool ready) { server_->SetServiceServing("rl.v1.Worker", ready); }
   // Shuts the server down (the address stays known); calls to it then fail.
   void Stop() {
     if (server_ == nullptr) return;

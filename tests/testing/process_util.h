@@ -144,53 +144,16 @@ inline std::string StartServer(Process& p) {
   return addr;
 }
 
-// Sends raw bytes as the single request message of `method` and returns the call's status.
-inline grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel,
-                            const std::string& method, const std::string& bytes,
-                            const std::string& key = "") {
-  grpc::GenericStub stub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
-  grpc::CompletionQueue cq;
-  auto call = stub.PrepareCall(&ctx, method, &cq);
-  void* tag;
-  bool ok;
-  call->StartCall(reinterpret_cast<void*>(1));
-  cq.Next(&tag, &ok);
-  grpc::Slice slice(bytes);
-  grpc::ByteBuffer buffer(&slice, 1);
-  if (ok) {
-    call->Write(buffer, reinterpret_cast<void*>(2));
-    cq.Next(&tag, &ok);
-  }
-  if (ok) {
-    call->WritesDone(reinterpret_cast<void*>(3));
-    cq.Next(&tag, &ok);
-  }
-  grpc::ByteBuffer reply;
-  for (;;) {
-    call->Read(&reply, reinterpret_cast<void*>(4));
-    cq.Next(&tag, &ok);
-    if (!ok) break;
-  }
-  grpc::Status status;
-  call->Finish(&status, reinterpret_cast<void*>(5));
-  cq.Next(&tag, &ok);
-  cq.Shutdown();
-  while (cq.Next(&tag, &ok)) {
-  }
-  return status;
-}
-
 // Sends `bodies` as the raw messages of one client-streaming call to `method` (any bytes: a
-// message that does not parse included), half-closes, and returns the call's status.
+// message that does not parse included), half-closes, and returns the call's status (within
+// `deadline`).
 inline grpc::Status RawStream(const std::shared_ptr<grpc::Channel>& channel,
                               const std::string& method, const std::vector<std::string>& bodies,
-                              const std::string& key = "") {
+                              const std::string& key = "",
+                              std::chrono::seconds deadline = std::chrono::seconds(60)) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  ctx.set_deadline(std::chrono::system_clock::now() + deadline);
   if (!key.empty()) ctx.AddMetadata("authorization", "Bearer " + key);
   grpc::CompletionQueue cq;
   auto call = stub.PrepareCall(&ctx, method, &cq);
@@ -222,6 +185,13 @@ inline grpc::Status RawStream(const std::shared_ptr<grpc::Channel>& channel,
   while (cq.Next(&tag, &ok)) {
   }
   return status;
+}
+
+// Sends raw bytes as the single request message of `method` and returns the call's status.
+inline grpc::Status RawCall(const std::shared_ptr<grpc::Channel>& channel,
+                            const std::string& method, const std::string& bytes,
+                            const std::string& key = "") {
+  return RawStream(channel, method, {bytes}, key, std::chrono::seconds(30));
 }
 
 }  // namespace rl::testing

@@ -14,6 +14,7 @@ const std::map<std::string, Command>& RemoteCommands() {
   static const auto* kCommands = new std::map<std::string, Command>{
       {"generate", &Generate},
       {"retrieve", &Retrieve},
+      {"episode", &Episode},
       {"abort", &Abort},
       {"health", &Health},
       {"metrics", &Metrics},

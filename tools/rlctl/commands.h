@@ -23,6 +23,7 @@ int UsageError(bool json, const std::string& message);
 // UNIMPLEMENTED: generate and abort then use rl.v1.Worker).
 int Generate(const Options& o, const Client& c);
 int Retrieve(const Options& o, const Client& c);
+int Episode(const Options& o, const Client& c);  // Router.GetEpisode
 int Abort(const Options& o, const Client& c);
 int Health(const Options& o, const Client& c);
 int Metrics(const Options& o, const Client& c);

@@ -1,4 +1,4 @@
-// rlctl's data-plane commands: generate, retrieve, abort, health, metrics.
+// rlctl's data-plane commands: generate, retrieve, episode, abort, health, metrics.
 #include <iostream>
 #include <memory>
 
@@ -82,6 +82,35 @@ int Retrieve(const Options& o, const Client& c) {
   rl::v1::RetrieveFromTextResponse resp;
   return Print<rl::v1::RetrieveFromTextResponse>(o, c.router()->RetrieveFromText(&ctx, req, &resp),
                                                  resp);
+}
+
+int Episode(const Options& o, const Client& c) {
+  if (o.episode_id.empty()) return Fail(o, Usage("episode --episode-id ID [--remove]"));
+  rl::v1::GetEpisodeRequest req;
+  req.set_episode_id(o.episode_id);
+  req.set_remove(o.remove);
+  grpc::ClientContext ctx;
+  c.Prepare(&ctx);
+  rl::v1::GetEpisodeResponse resp;
+  return Print<rl::v1::GetEpisodeResponse>(
+      o, c.router()->GetEpisode(&ctx, req, &resp), resp, [](const auto& r) {
+        std::cout << "episode " << r.episode_id() << ": " << r.turns_size() << " turns, "
+                  << r.samples_size() << " samples\n";
+        for (int i = 0; i < r.turns_size(); ++i) {
+          const auto& t = r.turns(i);
+          std::cout << "  turn " << i << " parent " << t.parent() << ": prompt "
+                    << t.prompt_tokens() << " tokens, completion " << t.completion_tokens()
+                    << " tokens, v" << t.weight_version() << " on " << t.worker() << "\n";
+        }
+        for (const auto& s : r.samples()) {
+          int generated = 0;
+          for (int m : s.trajectory().loss_mask()) generated += m;
+          std::cout << "  sample (turns";
+          for (int t : s.turns()) std::cout << " " << t;
+          std::cout << "): " << s.trajectory().tokens_size() << " tokens, " << generated
+                    << " generated\n";
+        }
+      });
 }
 
 int Health(const Options& o, const Client& c) {

@@ -19,6 +19,7 @@ constexpr char kCommands[] = R"(Commands:
            [--logprob-start-len N] [--logprobs-at-temperature-one] [--ignore-eos]
            [--min-weight-version N] [--exact-weight-version N]
   retrieve --text T
+  episode --episode-id ID [--remove]   (router: the episode's turns and one sample per branch)
   abort --request-id ID | --all    (router: forwarded to the worker holding the request;
                                     --all needs the admin key)
   pause --mode abort|in_place|retract      continue      flush
@@ -65,6 +66,8 @@ int main(int argc, char** argv) {
   flags.Bool("allow-unreachable", &o.allow_unreachable,
              "workers add: register a worker that does not answer yet (listed DEAD until it "
              "does)");
+  flags.String("episode-id", &o.episode_id, "episode: the agent episode's id");
+  flags.Bool("remove", &o.remove, "episode: forget the episode once exported");
   flags.Int("max-new-tokens", &o.max_new_tokens,
             "generate: tokens to generate (-1: server default)");
   flags.Double("temperature", &o.temperature, "generate: temperature (-1: server default)");

@@ -17,6 +17,8 @@ struct Options {
   bool text_set = false;  // --text given, even empty
   std::string file;       // tokenize: the whole file as one text
   std::string request_id;
+  std::string episode_id;
+  bool remove = false;             // episode: forget it once exported
   bool all = false;                // abort: every request
   bool allow_unreachable = false;  // workers add: register a worker that does not answer yet
   std::string ids;

@@ -16,6 +16,7 @@ trajectory loader and the tensor helpers need only numpy (torch, pyarrow, jinja2
 from typing import TYPE_CHECKING, Any
 
 from rlfleet.tensors import WeightTensor, rank_sha256, read_safetensors, tensor_sha256
+from rlfleet.episodes import episodes_to_dataproto
 from rlfleet.trajectories import Trajectories, load_trajectories
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
@@ -24,8 +25,9 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
     from rlfleet.client import Client
     from rlfleet.errors import FleetError, WorkerOutcome
     from rlfleet.prompts import ChatTemplate, prepare_prompt_set
-    from rlfleet.types import (Chunk, GenerateResult, Generations, SamplingParams, TokenLogprob,
-                               Trajectory, build_generate_request)
+    from rlfleet.types import (Chunk, Episode, EpisodeSample, EpisodeTurn, GenerateResult,
+                               Generations, SamplingParams, TokenLogprob, Trajectory,
+                               build_generate_request)
     from rlfleet.weight_group import WeightsGroup
     from rlfleet.weight_sync import Bucket, TcpWeightSender, plan_buckets
 
@@ -47,6 +49,9 @@ _LAZY = {
     "TokenLogprob": "rlfleet.types",
     "Trajectory": "rlfleet.types",
     "build_generate_request": "rlfleet.types",
+    "Episode": "rlfleet.types",
+    "EpisodeTurn": "rlfleet.types",
+    "EpisodeSample": "rlfleet.types",
     "prepare_prompt_set": "rlfleet.prompts",
     "ChatTemplate": "rlfleet.prompts",
 }
@@ -66,4 +71,5 @@ __all__ = ["Client", "AsyncClient", "WeightsGroup", "AsyncWeightsGroup", "TcpWei
            "WeightTensor", "read_safetensors", "tensor_sha256", "rank_sha256", "SamplingParams",
            "GenerateResult", "Generations", "Chunk", "TokenLogprob", "Trajectory",
            "Trajectories", "load_trajectories", "prepare_prompt_set", "ChatTemplate",
-           "build_generate_request"]
+           "build_generate_request", "Episode", "EpisodeTurn", "EpisodeSample",
+           "episodes_to_dataproto"]

@@ -20,8 +20,8 @@ from rlfleet._stubs import admin_pb2, generate_pb2, router_pb2, worker_pb2
 from rlfleet.client import ADMIN, DEFAULT_LOAD_TIMEOUT, ROUTER, WORKER, _collect
 from rlfleet.errors import FleetError
 from rlfleet.tensors import DEFAULT_CHUNK_BYTES, NamedTensors, total_bytes
-from rlfleet.types import (Chunk, GenerateResult, Generations, Trajectory, build_generate_request,
-                           chunk_from_proto)
+from rlfleet.types import (Chunk, Episode, GenerateResult, Generations, Trajectory,
+                           build_generate_request, chunk_from_proto)
 from rlfleet.weight_group import check_against_served
 from rlfleet.weight_sync import (DEFAULT_BUCKET_BYTES, BroadcastStats, Bucket, TcpWeightSender,
                                  plan_buckets)
@@ -131,6 +131,12 @@ class AsyncClient:
                                   text=text, tokenize_remainder=tokenize_remainder),
                               router_pb2.RetrieveFromTextResponse)
         return Trajectory.from_proto(r.trajectory)
+
+    async def get_episode(self, episode_id: str, remove: bool = False) -> Episode:
+        r = await self._unary(ROUTER, "GetEpisode",
+                              router_pb2.GetEpisodeRequest(episode_id=episode_id, remove=remove),
+                              router_pb2.GetEpisodeResponse)
+        return Episode.from_proto(r)
 
     async def get_load(self) -> worker_pb2.GetLoadResponse:
         return await self._unary(WORKER, "GetLoad", worker_pb2.GetLoadRequest(),

@@ -26,8 +26,8 @@ from rlfleet._rpc import CLIENT_ID_HEADER, MAX_CLIENT_ID_BYTES  # noqa: F401  (r
 from rlfleet._stubs import admin_pb2, generate_pb2, router_pb2, worker_pb2
 from rlfleet.errors import FleetError
 from rlfleet.tensors import DEFAULT_CHUNK_BYTES, NamedTensors, total_bytes
-from rlfleet.types import (Chunk, GenerateResult, Generations, Trajectory, build_generate_request,
-                           chunk_from_proto)
+from rlfleet.types import (Chunk, Episode, GenerateResult, Generations, Trajectory,
+                           build_generate_request, chunk_from_proto)
 
 if TYPE_CHECKING:
     from rlfleet.weight_group import WeightsGroup
@@ -141,9 +141,10 @@ class Client:
         Options: every GenerateRequest field (request_id, return_logprob, top_logprobs_num,
         logprob_start_len, logprobs_at_temperature_one, stream, return_trajectory,
         return_routed_experts, return_expert_weights, routed_experts_start_len,
-        min_weight_version, exact_weight_version) and every sampling field
-        (`sampling=SamplingParams(...)` or keywords: max_new_tokens, temperature, top_p, top_k,
-        min_p, seed, n, stop, stop_token_ids, ignore_eos, ...)."""
+        min_weight_version, exact_weight_version; routing_key, group_id, episode_id for the
+        router) and every
+        sampling field (`sampling=SamplingParams(...)` or keywords: max_new_tokens,
+        temperature, top_p, top_k, min_p, seed, n, stop, stop_token_ids, ignore_eos, ...)."""
         options.setdefault("stream", False)
         req = build_generate_request(text, input_ids, **options)
         fn = self._callable("unary_stream", self._data_service(), "Generate",
@@ -169,6 +170,14 @@ class Client:
                                                            tokenize_remainder=tokenize_remainder),
                         router_pb2.RetrieveFromTextResponse)
         return Trajectory.from_proto(r.trajectory)
+
+    def get_episode(self, episode_id: str, remove: bool = False) -> Episode:
+        """Router.GetEpisode: the agent episode's turns and one sample per branch (remove:
+        forget it once exported). FleetError NOT_FOUND for an unknown episode. docs/episodes.md."""
+        r = self._unary(ROUTER, "GetEpisode",
+                        router_pb2.GetEpisodeRequest(episode_id=episode_id, remove=remove),
+                        router_pb2.GetEpisodeResponse)
+        return Episode.from_proto(r)
 
     def get_load(self) -> worker_pb2.GetLoadResponse:
         """A worker's load (Worker.GetLoad; `via="worker"` clients)."""
@@ -383,8 +392,10 @@ class Client:
                                               self.load_timeout))
 
     def health_check(self, service: str = "") -> str:
-        """grpc.health.v1 status name of `service` ("" = the server's overall status):
-        "SERVING", or "NOT_SERVING" while a worker sleeps or holds a weight update."""
+        """grpc.health.v1 status name of `service`. "" = the overall status, liveness: "SERVING"
+        while the process is sound (asleep and during updates included); "rl.v1.Worker" /
+        "rl.v1.Router" = readiness: "NOT_SERVING" while a worker sleeps, holds a weight update
+        or drains, and while a router drains."""
         from grpc_health.v1 import health_pb2  # type: ignore[import-untyped]
         r = self._unary("grpc.health.v1.Health", "Check",
                         health_pb2.HealthCheckRequest(service=service),

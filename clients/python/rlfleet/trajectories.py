@@ -195,32 +195,10 @@ class Trajectories:
             if pl > P or rl > R:
                 raise ValueError(f"sample index={self.index[i]} sample={self.sample[i]} has "
                                  f"{pl} prompt / {rl} response tokens, more than {P} / {R}")
-        n = len(rows)
-        prompts = np.full((n, P), pad_token_id, dtype=np.int64)
-        prompt_attn = np.zeros((n, P), dtype=np.int64)
-        responses = np.full((n, R), pad_token_id, dtype=np.int64)
-        response_attn = np.zeros((n, R), dtype=np.int64)
-        response_mask = np.zeros((n, R), dtype=np.int64)
-        logp = np.zeros((n, R), dtype=np.float32)
-        versions = np.full((n, R), -1, dtype=np.int64)
-        for r, (i, pl, rl) in enumerate(zip(rows, plens, rlens)):
-            if pl:
-                prompts[r, P - pl:] = self.prompt_ids(i)
-                prompt_attn[r, P - pl:] = 1
-            if rl:
-                responses[r, :rl] = self.response_ids(i)
-                response_attn[r, :rl] = 1
-                response_mask[r, :rl] = self._resp(self.loss_mask, i)
-                logp[r, :rl] = np.nan_to_num(self._resp(self.rollout_logprobs, i), nan=0.0)
-                versions[r, :rl] = self._resp(self.weight_versions, i)
-        attention_mask = np.concatenate([prompt_attn, response_attn], axis=1)
-        position_ids = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
-        batch = {
-            "prompts": prompts, "responses": responses, "response_mask": response_mask,
-            "input_ids": np.concatenate([prompts, responses], axis=1),
-            "attention_mask": attention_mask, "position_ids": position_ids,
-            "rollout_log_probs": logp, "rollout_weight_versions": versions,
-        }
+        batch = pack_dataproto_batch(
+            [(self.prompt_ids(i), self.response_ids(i), self._resp(self.loss_mask, i),
+              self._resp(self.rollout_logprobs, i), self._resp(self.weight_versions, i))
+             for i in rows], P, R, pad_token_id)
         sel = np.array(rows, dtype=np.int64)
         turns = (self.num_turns[sel] if self.num_turns is not None
                  else np.full(len(rows), 2, dtype=np.int64))
@@ -291,6 +269,42 @@ class Trajectories:
             "response_weight_versions": lists(self.weight_versions, mids, ends, pa.int64()),
         })
         pq.write_table(table, str(path))
+
+
+def pack_dataproto_batch(rows: Sequence[tuple[Any, Any, Any, Any, Any]], P: int, R: int,
+                         pad_token_id: int) -> dict[str, np.ndarray]:
+    """verl's DataProto tensors for rows of (prompt ids, response ids, response loss mask,
+    response logprobs, response weight versions): prompts left-padded to P, responses
+    right-padded to R (the caller checked both fit), NaN logprobs as 0, versions -1 on padding;
+    input_ids, attention_mask and position_ids follow. Shared by Trajectories.to_dataproto and
+    rlfleet.episodes."""
+    n = len(rows)
+    prompts = np.full((n, P), pad_token_id, dtype=np.int64)
+    prompt_attn = np.zeros((n, P), dtype=np.int64)
+    responses = np.full((n, R), pad_token_id, dtype=np.int64)
+    response_attn = np.zeros((n, R), dtype=np.int64)
+    response_mask = np.zeros((n, R), dtype=np.int64)
+    logp = np.zeros((n, R), dtype=np.float32)
+    versions = np.full((n, R), -1, dtype=np.int64)
+    for r, (prompt, response, mask, lp, vers) in enumerate(rows):
+        pl, rl = len(prompt), len(response)
+        if pl:
+            prompts[r, P - pl:] = prompt
+            prompt_attn[r, P - pl:] = 1
+        if rl:
+            responses[r, :rl] = response
+            response_attn[r, :rl] = 1
+            response_mask[r, :rl] = mask
+            logp[r, :rl] = np.nan_to_num(np.asarray(lp, dtype=np.float32), nan=0.0)
+            versions[r, :rl] = vers
+    attention_mask = np.concatenate([prompt_attn, response_attn], axis=1)
+    position_ids = np.clip(np.cumsum(attention_mask, axis=1) - 1, 0, None)
+    return {
+        "prompts": prompts, "responses": responses, "response_mask": response_mask,
+        "input_ids": np.concatenate([prompts, responses], axis=1),
+        "attention_mask": attention_mask, "position_ids": position_ids,
+        "rollout_log_probs": logp, "rollout_weight_versions": versions,
+    }
 
 
 def load_trajectories(path: Union[str, Path]) -> Trajectories:

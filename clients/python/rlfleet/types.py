@@ -56,10 +56,14 @@ def build_generate_request(text: Optional[str] = None,
                            routed_experts_start_len: Optional[int] = None,
                            min_weight_version: Optional[int] = None,
                            exact_weight_version: Optional[int] = None,
+                           routing_key: str = "", group_id: str = "", episode_id: str = "",
                            **sampling_kwargs: Any) -> "generate_pb2.GenerateRequest":
     """Every rl.v1.GenerateRequest field; sampling fields as `sampling=` or keyword arguments.
-    `min_weight_version` / `exact_weight_version`: the weight versions the request accepts (the
-    fleet never serves it with others; UNAVAILABLE when none serves one within the deadline)."""
+    Router only: `routing_key` / `group_id` place related requests on one worker under
+    --policy affinity (docs/routing.md); `episode_id` records the turn in an agent episode
+    (docs/episodes.md). `min_weight_version` / `exact_weight_version`: the weight versions the
+    request accepts (the fleet never serves it with others; UNAVAILABLE when none serves one
+    within the deadline)."""
     if (text is None) == (input_ids is None):
         raise ValueError("exactly one of text or input_ids is required")
     if sampling is None:
@@ -74,7 +78,8 @@ def build_generate_request(text: Optional[str] = None,
         return_logprob=return_logprob, top_logprobs_num=top_logprobs_num,
         logprobs_at_temperature_one=logprobs_at_temperature_one,
         return_trajectory=return_trajectory, return_routed_experts=return_routed_experts,
-        return_expert_weights=return_expert_weights)
+        return_expert_weights=return_expert_weights, routing_key=routing_key, group_id=group_id,
+        episode_id=episode_id)
     if routed_experts_start_len is not None:
         req.routed_experts_start_len = routed_experts_start_len
     if text is not None:
@@ -248,3 +253,43 @@ class Generations(list[GenerateResult]):
         g = Generations(results)
         g.sort(key=lambda r: r.index)
         return g
+
+
+@dataclass
+class EpisodeTurn:
+    """One recorded turn of an agent episode (rl.v1.EpisodeTurn)."""
+    request_id: str
+    index: int
+    parent: int  # the turn whose whole trajectory this turn's prompt extends; -1 for a root
+    prompt_tokens: int
+    completion_tokens: int
+    worker: str
+    weight_version: int
+    finish_reason: str
+
+    @staticmethod
+    def from_proto(p: Any) -> "EpisodeTurn":
+        return EpisodeTurn(p.request_id, p.index, p.parent, p.prompt_tokens, p.completion_tokens,
+                           p.worker, p.weight_version,
+                           FINISH_REASONS.get(p.finish_reason, str(p.finish_reason)))
+
+
+@dataclass
+class EpisodeSample:
+    """One branch of an episode: its last turn's trajectory and the turns on it, root first."""
+    trajectory: Trajectory
+    turns: list[int]
+
+
+@dataclass
+class Episode:
+    """Router.GetEpisode: the turns in the order they ended and one sample per branch."""
+    episode_id: str
+    turns: list[EpisodeTurn]
+    samples: list[EpisodeSample]
+
+    @staticmethod
+    def from_proto(p: Any) -> "Episode":
+        return Episode(p.episode_id, [EpisodeTurn.from_proto(t) for t in p.turns],
+                       [EpisodeSample(Trajectory.from_proto(s.trajectory), list(s.turns))
+                        for s in p.samples])

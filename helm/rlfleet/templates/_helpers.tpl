@@ -69,3 +69,17 @@ capabilities: {drop: ["ALL"]}
 - --{{ kebabcase $k }}={{ int64 $v }}
 {{- end }}
 {{- end -}}
+
+{{/* The optional init container that writes the model under /models (values: model.init). */}}
+{{- define "rlfleet.modelInit" -}}
+{{- if .Values.model.init.image }}
+initContainers:
+  - name: model-init
+    image: {{ .Values.model.init.image }}
+    command: {{- toYaml .Values.model.init.command | nindent 6 }}
+    env: {{- toYaml .Values.model.init.env | nindent 6 }}
+    securityContext: {{- include "rlfleet.securityContext" . | nindent 6 }}
+    volumeMounts:
+      - {name: models, mountPath: /models}
+{{- end }}
+{{- end -}}

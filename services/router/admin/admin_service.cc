@@ -26,13 +26,21 @@ AdminService::AdminService(WorkerPool* pool, const BearerAuth* auth, AdminOption
       auth_(auth),
       executor_(options.executor),
       limits_(options.limits),
+      drain_(options.drain),
       broadcaster_(pool, std::move(options.broadcast)),
-      catch_up_(std::make_unique<CatchUp>(pool, &broadcaster_)) {}
+      catch_up_(std::make_unique<CatchUp>(pool, &broadcaster_)),
+      lease_keeper_(std::make_unique<LeaseKeeper>(&broadcaster_)) {}
 
-AdminService::~AdminService() { catch_up_.reset(); }
+AdminService::~AdminService() {
+  lease_keeper_.reset();
+  catch_up_.reset();
+}
 
 grpc::ServerUnaryReactor* AdminService::Run(Ctx* c, std::function<absl::Status()> fn) {
   if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishUnary(c, s);
+  if (drain_ != nullptr) {
+    if (absl::Status s = drain_->Check("admin call"); !s.ok()) return FinishUnary(c, s);
+  }
   grpc::ServerUnaryReactor* reactor = c->DefaultReactor();
   if (!executor_->Submit([reactor, fn = std::move(fn)] { reactor->Finish(ToGrpcStatus(fn())); })) {
     reactor->Finish(ToGrpcStatus(executor_->BusyError()));
@@ -101,6 +109,9 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDisk(
 grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest>*
 AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
   if (absl::Status s = auth_->Check(*c); !s.ok()) return NewRejectedTensorStream(s);
+  if (drain_ != nullptr) {
+    if (absl::Status s = drain_->Check("admin call"); !s.ok()) return NewRejectedTensorStream(s);
+  }
   // Chunks are forwarded as they arrive (tensor_fanout.h), under one broadcast.
   return NewTensorRelay(
       c,

@@ -17,10 +17,12 @@
 #include "absl/status/status.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
+#include "common/drain_gate.h"
 #include "common/request_limits.h"
 #include "rl/v1/admin.grpc.pb.h"
 #include "services/router/admin/broadcast.h"
 #include "services/router/admin/catch_up.h"
+#include "services/router/admin/lease_keeper.h"
 #include "services/router/pool/worker_pool.h"
 
 namespace rl::router::admin {
@@ -31,6 +33,8 @@ struct AdminOptions {
   BoundedExecutor* executor = nullptr;
   // The --max-* bounds a tensor stream is checked against before it is forwarded.
   RequestLimits limits;
+  // While the router drains (SIGTERM) every call is refused UNAVAILABLE (may be null).
+  const DrainGate* drain = nullptr;
 };
 
 class AdminService final : public rl::v1::Admin::CallbackService {
@@ -110,8 +114,10 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   const BearerAuth* const auth_;
   BoundedExecutor* const executor_;
   const RequestLimits limits_;
+  const DrainGate* const drain_;
   Broadcaster broadcaster_;
-  std::unique_ptr<CatchUp> catch_up_;  // after broadcaster_: stopped first
+  std::unique_ptr<CatchUp> catch_up_;          // after broadcaster_: stopped first
+  std::unique_ptr<LeaseKeeper> lease_keeper_;  // after broadcaster_: stopped first
 };
 
 }  // namespace rl::router::admin

@@ -58,10 +58,7 @@ std::chrono::milliseconds Broadcaster::Timeout(Deadline d) const {
   return d == Deadline::kControl ? options_.control_timeout : options_.load_timeout;
 }
 
-bool Broadcaster::fleet_paused() const {
-  absl::MutexLock lock(&paused_mu_);
-  return fleet_paused_;
-}
+bool Broadcaster::fleet_paused() const { return pool_->fleet_paused(); }
 
 void Broadcaster::Prepare(Ctx* caller, grpc::ClientContext* ctx,
                           std::chrono::milliseconds timeout) const {
@@ -70,6 +67,10 @@ void Broadcaster::Prepare(Ctx* caller, grpc::ClientContext* ctx,
     if (auto header = AuthorizationHeader(*caller)) ctx->AddMetadata("authorization", *header);
   } else if (!options_.worker_admin_key.empty()) {
     ctx->AddMetadata("authorization", "Bearer " + options_.worker_admin_key);
+  }
+  if (!options_.lease_owner.empty()) {
+    ctx->AddMetadata("rl-admin-lease-owner", options_.lease_owner);
+    ctx->AddMetadata("rl-admin-lease-ttl-ms", std::to_string(options_.lease_ttl.count()));
   }
 }
 
@@ -233,10 +234,7 @@ absl::Status Broadcaster::BroadcastTo(const Plan& plan, Ctx* caller, const Worke
   // workers at the fleet's version (workers at another version are never routed).
   if (plan.bumps_version && version >= 0) RecordFleetWeights(plan, version);
   if (plan.hold) pool_->EndHold();
-  if (any_ok && plan.sets_paused.has_value()) {
-    absl::MutexLock lock(&paused_mu_);
-    fleet_paused_ = *plan.sets_paused;
-  }
+  if (any_ok && plan.sets_paused.has_value()) pool_->SetFleetPaused(*plan.sets_paused);
   size_t num_failed = 0;
   for (size_t i = 0; i < targets.size(); ++i) num_failed += calls[i].result.status.ok() ? 0 : 1;
   resp->set_success(all_ok);

@@ -37,6 +37,10 @@ struct BroadcastOptions {
   std::chrono::milliseconds load_timeout{600000};
   // Bearer key for calls the router makes on its own (catch-up); empty: none.
   std::string worker_admin_key;
+  // Admin fencing (lease_keeper.h): every call to a worker names this router as the owner of
+  // the worker's admin lease, held for `lease_ttl`; empty: no lease asked (a lone router).
+  std::string lease_owner;
+  std::chrono::milliseconds lease_ttl{30000};
 };
 
 // The admin client whose call is broadcast; null for the router's own calls (catch-up).
@@ -137,13 +141,14 @@ class Broadcaster {
   void StartOne(const Plan& plan, Ctx* caller, const std::shared_ptr<Worker>& w, size_t index,
                 const WorkerCall& call, WorkerCallState* c, std::function<void()> finished);
   // Deadline and authorization for a call to a worker: the caller's header, or the router's own
-  // key when `caller` is null.
+  // key when `caller` is null; and the admin lease claim.
   void Prepare(Ctx* caller, grpc::ClientContext* ctx, std::chrono::milliseconds timeout) const;
   std::chrono::milliseconds Timeout(Deadline d) const;
 
   AdminLock& lock() { return lock_; }
-  // Whether the last broadcast that set it left the fleet paused.
-  bool fleet_paused() const ABSL_LOCKS_EXCLUDED(paused_mu_);
+  // Whether the last broadcast that set it left the fleet paused (kept by the pool, which
+  // persists it: worker_pool.h SetFleetPaused).
+  bool fleet_paused() const;
   WorkerPool* pool() const { return pool_; }
   const BroadcastOptions& options() const { return options_; }
 
@@ -165,8 +170,6 @@ class Broadcaster {
   WorkerPool* const pool_;
   const BroadcastOptions options_;
   AdminLock lock_;
-  mutable absl::Mutex paused_mu_;
-  bool fleet_paused_ ABSL_GUARDED_BY(paused_mu_) = false;
 };
 
 template <typename Req, typename Resp>

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/check.h"
+#include "services/router/cache/cache_store.h"
 #include "services/router/cache/text_cache_internal.h"
 
 namespace rl::router {
@@ -46,9 +47,20 @@ absl::Status TextCacheOptions::Validate() const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<TextCache>> TextCache::Create(const TextCacheOptions& options) {
+absl::StatusOr<std::unique_ptr<TextCache>> TextCache::Create(const TextCacheOptions& options,
+                                                             CacheStore* store) {
   if (absl::Status s = options.Validate(); !s.ok()) return s;
-  return std::unique_ptr<TextCache>(new TextCache(options));
+  std::unique_ptr<TextCache> cache(new TextCache(options));
+  if (store != nullptr) {
+    cache->store_ = store;
+    if (absl::Status s = cache->Recover(); !s.ok()) return s;
+    if (absl::Status s = cache->ValidateForTesting(); !s.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("text cache store: the recovered tree is inconsistent (", s.message(),
+                       "); move the folder away to start with an empty cache"));
+    }
+  }
+  return cache;
 }
 
 TextCache::TextCache(const TextCacheOptions& options)
@@ -142,6 +154,7 @@ uint64_t TextCache::WorkerBit(std::string_view worker) {
 
 void TextCache::Bump(Node* node, int64_t version) {
   if (node == root_.get() || version <= node->version) return;
+  MarkDirty(node);
   if (node->in_leaf_index) {
     UnlinkLeaf(node);
     node->version = version;
@@ -163,6 +176,7 @@ TextCache::Node* TextCache::Split(Node* node, uint32_t num_tokens) {
   RL_CHECK(it != parent->children.end() && it->get() == node);
 
   auto upper = std::make_unique<Node>();
+  upper->id = next_id_++;
   upper->Allocate(num_tokens, cut);
   std::memcpy(upper->ids(), node->ids(), num_tokens * sizeof(int32_t));
   std::memcpy(upper->logprob_bits(), node->logprob_bits(), num_tokens * sizeof(uint32_t));
@@ -198,6 +212,8 @@ TextCache::Node* TextCache::Split(Node* node, uint32_t num_tokens) {
   node->parent = upper_raw;
   *it = std::move(upper);
   ++entries_;
+  MarkDirty(upper_raw);
+  MarkDirty(node);
   return upper_raw;
 }
 
@@ -209,6 +225,7 @@ void TextCache::RemoveSubtree(Node* parent, size_t index) {
     std::unique_ptr<Node> node = std::move(stack.back());
     stack.pop_back();
     if (node->in_leaf_index) UnlinkLeaf(node.get());
+    ForgetNode(node.get());
     size_tokens_ -= node->num_tokens;
     size_bytes_ -= node->num_bytes;
     --entries_;
@@ -224,6 +241,7 @@ TextCache::Node* TextCache::AddChild(Node* parent, std::string_view text, size_t
                                      absl::Span<const int64_t> token_versions, int64_t version) {
   const size_t n = tokens.size() - first;
   auto node = std::make_unique<Node>();
+  node->id = next_id_++;
   node->Allocate(static_cast<uint32_t>(n), static_cast<uint32_t>(text.size() - pos));
   std::memcpy(node->ids(), tokens.data() + first, n * sizeof(int32_t));
   if (logprobs.empty()) {
@@ -252,6 +270,7 @@ TextCache::Node* TextCache::AddChild(Node* parent, std::string_view text, size_t
   ++entries_;
   SyncLeaf(parent);
   LinkLeaf(raw);
+  MarkDirty(raw);
   return raw;
 }
 
@@ -309,6 +328,7 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
     Bump(node, weight_version);
     if (pos == text.size()) {
       node->path_runs = std::move(path_runs);
+      MarkDirty(node);
       break;
     }
     // The trajectory's next token group: up to the first span end after `pos`.
@@ -373,11 +393,15 @@ absl::Status TextCache::Insert(std::string_view text, absl::Span<const int32_t> 
   }
   if (cached_tokens != nullptr) *cached_tokens = cached;
   MaybeCollectGarbage();
+  FlushJournal();
   return absl::OkStatus();
 }
 
 void TextCache::MaybeCollectGarbage() {
-  if (size_tokens_ <= options_.max_cache_size) return;
+  // Over the token limit, or the store near its disk bound (cache_store.h).
+  if (size_tokens_ <= options_.max_cache_size && (store_ == nullptr || !store_->near_full())) {
+    return;
+  }
   ++gc_runs_;
   const int64_t threshold = current_version_ - options_.gc_threshold_k;
   while (!leaves_.empty() && leaves_.begin()->first <= threshold) {
@@ -397,6 +421,7 @@ void TextCache::SetCurrentVersion(int64_t version) {
   absl::MutexLock lock(&mu_);
   current_version_ = version;
   MaybeCollectGarbage();
+  FlushJournal();
 }
 
 TextCacheStats TextCache::GetStats() const {

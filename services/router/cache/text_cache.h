@@ -11,6 +11,11 @@
 // Memory: 13 B per token plus the text bytes and a ~145 B node per edge (with the bit set of
 // the workers that served it).
 //
+// Durability: created with a CacheStore, the cache is recovered from it (before the router takes
+// traffic) and every mutation queues the nodes it changed as one batch, in mutation order, under
+// the writer lock (text_cache_store.cc); the caller waits for the store's ticket before it
+// answers. Without a store it lives in memory only.
+//
 // Thread safety: every method may be called concurrently. Insert and SetCurrentVersion hold the
 // writer lock; Match, Retrieve, GetStats and ValidateForTesting a shared reader lock. The
 // implementation is split by concern: text_cache.cc (inserts, structure, GC),
@@ -32,6 +37,8 @@
 #include "absl/types/span.h"
 
 namespace rl::router {
+
+class CacheStore;
 
 // Edges a Match examines at most (the paths a query follows; see the file comment).
 inline constexpr size_t kMaxMatchNodes = 4096;
@@ -104,7 +111,11 @@ struct TextCacheStats {
 
 class TextCache {
  public:
-  static absl::StatusOr<std::unique_ptr<TextCache>> Create(const TextCacheOptions& options);
+  // `store` (may be null: memory only) must outlive the cache; its contents are recovered here
+  // (FailedPrecondition naming the store when they are corrupt) and every later change is
+  // queued to it.
+  static absl::StatusOr<std::unique_ptr<TextCache>> Create(const TextCacheOptions& options,
+                                                           CacheStore* store = nullptr);
   ~TextCache();
   TextCache(const TextCache&) = delete;
   TextCache& operator=(const TextCache&) = delete;
@@ -142,6 +153,9 @@ class TextCache {
   void SetCurrentVersion(int64_t version) ABSL_LOCKS_EXCLUDED(mu_);
 
   TextCacheStats GetStats() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The durable store (null: memory only).
+  CacheStore* store() const { return store_; }
 
   // Walks the whole tree and checks every invariant and counter. O(size); for tests.
   absl::Status ValidateForTesting() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -185,8 +199,16 @@ class TextCache {
                      CacheMatch* out) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   void MatchLocked(std::string_view query, MatchGoal goal, CacheMatch* out) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // The store journal (text_cache_store.cc): nodes changed / removed by the current mutation,
+  // queued to the store as one batch by FlushJournal. No-ops without a store.
+  void MarkDirty(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetNode(Node* node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FlushJournal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static std::string EncodeNode(const Node& node);
+  absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
 
   const TextCacheOptions options_;
+  CacheStore* store_ = nullptr;
   mutable absl::Mutex mu_;
   std::unique_ptr<Node> root_ ABSL_GUARDED_BY(mu_);
   // Leaves (non-root nodes without children) by version: head of an intrusive list each.
@@ -205,6 +227,11 @@ class TextCache {
   std::vector<std::string> worker_slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> worker_slot_used_ ABSL_GUARDED_BY(mu_);
   uint64_t inserts_ ABSL_GUARDED_BY(mu_) = 0;
+  // The store journal.
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;  // node ids are never reused; the root is 0
+  std::vector<Node*> dirty_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> deleted_ ABSL_GUARDED_BY(mu_);
+  int64_t stored_version_ ABSL_GUARDED_BY(mu_) = 0;
   // Counted under the shared lock, hence atomic.
   mutable std::atomic<int64_t> hits_{0};
   mutable std::atomic<int64_t> misses_{0};

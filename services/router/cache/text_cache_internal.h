@@ -22,6 +22,8 @@ namespace rl::router {
 // ending at 0 (leading special tokens).
 struct TextCache::Node {
   Node* parent = nullptr;
+  uint64_t id = 0;     // the store's key (0: the root); never reused
+  bool dirty = false;  // in the store journal of the current mutation
   std::unique_ptr<uint32_t[]> words;
   uint32_t num_tokens = 0;
   uint32_t num_bytes = 0;

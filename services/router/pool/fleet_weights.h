@@ -33,6 +33,8 @@ class FleetObserver {
  public:
   virtual ~FleetObserver() = default;
   virtual void OnFleetWeights(const FleetWeights& before, const FleetWeights& after) = 0;
+  // The fleet's pause state changed (a pause or continue broadcast succeeded somewhere).
+  virtual void OnFleetPaused(bool /*paused*/) {}
 };
 
 // Takes a worker to catch up. Called from the health thread or a reporting thread; must return

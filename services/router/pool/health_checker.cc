@@ -10,11 +10,18 @@
 namespace rl::router {
 namespace {
 
-// One check in flight: gRPC health, then GetLoad for the version, both asynchronous.
+// The worker's readiness service on grpc.health.v1 (its overall status is liveness only, SERVING
+// through updates and sleep). A worker that has no such service (an older build, a fake) answers
+// NOT_FOUND: its overall status is asked instead.
+constexpr char kReadinessService[] = "rl.v1.Worker";
+
+// One check in flight: gRPC health (readiness), then GetLoad for the version, asynchronous.
 struct ProbeCall {
   std::unique_ptr<grpc::health::v1::Health::Stub> health_stub;
   grpc::ClientContext hctx;
+  grpc::ClientContext overall_ctx;  // the NOT_FOUND fallback's
   grpc::health::v1::HealthCheckRequest hreq;
+  grpc::health::v1::HealthCheckRequest overall_req;
   grpc::health::v1::HealthCheckResponse health;
   grpc::ClientContext lctx;
   rl::v1::GetLoadRequest lreq;
@@ -60,7 +67,9 @@ void HealthChecker::CheckAsync(const std::shared_ptr<Worker>& w,
   auto call = std::make_shared<ProbeCall>();
   call->health_stub = grpc::health::v1::Health::NewStub(w->channel());
   call->hctx.set_deadline(deadline);
+  call->overall_ctx.set_deadline(deadline);
   call->lctx.set_deadline(deadline);
+  call->hreq.set_service(kReadinessService);
   auto finish = [call, w, on_report = std::move(on_report)](const grpc::Status& s,
                                                             bool version_known) {
     HealthReport report;
@@ -74,36 +83,47 @@ void HealthChecker::CheckAsync(const std::shared_ptr<Worker>& w,
       report.weight_version = call->load.weight_version();
       report.max_running_requests = call->load.max_running_requests();
       w->set_kv_usage(call->load.kv_usage());  // least_load's second criterion
+      report.paused = call->load.paused();
     }
     on_report(report);
   };
+  // After health answered: GetLoad for the version.
+  auto load = [w, call, finish = std::move(finish)](grpc::Status s) mutable {
+    // NOT_SERVING (asleep, a weight update in progress, draining) is not a failure of the
+    // process: the worker keeps its state; only unreachable workers die.
+    if (!s.ok()) {
+      finish(s, true);
+      return;
+    }
+    w->worker_stub().async()->GetLoad(
+        &call->lctx, &call->lreq, &call->load,
+        [finish = std::move(finish)](grpc::Status s) mutable {
+          // A data-plane key may guard GetLoad; the process is reachable all the same.
+          if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+              s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+            finish(grpc::Status::OK, false);
+            return;
+          }
+          if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+            finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                "it answers gRPC health but has no rl.v1.Worker service: not "
+                                "an rl-worker (an rl-router?)"),
+                   false);
+            return;
+          }
+          finish(s, true);
+        });
+  };
   call->health_stub->async()->Check(
       &call->hctx, &call->hreq, &call->health,
-      [w, call, finish = std::move(finish)](grpc::Status s) mutable {
-        // NOT_SERVING (asleep, or a weight update in progress) is not a failure of the process:
-        // the worker keeps its state; only unreachable workers die.
-        if (!s.ok()) {
-          finish(s, true);
+      [call, load = std::move(load)](grpc::Status s) mutable {
+        if (s.error_code() != grpc::StatusCode::NOT_FOUND) {
+          load(s);
           return;
         }
-        w->worker_stub().async()->GetLoad(
-            &call->lctx, &call->lreq, &call->load,
-            [finish = std::move(finish)](grpc::Status s) mutable {
-              // A data-plane key may guard GetLoad; the process is reachable all the same.
-              if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-                  s.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
-                finish(grpc::Status::OK, false);
-                return;
-              }
-              if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
-                finish(grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                    "it answers gRPC health but has no rl.v1.Worker service: not "
-                                    "an rl-worker (an rl-router?)"),
-                       false);
-                return;
-              }
-              finish(s, true);
-            });
+        call->health_stub->async()->Check(
+            &call->overall_ctx, &call->overall_req, &call->health,
+            [load = std::move(load)](grpc::Status s) mutable { load(s); });
       });
 }
 

@@ -229,6 +229,10 @@ rl::v1::WorkerStatus WorkerPool::StatusLocked(const Entry& e, int64_t reference)
     why.push_back("a call failed: waiting for a health check");
   }
   if (st.live() && !st.serving()) why.push_back("health NOT_SERVING (asleep or updating weights)");
+  if (st.live() && st.paused() && !fleet_paused_) {
+    why.push_back(
+        "paused while the fleet is not (paused directly?): out of routing until continued");
+  }
   s.set_reason(absl::StrJoin(why, "; "));
   s.set_enabled(st.enabled());
   s.set_in_flight(e.worker->in_flight());
@@ -291,7 +295,8 @@ std::optional<WorkerState> WorkerPool::StateOf(const std::string& address) const
 
 bool WorkerPool::EligibleLocked(const Entry& e, const PickRequest& request,
                                 int64_t reference) const {
-  return e.state.Routable(reference) && request.versions.Accepts(e.state.weight_version()) &&
+  return e.state.Routable(reference) && (!e.state.paused() || fleet_paused_) &&
+         request.versions.Accepts(e.state.weight_version()) &&
          (request.exclude == nullptr || !request.exclude->contains(e.worker->address()));
 }
 
@@ -585,6 +590,25 @@ void WorkerPool::SetFleetWeights(const FleetWeights& fleet) {
 FleetWeights WorkerPool::fleet_weights() const {
   absl::MutexLock lock(&mu_);
   return fleet_;
+}
+
+void WorkerPool::SetFleetPaused(bool paused) {
+  absl::MutexLock handoff(&handoff_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (fleet_paused_ == paused) return;
+    fleet_paused_ = paused;
+    if (!paused) {
+      for (Entry& e : entries_) e.state.ClearPaused();
+    }
+  }
+  for (FleetObserver* o : observers_) o->OnFleetPaused(paused);
+  spdlog::info("fleet {}", paused ? "paused" : "running");
+}
+
+bool WorkerPool::fleet_paused() const {
+  absl::MutexLock lock(&mu_);
+  return fleet_paused_;
 }
 
 int64_t WorkerPool::fleet_version() const {

@@ -172,6 +172,11 @@ class WorkerPool final : public WorkerSource {
   FleetWeights fleet_weights() const;
   // The recorded fleet version alone (-1 when none), without copying the source: per request.
   int64_t fleet_version() const;
+  // The fleet's pause state (the admin's pause / continue broadcasts set it; recovered at
+  // start-up). Workers that report paused while the fleet is not are out of routing; a
+  // continue clears every worker's paused mark (the broadcast reached every live worker).
+  void SetFleetPaused(bool paused) ABSL_LOCKS_EXCLUDED(mu_, handoff_mu_);
+  bool fleet_paused() const ABSL_LOCKS_EXCLUDED(mu_);
   // True when `w` reports a version older than the fleet's.
   bool Behind(Worker* w) const;
   void SetCatchUpHandler(CatchUpHandler handler);
@@ -232,6 +237,7 @@ class WorkerPool final : public WorkerSource {
   FleetWeights fleet_ ABSL_GUARDED_BY(mu_);
   RoutingStats routing_stats_ ABSL_GUARDED_BY(mu_);
   double load_spread_sum_ ABSL_GUARDED_BY(mu_) = 0;
+  bool fleet_paused_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> holds_{0};
   absl::Mutex capacity_mu_;
   std::function<void(int64_t)> capacity_observer_ ABSL_GUARDED_BY(capacity_mu_);

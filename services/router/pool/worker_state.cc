@@ -75,6 +75,7 @@ WorkerState::Change WorkerState::OnHealthCheck(const HealthReport& report,
   if (report.weight_version.has_value()) weight_version_ = *report.weight_version;
   if (report.max_running_requests > 0) max_running_requests_ = report.max_running_requests;
   serving_ = report.serving;
+  if (report.paused.has_value()) paused_ = *report.paused;
   if (live()) return Change::kNone;
   ++successes_;
   const bool version_may_serve =

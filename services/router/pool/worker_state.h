@@ -41,6 +41,8 @@ struct HealthReport {
   // The server answered health but has no rl.v1.Worker service (GetLoad UNIMPLEMENTED): not an
   // rl-worker (e.g. an rl-router).
   bool not_a_worker = false;
+  // GetLoad's paused state (issue 31); unset with the version.
+  std::optional<bool> paused;
 };
 
 class WorkerState {
@@ -55,6 +57,11 @@ class WorkerState {
   const std::string& disabled_reason() const { return disabled_reason_; }
   int holds() const { return holds_; }
   bool serving() const { return serving_; }
+  // Paused, as its last health check's GetLoad said. A paused worker is routed only while the
+  // fleet is paused (the router's own pause: requests queue there until the continue).
+  bool paused() const { return paused_; }
+  // A fleet-wide continue reached it.
+  void ClearPaused() { paused_ = false; }
   int64_t weight_version() const { return weight_version_; }  // -1: never reported
   // Requests its engine runs at once, as it reported (0: not reported).
   int32_t max_running_requests() const { return max_running_requests_; }
@@ -125,6 +132,7 @@ class WorkerState {
   std::string disabled_reason_;
   int holds_ = 0;
   bool serving_ = true;
+  bool paused_ = false;
   int64_t weight_version_ = -1;
   int32_t max_running_requests_ = 0;
   int failures_ = 0;

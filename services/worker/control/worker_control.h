@@ -28,8 +28,10 @@ enum class ServingState {
   kServing,
   kAsleep,    // memory released (ReleaseMemory)
   kUpdating,  // a weight update holds (or is about to hold) the engine
+  kDraining,  // shutting down (SIGTERM): finishes what runs, takes nothing new
 };
-// "serving", "asleep (memory released)", "weight update in progress".
+// "serving", "asleep (memory released)", "weight update in progress", "draining (shutting
+// down)".
 const char* ServingStateName(ServingState state);
 
 enum class CheckerAction { kSnapshot, kResetTensors, kCompare, kChecksum };

@@ -23,6 +23,8 @@ const char* ServingStateName(ServingState state) {
       return "serving";
     case ServingState::kAsleep:
       return "asleep (memory released)";
+    case ServingState::kDraining:
+      return "draining (shutting down)";
     case ServingState::kUpdating:
       return "weight update in progress";
   }
@@ -36,12 +38,23 @@ void WorkerController::NotifyServing() const {
 }
 
 ServingState WorkerController::serving_state() const {
+  if (draining()) return ServingState::kDraining;
   if (asleep()) return ServingState::kAsleep;
   if (deps_.weights->updating()) return ServingState::kUpdating;
   return ServingState::kServing;
 }
 
+void WorkerController::BeginDrain() {
+  draining_.store(true, std::memory_order_release);
+  NotifyServing();
+}
+
 absl::Status WorkerController::CheckAdmission() const {
+  if (draining()) {
+    return absl::UnavailableError(
+        "the worker is draining (shutting down): new requests are refused; retry on another "
+        "worker");
+  }
   if (asleep()) {
     return absl::FailedPreconditionError("the worker is asleep (ReleaseMemory); call ResumeMemory");
   }

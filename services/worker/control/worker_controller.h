@@ -9,6 +9,7 @@
 // Thread-safe.
 #pragma once
 
+#include <atomic>
 #include <functional>
 #include <string>
 
@@ -45,6 +46,11 @@ class WorkerController final : public WorkerControl {
   absl::StatusOr<CheckerResult> CheckWeights(CheckerAction action) override;
 
   bool asleep() const override { return deps_.runner->released(); }
+  // The graceful drain (SIGTERM) begins: serving_state() is kDraining from now on (readiness
+  // off), CheckAdmission refuses new generations with UNAVAILABLE (the router retries them on
+  // another worker); what runs goes on. Idempotent; never undone.
+  void BeginDrain();
+  bool draining() const { return draining_.load(std::memory_order_acquire); }
   ServingState serving_state() const override;
   absl::Status CheckAdmission() const override;
   WorkerInfo worker_info() const override;
@@ -55,6 +61,7 @@ class WorkerController final : public WorkerControl {
 
   const Deps deps_;
   WeightsChecker checker_;  // engine thread only
+  std::atomic<bool> draining_{false};
 };
 
 }  // namespace rl::worker

@@ -231,6 +231,11 @@ absl::Status Engine::Submit(GenerateRequest request, RequestCallbacks callbacks)
   return absl::OkStatus();
 }
 
+int64_t Engine::NumLive() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(live_ids_.size());
+}
+
 absl::StatusOr<int32_t> Engine::Abort(const std::string& id, const std::string& message) {
   int32_t count = 0;
   RETURN_IF_ERROR(Call([&] {

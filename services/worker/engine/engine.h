@@ -147,6 +147,9 @@ class Engine {
   absl::Status SetWeightVersion(int64_t version);
   // Non-blocking: the snapshot published after the latest step or command.
   ServerInfo GetServerInfo() const;
+  // Requests accepted by Submit whose last completion has not been delivered yet: queued in the
+  // inbox, waiting, running or finishing. Exact at the call, unlike the snapshot's counts.
+  int64_t NumLive() const;
   // A KV event subscription (kv_events.h): a snapshot of the prefix cache taken between two
   // steps, then every later change, one batch per step. The engine records events only while
   // someone subscribes. Waits for the engine thread (at most the step in flight);

@@ -12,7 +12,9 @@
 // The per-request seed comes from `sampling_params.custom_params.seed` (direct gRPC clients) or
 // from a `seed=N` token in the request id: the only free-form field SMG 1.13 forwards, from the
 // request's `rid` or its `x-request-id` header (the gateway drops OpenAI's `seed` and every
-// `custom_params`). Syntax and rationale: docs/smg.md.
+// `custom_params`). Syntax and rationale: docs/smg.md. What rl-router reads the same way
+// (input ids, unsupported fields, sampling defaults, the request id's tokens) is in
+// common/sglang/sglang_request.h.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/sglang/sglang_request.h"
 #include "services/worker/engine/request.h"
 #include "sglang_scheduler.pb.h"
 
@@ -31,7 +34,7 @@ namespace rl::worker {
 
 namespace sgl = ::sglang::grpc::scheduler;
 
-inline constexpr int32_t kSglangDefaultMaxNewTokens = 128;
+inline constexpr int32_t kSglangDefaultMaxNewTokens = sglang::kDefaultMaxNewTokens;
 
 // The engine request for `in`, with request id `id`, checked against `limits` for what only
 // this protocol decides (defaults, unsupported fields, context fit); the engine validates the
@@ -40,11 +43,8 @@ absl::StatusOr<engine::GenerateRequest> SglangToEngineRequest(const sgl::Generat
                                                               std::string id,
                                                               const engine::EngineLimits& limits);
 
-// The seed a request id carries: `seed=N` (N decimal, < 2^64) at the id's start or after a
-// character that is not a letter, digit or underscore, and followed by the id's end or one of
-// `-/:;,|#&` (the gateway appends "-<uuid>" or "-p<i>" to ids it derives). nullopt when the id
-// has no such token; INVALID_ARGUMENT for a malformed or out-of-range value, or two tokens.
-absl::StatusOr<std::optional<uint64_t>> SeedFromRequestId(absl::string_view id);
+// The seed a request id carries (common/sglang/sglang_request.h).
+using sglang::SeedFromRequestId;
 
 // "stop", "length" or "abort" (OpenAI's words, as GenerateComplete.finish_reason carries them).
 const char* SglangFinishReason(engine::FinishKind kind);

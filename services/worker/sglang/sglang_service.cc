@@ -20,7 +20,6 @@ namespace {
 
 namespace common = ::smg::grpc::common;
 
-constexpr int kTokenizerChunkBytes = 64 << 10;
 constexpr size_t kMaxPendingFlushes = 64;
 constexpr absl::Duration kFlushPoll = absl::Milliseconds(20);
 constexpr int64_t kKeyWarningIntervalS = 60;
@@ -124,45 +123,6 @@ class GenerateReactor final : public EngineStreamReactor<sgl::GenerateResponse> 
   bool stream_ = false;
   engine::GenerateRequest request_;     // as submitted (input ids, logprob options)
   std::vector<int> completion_tokens_;  // per completion; stream thread only
-};
-
-// Streams the tokenizer archive in kTokenizerChunkBytes pieces; the last carries the SHA-256.
-class TokenizerReactor final : public grpc::ServerWriteReactor<common::GetTokenizerChunk> {
- public:
-  explicit TokenizerReactor(absl::StatusOr<std::shared_ptr<const TokenizerArchive>> archive) {
-    if (!archive.ok()) {
-      Finish(ToGrpcStatus(archive.status()));
-      return;
-    }
-    archive_ = *std::move(archive);
-    Next();
-  }
-  void OnWriteDone(bool ok) override {
-    if (!ok) {
-      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled"));
-      return;
-    }
-    Next();
-  }
-  void OnDone() override { delete this; }
-
- private:
-  void Next() {
-    const std::string& zip = archive_->zip;
-    if (offset_ >= zip.size()) {
-      Finish(grpc::Status::OK);
-      return;
-    }
-    const size_t end = std::min(zip.size(), offset_ + kTokenizerChunkBytes);
-    chunk_.set_data(zip.substr(offset_, end - offset_));
-    chunk_.set_sha256(end == zip.size() ? archive_->sha256 : "");
-    offset_ = end;
-    StartWrite(&chunk_);
-  }
-
-  std::shared_ptr<const TokenizerArchive> archive_;
-  size_t offset_ = 0;
-  common::GetTokenizerChunk chunk_;
 };
 
 }  // namespace
@@ -443,13 +403,13 @@ grpc::ServerUnaryReactor* SglangService::StopProfile(grpc::CallbackServerContext
 grpc::ServerWriteReactor<common::GetTokenizerChunk>* SglangService::GetTokenizer(
     grpc::CallbackServerContext* context, const common::GetTokenizerRequest*) {
   if (absl::Status s = CheckData(*context, "GetTokenizer"); !s.ok()) {
-    return new TokenizerReactor(s);
+    return sglang::NewTokenizerReactor(s);
   }
   if (host_.tokenizer() == nullptr) {
-    return new TokenizerReactor(absl::FailedPreconditionError(
+    return sglang::NewTokenizerReactor(absl::FailedPreconditionError(
         "GetTokenizer: this worker's model folder has no tokenizer.json"));
   }
-  return new TokenizerReactor(tokenizer_bundle_.Get());
+  return sglang::NewTokenizerReactor(tokenizer_bundle_.Get());
 }
 
 grpc::ServerWriteReactor<common::KvEventBatch>* SglangService::SubscribeKvEvents(

@@ -28,11 +28,11 @@
 #include "absl/status/status.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
+#include "common/sglang/tokenizer_bundle.h"
 #include "services/worker/control/worker_control.h"
 #include "services/worker/generate_host.h"
 #include "services/worker/sglang/flush_waiter.h"
 #include "services/worker/sglang/pause_guard.h"
-#include "services/worker/sglang/tokenizer_bundle.h"
 #include "services/worker/worker_config.h"
 #include "sglang_scheduler.grpc.pb.h"
 
@@ -130,7 +130,7 @@ class SglangService final : public ::sglang::grpc::scheduler::SglangScheduler::C
   const std::chrono::system_clock::time_point start_time_;
   std::atomic<int64_t> last_key_warning_s_{0};
   std::atomic<double> last_receive_unix_s_{0};
-  TokenizerBundle tokenizer_bundle_;
+  sglang::TokenizerBundle tokenizer_bundle_;
   FlushWaiter flushes_;
 };
 

@@ -51,7 +51,9 @@ def test_sleep_wake_with_an_update_while_asleep(fleet2):
         assert r.success and len(r.results) == 2
         assert all(w.info.asleep for w in c.get_server_info().workers)
         with Client(fleet2.workers[0].address, via="worker") as w:
-            assert w.health_check() == "NOT_SERVING"  # asleep: not routable
+            # Asleep: not ready (not routable), yet live (a liveness probe must not restart it).
+            assert w.health_check("rl.v1.Worker") == "NOT_SERVING"
+            assert w.health_check() == "SERVING"
             with pytest.raises(FleetError):
                 w.generate(text="Once upon a time", max_new_tokens=2)
         # Weights pushed while asleep are served after waking.

@@ -178,3 +178,18 @@ def test_rlfleet_clients_send_the_client_id_header():
     for bad in ("x" * 129, "tab\there", "na\u00efve"):
         with pytest.raises(ValueError):
             FleetClient(target, client_id=bad)
+
+
+def test_routing_fields_reach_the_request():
+    """routing_key / group_id / episode_id (router placement under --policy affinity, agent
+    episodes) are GenerateRequest fields set from generate's options; unknown options still
+    raise."""
+    from rlfleet import build_generate_request
+    req = build_generate_request(text="x", routing_key="k1", group_id="g7", episode_id="ep_1",
+                                 max_new_tokens=2)
+    assert (req.routing_key, req.group_id, req.episode_id) == ("k1", "g7", "ep_1")
+    assert req.sampling_params.max_new_tokens == 2
+    plain = build_generate_request(text="x")
+    assert (plain.routing_key, plain.group_id, plain.episode_id) == ("", "", "")
+    with pytest.raises(TypeError):
+        build_generate_request(text="x", routing_keys="typo")

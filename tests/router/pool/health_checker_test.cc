@@ -86,6 +86,31 @@ TEST(HealthCheckerTest, ReportsServingAndVersion) {
   EXPECT_EQ(r.weight_version.value_or(-1), 8);
 }
 
+// A worker with a readiness service (rl.v1.Worker, as rl-worker has): its status decides serving,
+// whatever the overall status (liveness) says. A refit or sleep leaves the overall SERVING.
+TEST(HealthCheckerTest, ReadinessServiceDecidesServing) {
+  FakePoolWorker fake;
+  ASSERT_TRUE(fake.ok());
+  fake.SetReady(false);  // overall stays SERVING: a worker under a refit
+  auto w = std::make_shared<Worker>(fake.address());
+  Reports reports;
+  HealthChecker checker(
+      Manual(), [w] { return std::vector<std::shared_ptr<Worker>>{w}; }, reports.sink());
+  checker.Probe(w);
+  HealthReport r = reports.last(fake.address());
+  EXPECT_TRUE(r.reachable) << r.error;
+  EXPECT_FALSE(r.serving);
+  fake.SetReady(true);
+  checker.Probe(w);
+  r = reports.last(fake.address());
+  EXPECT_TRUE(r.reachable) << r.error;
+  EXPECT_TRUE(r.serving);
+  // Readiness wins over the overall status both ways.
+  fake.SetServing(false);
+  checker.Probe(w);
+  EXPECT_TRUE(reports.last(fake.address()).serving);
+}
+
 // A worker whose data plane needs a key answers GetLoad UNAUTHENTICATED: reachable all the
 // same, its version unknown (the pool keeps the last one).
 TEST(HealthCheckerTest, KeyGuardedGetLoadIsReachableWithoutAVersion) {

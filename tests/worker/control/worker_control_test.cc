@@ -312,6 +312,18 @@ TEST_F(WorkerControlTest, ServingStateAndInfoFollowTheWeightUpdates) {
   EXPECT_STREQ(ServingStateName(ServingState::kServing), "serving");
   EXPECT_STREQ(ServingStateName(ServingState::kAsleep), "asleep (memory released)");
   EXPECT_STREQ(ServingStateName(ServingState::kUpdating), "weight update in progress");
+  EXPECT_STREQ(ServingStateName(ServingState::kDraining), "draining (shutting down)");
+
+  // A drain (SIGTERM) wins over everything, refuses new work retryably, and is never undone.
+  control->BeginDrain();
+  EXPECT_TRUE(control->draining());
+  EXPECT_EQ(control->serving_state(), ServingState::kDraining);
+  state.updating_ = true;
+  EXPECT_EQ(control->serving_state(), ServingState::kDraining);
+  state.updating_ = false;
+  const absl::Status admitted = control->CheckAdmission();
+  EXPECT_EQ(admitted.code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(admitted.message().find("draining"), std::string::npos) << admitted;
 
   state.status_.update_failed = true;
   state.status_.last_error = "bucket 3: checksum mismatch";

@@ -207,6 +207,22 @@ TEST_F(PauseContinueTest, RequestsArrivingWhilePausedWait) {
   ExpectAllMatchReference();
 }
 
+// NumLive counts a request from the moment Submit accepts it (still in the inbox, before any
+// published snapshot shows it) until its final is delivered: what a worker's drain waits on.
+TEST_F(PauseContinueTest, NumLiveCountsFromSubmitUntilTheFinal) {
+  Release();
+  ASSERT_TRUE(fe_.engine->Pause(PauseMode::kInPlace).ok());
+  EXPECT_EQ(fe_.engine->NumLive(), 0);
+  for (int i = 0; i < kNumRequests; ++i) {
+    ASSERT_TRUE(
+        fe_.engine->Submit(Greedy(Id(i), prompts_[i], kMaxNew), collector_.Callbacks()).ok());
+    EXPECT_EQ(fe_.engine->NumLive(), i + 1);
+  }
+  ASSERT_TRUE(fe_.engine->Continue().ok());
+  ASSERT_TRUE(collector_.WaitFor(kNumRequests));
+  EXPECT_EQ(fe_.engine->NumLive(), 0);
+}
+
 TEST_F(PauseContinueTest, PausingAPausedEngineKeepsTheStrongerMode) {
   StartAndHold(5);
   ASSERT_TRUE(PauseGated(*fe_.engine, *fe_.runner, PauseMode::kInPlace).ok());

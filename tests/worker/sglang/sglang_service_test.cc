@@ -1,6 +1,4 @@
 // SglangScheduler on an in-process worker (stories260K), and the pure translation under it.
-#include <zip.h>
-
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -10,7 +8,6 @@
 #include "common/sha256.h"
 #include "gmock/gmock.h"
 #include "services/worker/sglang/sglang_convert.h"
-#include "services/worker/sglang/tokenizer_bundle.h"
 #include "sglang_scheduler.grpc.pb.h"
 #include "tests/worker/worker_test_util.h"
 
@@ -311,31 +308,6 @@ TEST(SglangConfigTest, FlagsAreValidated) {
   c.sglang_port = 0;
   c.sglang_pause_timeout_s = 0;
   EXPECT_TRUE(Validate(c).ok());
-}
-
-TEST(TokenizerBundleTest, ZipsTheTokenizerFiles) {
-  auto archive = BuildTokenizerArchive(testing::Stories());
-  ASSERT_TRUE(archive.ok()) << archive.status();
-  EXPECT_EQ(archive->sha256, Sha256Hex(archive->zip));
-  zip_error_t error;
-  zip_error_init(&error);
-  zip_source_t* src = zip_source_buffer_create(archive->zip.data(), archive->zip.size(), 0, &error);
-  ASSERT_NE(src, nullptr);
-  zip_t* z = zip_open_from_source(src, ZIP_RDONLY, &error);
-  ASSERT_NE(z, nullptr) << zip_error_strerror(&error);
-  std::set<std::string> names;
-  for (zip_int64_t i = 0; i < zip_get_num_entries(z, 0); ++i) names.insert(zip_get_name(z, i, 0));
-  EXPECT_TRUE(names.count("tokenizer.json"));
-  EXPECT_TRUE(names.count("tokenizer_config.json"));
-  EXPECT_TRUE(names.count("config.json"));
-  EXPECT_FALSE(names.count("model.safetensors"));
-  zip_stat_t st;
-  ASSERT_EQ(zip_stat(z, "tokenizer.json", 0, &st), 0);
-  EXPECT_EQ(st.size, std::filesystem::file_size(testing::Stories() + "/tokenizer.json"));
-  zip_close(z);
-
-  testing::TempDir empty;
-  EXPECT_EQ(BuildTokenizerArchive(empty.path()).status().code(), absl::StatusCode::kNotFound);
 }
 
 class SglangServiceTest : public testing::WorkerFixture {

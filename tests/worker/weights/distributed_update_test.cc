@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "services/worker/weights/weights_checker.h"
+#include "tests/testing/grpc_health.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {
@@ -214,6 +215,42 @@ TEST_F(DistributedUpdateTest, DestroyDuringAReceiveEndsItSafely) {
   EXPECT_EQ(ServerInfo().weight_version(), 0);
   EXPECT_FALSE(ServerInfo().paused());  // the receive paused the engine itself: it resumes
   EXPECT_EQ(GreedyIds(), before);
+}
+
+// A refit held open (the worker waits on the trainer's broadcast): liveness, the overall
+// grpc.health.v1 status, stays SERVING, so a liveness probe never restarts a worker in the middle
+// of a long refit; readiness (the `rl.v1.Worker` service, and SGLang's HealthCheck that SMG asks)
+// is NOT_SERVING until the refit ends, then SERVING again.
+TEST_F(DistributedUpdateTest, RefitHeldOpenIsLiveButNotReady) {
+  using rl::testing::HealthStatus;
+  auto plan = PlanCheckpoint(Stories(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  EXPECT_EQ(HealthStatus(channel_, ""), "SERVING");
+  EXPECT_EQ(HealthStatus(channel_, "rl.v1.Worker"), "SERVING");
+  rl::v1::ReceiveWeightsRequest req;
+  AddBuckets(plan->buckets, &req);
+  rl::v1::AdminResponse resp;
+  auto call =
+      std::async(std::launch::async, [&] { return Call(&Stub::ReceiveWeights, req, &resp); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (HealthStatus(channel_, "rl.v1.Worker") != "NOT_SERVING" &&
+         std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_EQ(HealthStatus(channel_, "rl.v1.Worker"), "NOT_SERVING");
+  // Held open: nothing was broadcast yet; the readiness stays off, liveness on, the whole time.
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(HealthStatus(channel_, ""), "SERVING");
+    EXPECT_EQ(HealthStatus(channel_, "rl.v1.Worker"), "NOT_SERVING");
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(call.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
+  ASSERT_TRUE(BroadcastAll(sender_.get(), plan->buckets).ok());
+  grpc::Status s = call.get();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(HealthStatus(channel_, ""), "SERVING");
+  EXPECT_EQ(HealthStatus(channel_, "rl.v1.Worker"), "SERVING");
+  ExpectServes(plan->ckpt);
 }
 
 // A prepared receive owns the group's connection: a per-bucket update on the same group is

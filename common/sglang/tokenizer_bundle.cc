@@ -1,4 +1,4 @@
-#include "services/worker/sglang/tokenizer_bundle.h"
+#include "common/sglang/tokenizer_bundle.h"
 
 #include <zip.h>
 
@@ -11,10 +11,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
 #include "common/sha256.h"
 #include "common/status.h"
 
-namespace rl::worker {
+namespace rl::sglang {
 namespace {
 
 namespace fs = std::filesystem;
@@ -64,6 +65,48 @@ absl::StatusOr<std::vector<std::string>> ListFiles(const fs::path& dir) {
   }
   return std::vector<std::string>(names.begin(), names.end());
 }
+
+constexpr int kTokenizerChunkBytes = 64 << 10;
+
+// Streams the tokenizer archive in kTokenizerChunkBytes pieces; the last carries the SHA-256.
+class TokenizerReactor final
+    : public grpc::ServerWriteReactor<::smg::grpc::common::GetTokenizerChunk> {
+ public:
+  explicit TokenizerReactor(absl::StatusOr<std::shared_ptr<const TokenizerArchive>> archive) {
+    if (!archive.ok()) {
+      Finish(ToGrpcStatus(archive.status()));
+      return;
+    }
+    archive_ = *std::move(archive);
+    Next();
+  }
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client cancelled"));
+      return;
+    }
+    Next();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  void Next() {
+    const std::string& zip = archive_->zip;
+    if (offset_ >= zip.size()) {
+      Finish(grpc::Status::OK);
+      return;
+    }
+    const size_t end = std::min(zip.size(), offset_ + kTokenizerChunkBytes);
+    chunk_.set_data(zip.substr(offset_, end - offset_));
+    chunk_.set_sha256(end == zip.size() ? archive_->sha256 : "");
+    offset_ = end;
+    StartWrite(&chunk_);
+  }
+
+  std::shared_ptr<const TokenizerArchive> archive_;
+  size_t offset_ = 0;
+  ::smg::grpc::common::GetTokenizerChunk chunk_;
+};
 
 }  // namespace
 
@@ -144,4 +187,9 @@ absl::StatusOr<std::shared_ptr<const TokenizerArchive>> TokenizerBundle::Get() {
   return archive_;
 }
 
-}  // namespace rl::worker
+grpc::ServerWriteReactor<::smg::grpc::common::GetTokenizerChunk>* NewTokenizerReactor(
+    absl::StatusOr<std::shared_ptr<const TokenizerArchive>> archive) {
+  return new TokenizerReactor(std::move(archive));
+}
+
+}  // namespace rl::sglang

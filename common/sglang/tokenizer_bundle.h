@@ -4,7 +4,7 @@
 // generation_config.json), deflated, at the archive's top level, and the archive's SHA-256.
 // Built once, on first use, from a folder fixed for the process's lifetime; every file is size
 // checked before it is read (kMaxTokenizerFileBytes each, kMaxTokenizerBundleBytes in all).
-// Thread-safe.
+// rl-worker serves its model folder's, rl-router its --tokenizer folder's. Thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -14,8 +14,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "grpcpp/support/server_callback.h"
+#include "sglang_scheduler.grpc.pb.h"
 
-namespace rl::worker {
+namespace rl::sglang {
 
 inline constexpr int64_t kMaxTokenizerFileBytes = int64_t{256} << 20;
 inline constexpr int64_t kMaxTokenizerBundleBytes = int64_t{512} << 20;
@@ -41,4 +43,9 @@ class TokenizerBundle {
   std::shared_ptr<const TokenizerArchive> archive_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace rl::worker
+// A reactor for one GetTokenizer call: streams `archive` in 64 KiB chunks, the last carrying
+// the SHA-256, or ends with the error. Deletes itself when done.
+grpc::ServerWriteReactor<::smg::grpc::common::GetTokenizerChunk>* NewTokenizerReactor(
+    absl::StatusOr<std::shared_ptr<const TokenizerArchive>> archive);
+
+}  // namespace rl::sglang

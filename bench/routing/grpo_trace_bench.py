@@ -1,0 +1,414 @@
+"""Routing policies on a GRPO trace, in one run: rl-router (--policy round_robin, least_load,
+affinity, cache_aware) and the pinned SMG gateway (--policy cache_aware, round_robin) in front of
+the same three real rl-workers, each replaying the same trace.
+
+The trace: `--groups` prompt groups of `--n` samples, each sample its own request (sharing the
+group's `group_id`), each sample an episode of `--turns` turns where a turn's prompt is the
+previous turn's prompt + its output + a new user message; every prompt starts with one shared
+system prompt, and a group's samples share its question. Sampling at temperature 1 with a seed per
+(group, sample, turn), `ignore_eos`, `--max-tokens` new tokens a turn. The episodes run
+`--concurrency` at a time, in trace order (a group's samples together). The skewed trace is the
+same with a routing key per group, 80% of the groups on 2 keys (affinity keys on it; the others
+ignore keys). Before each run the workers' prefix caches are flushed and each gateway is fresh.
+
+Per run it prints output tokens/s (wall clock of the replay), the workers' prefix-cache hit rate
+(their rl_worker_cached_tokens_total / rl_worker_prompt_tokens_total over the run) and the
+prompt tokens they prefilled (prompt - cached: the work the cache did not save), p50 / p99
+request latency, the load spread (max / mean of the workers' running + waiting requests, sampled
+every 50 ms while any is busy, averaged) and the requests each worker served; with --rounds > 1
+the medians over rounds (runs interleaved: round 1 of every row, then round 2, ...).
+
+  .venv/bin/python bench/routing/grpo_trace_bench.py [--model DIR] [--groups 3] [--n 8]
+      [--turns 3] [--concurrency 16] [--max-tokens 16] [--rounds 1] [--no-smg] [--no-skewed]
+
+Without --model it makes a Qwen3-0.6B-shaped model (`rlctl make-model --arch qwen3 --size 0.5b
+--seed 1`) into BUILD/bench-models/qwen3-0.5b once: big enough that prefill shows in tokens/s on
+a CPU (stories260K's compute is trivial, so its cache effects hardly show). Costs: per run about
+groups * n * turns requests; at the defaults on 2 shared CPU cores a run takes ~1-3 minutes.
+Servers listen on 127.0.0.1 port 0 (SMG, which takes no port 0, on a port found free); every
+process is stopped at exit, on error, SIGINT and SIGTERM.
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "testing"))
+from rltest import Server, free_port, stop_process  # noqa: E402
+
+OURS = ("round_robin", "least_load", "affinity", "cache_aware")
+SMG_POLICIES = ("cache_aware", "round_robin")
+WORDS = ("the of and to in is was for on that with as by at from his her an were which this "
+         "reward policy model sample group step value token answer question proof number sum "
+         "prime triangle circle area length square root angle equal each both other first "
+         "second third last total count find show given let then thus hence solve check").split()
+
+_procs = []  # Server / Popen objects to stop at exit, newest last
+_tmp = tempfile.TemporaryDirectory(prefix="routing_bench_")
+
+
+def stop_all():
+    while _procs:
+        p = _procs.pop()
+        try:
+            p.stop() if isinstance(p, Server) else stop_process(p)
+        except Exception as e:  # keep stopping the others
+            print(f"warning: stopping a process: {e}", file=sys.stderr)
+
+
+def on_signal(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
+def words(rng, count):
+    return " ".join(rng.choice(WORDS) for _ in range(count))
+
+
+def make_trace(args, skewed):
+    """Groups: dicts of question, group id, routing key, and per (sample, turn) follow-ups."""
+    rng = random.Random(args.seed)
+    system = "System: you are a careful math tutor. " + words(rng, args.system_words) + "\n"
+    groups = []
+    for g in range(args.groups):
+        key = ""
+        if skewed:
+            key = f"hot-{g % 2}" if rng.random() < 0.8 else f"key-{g}"
+        groups.append({
+            "id": f"group-{g}", "key": key,
+            "question": f"User: problem {g}: " + words(rng, args.question_words) + "\nAssistant:",
+            "followups": [[f"\nUser: turn {t + 2}, sample {s}: " + words(rng, args.followup_words)
+                           + "\nAssistant:" for t in range(args.turns - 1)]
+                          for s in range(args.n)],
+        })
+    return system, groups
+
+
+def metrics(url):
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^(rl_worker_[a-z_]+)(?:\{[^}]*\})? ([0-9.eE+-]+)$", line)
+        if m:
+            out[m.group(1)] = float(m.group(2))
+    return out
+
+
+class LoadSampler(threading.Thread):
+    """Polls every worker's running + waiting requests; spread = max / mean while any is busy."""
+
+    def __init__(self, urls):
+        super().__init__(daemon=True)
+        self.urls = urls
+        self.done = threading.Event()
+        self.spreads = []
+
+    def run(self):
+        while not self.done.wait(0.05):
+            try:
+                loads = [(m.get("rl_worker_running_requests", 0) +
+                          m.get("rl_worker_waiting_requests", 0))
+                         for m in (metrics(u) for u in self.urls)]
+            except (urllib.error.URLError, OSError):
+                continue
+            mean = sum(loads) / len(loads)
+            if mean > 0:
+                self.spreads.append(max(loads) / mean)
+
+
+def replay(send, system, groups, args):
+    """Runs every episode (concurrency at a time); returns (latencies, output tokens, wall)."""
+    latencies, tokens = [], []
+    lock = threading.Lock()
+
+    def episode(g, s):
+        group = groups[g]
+        prompt = system + group["question"]
+        for t in range(args.turns):
+            seed = (g * 1000 + s) * 10 + t
+            t0 = time.perf_counter()
+            text, n = send(prompt, group, seed)
+            dt = time.perf_counter() - t0
+            with lock:
+                latencies.append(dt)
+                tokens.append(n)
+            if t + 1 < args.turns:
+                prompt = prompt + text + group["followups"][s][t]
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(args.concurrency) as pool:
+        futures = [pool.submit(episode, g, s) for g in range(len(groups)) for s in range(args.n)]
+        for f in futures:
+            f.result()
+    return latencies, sum(tokens), time.perf_counter() - t0
+
+
+def percentile(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(len(v) * q))]
+
+
+class Workers:
+    def __init__(self, args):
+        self.servers, self.metric_urls = [], []
+        for i in range(3):
+            log = Path(_tmp.name) / f"worker{i}.log"
+            s = Server([args.build / "bin" / "rl-worker", "--model", args.model, "--port", "0",
+                        "--metrics-port", "0", "--threads", str(args.threads),
+                        "--kv-cache-gb", str(args.kv_cache_gb), "--no-reserve-update-buffers"],
+                       log_path=log)
+            _procs.append(s)
+            self.servers.append(s)
+            deadline = time.monotonic() + 60
+            while not (m := re.search(r"metrics on (http://\S+/metrics)", log.read_text())):
+                if time.monotonic() > deadline or s.proc.poll() is not None:
+                    sys.exit(f"worker {i} printed no metrics address:\n{log.read_text()[-2000:]}")
+                time.sleep(0.1)
+            self.metric_urls.append(m.group(1))
+        self.addresses = [s.address for s in self.servers]
+
+    def flush(self):
+        from rlfleet import Client
+        for a in self.addresses:
+            with Client(a, via="worker") as c:
+                c.flush_cache()
+
+    def counters(self):
+        return [metrics(u) for u in self.metric_urls]
+
+
+def run_one(name, send, workers, system, groups, args):
+    workers.flush()
+    before = workers.counters()
+    sampler = LoadSampler(workers.metric_urls)
+    sampler.start()
+    try:
+        lat, out_tokens, wall = replay(send, system, groups, args)
+    finally:
+        sampler.done.set()
+        sampler.join()
+    after = workers.counters()
+    d = lambda k: [a.get(k, 0) - b.get(k, 0) for a, b in zip(after, before)]
+    prompt, cached, reqs = sum(d("rl_worker_prompt_tokens_total")), sum(
+        d("rl_worker_cached_tokens_total")), d("rl_worker_requests_total")
+    return {"name": name, "tok_s": out_tokens / wall, "hit": cached / prompt if prompt else 0.0,
+            "p50": percentile(lat, 0.5) * 1e3, "p99": percentile(lat, 0.99) * 1e3,
+            "spread": statistics.mean(sampler.spreads) if sampler.spreads else float("nan"),
+            "reqs": "/".join(str(int(r)) for r in reqs), "wall": wall,
+            "prompt_tokens": int(prompt), "prefilled": int(prompt - cached)}
+
+
+def ours(args, workers, policy):
+    """rl-router over the workers with --policy; returns (send, stop)."""
+    import grpc
+    from rlfleet.proto import generate_pb2
+    from rlfleet.types import build_generate_request
+    router = Server([args.build / "bin" / "rl-router", "--tokenizer", args.model, "--port", "0",
+                     "--policy", policy, "--health-interval-ms", "200",
+                     *sum((["--worker", a] for a in workers.addresses), [])],
+                    log_path=Path(_tmp.name) / f"router-{policy}.log")
+    _procs.append(router)
+    from rlfleet import Client
+    from rlfleet.proto import router_pb2
+    with Client(router.address) as c:
+        deadline = time.monotonic() + 60
+        while sum(w.state == router_pb2.WORKER_STATE_LIVE and not w.reason
+                  for w in c.list_workers().workers) < 3:
+            if time.monotonic() > deadline:
+                sys.exit(f"router ({policy}): workers not live: {c.list_workers()}")
+            time.sleep(0.1)
+    channel = grpc.insecure_channel(router.address)
+    call = channel.unary_stream("/rl.v1.Router/Generate",
+                                request_serializer=generate_pb2.GenerateRequest.SerializeToString,
+                                response_deserializer=generate_pb2.GenerateResponse.FromString)
+
+    def send(prompt, group, seed):
+        req = build_generate_request(prompt, max_new_tokens=args.max_tokens, temperature=1.0,
+                                     seed=seed, ignore_eos=True, stream=False)
+        req.group_id = group["id"]
+        req.routing_key = group["key"]
+        for msg in call(req, timeout=600):
+            if msg.HasField("final"):
+                return msg.final.text, len(msg.final.output_ids)
+        raise RuntimeError("no final message")
+
+    def stop():
+        channel.close()
+        _procs.remove(router)
+        router.stop()
+
+    return send, stop
+
+
+def post(url, body, timeout=600):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def smg(args, workers, policy):
+    """The pinned SMG gateway over the workers with --policy; returns (send, stop)."""
+    port = free_port()
+    log = open(Path(_tmp.name) / f"smg-{policy}.log", "w")
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).parent / "smg"), "launch", "--host", "127.0.0.1", "--port",
+         str(port), "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
+         "--worker-urls", *[f"grpc://{a}" for a in workers.addresses], "--model-path",
+         str(args.model), "--policy", policy, "--log-level", "warn"],
+        stdout=log, stderr=subprocess.STDOUT)
+    _procs.append(proc)
+    url = f"http://127.0.0.1:{port}/v1/completions"
+
+    def send(prompt, group, seed):
+        r = post(url, {"model": str(args.model), "prompt": prompt, "max_tokens": args.max_tokens,
+                       "temperature": 1.0, "seed": seed, "ignore_eos": True})
+        return r["choices"][0]["text"], r["usage"]["completion_tokens"]
+
+    deadline = time.monotonic() + 120
+    while True:  # ready when it routes to every worker (a few requests, round robin or not)
+        try:
+            post(url, {"model": str(args.model), "prompt": "warm", "max_tokens": 1}, timeout=10)
+            break
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                log.flush()
+                sys.exit(f"smg ({policy}) did not come up:\n"
+                         f"{Path(log.name).read_text()[-3000:]}")
+            time.sleep(0.25)
+    time.sleep(1.0)  # let it see every worker's load / cache state
+
+    def stop():
+        _procs.remove(proc)
+        stop_process(proc)
+        log.close()
+
+    return send, stop
+
+
+def print_table(title, rows, base):
+    print(f"\n{title}")
+    print(f"{'gateway / policy':<24} {'out tok/s':>9} {'x rr':>5} {'hit rate':>8} "
+          f"{'prefilled':>9} {'p50 ms':>8} {'p99 ms':>8} {'spread':>6}  requests per worker")
+    for r in rows:
+        ratio = r["tok_s"] / base if base else 0.0
+        print(f"{r['name']:<24} {r['tok_s']:9.1f} {ratio:5.2f} {r['hit'] * 100:7.1f}% "
+              f"{r['prefilled']:9.0f} {r['p50']:8.0f} {r['p99']:8.0f} {r['spread']:6.2f}  {r['reqs']}", flush=True)
+
+
+def median_row(rows):
+    out = dict(rows[0])
+    for k in ("tok_s", "hit", "prefilled", "p50", "p99", "spread", "wall"):
+        out[k] = statistics.median(r[k] for r in rows)
+    out["reqs"] = " ".join(r["reqs"] for r in rows)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--build", type=Path, default=ROOT / "build")
+    ap.add_argument("--model", type=Path, default=None,
+                    help="model folder (default: a made qwen3 0.5b under BUILD/bench-models)")
+    ap.add_argument("--groups", type=int, default=3)
+    ap.add_argument("--n", type=int, default=8, help="samples per group")
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--concurrency", type=int, default=16, help="episodes in flight")
+    ap.add_argument("--max-tokens", type=int, default=16, help="new tokens per turn")
+    ap.add_argument("--system-words", type=int, default=60)
+    ap.add_argument("--question-words", type=int, default=150)
+    ap.add_argument("--followup-words", type=int, default=40)
+    ap.add_argument("--threads", type=int, default=1, help="rl-worker --threads")
+    ap.add_argument("--kv-cache-gb", type=float, default=2.0)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--policies", default=",".join(OURS),
+                    help="rl-router policies to run (comma-separated)")
+    ap.add_argument("--no-smg", action="store_true", help="skip the SMG gateway rows")
+    ap.add_argument("--no-skewed", action="store_true", help="skip the skewed trace")
+    args = ap.parse_args()
+    bounds = {"groups": (1, 256), "n": (1, 64), "turns": (1, 16), "concurrency": (1, 256),
+              "max_tokens": (1, 1024), "system_words": (0, 4000), "question_words": (1, 4000),
+              "followup_words": (1, 1000), "threads": (0, 64), "rounds": (1, 20)}
+    for k, (lo, hi) in bounds.items():
+        if not lo <= getattr(args, k) <= hi:
+            ap.error(f"--{k.replace('_', '-')} must be in [{lo}, {hi}]")
+    if not 0.01 <= args.kv_cache_gb <= 64:
+        ap.error("--kv-cache-gb must be in [0.01, 64]")
+    policies = [p for p in args.policies.split(",") if p]
+    if not policies or any(p not in OURS for p in policies):
+        ap.error(f"--policies: a comma-separated subset of {','.join(OURS)}")
+    if not (args.build / "bin" / "rl-worker").exists():
+        ap.error(f"{args.build}/bin/rl-worker missing: build first")
+    if not args.no_smg and not (Path(sys.executable).parent / "smg").exists():
+        ap.error("smg missing from the venv: run scripts/venv (or pass --no-smg)")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        if args.model is None:
+            args.model = args.build / "bench-models" / "qwen3-0.5b"
+            if not (args.model / "config.json").exists():
+                print(f"making {args.model} (rlctl make-model --arch qwen3 --size 0.5b)",
+                      flush=True)
+                subprocess.run([str(args.build / "bin" / "rlctl"), "make-model", "--arch",
+                                "qwen3", "--size", "0.5b", "--seed", "1", "--out",
+                                str(args.model)], check=True, timeout=900)
+        cpu = next((l.split(":", 1)[1].strip() for l in
+                    subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
+                    if l.startswith("Model name")), "?")
+        print(f"model {args.model.name}; {args.groups} groups x {args.n} samples x {args.turns} "
+              f"turns = {args.groups * args.n * args.turns} requests per run, {args.concurrency} "
+              f"episodes in flight, {args.max_tokens} new tokens a turn; 3 workers "
+              f"(--threads {args.threads}); CPU {cpu}; load {os.getloadavg()[0]:.1f}", flush=True)
+        workers = Workers(args)
+        traces = [("GRPO trace", make_trace(args, False))]
+        if not args.no_skewed:
+            traces.append(("skewed trace (80% of groups on 2 routing keys)",
+                           make_trace(args, True)))
+        runs = []  # (trace title, row name, gateway factory, policy)
+        for title, _ in traces:
+            for p in policies:
+                runs.append((title, f"rl-router {p}", ours, p))
+            if not args.no_smg and title == "GRPO trace":
+                for p in SMG_POLICIES:
+                    runs.append((title, f"smg {p}", smg, p))
+        results = {}
+        for rnd in range(args.rounds):
+            for title, name, factory, policy in runs:
+                system, groups = dict(traces)[title]
+                send, stop = factory(args, workers, policy)
+                try:
+                    row = run_one(name, send, workers, system, groups, args)
+                finally:
+                    stop()
+                results.setdefault((title, name), []).append(row)
+                print(f"  round {rnd + 1}: {title}: {name}: {row['tok_s']:.1f} tok/s, "
+                      f"hit {row['hit'] * 100:.1f}%, {row['prompt_tokens']} prompt tokens, "
+                      f"{row['wall']:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+        for title, _ in traces:
+            rows = [median_row(results[(t, n)]) for t, n, _, _ in runs if t == title]
+            base = next((r["tok_s"] for r in rows if r["name"] == "rl-router round_robin"), 0.0)
+            print_table(f"{title}" + (f", medians of {args.rounds} rounds" if args.rounds > 1
+                                      else ""), rows, base)
+        print(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    finally:
+        stop_all()
+        _tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()

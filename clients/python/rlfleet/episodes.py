@@ -1,0 +1,72 @@
+"""Agent episodes (Router.GetEpisode, docs/episodes.md) laid out as verl's DataProto batch.
+
+One row per branch sample. The prompt is the tokens of the branch's first turn's prompt (the
+conversation the episode started from), left-padded to P; the response is everything after it
+(every model turn, and the tool results and user turns between them), right-padded to R, with
+`response_mask` = the router's loss mask (1 exactly on generated tokens, so tool and user tokens
+inside the response are masked out), `rollout_log_probs` (0 where unknown or padding) and
+`rollout_weight_versions` (-1 on padding); `input_ids`, `attention_mask`, `position_ids` as in
+rlfleet.trajectories. Non-tensor fields: `__num_turns__` (model turns on the branch),
+`raw_prompt` (the messages the caller started the episode from, when given), `episode_id`,
+`uid` (the episode: a GRPO group when one episode is sampled several times is the caller's
+choice), `finish_reason` (of the branch's last turn). Needs only numpy.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional
+
+import numpy as np
+
+from rlfleet.trajectories import pack_dataproto_batch
+
+if TYPE_CHECKING:
+    from rlfleet.types import Episode
+
+
+def episodes_to_dataproto(episodes: Iterable[Episode], pad_token_id: int = 0,
+                          raw_prompts: Optional[Mapping[str, object]] = None,
+                          max_prompt_length: Optional[int] = None,
+                          max_response_length: Optional[int] = None) -> dict[str, Any]:
+    """{"batch": {...}, "non_tensor_batch": {...}, "meta_info": {}} for every sample of every
+    episode (rlfleet.types.Episode, as Client.get_episode returns). A sample longer than a given
+    maximum is a ValueError."""
+    rows = []
+    for e in episodes:
+        for s in e.samples:
+            if not s.turns:
+                raise ValueError(f"episode {e.episode_id}: a sample with no turns")
+            root = e.turns[s.turns[0]]
+            t = s.trajectory
+            n = len(t.tokens)
+            if not (len(t.loss_mask) == len(t.rollout_logp) == len(t.token_weight_versions) == n):
+                raise ValueError(f"episode {e.episode_id}: trajectory columns differ in length")
+            if not 0 <= root.prompt_tokens <= n:
+                raise ValueError(f"episode {e.episode_id}: prompt longer than the trajectory")
+            rows.append((e, s, root.prompt_tokens))
+    plens = [p for _, _, p in rows]
+    rlens = [len(s.trajectory.tokens) - p for _, s, p in rows]
+    P = max(plens, default=0) if max_prompt_length is None else max_prompt_length
+    R = max(rlens, default=0) if max_response_length is None else max_response_length
+    for (e, _, _), pl, rl in zip(rows, plens, rlens):
+        if pl > P or rl > R:
+            raise ValueError(f"episode {e.episode_id}: {pl} prompt / {rl} response tokens, more "
+                             f"than {P} / {R}")
+    n = len(rows)
+    batch = pack_dataproto_batch(
+        [(s.trajectory.tokens[:pl], s.trajectory.tokens[pl:], s.trajectory.loss_mask[pl:],
+          s.trajectory.rollout_logp[pl:], s.trajectory.token_weight_versions[pl:])
+         for _, s, pl in rows], P, R, pad_token_id)
+    raw = raw_prompts or {}
+    raw_prompt = np.empty(n, dtype=object)  # element by element: messages stay Python lists
+    for r, (e, _, _) in enumerate(rows):
+        raw_prompt[r] = raw.get(e.episode_id)
+    non_tensor = {
+        "__num_turns__": np.array([len(s.turns) for _, s, _ in rows], dtype=np.int64),
+        "raw_prompt": raw_prompt,
+        "episode_id": np.array([e.episode_id for e, _, _ in rows], dtype=object),
+        "uid": np.array([e.episode_id for e, _, _ in rows], dtype=object),
+        "finish_reason": np.array([e.turns[s.turns[-1]].finish_reason for e, s, _ in rows],
+                                  dtype=object),
+    }
+    return {"batch": batch, "non_tensor_batch": non_tensor, "meta_info": {}}

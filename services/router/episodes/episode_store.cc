@@ -1,0 +1,199 @@
+#include "services/router/episodes/episode_store.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace rl::router {
+namespace {
+
+// Whether `parent`'s whole trajectory (or all of it but a final stop token) is a prefix of
+// `child`'s prompt.
+bool Extends(const EpisodeTurnRecord& parent, const EpisodeTurnRecord& child) {
+  const auto prefix_of_prompt = [&](size_t n) {
+    return n <= static_cast<size_t>(child.prompt_tokens) &&
+           std::equal(parent.tokens.begin(), parent.tokens.begin() + static_cast<ptrdiff_t>(n),
+                      child.tokens.begin());
+  };
+  const size_t n = parent.tokens.size();
+  if (prefix_of_prompt(n)) return true;
+  const bool ends_on_stop_token = parent.finish_reason == rl::v1::FINISH_REASON_STOP &&
+                                  parent.matched_token_id >= 0 && n > 0 &&
+                                  static_cast<int32_t>(n) > parent.prompt_tokens &&
+                                  parent.tokens.back() == parent.matched_token_id;
+  return ends_on_stop_token && prefix_of_prompt(n - 1);
+}
+
+}  // namespace
+
+absl::Status ValidateEpisodeId(absl::string_view id) {
+  if (id.empty() || id.size() > kMaxEpisodeIdLen) {
+    return absl::InvalidArgumentError(absl::StrCat("episode_id: must be 1 to ", kMaxEpisodeIdLen,
+                                                   " characters (got ", id.size(), ")"));
+  }
+  for (char c : id) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.') {
+      return absl::InvalidArgumentError(
+          "episode_id: only letters, digits, '_' and '.' are allowed");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EpisodeOptions::Validate() const {
+  if (max_episodes < 1) return absl::InvalidArgumentError("--max-episodes: must be >= 1");
+  if (max_turns < 1) return absl::InvalidArgumentError("--max-episode-turns: must be >= 1");
+  if (max_episode_tokens < 1) {
+    return absl::InvalidArgumentError("--max-episode-tokens: must be >= 1");
+  }
+  if (ttl.count() < 1) return absl::InvalidArgumentError("--episode-ttl-s: must be >= 1");
+  if (gc_threshold_k < 0) return absl::InvalidArgumentError("--gc-threshold-k: must be >= 0");
+  return absl::OkStatus();
+}
+
+EpisodeStore::EpisodeStore(const EpisodeOptions& options, Clock clock)
+    : options_(options),
+      clock_(clock ? std::move(clock) : Clock([] { return std::chrono::steady_clock::now(); })) {}
+
+absl::Status EpisodeStore::Record(absl::string_view episode_id, EpisodeTurnRecord turn) {
+  if (absl::Status s = ValidateEpisodeId(episode_id); !s.ok()) return s;
+  const size_t n = turn.tokens.size();
+  if (turn.mask.size() != n || turn.logprobs.size() != n || turn.versions.size() != n ||
+      turn.prompt_tokens < 0 || static_cast<size_t>(turn.prompt_tokens) > n) {
+    return absl::InvalidArgumentError("episode turn: inconsistent trajectory");
+  }
+  const auto now = clock_();
+  absl::MutexLock lock(&mu_);
+  CollectLocked(now);
+  auto it = episodes_.find(episode_id);
+  if (it == episodes_.end()) {
+    while (static_cast<int64_t>(episodes_.size()) >= options_.max_episodes) {
+      DropLocked(episodes_.find(lru_.front()));
+      ++stats_.collected;
+    }
+    it = episodes_.try_emplace(std::string(episode_id)).first;
+    it->second.lru = lru_.insert(lru_.end(), it->first);
+    it->second.touched = now;
+  }
+  Episode& e = it->second;
+  if (static_cast<int64_t>(e.turns.size()) >= options_.max_turns ||
+      e.tokens + static_cast<int64_t>(n) > options_.max_episode_tokens) {
+    ++stats_.refused_turns;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "episode ", episode_id, " is full (", e.turns.size(), " turns, ", e.tokens,
+        " tokens; limits --max-episode-turns ", options_.max_turns, ", --max-episode-tokens ",
+        options_.max_episode_tokens, "): turn not recorded"));
+  }
+  Turn t;
+  for (int32_t i = static_cast<int32_t>(e.turns.size()) - 1; i >= 0; --i) {
+    if (Extends(e.turns[static_cast<size_t>(i)].record, turn)) {
+      t.parent = i;
+      break;
+    }
+  }
+  e.tokens += static_cast<int64_t>(n);
+  e.newest_version = std::max(e.newest_version, turn.weight_version);
+  e.touched = now;
+  lru_.splice(lru_.end(), lru_, e.lru);
+  t.record = std::move(turn);
+  e.turns.push_back(std::move(t));
+  ++stats_.turns;
+  stats_.tokens += static_cast<int64_t>(n);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<rl::v1::GetEpisodeResponse> EpisodeStore::Export(absl::string_view episode_id,
+                                                                bool remove) {
+  if (absl::Status s = ValidateEpisodeId(episode_id); !s.ok()) return s;
+  const auto now = clock_();
+  absl::MutexLock lock(&mu_);
+  CollectLocked(now);
+  auto it = episodes_.find(episode_id);
+  if (it == episodes_.end()) {
+    return absl::NotFoundError(absl::StrCat(
+        "episode ", episode_id,
+        ": not held (never recorded, removed, or collected by age or weight version)"));
+  }
+  Episode& e = it->second;
+  e.touched = now;
+  lru_.splice(lru_.end(), lru_, e.lru);
+  rl::v1::GetEpisodeResponse out;
+  out.set_episode_id(std::string(episode_id));
+  std::vector<bool> has_child(e.turns.size(), false);
+  for (const Turn& t : e.turns) {
+    if (t.parent >= 0) has_child[static_cast<size_t>(t.parent)] = true;
+  }
+  for (size_t i = 0; i < e.turns.size(); ++i) {
+    const EpisodeTurnRecord& r = e.turns[i].record;
+    rl::v1::EpisodeTurn* pt = out.add_turns();
+    pt->set_request_id(r.request_id);
+    pt->set_index(r.index);
+    pt->set_parent(e.turns[i].parent);
+    pt->set_prompt_tokens(r.prompt_tokens);
+    pt->set_completion_tokens(static_cast<int32_t>(r.tokens.size()) - r.prompt_tokens);
+    pt->set_worker(r.worker);
+    pt->set_weight_version(r.weight_version);
+    pt->set_finish_reason(r.finish_reason);
+    if (has_child[i]) continue;
+    rl::v1::EpisodeSample* sample = out.add_samples();
+    rl::v1::Trajectory* tr = sample->mutable_trajectory();
+    tr->mutable_tokens()->Assign(r.tokens.begin(), r.tokens.end());
+    for (uint8_t m : r.mask) tr->add_loss_mask(m);
+    tr->mutable_rollout_logp()->Assign(r.logprobs.begin(), r.logprobs.end());
+    tr->mutable_token_weight_versions()->Assign(r.versions.begin(), r.versions.end());
+    tr->set_weight_version(r.versions.empty()
+                               ? r.weight_version
+                               : *std::max_element(r.versions.begin(), r.versions.end()));
+    std::vector<int32_t> path;
+    for (int32_t j = static_cast<int32_t>(i); j >= 0; j = e.turns[static_cast<size_t>(j)].parent) {
+      path.push_back(j);
+    }
+    sample->mutable_turns()->Assign(path.rbegin(), path.rend());
+  }
+  if (remove) DropLocked(it);
+  return out;
+}
+
+void EpisodeStore::SetCurrentVersion(int64_t version) {
+  const auto now = clock_();
+  absl::MutexLock lock(&mu_);
+  current_version_ = version;
+  CollectLocked(now);
+  if (current_version_ - options_.gc_threshold_k <= 0) return;
+  for (auto it = episodes_.begin(); it != episodes_.end();) {
+    auto next = std::next(it);  // erasing leaves the other iterators valid
+    if (it->second.newest_version <= current_version_ - options_.gc_threshold_k) {
+      DropLocked(it);
+      ++stats_.collected;
+    }
+    it = next;
+  }
+}
+
+EpisodeStats EpisodeStore::GetStats() const {
+  absl::MutexLock lock(&mu_);
+  EpisodeStats s = stats_;
+  s.episodes = static_cast<int64_t>(episodes_.size());
+  return s;
+}
+
+void EpisodeStore::DropLocked(absl::flat_hash_map<std::string, Episode>::iterator it) {
+  stats_.turns -= static_cast<int64_t>(it->second.turns.size());
+  stats_.tokens -= it->second.tokens;
+  lru_.erase(it->second.lru);
+  episodes_.erase(it);
+}
+
+void EpisodeStore::CollectLocked(std::chrono::steady_clock::time_point now) {
+  // lru_ is ordered by last touch: the idle ones are at its front.
+  while (!lru_.empty()) {
+    auto it = episodes_.find(lru_.front());
+    if (now - it->second.touched < options_.ttl) break;
+    DropLocked(it);
+    ++stats_.collected;
+  }
+}
+
+}  // namespace rl::router

@@ -1,0 +1,176 @@
+#include "services/router/episodes/episode_store.h"
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace rl::router {
+namespace {
+
+using std::chrono::seconds;
+
+// A turn whose prompt is `prompt` (mask taken from `prompt_mask`) and whose output is `out`.
+EpisodeTurnRecord MakeTurn(const std::vector<int32_t>& prompt, const std::vector<uint8_t>& mask,
+                           const std::vector<int32_t>& out, int64_t version = 1,
+                           rl::v1::FinishReason finish = rl::v1::FINISH_REASON_LENGTH,
+                           int32_t matched = -1) {
+  EpisodeTurnRecord t;
+  t.request_id = "r" + std::to_string(prompt.size());
+  t.tokens = prompt;
+  t.tokens.insert(t.tokens.end(), out.begin(), out.end());
+  t.mask = mask;
+  t.mask.resize(prompt.size(), 0);
+  t.mask.insert(t.mask.end(), out.size(), 1);
+  for (size_t i = 0; i < t.tokens.size(); ++i) {
+    t.logprobs.push_back(t.mask[i] ? -0.5f * static_cast<float>(i) : 0.0f);
+    t.versions.push_back(version);
+  }
+  t.prompt_tokens = static_cast<int32_t>(prompt.size());
+  t.weight_version = version;
+  t.finish_reason = finish;
+  t.matched_token_id = matched;
+  return t;
+}
+
+std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+std::vector<int32_t> Tokens(const rl::v1::EpisodeSample& s) {
+  return {s.trajectory().tokens().begin(), s.trajectory().tokens().end()};
+}
+
+TEST(EpisodeStoreTest, ChainOfTurnsExportsOneSampleWithEveryGeneratedToken) {
+  EpisodeStore store(EpisodeOptions{});
+  const std::vector<int32_t> p1 = {1, 10, 11};
+  const std::vector<int32_t> o1 = {20, 21};
+  ASSERT_TRUE(store.Record("ep", MakeTurn(p1, {}, o1)).ok());
+  // Turn 2's prompt is turn 1's trajectory (its output reused exactly, mask 1) plus new text.
+  const std::vector<int32_t> p2 = Concat(Concat(p1, o1), {12, 13});
+  ASSERT_TRUE(store.Record("ep", MakeTurn(p2, {0, 0, 0, 1, 1}, {22, 23, 24})).ok());
+  auto e = store.Export("ep", false);
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->turns_size(), 2);
+  EXPECT_EQ(e->turns(0).parent(), -1);
+  EXPECT_EQ(e->turns(1).parent(), 0);
+  EXPECT_EQ(e->turns(1).completion_tokens(), 3);
+  ASSERT_EQ(e->samples_size(), 1);
+  const rl::v1::EpisodeSample& s = e->samples(0);
+  EXPECT_EQ(Tokens(s), Concat(p2, {22, 23, 24}));
+  EXPECT_EQ(std::vector<int32_t>(s.turns().begin(), s.turns().end()), (std::vector<int32_t>{0, 1}));
+  const std::vector<int32_t> mask(s.trajectory().loss_mask().begin(),
+                                  s.trajectory().loss_mask().end());
+  EXPECT_EQ(mask, (std::vector<int32_t>{0, 0, 0, 1, 1, 0, 0, 1, 1, 1}));
+  EXPECT_EQ(s.trajectory().rollout_logp_size(), 10);
+  EXPECT_EQ(s.trajectory().token_weight_versions_size(), 10);
+}
+
+TEST(EpisodeStoreTest, EditedHistoryForksIntoTwoSamplesSharingThePrefix) {
+  EpisodeStore store(EpisodeOptions{});
+  const std::vector<int32_t> p1 = {1, 10};
+  const std::vector<int32_t> o1 = {20, 21};
+  ASSERT_TRUE(store.Record("ep", MakeTurn(p1, {}, o1)).ok());
+  const std::vector<int32_t> p2 = Concat(Concat(p1, o1), {12});
+  ASSERT_TRUE(store.Record("ep", MakeTurn(p2, {0, 0, 1, 1}, {30})).ok());
+  // The agent rewrites turn 2's answer: the prompt extends turn 1, not turn 2.
+  const std::vector<int32_t> p3 = Concat(Concat(p1, o1), {12, 99});
+  ASSERT_TRUE(store.Record("ep", MakeTurn(p3, {0, 0, 1, 1}, {40})).ok());
+  auto e = store.Export("ep", false);
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(e->turns(2).parent(), 0);
+  ASSERT_EQ(e->samples_size(), 2);
+  EXPECT_EQ(Tokens(e->samples(0)), Concat(p2, {30}));
+  EXPECT_EQ(Tokens(e->samples(1)), Concat(p3, {40}));
+  // Both share turn 1's trajectory, and neither holds the other's tokens.
+  EXPECT_EQ(e->samples(0).turns(0), 0);
+  EXPECT_EQ(e->samples(1).turns(0), 0);
+  EXPECT_EQ(e->samples(0).trajectory().tokens(5), 30);
+  EXPECT_EQ(e->samples(1).trajectory().tokens(5), 99);
+}
+
+TEST(EpisodeStoreTest, FinalStopTokenDroppedByTheTemplateStillContinues) {
+  EpisodeStore store(EpisodeOptions{});
+  const int32_t eos = 2;
+  ASSERT_TRUE(
+      store.Record("ep", MakeTurn({1, 10}, {}, {20, eos}, 1, rl::v1::FINISH_REASON_STOP, eos))
+          .ok());
+  ASSERT_TRUE(store.Record("ep", MakeTurn({1, 10, 20, 12}, {0, 0, 1, 0}, {30})).ok());
+  // A token other than the matched stop token must match.
+  ASSERT_TRUE(store.Record("ep2", MakeTurn({1, 10}, {}, {20, 21})).ok());
+  ASSERT_TRUE(store.Record("ep2", MakeTurn({1, 10, 20, 12}, {0, 0, 1, 0}, {30})).ok());
+  EXPECT_EQ(store.Export("ep", false)->turns(1).parent(), 0);
+  EXPECT_EQ(store.Export("ep", false)->samples_size(), 1);
+  EXPECT_EQ(store.Export("ep2", false)->turns(1).parent(), -1);
+  EXPECT_EQ(store.Export("ep2", false)->samples_size(), 2);
+}
+
+TEST(EpisodeStoreTest, EpisodesNeverMix) {
+  EpisodeStore store(EpisodeOptions{});
+  ASSERT_TRUE(store.Record("a", MakeTurn({1, 10}, {}, {20})).ok());
+  ASSERT_TRUE(store.Record("b", MakeTurn({1, 10, 20, 5}, {0, 0, 1, 0}, {21})).ok());
+  EXPECT_EQ(store.Export("b", false)->turns(0).parent(), -1);
+  EXPECT_EQ(store.Export("a", false)->turns_size(), 1);
+}
+
+TEST(EpisodeStoreTest, BadInputIsRefusedWithTheProblemNamed) {
+  EpisodeStore store(EpisodeOptions{});
+  EXPECT_EQ(store.Record("", MakeTurn({1}, {}, {2})).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Record("a/b", MakeTurn({1}, {}, {2})).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Record(std::string(kMaxEpisodeIdLen + 1, 'x'), MakeTurn({1}, {}, {2})).code(),
+            absl::StatusCode::kInvalidArgument);
+  EpisodeTurnRecord bad = MakeTurn({1}, {}, {2});
+  bad.mask.pop_back();
+  EXPECT_EQ(store.Record("a", bad).code(), absl::StatusCode::kInvalidArgument);
+  bad = MakeTurn({1}, {}, {2});
+  bad.prompt_tokens = 5;
+  EXPECT_EQ(store.Record("a", bad).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Export("missing", false).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(EpisodeStoreTest, BoundsRefuseTurnsAndDropTheLeastRecentlyUsedEpisode) {
+  EpisodeOptions o;
+  o.max_episodes = 2;
+  o.max_turns = 2;
+  o.max_episode_tokens = 10;
+  EpisodeStore store(o);
+  ASSERT_TRUE(store.Record("a", MakeTurn({1, 2}, {}, {3})).ok());
+  ASSERT_TRUE(store.Record("a", MakeTurn({1, 2, 3}, {0, 0, 1}, {4})).ok());
+  EXPECT_EQ(store.Record("a", MakeTurn({1}, {}, {5})).code(),
+            absl::StatusCode::kResourceExhausted);  // max_turns
+  ASSERT_TRUE(store.Record("b", MakeTurn({1, 2, 3, 4, 5, 6, 7}, {}, {8})).ok());
+  EXPECT_EQ(store.Record("b", MakeTurn({1, 2}, {}, {3})).code(),
+            absl::StatusCode::kResourceExhausted);       // 8 + 3 tokens > 10
+  EXPECT_EQ(store.Export("a", false)->turns_size(), 2);  // a touched: b is now the oldest
+  ASSERT_TRUE(store.Record("c", MakeTurn({1}, {}, {2})).ok());
+  EXPECT_TRUE(store.Export("a", false).ok());
+  EXPECT_FALSE(store.Export("b", false).ok());
+  EXPECT_EQ(store.GetStats().refused_turns, 2);
+  EXPECT_EQ(store.GetStats().episodes, 2);
+}
+
+TEST(EpisodeStoreTest, RemoveAgeAndVersionCollectEpisodes) {
+  std::chrono::steady_clock::time_point now{};
+  EpisodeOptions o;
+  o.ttl = seconds(10);
+  o.gc_threshold_k = 2;
+  EpisodeStore store(o, [&] { return now; });
+  ASSERT_TRUE(store.Record("old", MakeTurn({1}, {}, {2}, /*version=*/1)).ok());
+  now += seconds(6);
+  ASSERT_TRUE(store.Record("new", MakeTurn({1}, {}, {2}, /*version=*/3)).ok());
+  now += seconds(6);  // "old" idle 12 s, "new" 6 s
+  EXPECT_EQ(store.Export("old", false).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(store.Export("new", false).ok());
+  ASSERT_TRUE(store.Record("v1", MakeTurn({1}, {}, {2}, /*version=*/1)).ok());
+  store.SetCurrentVersion(3);  // drops versions <= 1
+  EXPECT_FALSE(store.Export("v1", false).ok());
+  EXPECT_TRUE(store.Export("new", /*remove=*/true).ok());
+  EXPECT_FALSE(store.Export("new", false).ok());
+  EXPECT_EQ(store.GetStats().episodes, 0);
+  EXPECT_EQ(store.GetStats().tokens, 0);
+}
+
+}  // namespace
+}  // namespace rl::router
