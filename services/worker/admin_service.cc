@@ -1,5 +1,6 @@
 #include "services/worker/admin_service.h"
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -220,6 +221,33 @@ grpc::ServerUnaryReactor* AdminService::ResumeMemory(Ctx* c, const rl::v1::Resum
                                                      rl::v1::AdminResponse* resp) {
   return RunAsync(c, "ResumeMemory",
                   [this, resp] { return FillFrom(control_.ResumeMemory(), resp); });
+}
+
+grpc::ServerUnaryReactor* AdminService::SendWeightsToPeer(
+    Ctx* c, const rl::v1::SendWeightsToPeerRequest* req, rl::v1::AdminResponse* resp) {
+  PeerSender::Request r;
+  r.target = req->target();
+  r.weight_version = req->weight_version();
+  r.chunk_bytes = req->chunk_bytes();
+  r.abort_all_requests = req->abort_all_requests();
+  r.keep_pause = req->keep_pause();
+  r.timeout = std::chrono::milliseconds(req->timeout_ms());
+  // The receiver is fenced and keyed like this worker: the caller's headers go on.
+  for (const char* key : {"authorization", kLeaseOwnerHeader, kLeaseTtlHeader}) {
+    auto it = c->client_metadata().find(key);
+    if (it != c->client_metadata().end()) {
+      r.metadata.emplace_back(key, std::string(it->second.data(), it->second.size()));
+    }
+  }
+  return RunAsync(c, "SendWeightsToPeer", [this, c, r = std::move(r), resp]() -> absl::Status {
+    if (peer_sender_ == nullptr) {
+      return absl::UnimplementedError("SendWeightsToPeer: this worker cannot send its weights");
+    }
+    ASSIGN_OR_RETURN(PeerSender::Outcome out,
+                     peer_sender_->Send(r, [c] { return c->IsCancelled(); }));
+    resp->set_weights_sha256(out.rank_sha256);
+    return FillFrom(out.admin, resp);
+  });
 }
 
 }  // namespace rl::worker
