@@ -245,8 +245,9 @@ grpc::ServerUnaryReactor* AdminService::SendWeightsToPeer(
     }
     ASSIGN_OR_RETURN(PeerSender::Outcome out,
                      peer_sender_->Send(r, [c] { return c->IsCancelled(); }));
+    RETURN_IF_ERROR(FillFrom(out.admin, resp));
     resp->set_weights_sha256(out.rank_sha256);
-    return FillFrom(out.admin, resp);
+    return absl::OkStatus();
   });
 }
 

@@ -6,8 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/time/time.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -200,7 +200,7 @@ absl::Status CatchUp::ReconcilePause(const std::shared_ptr<Worker>& w, bool flee
 }
 
 absl::Status CatchUp::FromPeer(const std::shared_ptr<Worker>& w, const FleetWeights& fleet,
-                              bool fleet_paused) {
+                               bool fleet_paused) {
   std::vector<std::shared_ptr<Worker>> peers = pool_->PeersAt(fleet.version, w.get());
   if (peers.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -228,8 +228,8 @@ absl::Status CatchUp::FromPeer(const std::shared_ptr<Worker>& w, const FleetWeig
         }
       }
       const std::shared_ptr<Worker>& peer = peers[i];
-      spdlog::info("catching up {} to weight_version {} from peer {}", w->address(),
-                   fleet.version, peer->address());
+      spdlog::info("catching up {} to weight_version {} from peer {}", w->address(), fleet.version,
+                   peer->address());
       absl::Status s = SendFrom(peer, w, fleet.version);
       if (s.ok()) {
         done = true;
@@ -237,8 +237,8 @@ absl::Status CatchUp::FromPeer(const std::shared_ptr<Worker>& w, const FleetWeig
         spdlog::warn("catch-up of {} from peer {} failed: {}", w->address(), peer->address(),
                      std::string(s.message()));
         failures.push_back(absl::StrCat(peer->address(), ": ", s.message()));
-        // A digest that differs after the apply: the worker serves the version with other
-        // weights; never route it, whatever happens next.
+        // A digest or version that differs after the apply: the worker may serve the version
+        // with other weights; never route it, whatever happens next.
         if (s.code() == absl::StatusCode::kDataLoss) {
           pool_->DisablePartial(w.get(), std::string(s.message()));
           return s;
@@ -265,16 +265,15 @@ absl::Status CatchUp::FromPeer(const std::shared_ptr<Worker>& w, const FleetWeig
   return status;
 }
 
-absl::Status CatchUp::SendFrom(const std::shared_ptr<Worker>& peer, const std::shared_ptr<Worker>& w,
-                               int64_t version) {
+absl::Status CatchUp::SendFrom(const std::shared_ptr<Worker>& peer,
+                               const std::shared_ptr<Worker>& w, int64_t version) {
   Plan plan;
   plan.what = "catch-up SendWeightsToPeer";
   plan.deadline = Deadline::kLoad;
   const int64_t timeout_ms = broadcaster_->Timeout(Deadline::kLoad).count();
   Result r = CallOwn(
       plan, peer,
-      [&](Worker& sender, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* out,
-          Done done) {
+      [&](Worker& sender, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* out, Done done) {
         rl::v1::SendWeightsToPeerRequest req;
         req.set_target(w->address());
         req.set_weight_version(version);
@@ -292,6 +291,17 @@ absl::Status CatchUp::SendFrom(const std::shared_ptr<Worker>& peer, const std::s
   }
   // The worker's own account of what it serves now: its version and its checksum, computed
   // from its served weights (it is paused and out of routing, so the hashing costs no request).
+  // It applied the send (the receiver verified the stream's digest before it did); when it does
+  // not answer here it died or hangs: marked dead, so the health checks decide (a restart comes
+  // back behind and is caught up again; a worker that answers again rejoins with the fleet's
+  // pause state).
+  auto unverified = [&](const grpc::Status& s) {
+    const std::string why =
+        absl::StrCat("catch-up could not check its weights after the send from ", peer->address(),
+                     ": ", s.error_message());
+    pool_->MarkDead(w.get(), why);
+    return absl::UnavailableError(why);
+  };
   rl::v1::WeightsCheckerRequest creq;
   creq.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
   rl::v1::WeightsCheckerResponse checksum;
@@ -303,7 +313,7 @@ absl::Status CatchUp::SendFrom(const std::shared_ptr<Worker>& peer, const std::s
     CallGuard guard(&w->calls(), &ctx);
     grpc::Status s = w->admin_stub().WeightsChecker(&ctx, creq, &checksum);
     EndOwnCall();
-    if (!s.ok()) return FromGrpcStatus(s);
+    if (!s.ok()) return unverified(s);
   }
   {
     grpc::ClientContext ctx;
@@ -312,13 +322,18 @@ absl::Status CatchUp::SendFrom(const std::shared_ptr<Worker>& peer, const std::s
     CallGuard guard(&w->calls(), &ctx);
     grpc::Status s = w->admin_stub().GetServerInfo(&ctx, rl::v1::GetServerInfoRequest(), &info);
     EndOwnCall();
-    if (!s.ok()) return FromGrpcStatus(s);
+    if (!s.ok()) return unverified(s);
   }
-  if (info.weight_version() != version || checksum.rank_sha256() != sent) {
+  // Asked after the checksum: a process that restarted in between answers its start-up version.
+  if (info.weight_version() != version) {
+    return absl::UnavailableError(absl::StrCat("after the send from ", peer->address(),
+                                               " it serves weight_version ", info.weight_version(),
+                                               ", not ", version, " (it restarted meanwhile?)"));
+  }
+  if (checksum.rank_sha256() != sent) {
     return absl::DataLossError(absl::StrCat(
-        "after the send from ", peer->address(), " it serves weight_version ",
-        info.weight_version(), " with checksum ", checksum.rank_sha256(), ", but the peer sent ",
-        version, " with checksum ", sent));
+        "after the send from ", peer->address(), " it serves weight_version ", version,
+        " with checksum ", checksum.rank_sha256(), ", but the peer sent checksum ", sent));
   }
   pool_->ReportVersion(w.get(), version);
   return absl::OkStatus();

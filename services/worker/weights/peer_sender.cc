@@ -154,16 +154,16 @@ absl::StatusOr<PeerSender::Outcome> PeerSender::SendLocked(const Request& r,
   // worker for unreachable when the receiver is.
   auto broken = [&]() {
     const grpc::Status s = writer->Finish();
-    return absl::AbortedError(absl::StrCat("SendWeightsToPeer: the stream to ", to, " broke (",
-                                           absl::StatusCodeToString(static_cast<absl::StatusCode>(
-                                               s.error_code())),
-                                           ": ", s.error_message(), "); ", kNothingApplied));
+    return absl::AbortedError(
+        absl::StrCat("SendWeightsToPeer: the stream to ", to, " broke (",
+                     absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())), ": ",
+                     s.error_message(), "); ", kNothingApplied));
   };
   auto stop_asked = [&]() -> std::optional<absl::Status> {
     if (cancelled && cancelled()) {
-      return absl::CancelledError(absl::StrCat(
-          "SendWeightsToPeer: the call was cancelled; the stream to ", to, " was cut, ",
-          kNothingApplied));
+      return absl::CancelledError(
+          absl::StrCat("SendWeightsToPeer: the call was cancelled; the stream to ", to,
+                       " was cut, ", kNothingApplied));
     }
     return std::nullopt;
   };
@@ -178,8 +178,8 @@ absl::StatusOr<PeerSender::Outcome> PeerSender::SendLocked(const Request& r,
   std::vector<uint8_t> buffer;
   std::map<std::string, std::string> digests;
   std::unique_ptr<TensorHasher> hasher;
-  size_t next = 0;           // the next tensor to copy
-  int64_t next_offset = 0;   // and its first byte not copied yet
+  size_t next = 0;          // the next tensor to copy
+  int64_t next_offset = 0;  // and its first byte not copied yet
   int64_t sent_bytes = 0;
   int64_t hops = 0;
   while (next < list.size()) {
@@ -242,7 +242,8 @@ absl::StatusOr<PeerSender::Outcome> PeerSender::SendLocked(const Request& r,
         chunk->set_dtype(info.dtype);
         for (int64_t d : info.shape) chunk->add_shape(d);
         chunk->set_offset(static_cast<uint64_t>(p.offset + o));
-        chunk->set_data(data + o, static_cast<size_t>(n));
+        chunk->mutable_data()->assign(reinterpret_cast<const char*>(data + o),
+                                      static_cast<size_t>(n));
         if (!writer->Write(msg)) return broken();
         sent_bytes += n;
         if (size == 0) break;
@@ -274,16 +275,16 @@ absl::StatusOr<PeerSender::Outcome> PeerSender::SendLocked(const Request& r,
   writer->WritesDone();
   const grpc::Status s = writer->Finish();
   if (!s.ok()) {
-    return absl::AbortedError(absl::StrCat(
-        "SendWeightsToPeer: ", to, " answered ",
-        absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())), ": ",
-        s.error_message()));
+    return absl::AbortedError(
+        absl::StrCat("SendWeightsToPeer: ", to, " answered ",
+                     absl::StatusCodeToString(static_cast<absl::StatusCode>(s.error_code())), ": ",
+                     s.error_message()));
   }
   if (resp.weights_sha256() != rank) {
-    return absl::DataLossError(absl::StrCat(
-        "SendWeightsToPeer: ", to, " applied the stream but reports weights_sha256 '",
-        QuoteForError(resp.weights_sha256()), "' instead of the digest sent, ", rank,
-        " (an rl-worker that does not verify TensorStreamEnd.rank_sha256?)"));
+    return absl::DataLossError(
+        absl::StrCat("SendWeightsToPeer: ", to, " applied the stream but reports weights_sha256 '",
+                     QuoteForError(resp.weights_sha256()), "' instead of the digest sent, ", rank,
+                     " (an rl-worker that does not verify TensorStreamEnd.rank_sha256?)"));
   }
   Outcome out;
   out.rank_sha256 = rank;
@@ -314,10 +315,10 @@ absl::Status VerifyFullState(const std::vector<NamedTensor>& tensors, const Weig
   }
   const std::string rank = RankDigest(digests);
   if (rank != expected_rank_sha256) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "end.rank_sha256: the tensors that arrived digest to ", rank, ", not ",
-        QuoteForError(expected_rank_sha256, 80),
-        "; nothing applied, the old weights keep serving"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("end.rank_sha256: the tensors that arrived digest to ", rank, ", not ",
+                     QuoteForError(expected_rank_sha256, 80),
+                     "; nothing applied, the old weights keep serving"));
   }
   return absl::OkStatus();
 }

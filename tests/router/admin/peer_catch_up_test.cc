@@ -6,8 +6,8 @@
 // left the worker is STALE until resynced (catch_up_test.cc). Processes killed for real during
 // refits: tests/reliability/test_chaos.py.
 #include <atomic>
-#include <set>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -82,11 +82,14 @@ TEST_F(PeerCatchUpTest, RestartedWorkerCatchesUpFromAPeerAfterATensorUpdate) {
   workers_[1].reset();
   ASSERT_TRUE(WaitFor([&] { return Status(address).state() == rl::v1::WORKER_STATE_DEAD; }));
   worker::WorkerConfig wc;
+  wc.model_path = Stories();
   wc.port = port;
-  auto restarted = testing::StartTestWorker(wc);
+  wc.kv_cache_gb = 0.01;
+  wc.num_threads = 1;
+  auto restarted = worker::WorkerServer::Start(wc);
   for (int i = 0; i < 50 && !restarted.ok(); ++i) {  // the port may take a moment to free
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    restarted = testing::StartTestWorker(wc);
+    restarted = worker::WorkerServer::Start(wc);
   }
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   workers_[1] = *std::move(restarted);
@@ -134,8 +137,8 @@ class DyingPeer final : public rl::v1::Admin::CallbackService {
     const std::string target = req->target();
     const int64_t version = req->weight_version();
     std::thread([this, reactor, target, version] {
-      auto stub = rl::v1::Admin::NewStub(
-          grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+      auto stub =
+          rl::v1::Admin::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
       grpc::ClientContext out;
       rl::v1::AdminResponse resp;
       auto writer = stub->UpdateWeightsFromTensor(&out, &resp);
@@ -170,9 +173,8 @@ TEST_F(PeerCatchUpTest, APeerThatDiesMidSendActivatesNothingAndTheNextPeerFinish
   auto fake = GrpcServer::Start(so, {&data, &dying});
   ASSERT_TRUE(fake.ok()) << fake.status();
   AddWorker((*fake)->address());
-  ASSERT_TRUE(WaitFor([&] {
-    return Status((*fake)->address()).state() == rl::v1::WORKER_STATE_LIVE;
-  }));
+  ASSERT_TRUE(
+      WaitFor([&] { return Status((*fake)->address()).state() == rl::v1::WORKER_STATE_LIVE; }));
   // The real peer is out (an operator disabled it) until the fake has died.
   {
     rl::v1::SetWorkerEnabledRequest req;
@@ -187,7 +189,7 @@ TEST_F(PeerCatchUpTest, APeerThatDiesMidSendActivatesNothingAndTheNextPeerFinish
   const std::string late_sum = RankChecksum(*late);
   AddWorker(late->address());
   ASSERT_TRUE(WaitFor([&] { return dying.calls.load() >= 1; }));
-  (*fake)->Shutdown();  // gone for good
+  (*fake)->Shutdown();               // gone for good
   EXPECT_EQ(dying.sends.load(), 1);  // it had started streaming
   // Nothing of the cut stream was applied; the worker is behind and not routed.
   EXPECT_EQ(late->weight_version(), 0);

@@ -5,12 +5,13 @@
 // cut (cancelled, or the sender's weights change mid-send), a version the sender does not serve,
 // a stream whose digest or coverage is wrong: nothing changes on the receiver. The RPC
 // (Admin.SendWeightsToPeer) forwards the caller's key. The router's side: tests/router/admin.
+#include "services/worker/weights/peer_sender.h"
+
 #include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "services/worker/weights/peer_sender.h"
 #include "services/worker/weights/weight_update_controller.h"
 #include "tests/testing/tensor_stream.h"
 #include "tests/worker/worker_test_util.h"
@@ -59,7 +60,8 @@ struct Node {
     rl::v1::GenerateResponse msg;
     std::vector<int32_t> ids;
     while (reader->Read(&msg)) {
-      if (msg.has_final()) ids.assign(msg.final().output_ids().begin(), msg.final().output_ids().end());
+      if (msg.has_final())
+        ids.assign(msg.final().output_ids().begin(), msg.final().output_ids().end());
     }
     EXPECT_TRUE(reader->Finish().ok());
     return ids;
@@ -187,9 +189,9 @@ TEST_F(PeerSenderTest, ACancelledSendAppliesNothing) {
 
 TEST_F(PeerSenderTest, BadRequestsAreRefusedBeforeAnythingIsSent) {
   auto sender = MakeSender(10000);
-  for (const std::string& target : {std::string(""), std::string("no-port"),
-                                    std::string("h:0"), std::string("h:99999"),
-                                    std::string("a b:1"), std::string(300, 'x') + ":1"}) {
+  for (const std::string& target :
+       {std::string(""), std::string("no-port"), std::string("h:0"), std::string("h:99999"),
+        std::string("a b:1"), std::string(300, 'x') + ":1"}) {
     PeerSender::Request r = ToReceiver();
     r.target = target;
     EXPECT_EQ(sender->Send(r, nullptr).status().code(), absl::StatusCode::kInvalidArgument)
@@ -216,8 +218,9 @@ TEST_F(PeerSenderTest, BadRequestsAreRefusedBeforeAnythingIsSent) {
 TEST_F(PeerSenderTest, TheReceiverRefusesAFullStateStreamMissingAWeight) {
   const std::string before = receiver_.Checksum();
   const std::vector<float> ones(64, 1.0f);
-  const auto chunk = ::rl::testing::Chunk(
-      "model.norm.weight", {64}, "F32", std::string(reinterpret_cast<const char*>(ones.data()), 256));
+  const auto chunk =
+      ::rl::testing::Chunk("model.norm.weight", {64}, "F32",
+                           std::string(reinterpret_cast<const char*>(ones.data()), 256));
   auto messages = ::rl::testing::StreamMessages({chunk});
   messages.back().mutable_end()->set_rank_sha256(std::string(64, 'a'));
   rl::v1::AdminResponse resp;
@@ -234,13 +237,12 @@ TEST_F(PeerSenderTest, TheReceiverRefusesAWrongDigest) {
   std::vector<rl::v1::TensorChunk> chunks;
   ASSERT_TRUE(sender_.server->engine()
                   .RunOnEngineThread([&](engine::EngineContext& c) {
-                    return c.runner().VisitWeights(
-                        [&](const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
-                          chunks.push_back(::rl::testing::Chunk(
-                              info.name, info.shape, info.dtype,
-                              std::string(reinterpret_cast<const char*>(bytes.data()),
-                                          bytes.size())));
-                        });
+                    return c.runner().VisitWeights([&](const model::TensorInfo& info,
+                                                       absl::Span<const uint8_t> bytes) {
+                      chunks.push_back(::rl::testing::Chunk(
+                          info.name, info.shape, info.dtype,
+                          std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
+                    });
                   })
                   .ok());
   auto messages = ::rl::testing::StreamMessages(chunks);
@@ -274,7 +276,8 @@ TEST(PeerSenderRpcTest, SendWeightsToPeerForwardsTheKey) {
   update[0].info = {"model.norm.weight", "F32", {64}};
   update[0].bytes.assign(reinterpret_cast<const uint8_t*>(ones.data()),
                          reinterpret_cast<const uint8_t*>(ones.data()) + 256);
-  ASSERT_TRUE(sender.server->weights().UpdateWeightsFromTensors(update, {.weight_version = 9}).ok());
+  ASSERT_TRUE(
+      sender.server->weights().UpdateWeightsFromTensors(update, {.weight_version = 9}).ok());
   rl::v1::SendWeightsToPeerRequest req;
   req.set_target(receiver.server->address());
   req.set_weight_version(9);
