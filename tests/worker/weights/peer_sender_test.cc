@@ -40,7 +40,7 @@ struct Node {
     if (!s.ok()) return n;
     n.server = *std::move(s);
     auto channel = grpc::CreateChannel(n.server->address(), grpc::InsecureChannelCredentials());
-    n.admin = Stub::NewStub(channel);
+    n.admin = rl::v1::Admin::NewStub(channel);
     n.data = rl::v1::Worker::NewStub(channel);
     return n;
   }
