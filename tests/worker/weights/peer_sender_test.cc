@@ -54,7 +54,7 @@ struct Node {
     rl::v1::GenerateRequest req;
     for (int32_t id : kPromptIds) req.mutable_input_ids()->add_ids(id);
     req.mutable_sampling_params()->set_temperature(0);
-    req.mutable_sampling_params()->set_max_new_tokens(12);
+    req.mutable_sampling_params()->set_max_new_tokens(20);
     grpc::ClientContext ctx;
     auto reader = data->Generate(&ctx, req);
     rl::v1::GenerateResponse msg;
