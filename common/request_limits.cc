@@ -13,6 +13,7 @@
 #include "common/flags.h"
 #include "common/model_io/dtype.h"
 #include "common/status.h"
+#include "common/version_constraint.h"
 
 namespace rl {
 
@@ -171,6 +172,7 @@ absl::Status CheckGenerateRequest(const rl::v1::GenerateRequest& r, const Reques
     return OverLimit("top_logprobs_num", r.top_logprobs_num(), "max-top-logprobs",
                      l.max_top_logprobs);
   }
+  RETURN_IF_ERROR(VersionConstraintOf(r).Validate());
   return absl::OkStatus();
 }
 

@@ -137,6 +137,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     registration_ = Generation::Register(request_, deps_->env->requests);
     client_ = *std::move(client);
     authorization_ = AuthorizationHeader(*context);
+    deadline_ = context->deadline();
     {
       absl::MutexLock lock(&mu_);
       state_ = State::kQueued;
@@ -259,6 +260,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     {
       absl::MutexLock lock(&mu_);
       generation_ = *std::move(g);
+      generation_->SetDeadline(deadline_);
       if (gone_) generation_->Cancel();
     }
     Step();
@@ -348,6 +350,7 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
   const rl::v1::GenerateRequest request_;
   std::string client_;
   std::optional<std::string> authorization_;
+  std::chrono::system_clock::time_point deadline_ = std::chrono::system_clock::time_point::max();
   // Taken before admission; moved into the Generation once it is created.
   Generation::Registration registration_;
   std::unique_ptr<grpc::Alarm> alarm_;  // the pending wait (producer's steps only)

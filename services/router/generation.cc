@@ -6,6 +6,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/status.h"
 #include "services/router/cache/cache_store.h"
 #include "spdlog/spdlog.h"
@@ -110,12 +111,27 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Create(
   g->backoff_ = env->retry.backoff;
   g->hold_poll_ = env->retry.hold_poll;
   g->hold_deadline_ = std::chrono::steady_clock::now() + env->retry.hold_wait;
+  g->version_deadline_ = std::chrono::steady_clock::now() + env->retry.version_wait;
+  g->version_poll_ = env->retry.version_poll;
   g->last_ = absl::UnavailableError("no live, enabled, serving worker");
   return g;
 }
 
+void Generation::SetDeadline(std::chrono::system_clock::time_point deadline) {
+  const auto now = std::chrono::system_clock::now();
+  if (deadline >= now + env_->retry.version_wait) return;  // infinite or later than the cap
+  // The answer must reach the client before its deadline does (on a loaded host timers and
+  // threads lag): stop a quarter of the time left (at most 1 s) early.
+  auto left = std::max(deadline - now, std::chrono::system_clock::duration::zero());
+  left -= std::min<std::chrono::system_clock::duration>(left / 4, std::chrono::seconds(1));
+  version_deadline_ = std::min(
+      version_deadline_, std::chrono::steady_clock::now() +
+                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(left));
+}
+
 Lease Generation::PickWorker() {
   PickRequest pick;
+  pick.versions = versions_;
   pick.exclude = &tried_;
   if (prompt_.from_text) pick.text = request_.text();
   pick.prompt_ids = prompt_.ids;
@@ -186,8 +202,30 @@ Generation::Step Generation::Next() {
       hold_poll_ = std::min(hold_poll_ * 2, retry.hold_poll * 8);
       return step;
     }
-    last_ = absl::UnavailableError("no live, enabled, serving worker");
-    phase_ = Phase::kStartAttempt;
+    if (versions_.any()) {
+      last_ = absl::UnavailableError("no live, enabled, serving worker");
+      phase_ = Phase::kStartAttempt;
+      continue;
+    }
+    // No worker serves a version the request accepts: wait for one (an update in progress, a
+    // worker catching up) until its deadline, not counted as an attempt; then a retryable
+    // UNAVAILABLE naming what it asked for and what there is.
+    if (const auto now = std::chrono::steady_clock::now(); now < version_deadline_) {
+      step.kind = Step::Kind::kWait;
+      // Never past the deadline: the answer is due then.
+      step.wait = std::min(version_poll_,
+                           std::chrono::ceil<std::chrono::milliseconds>(version_deadline_ - now));
+      version_poll_ = std::min(version_poll_ * 2, env_->retry.version_poll * 8);
+      return step;
+    }
+    const std::vector<int64_t> available = env_->workers->RoutableVersions();
+    done_status_ = absl::UnavailableError(absl::StrCat(
+        "no worker serves a weight version this request accepts: it asked for ",
+        versions_.Describe(), "; the routable workers serve ",
+        available.empty() ? "none (no routable worker)"
+                          : absl::StrCat("version(s) ", absl::StrJoin(available, ", ")),
+        " (retryable: retry once the fleet reaches the version)"));
+    phase_ = Phase::kDone;
   }
 }
 

@@ -3,7 +3,9 @@
 // resolves the prompt (through the text cache) and registers the request id; the driver then
 // calls Next() and does what the Step says (kCall a leased worker, kWait, kDone), feeding the
 // worker's messages to OnMessage. Failures before any output are retried on another worker with
-// backoff; a hold by an admin broadcast is waited out, not counted as an attempt; the final's
+// backoff; a hold by an admin broadcast is waited out, not counted as an attempt, and so is the
+// wait of a request for a worker at a weight version it accepts (docs/weight-updates.md,
+// "Versions a request accepts"); the final's
 // trajectory is inserted into the text cache. docs/routing.md ("Attempts and retries") has the
 // rules in full.
 // docs/life-of-a-request.md follows one request through every layer, with file names.
@@ -28,6 +30,7 @@
 #include "common/request_limits.h"
 #include "common/tokenizer/stream_decoder.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/version_constraint.h"
 #include "rl/v1/router.pb.h"
 #include "rl/v1/worker.pb.h"
 #include "services/router/cache/prompt_resolver.h"
@@ -49,6 +52,11 @@ struct RetryOptions {
   std::chrono::milliseconds max_backoff{2000};
   std::chrono::milliseconds hold_wait{300000};
   std::chrono::milliseconds hold_poll{20};
+  // A request that accepts only some weight versions (min/exact_weight_version) and finds no
+  // routable worker serving one waits for one this long at most (less when its own deadline is
+  // sooner), polling every version_poll; then UNAVAILABLE naming the versions.
+  std::chrono::milliseconds version_wait{30000};
+  std::chrono::milliseconds version_poll{20};
 };
 
 // What every generation shares; pointers outlive the generations. `retries_total` may be null.
@@ -131,6 +139,10 @@ class Generation {
   uint64_t TakeDurableTicket() { return std::exchange(durable_ticket_, 0); }
   // The client went away: Next() returns kDone CANCELLED. Thread-safe (any thread, any time).
   void Cancel() { cancelled_.store(true); }
+  // The client's deadline (gRPC's; infinite when none): a version-constrained request waits for
+  // a qualifying worker until shortly before it at most (a quarter of the time left, at most
+  // 1 s, is kept for the answer to arrive). Call before the first Next().
+  void SetDeadline(std::chrono::system_clock::time_point deadline);
 
  private:
   Generation(const rl::v1::GenerateRequest& request, const GenerationEnv* env)
@@ -148,6 +160,7 @@ class Generation {
 
   const GenerationEnv* env_;
   const rl::v1::GenerateRequest request_;
+  const VersionConstraint versions_ = VersionConstraintOf(request_);
   Prompt prompt_;
   std::string request_id_;  // the client's, or one the router made up
   RequestTable::Handle request_handle_;
@@ -160,6 +173,8 @@ class Generation {
   std::chrono::milliseconds backoff_{0};
   std::chrono::milliseconds hold_poll_{0};  // doubles per poll of one hold, up to 8x
   std::chrono::steady_clock::time_point hold_deadline_;
+  std::chrono::steady_clock::time_point version_deadline_;  // see RetryOptions::version_wait
+  std::chrono::milliseconds version_poll_{0};
   absl::Status last_;
   absl::Status done_status_;
   // The prompt's prefix holders as the routing policy sees them (views into prompt_).

@@ -1,5 +1,7 @@
 #include "services/worker/admin_service.h"
 
+#include <chrono>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -198,10 +200,62 @@ grpc::ServerUnaryReactor* AdminService::ReleaseMemory(Ctx* c, const rl::v1::Rele
                   [this, resp] { return FillFrom(control_.ReleaseMemory(), resp); });
 }
 
+grpc::ServerUnaryReactor* AdminService::StageWeights(Ctx* c, const rl::v1::StageWeightsRequest* req,
+                                                     rl::v1::AdminResponse* resp) {
+  return RunAsync(c, "StageWeights", [this, req, resp] {
+    std::optional<int64_t> version;
+    if (req->has_weight_version()) version = req->weight_version();
+    return FillFrom(weights_.StageWeightsFromDisk(req->model_path(), version), resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::ActivateWeights(Ctx* c,
+                                                        const rl::v1::ActivateWeightsRequest* req,
+                                                        rl::v1::AdminResponse* resp) {
+  return RunAsync(c, "ActivateWeights", [this, req, resp] {
+    return FillFrom(weights_.ActivateStagedWeights(PolicyFrom(*req)), resp);
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::DropStagedWeights(Ctx* c,
+                                                          const rl::v1::DropStagedWeightsRequest*,
+                                                          rl::v1::AdminResponse* resp) {
+  return RunAsync(c, "DropStagedWeights",
+                  [this, resp] { return FillFrom(weights_.DropStagedWeights(), resp); });
+}
+
 grpc::ServerUnaryReactor* AdminService::ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest*,
                                                      rl::v1::AdminResponse* resp) {
   return RunAsync(c, "ResumeMemory",
                   [this, resp] { return FillFrom(control_.ResumeMemory(), resp); });
+}
+
+grpc::ServerUnaryReactor* AdminService::SendWeightsToPeer(
+    Ctx* c, const rl::v1::SendWeightsToPeerRequest* req, rl::v1::AdminResponse* resp) {
+  PeerSender::Request r;
+  r.target = req->target();
+  r.weight_version = req->weight_version();
+  r.chunk_bytes = req->chunk_bytes();
+  r.abort_all_requests = req->abort_all_requests();
+  r.keep_pause = req->keep_pause();
+  r.timeout = std::chrono::milliseconds(req->timeout_ms());
+  // The receiver is fenced and keyed like this worker: the caller's headers go on.
+  for (const char* key : {"authorization", kLeaseOwnerHeader, kLeaseTtlHeader}) {
+    auto it = c->client_metadata().find(key);
+    if (it != c->client_metadata().end()) {
+      r.metadata.emplace_back(key, std::string(it->second.data(), it->second.size()));
+    }
+  }
+  return RunAsync(c, "SendWeightsToPeer", [this, c, r = std::move(r), resp]() -> absl::Status {
+    if (peer_sender_ == nullptr) {
+      return absl::UnimplementedError("SendWeightsToPeer: this worker cannot send its weights");
+    }
+    ASSIGN_OR_RETURN(PeerSender::Outcome out,
+                     peer_sender_->Send(r, [c] { return c->IsCancelled(); }));
+    RETURN_IF_ERROR(FillFrom(out.admin, resp));
+    resp->set_weights_sha256(out.rank_sha256);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace rl::worker

@@ -23,6 +23,7 @@
 #include "services/worker/control/admin_lease.h"
 #include "services/worker/control/worker_control.h"
 #include "services/worker/generate_host.h"
+#include "services/worker/weights/peer_sender.h"
 #include "services/worker/weights/weight_updates.h"
 
 namespace rl::worker {
@@ -85,6 +86,18 @@ class AdminService final : public rl::v1::Admin::CallbackService {
                                           rl::v1::AdminResponse* resp) override;
   grpc::ServerUnaryReactor* ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest* req,
                                          rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* StageWeights(Ctx* c, const rl::v1::StageWeightsRequest* req,
+                                         rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* ActivateWeights(Ctx* c, const rl::v1::ActivateWeightsRequest* req,
+                                            rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* DropStagedWeights(Ctx* c, const rl::v1::DropStagedWeightsRequest* req,
+                                              rl::v1::AdminResponse* resp) override;
+  // Peer catch-up (weights/peer_sender.h): a control call, on the admin executor for the whole
+  // send; the caller's authorization and lease headers go on to the receiver.
+  grpc::ServerUnaryReactor* SendWeightsToPeer(Ctx* c, const rl::v1::SendWeightsToPeerRequest* req,
+                                              rl::v1::AdminResponse* resp) override;
+  // Set once before serving; null: SendWeightsToPeer is UNIMPLEMENTED.
+  void SetPeerSender(PeerSender* sender) { peer_sender_ = sender; }
 
  private:
   // Checks the key and, for a `control` call, the admin lease; then runs `fn` on the admin
@@ -108,6 +121,7 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   BoundedExecutor& executor_;
   const BearerAuth& auth_;
   const bool allow_non_finite_weights_;
+  PeerSender* peer_sender_ = nullptr;
 };
 
 }  // namespace rl::worker

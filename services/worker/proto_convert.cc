@@ -3,6 +3,7 @@
 #include <bit>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace rl::worker {
 
@@ -38,6 +39,8 @@ absl::StatusOr<engine::GenerateRequest> ToEngineRequest(const rl::v1::GenerateRe
   if (r.logprob_start_len >= 0 && !r.return_logprob) {
     return absl::InvalidArgumentError("logprob_start_len: needs return_logprob");
   }
+  r.versions = VersionConstraintOf(proto);
+  RETURN_IF_ERROR(r.versions.Validate());
   r.return_routed_experts = proto.return_routed_experts();
   r.return_expert_weights = proto.return_expert_weights();
   r.routed_experts_start_len =
@@ -192,6 +195,11 @@ void FillServerInfo(const engine::ServerInfo& engine, const WorkerInfo& worker,
   out->set_update_failed(worker.update_failed);
   out->set_last_error(worker.last_error);
   for (const std::string& name : worker.weight_update_groups) out->add_weight_update_groups(name);
+  out->set_has_staged_weights(worker.staged.has_staged);
+  out->set_staged_weight_version(worker.staged.version);
+  out->set_staged_source(worker.staged.source);
+  out->set_staged_bytes(worker.staged.bytes);
+  out->set_staging(worker.staged.staging);
 }
 
 }  // namespace rl::worker

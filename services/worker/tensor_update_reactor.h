@@ -69,6 +69,8 @@ class TensorUpdateReactor final
   rl::v1::UpdateWeightsFromTensorRequest msg_;
   int64_t num_messages_ = 0;
   bool ended_ = false;  // the `end` message arrived and matched
+  // The end's rank_sha256: a full-state stream (a peer's send), verified before the apply.
+  std::string expected_rank_sha256_;
   UpdatePolicy policy_;
   std::map<std::string, Pending> pending_;
   int64_t allocated_ = 0;   // bytes of the tensors in pending_, at most --max-update-bytes

@@ -11,6 +11,7 @@
 #include "common/request_limits.h"
 #include "common/status.h"
 #include "common/tokenizer/stream_decoder.h"
+#include "common/version_constraint.h"
 #include "services/worker/engine_stream_reactor.h"
 #include "services/worker/proto_convert.h"
 
@@ -61,6 +62,17 @@ absl::Status CheckFleetRunning(const grpc::CallbackServerContext& context,
       "pause the router did not record): route elsewhere; `continue` resumes it");
 }
 
+// The request's own min_weight_version / exact_weight_version: a worker serving another version
+// refuses at the door with UNAVAILABLE (retryable: the router tries a worker that qualifies).
+// The engine checks again at every version change (a request never runs on weights it does not
+// accept, also when an update lands while it waits).
+absl::Status CheckAcceptedVersion(const VersionConstraint& versions, int64_t version) {
+  if (versions.Accepts(version)) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("this worker serves weight version ", version,
+                                             "; the request accepts ", versions.Describe(),
+                                             "; route elsewhere"));
+}
+
 class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateResponse> {
  public:
   GenerateReactor(GenerateHost* server, const BearerAuth* auth,
@@ -78,6 +90,7 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
     RETURN_IF_ERROR(CheckFleetRunning(*context, server_->engine()));
     // Every client-sized field is bounded before tokenization or any per-sample allocation.
     RETURN_IF_ERROR(CheckGenerateRequest(request, server_->limits(), server_->context_len()));
+    RETURN_IF_ERROR(CheckAcceptedVersion(VersionConstraintOf(request), server_->weight_version()));
     std::vector<int32_t> ids;
     const tokenizer::Tokenizer* tok = server_->tokenizer();
     switch (request.prompt_case()) {

@@ -5,8 +5,11 @@
 // final fields, trajectory) and the cache insert of a text prompt.
 #include "services/router/generation.h"
 
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -25,11 +28,21 @@ class FakeWorkers final : public WorkerSource {
   Lease Pick(const PickRequest& request) override {
     if (!available) return Lease();
     for (const auto& w : workers_) {
+      if (!request.versions.Accepts(VersionOf(w->address()))) continue;
       if (request.exclude == nullptr || request.exclude->count(w->address()) == 0) {
         return Lease(w);
       }
     }
     return Lease();
+  }
+  std::vector<int64_t> RoutableVersions() const override {
+    std::set<int64_t> out;
+    for (const auto& w : workers_) out.insert(VersionOf(w->address()));
+    return {out.begin(), out.end()};
+  }
+  int64_t VersionOf(const std::string& address) const {
+    auto it = versions.find(address);
+    return it == versions.end() ? 0 : it->second;
   }
   bool held() const override { return is_held; }
   void ReportFailure(Worker*) override { ++failures; }
@@ -39,6 +52,7 @@ class FakeWorkers final : public WorkerSource {
   bool is_held = false;
   int failures = 0;
   int64_t last_version = -1;
+  std::map<std::string, int64_t> versions;  // per address; 0 when not set
 
  private:
   std::vector<std::shared_ptr<Worker>> workers_;
@@ -61,6 +75,7 @@ class GenerationTest : public ::testing::Test {
     env_.retry.max_attempts = 3;
     env_.retry.backoff = std::chrono::milliseconds(10);
     env_.retry.hold_poll = std::chrono::milliseconds(5);
+    env_.retry.version_poll = std::chrono::milliseconds(5);
   }
 
   std::unique_ptr<Generation> Make(const rl::v1::GenerateRequest& req) {
@@ -318,6 +333,102 @@ TEST_F(GenerationTest, BadRequestsAreRefusedBeforeAnyAttempt) {
   rl::v1::GenerateRequest none;
   EXPECT_EQ(Generation::Create(none, &env_).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(requests_.size(), 0u);
+}
+
+// Versions a request accepts (issue 30): only a worker serving one is called.
+TEST_F(GenerationTest, OnlyAWorkerAtAnAcceptedVersionIsCalled) {
+  workers_.versions["10.0.0.1:1"] = 3;
+  workers_.versions["10.0.0.2:1"] = 5;
+  rl::v1::GenerateRequest req = IdsRequest();
+  req.set_min_weight_version(4);
+  auto g = Make(req);
+  ASSERT_NE(g, nullptr);
+  Generation::Step step = g->Next();
+  ASSERT_EQ(step.kind, Kind::kCall);
+  EXPECT_EQ(step.worker->address(), "10.0.0.2:1");
+  // The worker hears of the constraint too (it enforces it across updates).
+  const rl::v1::GenerateRequest wreq = g->WorkerRequest();
+  EXPECT_EQ(wreq.min_weight_version(), 4);
+  EXPECT_FALSE(wreq.has_exact_weight_version());
+}
+
+// None qualifies: the request waits (not an attempt) for one until the wait runs out, then
+// ends UNAVAILABLE naming what it asked for and the versions there are.
+TEST_F(GenerationTest, NoWorkerAtAnAcceptedVersionIsUnavailableNamingTheVersions) {
+  workers_.versions["10.0.0.1:1"] = 3;
+  workers_.versions["10.0.0.2:1"] = 5;
+  env_.retry.version_wait = std::chrono::milliseconds(60);
+  rl::v1::GenerateRequest req = IdsRequest();
+  req.set_exact_weight_version(9);
+  auto g = Make(req);
+  ASSERT_NE(g, nullptr);
+  int waits = 0;
+  Generation::Step step;
+  for (step = g->Next(); step.kind == Kind::kWait; step = g->Next()) {
+    ++waits;
+    std::this_thread::sleep_for(step.wait);
+  }
+  EXPECT_GT(waits, 0);
+  ASSERT_EQ(step.kind, Kind::kDone);
+  EXPECT_EQ(step.status.code(), absl::StatusCode::kUnavailable) << step.status;
+  EXPECT_NE(step.status.message().find("weight version == 9"), std::string::npos) << step.status;
+  EXPECT_NE(step.status.message().find("version(s) 3, 5"), std::string::npos) << step.status;
+}
+
+// A worker reaching the version during the wait gets the request.
+TEST_F(GenerationTest, AWorkerReachingTheVersionDuringTheWaitIsCalled) {
+  env_.retry.version_wait = std::chrono::seconds(60);
+  rl::v1::GenerateRequest req = IdsRequest();
+  req.set_min_weight_version(2);
+  auto g = Make(req);
+  ASSERT_NE(g, nullptr);
+  ASSERT_EQ(g->Next().kind, Kind::kWait);
+  ASSERT_EQ(g->Next().kind, Kind::kWait);
+  workers_.versions["10.0.0.2:1"] = 2;
+  Generation::Step step = g->Next();
+  ASSERT_EQ(step.kind, Kind::kCall);
+  EXPECT_EQ(step.worker->address(), "10.0.0.2:1");
+}
+
+// The client's deadline shortens the wait: with one already past, the answer comes at once.
+TEST_F(GenerationTest, TheClientDeadlineBoundsTheVersionWait) {
+  env_.retry.version_wait = std::chrono::seconds(60);
+  rl::v1::GenerateRequest req = IdsRequest();
+  req.set_min_weight_version(2);
+  auto g = Make(req);
+  ASSERT_NE(g, nullptr);
+  g->SetDeadline(std::chrono::system_clock::now() - std::chrono::seconds(1));
+  Generation::Step step = g->Next();
+  ASSERT_EQ(step.kind, Kind::kDone);
+  EXPECT_EQ(step.status.code(), absl::StatusCode::kUnavailable) << step.status;
+  EXPECT_NE(step.status.message().find(">= 2"), std::string::npos) << step.status;
+}
+
+// The worker finished the request because an update moved it to a version the request does
+// not accept (before any output): retried on a worker that serves an accepted one.
+TEST_F(GenerationTest, AVersionAbortBeforeOutputIsRetriedOnAQualifyingWorker) {
+  workers_.versions["10.0.0.1:1"] = 4;
+  workers_.versions["10.0.0.2:1"] = 4;
+  rl::v1::GenerateRequest req = IdsRequest();
+  req.set_exact_weight_version(4);
+  auto g = Make(req);
+  ASSERT_NE(g, nullptr);
+  Generation::Step step = g->Next();
+  ASSERT_EQ(step.kind, Kind::kCall);
+  EXPECT_EQ(step.worker->address(), "10.0.0.1:1");
+  g->WorkerRequest();
+  workers_.versions["10.0.0.1:1"] = 5;  // updated under the request
+  std::vector<rl::v1::GenerateResponse> sent;
+  rl::v1::GenerateResponse abort = Final({}, rl::v1::FINISH_REASON_ABORT);
+  abort.mutable_final()->set_abort_message("weight version: this worker now serves version 5");
+  EXPECT_FALSE(g->OnMessage(abort, &sent));
+  EXPECT_TRUE(sent.empty());
+  g->EndAttempt(absl::CancelledError("cancelled by the router"), std::nullopt);
+  for (step = g->Next(); step.kind == Kind::kWait; step = g->Next()) {
+    std::this_thread::sleep_for(step.wait);
+  }
+  ASSERT_EQ(step.kind, Kind::kCall);
+  EXPECT_EQ(step.worker->address(), "10.0.0.2:1");
 }
 
 }  // namespace

@@ -136,6 +136,41 @@ TEST_F(WorkerServiceTest, FleetWeightVersionFromTheRouterIsEnforcedExactly) {
   EXPECT_EQ(run("x").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// The request's own min_weight_version / exact_weight_version (issue 30): a worker at a version
+// the request does not accept refuses with UNAVAILABLE naming both; one it accepts serves it
+// and the final states the end version; a constraint that no version satisfies is
+// INVALID_ARGUMENT naming the field.
+TEST_F(WorkerServiceTest, RequestVersionConstraintsAreEnforced) {
+  const int64_t version = ServerInfo().weight_version();
+  auto run = [&](std::optional<int64_t> min, std::optional<int64_t> exact,
+                 rl::v1::GenerateFinal* f = nullptr) {
+    rl::v1::GenerateRequest req = Greedy(kPromptIds, 2);
+    if (min.has_value()) req.set_min_weight_version(*min);
+    if (exact.has_value()) req.set_exact_weight_version(*exact);
+    rl::v1::GenerateFinal ignored;
+    return Generate(req, f != nullptr ? f : &ignored);
+  };
+  grpc::Status s = run(version + 1, std::nullopt);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find(absl::StrCat("serves weight version ", version)),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_NE(s.error_message().find(absl::StrCat(">= ", version + 1)), std::string::npos)
+      << s.error_message();
+  s = run(std::nullopt, version + 2);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+  EXPECT_NE(s.error_message().find(absl::StrCat("== ", version + 2)), std::string::npos)
+      << s.error_message();
+  rl::v1::GenerateFinal f;
+  ASSERT_TRUE(run(version, version, &f).ok());
+  EXPECT_EQ(f.weight_version(), version);
+  EXPECT_EQ(f.dispatch_weight_version(), version);
+  EXPECT_EQ(run(-1, std::nullopt).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  s = run(version + 1, version);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("exact_weight_version"), std::string::npos) << s.error_message();
+}
+
 TEST_F(WorkerServiceTest, TextPromptIsTokenized) {
   rl::v1::GenerateRequest req = Greedy({}, 20);
   req.set_text("Once upon a time");

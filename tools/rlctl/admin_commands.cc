@@ -48,6 +48,37 @@ int UpdateWeights(const Options& o, const Client& c) {
   return AdminCall(o, c, req, &rl::v1::Admin::Stub::UpdateWeightsFromDisk);
 }
 
+int StageWeights(const Options& o, const Client& c) {
+  if (o.from_disk.empty()) return Fail(o, Usage("stage-weights --from-disk DIR [--version N]"));
+  rl::v1::StageWeightsRequest req;
+  req.set_model_path(o.from_disk);
+  if (o.version >= 0) req.set_weight_version(o.version);
+  return AdminCall(o, c, req, &rl::v1::Admin::Stub::StageWeights);
+}
+
+int ActivateWeights(const Options& o, const Client& c) {
+  rl::v1::ActivateWeightsRequest req;
+  if (o.version >= 0) req.set_weight_version(o.version);
+  req.set_abort_all_requests(o.abort_all);
+  req.set_keep_pause(o.keep_pause);
+  return AdminCall(o, c, req, &rl::v1::Admin::Stub::ActivateWeights);
+}
+
+int DropStagedWeights(const Options& o, const Client& c) {
+  return AdminCall(o, c, rl::v1::DropStagedWeightsRequest(),
+                   &rl::v1::Admin::Stub::DropStagedWeights);
+}
+
+int RefitWeights(const Options& o, const Client& c) {
+  if (o.from_disk.empty()) return Fail(o, Usage("refit --from-disk DIR [--version N]"));
+  rl::v1::RefitWeightsRequest req;
+  req.set_model_path(o.from_disk);
+  if (o.version >= 0) req.set_weight_version(o.version);
+  req.set_abort_all_requests(o.abort_all);
+  req.set_keep_pause(o.keep_pause);
+  return AdminCall(o, c, req, &rl::v1::Admin::Stub::RefitWeights);
+}
+
 int WeightsChecker(const Options& o, const Client& c) {
   static const std::map<std::string, rl::v1::WeightsCheckerAction> kActions = {
       {"snapshot", rl::v1::WEIGHTS_CHECKER_ACTION_SNAPSHOT},

@@ -36,6 +36,12 @@ int Flush(const Options& o, const Client& c);
 int ReleaseMemory(const Options& o, const Client& c);
 int ResumeMemory(const Options& o, const Client& c);
 int UpdateWeights(const Options& o, const Client& c);  // --distributed: UpdateWeightsDistributed
+// Staged refits (issue 30): stage, activate, drop on a worker or through the router; refit is the
+// router's transactional stage-everywhere-then-activate.
+int StageWeights(const Options& o, const Client& c);
+int ActivateWeights(const Options& o, const Client& c);
+int DropStagedWeights(const Options& o, const Client& c);
+int RefitWeights(const Options& o, const Client& c);
 int WeightsChecker(const Options& o, const Client& c);
 int ModelInfo(const Options& o, const Client& c);
 int ServerInfo(const Options& o, const Client& c);

@@ -36,6 +36,8 @@ int GenerateVia(const Options& o, const Client& c, bool via_router) {
   if (o.logprob_start_len >= 0) req.set_logprob_start_len(o.logprob_start_len);
   req.set_logprobs_at_temperature_one(o.logprobs_at_temperature_one);
   req.set_return_trajectory(via_router && o.logprobs);
+  if (o.min_weight_version >= 0) req.set_min_weight_version(o.min_weight_version);
+  if (o.exact_weight_version >= 0) req.set_exact_weight_version(o.exact_weight_version);
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   std::unique_ptr<grpc::ClientReader<rl::v1::GenerateResponse>> reader =

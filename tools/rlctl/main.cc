@@ -17,12 +17,18 @@ constexpr char kCommands[] = R"(Commands:
   generate --text T | --ids 1,2,3 [--max-new-tokens N] [--temperature F] [--top-p F]
            [--top-k N] [--seed N] [--logprobs] [--stop S]... [--top-logprobs-num N]
            [--logprob-start-len N] [--logprobs-at-temperature-one] [--ignore-eos]
+           [--min-weight-version N] [--exact-weight-version N]
   retrieve --text T
   episode --episode-id ID [--remove]   (router: the episode's turns and one sample per branch)
   abort --request-id ID | --all    (router: forwarded to the worker holding the request;
                                     --all needs the admin key)
   pause --mode abort|in_place|retract      continue      flush
   update-weights --from-disk DIR [--version N] [--abort-all] [--keep-pause] [--no-flush]
+  stage-weights --from-disk DIR [--version N]   (read while serving; one staged version)
+  activate-weights [--version N] [--abort-all] [--keep-pause]   (swap + flush)
+  drop-staged-weights
+  refit --from-disk DIR [--version N] [--abort-all] [--keep-pause]   (router: stage on every
+        live worker, activate on all or on none)
   update-weights --distributed --group-name G [--bucket-json LINE]   (else one bucket JSON line
                  per stdin line, as rl-weight-sender prints them)
   init-group --master-address A --master-port P --world-size N --group-name G [--rank-offset R]
@@ -77,10 +83,16 @@ int main(int argc, char** argv) {
   flags.Bool("logprobs-at-temperature-one", &o.logprobs_at_temperature_one,
              "generate: logprobs at temperature 1 (implies --logprobs)");
   flags.Bool("ignore-eos", &o.ignore_eos, "generate: keep generating past EOS");
+  flags.Int("min-weight-version", &o.min_weight_version,
+            "generate: accept only weight versions >= N (-1: any)");
+  flags.Int("exact-weight-version", &o.exact_weight_version,
+            "generate: accept only weight version N (-1: any)");
   flags.StringList("stop", &o.stop, "generate: stop string (repeatable)");
   flags.String("mode", &o.mode, "pause: abort | in_place | retract");
-  flags.String("from-disk", &o.from_disk, "update-weights: model folder");
-  flags.Int("version", &o.version, "update-weights: new weight version (-1: current + 1)");
+  flags.String("from-disk", &o.from_disk, "update-weights / stage-weights / refit: model folder");
+  flags.Int("version", &o.version,
+            "update-weights / stage-weights / refit: new weight version (-1: current + 1); "
+            "activate-weights: the staged version expected");
   flags.Bool("abort-all", &o.abort_all, "update-weights: abort active requests");
   flags.Bool("keep-pause", &o.keep_pause, "update-weights: stay paused afterwards");
   flags.Bool("no-flush", &o.no_flush,

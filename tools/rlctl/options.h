@@ -32,6 +32,8 @@ struct Options {
   int logprob_start_len = -1;
   bool logprobs_at_temperature_one = false;
   bool ignore_eos = false;
+  int64_t min_weight_version = -1;    // generate: -1 unset
+  int64_t exact_weight_version = -1;  // generate: -1 unset
   std::vector<std::string> stop;
   std::string mode;
   std::string from_disk;

@@ -54,12 +54,16 @@ def build_generate_request(text: Optional[str] = None,
                            return_routed_experts: bool = False,
                            return_expert_weights: bool = False,
                            routed_experts_start_len: Optional[int] = None,
+                           min_weight_version: Optional[int] = None,
+                           exact_weight_version: Optional[int] = None,
                            routing_key: str = "", group_id: str = "", episode_id: str = "",
                            **sampling_kwargs: Any) -> "generate_pb2.GenerateRequest":
     """Every rl.v1.GenerateRequest field; sampling fields as `sampling=` or keyword arguments.
     Router only: `routing_key` / `group_id` place related requests on one worker under
     --policy affinity (docs/routing.md); `episode_id` records the turn in an agent episode
-    (docs/episodes.md)."""
+    (docs/episodes.md). `min_weight_version` / `exact_weight_version`: the weight versions the
+    request accepts (the fleet never serves it with others; UNAVAILABLE when none serves one
+    within the deadline)."""
     if (text is None) == (input_ids is None):
         raise ValueError("exactly one of text or input_ids is required")
     if sampling is None:
@@ -86,6 +90,10 @@ def build_generate_request(text: Optional[str] = None,
         req.logprob_start_len = logprob_start_len
     if stream is not None:
         req.stream = stream
+    if min_weight_version is not None:
+        req.min_weight_version = min_weight_version
+    if exact_weight_version is not None:
+        req.exact_weight_version = exact_weight_version
     return req
 
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/grpc_status.h"
@@ -375,6 +376,175 @@ grpc::ServerUnaryReactor* AdminService::WeightsChecker(Ctx* c,
     resp->set_message(absl::StrCat(replies.size(), " workers"));
     return absl::OkStatus();
   });
+}
+
+// ---- staged refits ----
+
+grpc::ServerUnaryReactor* AdminService::StageWeights(Ctx* c, const rl::v1::StageWeightsRequest* req,
+                                                     rl::v1::AdminResponse* resp) {
+  // Staging does not disturb serving: no hold, no version recorded.
+  return Forward(c, req, resp, {.what = "StageWeights", .deadline = Deadline::kLoad},
+                 &AsyncAdmin::StageWeights);
+}
+
+grpc::ServerUnaryReactor* AdminService::DropStagedWeights(
+    Ctx* c, const rl::v1::DropStagedWeightsRequest* req, rl::v1::AdminResponse* resp) {
+  return Forward(c, req, resp, {.what = "DropStagedWeights"}, &AsyncAdmin::DropStagedWeights);
+}
+
+grpc::ServerUnaryReactor* AdminService::ActivateWeights(Ctx* c,
+                                                        const rl::v1::ActivateWeightsRequest* req,
+                                                        rl::v1::AdminResponse* resp) {
+  return Run(c, [this, c, req, resp]() -> absl::Status {
+    RETURN_IF_ERROR(broadcaster_.lock().Acquire("ActivateWeights"));
+    // All or none: every live worker must have a staged version (the one asked for, when named;
+    // else one version for all), checked under the lock so nothing stages or drops meanwhile.
+    std::vector<std::string> missing, targets;
+    std::set<int64_t> versions;
+    std::set<std::string> sources;
+    for (const auto& r :
+         broadcaster_.Gather(c, rl::v1::GetServerInfoRequest(), &AsyncAdmin::GetServerInfo)) {
+      targets.push_back(r.worker);
+      if (!r.status.ok()) {
+        missing.push_back(absl::StrCat(r.worker, " (", r.status.error_message(), ")"));
+      } else if (!r.resp.has_staged_weights()) {
+        missing.push_back(absl::StrCat(r.worker, " (nothing staged)"));
+      } else if (req->has_weight_version() &&
+                 r.resp.staged_weight_version() != req->weight_version()) {
+        missing.push_back(
+            absl::StrCat(r.worker, " (staged version ", r.resp.staged_weight_version(), ")"));
+      } else {
+        versions.insert(r.resp.staged_weight_version());
+        sources.insert(r.resp.staged_source());
+      }
+    }
+    constexpr absl::string_view kDiskPrefix = "disk:";
+    absl::Status s;
+    if (!missing.empty()) {
+      s = absl::FailedPreconditionError(
+          absl::StrCat("ActivateWeights: not every live worker has the version staged, so none "
+                       "activates: ",
+                       absl::StrJoin(missing, "; ")));
+    } else if (versions.size() > 1) {
+      s = absl::FailedPreconditionError(absl::StrCat(
+          "ActivateWeights: the live workers staged different versions (",
+          absl::StrJoin(versions, ", "), "), so none activates; name one with weight_version"));
+    } else if (sources.size() != 1 || !absl::StartsWith(*sources.begin(), kDiskPrefix)) {
+      s = absl::FailedPreconditionError(
+          absl::StrCat("ActivateWeights: the live workers staged from different sources (",
+                       absl::StrJoin(sources, ", "), "), so none activates"));
+    } else {
+      Plan plan{.what = "ActivateWeights",
+                .deadline = Deadline::kLoad,
+                .hold = true,
+                .bumps_version = true,
+                .source = FleetWeights::Source::kDisk,
+                .path = sources.begin()->substr(kDiskPrefix.size()),
+                .sets_paused = req->keep_pause(),
+                .only = targets,
+                .whole_fleet = true};
+      s = broadcaster_.BroadcastLocked(
+          plan, c,
+          [req](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r, Done done) {
+            w.admin_stub().async()->ActivateWeights(ctx, req, r, std::move(done));
+          },
+          resp);
+    }
+    broadcaster_.lock().Release();
+    return s;
+  });
+}
+
+grpc::ServerUnaryReactor* AdminService::RefitWeights(Ctx* c, const rl::v1::RefitWeightsRequest* req,
+                                                     rl::v1::AdminResponse* resp) {
+  return Run(c, [this, c, req, resp]() -> absl::Status {
+    if (req->model_path().empty()) return absl::InvalidArgumentError("model_path: must be set");
+    if (req->has_weight_version() && req->weight_version() < 0) {
+      return absl::InvalidArgumentError("weight_version: must be >= 0");
+    }
+    RETURN_IF_ERROR(broadcaster_.lock().Acquire("RefitWeights"));
+    absl::Status s = RefitLocked(c, *req, resp);
+    broadcaster_.lock().Release();
+    return s;
+  });
+}
+
+absl::Status AdminService::RefitLocked(Ctx* c, const rl::v1::RefitWeightsRequest& req,
+                                       rl::v1::AdminResponse* resp) {
+  const int64_t before = pool_->ReferenceVersion();
+  const int64_t version =
+      req.has_weight_version() ? req.weight_version() : std::max<int64_t>(before, 0) + 1;
+  // 1. Stage on every live worker, serving as before (no hold).
+  rl::v1::StageWeightsRequest stage;
+  stage.set_model_path(req.model_path());
+  stage.set_weight_version(version);
+  rl::v1::AdminResponse staged;
+  RETURN_IF_ERROR(broadcaster_.BroadcastLocked(
+      {.what = "RefitWeights (stage)", .deadline = Deadline::kLoad}, c,
+      [&stage](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r, Done done) {
+        w.admin_stub().async()->StageWeights(ctx, &stage, r, std::move(done));
+      },
+      &staged));
+  std::vector<std::string> ok_workers;
+  size_t num_failed = 0;
+  for (const rl::v1::WorkerResult& r : staged.results()) {
+    if (r.success()) {
+      ok_workers.push_back(r.worker());
+    } else {
+      ++num_failed;
+    }
+  }
+  if (num_failed > 0) {
+    // 2a. Someone could not stage: none activates; what was staged is dropped.
+    rl::v1::AdminResponse dropped;
+    const rl::v1::DropStagedWeightsRequest drop;
+    if (!ok_workers.empty()) {
+      (void)broadcaster_.BroadcastLocked(
+          {.what = "RefitWeights (drop)", .only = ok_workers}, c,
+          [&drop](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
+                  Done done) {
+            w.admin_stub().async()->DropStagedWeights(ctx, &drop, r, std::move(done));
+          },
+          &dropped);
+    }
+    resp->set_success(false);
+    resp->set_weight_version(before);
+    *resp->mutable_results() = staged.results();  // each worker's stage outcome, with reasons
+    for (rl::v1::WorkerResult& r : *resp->mutable_results()) {
+      if (r.success()) r.set_message(absl::StrCat(r.message(), "; dropped (not activated)"));
+    }
+    resp->set_message(absl::StrCat("RefitWeights: staging version ", version, " failed on ",
+                                   num_failed, " of ", staged.results_size(),
+                                   " workers, so none activated and the staged copies were "
+                                   "dropped; the fleet keeps serving version ",
+                                   before));
+    return absl::OkStatus();
+  }
+  // 2b. Every live worker staged: activate them all (the short call: swap + flush). A worker that
+  // fails now (it died) is behind the fleet's new version and is caught up from the folder.
+  rl::v1::ActivateWeightsRequest activate;
+  activate.set_weight_version(version);
+  activate.set_abort_all_requests(req.abort_all_requests());
+  activate.set_keep_pause(req.keep_pause());
+  Plan plan{.what = "RefitWeights (activate)",
+            .deadline = Deadline::kLoad,
+            .hold = true,
+            .bumps_version = true,
+            .source = FleetWeights::Source::kDisk,
+            .path = req.model_path(),
+            .sets_paused = req.keep_pause(),
+            .only = ok_workers,
+            .whole_fleet = true};
+  RETURN_IF_ERROR(broadcaster_.BroadcastLocked(
+      plan, c,
+      [&activate](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
+                  Done done) {
+        w.admin_stub().async()->ActivateWeights(ctx, &activate, r, std::move(done));
+      },
+      resp));
+  resp->set_message(absl::StrCat("RefitWeights: version ", version, " staged on all ",
+                                 ok_workers.size(), " workers; ", resp->message()));
+  return absl::OkStatus();
 }
 
 }  // namespace rl::router::admin

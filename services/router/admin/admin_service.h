@@ -6,7 +6,9 @@
 //
 // Every call checks the admin key first; its waiting runs on the bounded admin executor (a full
 // executor answers RESOURCE_EXHAUSTED), never on a thread of its own. InitWeightsUpdateGroup
-// gives the i-th live worker (sorted by address) rank rank_offset + i. Thread-safe.
+// gives the i-th live worker (sorted by address) rank rank_offset + i. RefitWeights is the
+// transactional refit: stage everywhere (serving goes on), then activate everywhere or nowhere.
+// Thread-safe.
 #pragma once
 
 #include <functional>
@@ -81,6 +83,15 @@ class AdminService final : public rl::v1::Admin::CallbackService {
                                           rl::v1::AdminResponse* resp) override;
   grpc::ServerUnaryReactor* ResumeMemory(Ctx* c, const rl::v1::ResumeMemoryRequest* req,
                                          rl::v1::AdminResponse* resp) override;
+  // Staged refits (issue 30; docs/router-admin.md, "Transactional refit").
+  grpc::ServerUnaryReactor* StageWeights(Ctx* c, const rl::v1::StageWeightsRequest* req,
+                                         rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* ActivateWeights(Ctx* c, const rl::v1::ActivateWeightsRequest* req,
+                                            rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* DropStagedWeights(Ctx* c, const rl::v1::DropStagedWeightsRequest* req,
+                                              rl::v1::AdminResponse* resp) override;
+  grpc::ServerUnaryReactor* RefitWeights(Ctx* c, const rl::v1::RefitWeightsRequest* req,
+                                         rl::v1::AdminResponse* resp) override;
 
  private:
   // Checks the key, then runs `fn` on the admin executor and finishes the call with its status.
@@ -90,6 +101,10 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   // (FAILED_PRECONDITION, with the reason) one that would serve another version, or other
   // weights than the fleet's (docs/router-admin.md, "Resync").
   absl::Status CheckResync(Ctx* c, rl::v1::UpdateWeightsFromDiskRequest* req, Plan* plan);
+  // The refit, the admin lock held: stage on every live worker; activate on them only when every
+  // one staged, else drop everywhere (nothing activates).
+  absl::Status RefitLocked(Ctx* c, const rl::v1::RefitWeightsRequest& req,
+                           rl::v1::AdminResponse* resp);
   // Broadcasts `method` with the caller's own request, under `plan`.
   template <typename Request>
   grpc::ServerUnaryReactor* Forward(Ctx* c, const Request* req, rl::v1::AdminResponse* resp,

@@ -1,11 +1,11 @@
 // RoutingPolicy: which of the routable workers a request goes to. The pool filters first
-// (health, enablement, admin holds, the fleet's weight version, the request's exclusions) and
-// hands the policy what is left; the policy only chooses. Four implementations, one file each
-// under policies/ (chosen by --policy, made by policies/make_policy.h): round_robin (the
-// default), least_load, affinity (consistent hashing with bounded loads on a routing key, the
-// GRPO group or the trajectory) and cache_aware (the worker holding the longest cached prefix,
-// within the same bound).
-// docs/routing.md ("Policies") has the rules and each one's cost.
+// (health, enablement, admin holds, the fleet's weight version, the versions the request
+// accepts, the request's exclusions) and hands the policy what is left; the policy only chooses.
+// Four implementations, one file each under policies/ (chosen by --policy, made by
+// policies/make_policy.h): round_robin (the default), least_load, affinity (consistent hashing with
+// bounded loads on a routing key, the GRPO group or the trajectory) and cache_aware (the worker
+// holding the longest cached prefix, within the same bound). docs/routing.md ("Policies") has the
+// rules and each one's cost.
 //
 // Contract: Choose runs under the pool's lock, so it must be quick (O(#candidates), plus a ring
 // walk for affinity), must not block and must not call back into the pool; work that needs more
@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/version_constraint.h"
 
 namespace rl::router {
 
@@ -59,6 +60,7 @@ struct PickRequest {
   // Leading prompt tokens that are a cached trajectory (through its last generated token); 0
   // when the prompt extends no cached trajectory.
   int32_t trajectory_tokens = 0;
+  VersionConstraint versions;  // the weight versions the request accepts (the pool filters)
 };
 
 // What a policy chose, and why (for the routing metrics).

@@ -189,9 +189,14 @@ std::string WorkerPool::VersionReasonLocked(const Entry& e, int64_t reference) c
     if (fleet_.source == FleetWeights::Source::kAdopted) {
       from = "a worker's version an operator adopted without its folder";
     }
+    if (CatchableLocked(e)) {
+      return absl::StrCat(behind, ", which came from ", from,
+                          "; catching up from a live peer at weight_version ", fleet_.version);
+    }
     return absl::StrCat(behind, ", which came from ", from,
-                        " the router cannot replay; resync it: rlctl workers resync ", address,
-                        " --from-disk DIR");
+                        " the router cannot replay, and no live worker serves it to send it; "
+                        "resync it: rlctl workers resync ",
+                        address, " --from-disk DIR");
   }
   if (fleet_.version >= 0 && st.weight_version() > fleet_.version) {
     return absl::StrCat(
@@ -226,7 +231,7 @@ rl::v1::WorkerStatus WorkerPool::StatusLocked(const Entry& e, int64_t reference)
     s.set_state(rl::v1::WORKER_STATE_DEAD);
     why.push_back(st.last_error().empty() ? "dead" : st.last_error());
   } else if (st.Behind(fleet_.version)) {
-    s.set_state(fleet_.replayable() ? rl::v1::WORKER_STATE_SYNCING : rl::v1::WORKER_STATE_STALE);
+    s.set_state(CatchableLocked(e) ? rl::v1::WORKER_STATE_SYNCING : rl::v1::WORKER_STATE_STALE);
     why.push_back(VersionReasonLocked(e, reference));
   } else if (st.Differs(reference)) {
     s.set_state(rl::v1::WORKER_STATE_VERSION_MISMATCH);
@@ -309,7 +314,20 @@ std::optional<WorkerState> WorkerPool::StateOf(const std::string& address) const
 bool WorkerPool::EligibleLocked(const Entry& e, const PickRequest& request,
                                 int64_t reference) const {
   return e.state.Routable(reference) && (!e.state.paused() || fleet_paused_) &&
+         request.versions.Accepts(e.state.weight_version()) &&
          (request.exclude == nullptr || !request.exclude->contains(e.worker->address()));
+}
+
+std::vector<int64_t> WorkerPool::RoutableVersions() const {
+  absl::MutexLock lock(&mu_);
+  const int64_t reference = ReferenceVersionLocked();
+  std::vector<int64_t> out;
+  for (const Entry& e : entries_) {
+    if (e.state.Routable(reference)) out.push_back(e.state.weight_version());
+  }
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 Lease WorkerPool::Pick(const PickRequest& request) {
@@ -452,7 +470,7 @@ void WorkerPool::ReportVersion(Worker* w, int64_t version) {
     if (e == nullptr) return;
     e->state.ReportVersion(version);
     WarnVersionsLocked();
-    if (!e->state.Behind(fleet_.version) || !fleet_.replayable()) return;
+    if (!CatchableLocked(*e)) return;
     shared = e->worker;
   }
   MaybeCatchUp(shared);
@@ -666,6 +684,37 @@ bool WorkerPool::Behind(Worker* w) const {
   return false;
 }
 
+bool WorkerPool::IsPeerLocked(const Entry& e, int64_t version) const {
+  const WorkerState& st = e.state;
+  return st.liveness() == Liveness::kLive && st.enabled() && st.serving() && !st.syncing() &&
+         version >= 0 && st.weight_version() == version;
+}
+
+bool WorkerPool::CatchableLocked(const Entry& e) const {
+  if (!e.state.Behind(fleet_.version)) return false;
+  if (fleet_.replayable()) return true;
+  for (const Entry& peer : entries_) {
+    if (&peer != &e && IsPeerLocked(peer, fleet_.version)) return true;
+  }
+  return false;
+}
+
+std::vector<std::shared_ptr<Worker>> WorkerPool::PeersAt(int64_t version,
+                                                         const Worker* except) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const Entry*> peers;
+  for (const Entry& e : entries_) {
+    if (e.worker.get() != except && IsPeerLocked(e, version)) peers.push_back(&e);
+  }
+  std::stable_sort(peers.begin(), peers.end(), [](const Entry* a, const Entry* b) {
+    return a->worker->load() < b->worker->load();
+  });
+  std::vector<std::shared_ptr<Worker>> out;
+  out.reserve(peers.size());
+  for (const Entry* e : peers) out.push_back(e->worker);
+  return out;
+}
+
 void WorkerPool::SetCatchUpHandler(CatchUpHandler handler) {
   absl::MutexLock lock(&handoff_mu_);
   catch_up_ = std::move(handler);
@@ -691,8 +740,7 @@ void WorkerPool::MaybeCatchUp(const std::shared_ptr<Worker>& w) {
     absl::MutexLock lock(&mu_);
     Entry* e = FindLocked(w.get());
     if (e == nullptr) return;
-    const bool behind_replayable = fleet_.replayable() && e->state.Behind(fleet_.version);
-    if (!e->state.TakeForCatchUp(behind_replayable)) return;
+    if (!e->state.TakeForCatchUp(CatchableLocked(*e))) return;
   }
   bool handled = false;
   {

@@ -11,9 +11,11 @@
 // Fleet weights: the admin records the last successful fleet-wide update (SetFleetWeights,
 // fleet_weights.h). A worker whose version differs from the fleet's (the recorded one, else the
 // newest among live workers) is never routed, logged once with the reason and listed: behind a
-// replayable version the pool hands it to the catch-up handler (SYNCING), behind another it is
-// STALE until resynced, otherwise VERSION_MISMATCH; a worker that comes back live is handed over
-// once too (its pause state). Observers hear of every change.
+// version it can be brought to (from the fleet's folder, or from a live peer at that version
+// when the version came from a tensor stream or a group) the pool hands it to the catch-up
+// handler (SYNCING), behind another (no peer holds it) it is STALE until resynced, otherwise
+// VERSION_MISMATCH; a worker that comes back live is handed over once too (its pause state).
+// Observers hear of every change.
 //
 // Capacity: the sum over registered workers of the requests each runs at once (GetLoad's
 // max_running_requests; kDefaultWorkerCapacity until reported), for the router's automatic
@@ -66,6 +68,9 @@ class WorkerSource {
   virtual bool held() const = 0;
   virtual void ReportFailure(Worker* w) = 0;
   virtual void ReportVersion(Worker* w, int64_t version) = 0;
+  // The weight versions of the workers routable now, whatever a request accepts (sorted,
+  // unique): what a version-constrained request that found no worker is told is available.
+  virtual std::vector<int64_t> RoutableVersions() const { return {}; }
 };
 
 // What the routing policy did since the pool started (docs/routing.md, "Policies").
@@ -113,6 +118,7 @@ class WorkerPool final : public WorkerSource {
   // ---- picking ----
   Lease Pick(const PickRequest& request) override;
   Lease Pick() { return Pick(PickRequest{}); }
+  std::vector<int64_t> RoutableVersions() const override;
   // An admin broadcast that takes workers out of routing holds the pool (nested). While held,
   // a request that finds no routable worker waits for the broadcast instead of failing.
   void BeginHold() { holds_.fetch_add(1); }
@@ -184,6 +190,10 @@ class WorkerPool final : public WorkerSource {
   bool fleet_paused() const ABSL_LOCKS_EXCLUDED(mu_);
   // True when `w` reports a version older than the fleet's.
   bool Behind(Worker* w) const;
+  // Workers that can send the fleet's weights to `except` (peer catch-up): live and not suspect,
+  // enabled, serving (not asleep, updating or draining), not syncing, at exactly `version`;
+  // least loaded first.
+  std::vector<std::shared_ptr<Worker>> PeersAt(int64_t version, const Worker* except) const;
   void SetCatchUpHandler(CatchUpHandler handler);
   // The catch-up handler is done with `w`: health checks hand it over again while it is behind.
   void FinishSync(Worker* w);
@@ -208,6 +218,10 @@ class WorkerPool final : public WorkerSource {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   rl::v1::WorkerStatus StatusLocked(const Entry& e, int64_t reference) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // True when `e` is behind the fleet and can be caught up now: from the fleet's folder, or from
+  // a peer at the fleet's version (tensor or distributed updates exist only in memory).
+  bool CatchableLocked(const Entry& e) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool IsPeerLocked(const Entry& e, int64_t version) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Why a live worker at `e`'s version is not routed when it differs from `reference`.
   std::string VersionReasonLocked(const Entry& e, int64_t reference) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

@@ -53,6 +53,7 @@ struct WorkerInfo {
   bool update_failed = false;
   std::string last_error;
   std::vector<std::string> weight_update_groups;
+  StagedStatus staged;  // the staged version, if any
 };
 
 class WorkerControl {

@@ -178,6 +178,7 @@ WorkerInfo WorkerController::worker_info() const {
   out.update_failed = updates.update_failed;
   out.last_error = std::move(updates.last_error);
   out.weight_update_groups = std::move(updates.groups);
+  out.staged = std::move(updates.staged);
   return out;
 }
 

@@ -19,6 +19,7 @@ absl::Status ValidateRequest(const GenerateRequest& r, const EngineLimits& limit
   const SamplingParams& s = r.sampling;
   if (r.id.empty()) return Invalid("id", "must not be empty");
   if (r.input_ids.empty()) return Invalid("input_ids", "the prompt must not be empty");
+  if (absl::Status s = r.versions.Validate(); !s.ok()) return s;
   for (size_t i = 0; i < r.input_ids.size(); ++i) {
     const int32_t t = r.input_ids[i];
     if (t < 0 || t >= limits.vocab_size) {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/version_constraint.h"
 
 namespace rl::engine {
 
@@ -67,6 +68,10 @@ struct GenerateRequest {
   bool return_routed_experts = false;
   bool return_expert_weights = false;
   int32_t routed_experts_start_len = 0;
+  // The weight versions the request accepts: the engine finishes it with kAbort (message naming
+  // both versions) rather than run it on another version, e.g. after retract -> update ->
+  // continue. Validated (VersionConstraint::Validate) by ValidateRequest.
+  VersionConstraint versions;
 };
 
 inline constexpr int32_t kMaxTopLogprobs = 20;

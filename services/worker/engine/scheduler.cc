@@ -50,6 +50,7 @@ void Scheduler::Add(std::shared_ptr<RequestGroup> group, uint64_t seed) {
     seq->dispatch_version = weight_version_;
     waiting_.push_back(std::move(seq));
   }
+  if (!r.versions.any()) versions_unchecked_ = true;
   prompt_tokens_ += static_cast<int64_t>(r.input_ids.size());
 }
 
@@ -256,7 +257,28 @@ ScheduledBatch Scheduler::BuildOnce(int64_t now_us) {
   return batch;
 }
 
+void Scheduler::EnforceVersions(int64_t now_us) {
+  versions_unchecked_ = false;
+  versions_checked_ = weight_version_;
+  auto visit = [&](const std::unique_ptr<Sequence>& s) {
+    const VersionConstraint& c = s->request().versions;
+    if (s->finished || c.Accepts(weight_version_)) return;
+    Finish(s.get(),
+           FinishReason{FinishKind::kAbort, -1, "",
+                        absl::StrCat("weight version: this worker now serves version ",
+                                     weight_version_, "; the request accepts ", c.Describe(),
+                                     " (retry: the router routes it to a worker that does)")},
+           /*cache_kv=*/false, now_us);
+  };
+  for (const auto& s : running_) visit(s);
+  for (const auto& s : waiting_) visit(s);
+  RemoveFinished(/*include_waiting=*/true);
+}
+
 ScheduledBatch Scheduler::Schedule(int64_t now_us) {
+  // A request never runs a step on weights it does not accept: checked whenever the version
+  // moved or a constrained request arrived (O(requests) then, nothing otherwise).
+  if (versions_unchecked_ || versions_checked_ != weight_version_) EnforceVersions(now_us);
   while (true) {
     ScheduledBatch batch = BuildOnce(now_us);
     if (!batch.empty() || !HasWork()) {

@@ -13,6 +13,8 @@
 // a req_to_token row limit and a KV reservation for future decode tokens (new_token_ratio).
 // A waiting sequence whose prefix is being prefilled by another sequence right now waits one
 // step so it reuses that prefix from the cache (this is how n > 1 forks the prompt's KV).
+// Before any of that, a request whose accepted weight versions (GenerateRequest::versions) do
+// not include the current one finishes with kAbort: no step runs it on other weights.
 // Update() applies the sampled tokens, streams outputs, and finishes sequences on EOS / stop
 // ids / stop strings / max_new_tokens, returning their KV to the radix cache.
 //
@@ -129,6 +131,9 @@ class Scheduler {
   absl::Status CheckInvariants() const;
 
  private:
+  // Finishes with kAbort every sequence whose request does not accept weight_version_.
+  void EnforceVersions(int64_t now_us);
+
   // Retraction.
   void Retract(std::unique_ptr<Sequence> seq);
   void RetractNewest();
@@ -157,6 +162,9 @@ class Scheduler {
   std::vector<Sequence*> finished_;                 // finished during the current call
   int64_t running_epoch_ = 0;
   int64_t weight_version_ = 0;
+  // The version EnforceVersions last ran for, and whether a constrained request came since.
+  int64_t versions_checked_ = 0;
+  bool versions_unchecked_ = false;
 
   double new_token_ratio_;
   double new_token_ratio_decay_;

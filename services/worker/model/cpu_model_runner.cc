@@ -68,6 +68,19 @@ absl::Status CpuModelRunner::UpdateWeight(const TensorInfo& info, absl::Span<con
   return weights_->Update(info, bytes);
 }
 
+absl::Status CpuModelRunner::ActivateWeights(std::unique_ptr<Weights>* weights,
+                                             const std::string& source, const std::string&) {
+  if (weights == nullptr || *weights == nullptr) {
+    return absl::InvalidArgumentError("ActivateWeights: no weights");
+  }
+  if (absl::Status s = CheckSameArchitecture(config_, (*weights)->config()); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ActivateWeights (", source, "): ", s.message()));
+  }
+  weights_ = std::move(*weights);  // the old weights are freed here, after the swap
+  return absl::OkStatus();
+}
+
 absl::Status CpuModelRunner::SwapWeights(std::unique_ptr<Weights> weights) {
   if (weights == nullptr) return absl::InvalidArgumentError("SwapWeights: null weights");
   if (absl::Status s = CheckSameArchitecture(config_, weights->config()); !s.ok()) {

@@ -38,6 +38,8 @@ class CpuModelRunner final : public ModelRunner {
       const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const override;
   absl::Status LoadWeightsFromDisk(const std::string& model_dir) override;
   absl::Status UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) override;
+  absl::Status ActivateWeights(std::unique_ptr<Weights>* weights, const std::string& source,
+                               const std::string& source_identity) override;
 
   // Swaps in weights loaded for this config (LoadWeights(dir, config())). Null is refused.
   absl::Status SwapWeights(std::unique_ptr<Weights> weights);

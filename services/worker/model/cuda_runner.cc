@@ -110,6 +110,18 @@ class CudaModelRunner final : public ModelRunner {
     host_ = std::move(fresh);
     return absl::OkStatus();
   }
+  // A staged version is held in host memory until here: activation copies it into the device
+  // mirror (one host-to-device copy of every tensor inside the pause), then swaps the host copy.
+  absl::Status ActivateWeights(std::unique_ptr<Weights>* weights, const std::string& source,
+                               const std::string&) override {
+    if (weights == nullptr || *weights == nullptr) {
+      return absl::InvalidArgumentError("ActivateWeights: no weights");
+    }
+    RETURN_IF_ERROR(Annotate(CheckSameArchitecture(config_, (*weights)->config()), source));
+    RETURN_IF_ERROR(RefreshMirror(**weights, "", backend_.get(), device_.get()));
+    host_ = std::move(*weights);
+    return absl::OkStatus();
+  }
   absl::Status UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) override {
     RETURN_IF_ERROR(host_->Update(info, bytes));
     return RefreshMirror(*host_, info.name, backend_.get(), device_.get());

@@ -21,6 +21,8 @@
 
 namespace rl::model {
 
+class Weights;  // model/weights.h
+
 // Description of one weight tensor as the runner holds it.
 struct TensorInfo {
   std::string name;   // Hugging Face name, e.g. "model.layers.0.self_attn.q_proj.weight"
@@ -62,6 +64,16 @@ class ModelRunner {
   // shape, info.dtype is F32/BF16/F16 (converted to the held dtype). Nothing changes on error.
   virtual absl::Status UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) {
     return absl::UnimplementedError("UpdateWeight");
+  }
+  // Serves `*weights`, read ahead (model::LoadWeights, off the engine thread: a staged version,
+  // docs/weight-updates.md) from folder `source`: checks the architecture, then swaps them in
+  // (CPU: a pointer swap; CUDA: a copy into the device mirror, then the host copy is swapped).
+  // Takes `*weights` on success; on error it and the served weights are left as they were. The
+  // KV cache is not cleared (the engine flushes it). `source_identity` is the folder's
+  // FolderIdentity (sleepable_runner.h) taken before the read, "" when unknown.
+  virtual absl::Status ActivateWeights(std::unique_ptr<Weights>* weights, const std::string& source,
+                                       const std::string& source_identity) {
+    return absl::UnimplementedError("ActivateWeights");
   }
 };
 

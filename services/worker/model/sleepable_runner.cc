@@ -21,9 +21,8 @@ namespace {
 constexpr int kMaxFolderEntries = 100'000;
 constexpr char kUnknownIdentity[] = "?";  // never equals a listed folder
 
-// Identity of a checkpoint folder: name, size, inode and modification time of config.json and
-// every safetensors file (and index), sorted. Saving a checkpoint over the folder changes it
-// (a rewrite in place changes mtime; a write-then-rename changes the inode).
+}  // namespace
+
 absl::StatusOr<std::string> FolderIdentity(const std::string& dir) {
   std::vector<std::string> files;
   std::error_code ec;
@@ -48,6 +47,8 @@ absl::StatusOr<std::string> FolderIdentity(const std::string& dir) {
   std::sort(files.begin(), files.end());
   return absl::StrJoin(files, "\n");
 }
+
+namespace {
 
 // OK when `dir` still has `identity`; else why waking from it would be wrong.
 absl::Status CheckUnchanged(const std::string& dir, const std::string& identity, const char* how) {
@@ -132,6 +133,28 @@ absl::Status SleepableRunner::LoadWeightsFromDisk(const std::string& model_dir) 
   loaded_from_ = model_dir;
   source_identity_ = std::move(identity);
   dirty_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status SleepableRunner::ActivateWeights(std::unique_ptr<Weights>* weights,
+                                              const std::string& source,
+                                              const std::string& source_identity) {
+  if (inner_ == nullptr) {
+    if (source.empty()) {
+      return absl::FailedPreconditionError("ActivateWeights: asleep, and no folder to stage");
+    }
+    RETURN_IF_ERROR(LoadWeightsFromDisk(source));
+    weights->reset();
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(inner_->ActivateWeights(weights, source, source_identity));
+  if (source_identity.empty()) {
+    dirty_ = true;  // not known to match the folder: a Release spills these weights
+  } else {
+    loaded_from_ = source;
+    source_identity_ = source_identity;
+    dirty_ = false;
+  }
   return absl::OkStatus();
 }
 

@@ -27,6 +27,10 @@
 
 namespace rl::model {
 
+// Identity of a checkpoint folder: name, size, inode and modification time of config.json and
+// every safetensors file (and index), sorted. Saving a checkpoint over the folder changes it.
+absl::StatusOr<std::string> FolderIdentity(const std::string& dir);
+
 class SleepableRunner final : public ModelRunner {
  public:
   using Factory = std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>()>;
@@ -48,6 +52,12 @@ class SleepableRunner final : public ModelRunner {
       const std::function<void(const TensorInfo&, absl::Span<const uint8_t>)>& fn) const override;
   absl::Status LoadWeightsFromDisk(const std::string& model_dir) override;
   absl::Status UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) override;
+  // Awake: the inner runner's; `source` becomes the folder a wake reloads from, checked against
+  // `source_identity` (taken before the read) like a LoadWeightsFromDisk; with no identity the
+  // weights count as changed in memory and a Release spills them. Asleep: the read-ahead copy is
+  // dropped and `source` is staged as by LoadWeightsFromDisk.
+  absl::Status ActivateWeights(std::unique_ptr<Weights>* weights, const std::string& source,
+                               const std::string& source_identity) override;
 
   // Whether the backend is freed (the worker is asleep). Any thread: it changes only at the end
   // of a successful Release or Resume (on the engine thread).

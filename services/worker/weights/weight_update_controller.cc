@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
+#include "services/worker/model/weights.h"
 #include "services/worker/weights/update_validation.h"
 
 namespace rl::worker {
@@ -51,6 +52,14 @@ WeightUpdateStatus WeightUpdateController::status() const {
   WeightUpdateStatus out;
   lifecycle_.FillStatus(&out);
   out.groups = groups_.names();
+  absl::MutexLock lock(&stage_mu_);
+  out.staged.staging = staging_;
+  if (staged_ != nullptr) {
+    out.staged.has_staged = true;
+    out.staged.version = staged_->version.value_or(-1);
+    out.staged.source = absl::StrCat("disk:", staged_->path);
+    out.staged.bytes = staged_->bytes;
+  }
   return out;
 }
 
@@ -69,11 +78,138 @@ absl::StatusOr<UpdateGroups::Claim> WeightUpdateController::CheckAndClaim(
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
     const std::string& model_path, const UpdatePolicy& policy) {
   RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
+  if (policy.weight_version.has_value() && *policy.weight_version < 0) {
+    return absl::InvalidArgumentError("weight_version: must be >= 0");
+  }
+  if (lifecycle_.asleep()) {
+    // Asleep: the sleepable runner checks the folder and stages it for the wake.
+    return lifecycle_.Run("update_weights_from_disk", policy,
+                          [&](model::ModelRunner& runner) {
+                            return Annotate(runner.LoadWeightsFromDisk(model_path), model_path);
+                          },
+                          {});
+  }
+  // Stage + activate in one call: the read runs here, off the engine thread, while it keeps
+  // generating; the engine pauses only for the swap and the flush. The staged slot is not
+  // touched (a version staged by StageWeights stays staged).
+  // Taken before the read: a save racing with it shows up as a change on wake.
+  const std::string identity = model::FolderIdentity(model_path).value_or("");
+  absl::StatusOr<std::unique_ptr<model::Weights>> fresh =
+      model::LoadWeights(model_path, deps_.model_config);
+  if (!fresh.ok()) {
+    return Annotate(fresh.status(),
+                    absl::StrCat("update_weights_from_disk: ", model_path,
+                                 " (nothing was applied; the old weights keep serving)"));
+  }
   return lifecycle_.Run("update_weights_from_disk", policy,
                         [&](model::ModelRunner& runner) {
-                          return Annotate(runner.LoadWeightsFromDisk(model_path), model_path);
+                          return Annotate(runner.ActivateWeights(&*fresh, model_path, identity),
+                                          model_path);
                         },
                         {});
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
+    const std::string& model_path, std::optional<int64_t> weight_version) {
+  if (weight_version.has_value() && *weight_version < 0) {
+    return absl::InvalidArgumentError("weight_version: must be >= 0");
+  }
+  RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
+  const auto start = std::chrono::steady_clock::now();
+  {
+    absl::MutexLock lock(&stage_mu_);
+    if (staging_) {
+      return absl::FailedPreconditionError(
+          "stage_weights: another stage is being read (one staged version per worker); wait for "
+          "its answer");
+    }
+    staging_ = true;
+    staged_.reset();  // one staged version at most: the old one goes before the new read
+  }
+  // Off the engine thread: it keeps generating with the served weights meanwhile. Non-finite
+  // values are refused while the files are read (model_io), unless --allow-non-finite-weights.
+  std::string identity = model::FolderIdentity(model_path).value_or("");
+  absl::StatusOr<std::unique_ptr<model::Weights>> read =
+      model::LoadWeights(model_path, deps_.model_config);
+  absl::MutexLock lock(&stage_mu_);
+  staging_ = false;
+  if (!read.ok()) {
+    lifecycle_.RecordError(std::string(read.status().message()));
+    return Annotate(read.status(),
+                    absl::StrCat("stage_weights: ", model_path, " (nothing is staged)"));
+  }
+  auto staged = std::make_unique<StagedVersion>();
+  staged->version = weight_version;
+  staged->path = model_path;
+  staged->identity = std::move(identity);
+  staged->bytes = (*read)->TotalBytes();
+  staged->weights = *std::move(read);
+  AdminOutcome out;
+  out.message = absl::StrCat(
+      "stage_weights: ", staged->bytes, " bytes staged from ", model_path, " as version ",
+      weight_version.has_value() ? absl::StrCat(*weight_version) : "current + 1",
+      " (ActivateWeights serves it)");
+  out.weight_version = deps_.engine->weight_version();
+  out.duration_us = MicrosSince(start);
+  staged_ = std::move(staged);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
+    const UpdatePolicy& policy) {
+  std::unique_ptr<StagedVersion> staged;
+  {
+    absl::MutexLock lock(&stage_mu_);
+    if (staged_ == nullptr) {
+      return absl::FailedPreconditionError(
+          staging_ ? "activate_weights: the stage is still being read; activate once StageWeights "
+                     "answered"
+                   : "activate_weights: nothing is staged (StageWeights first)");
+    }
+    if (policy.weight_version.has_value() && staged_->version.has_value() &&
+        *policy.weight_version != *staged_->version) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("activate_weights: the staged version is ", *staged_->version, ", not ",
+                       *policy.weight_version, " (nothing changed)"));
+    }
+    staged = std::move(staged_);
+  }
+  UpdatePolicy p = policy;
+  if (staged->version.has_value()) p.weight_version = staged->version;
+  absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
+      "activate_weights", p,
+      [&](model::ModelRunner& runner) {
+        return Annotate(runner.ActivateWeights(&staged->weights, staged->path, staged->identity),
+                        staged->path);
+      },
+      {.self_pause = true});
+  if (!out.ok() && staged->weights != nullptr) {
+    // Not swapped in: still staged (unless a new stage came meanwhile).
+    absl::MutexLock lock(&stage_mu_);
+    if (staged_ == nullptr && !staging_) {
+      staged_ = std::move(staged);
+      return WithNote(out.status(), "nothing changed; the version is still staged");
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::DropStagedWeights() {
+  std::unique_ptr<StagedVersion> dropped;
+  {
+    absl::MutexLock lock(&stage_mu_);
+    if (staging_) {
+      return absl::FailedPreconditionError(
+          "drop_staged_weights: a stage is being read; drop once StageWeights answered");
+    }
+    dropped = std::move(staged_);
+  }
+  AdminOutcome out;
+  out.message = dropped == nullptr ? "drop_staged_weights: nothing was staged"
+                                   : absl::StrCat("drop_staged_weights: dropped ", dropped->bytes,
+                                                  " bytes staged from ", dropped->path);
+  out.weight_version = deps_.engine->weight_version();
+  return out;  // `dropped` is freed here, outside the lock
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(

@@ -4,7 +4,8 @@
 // (WorkerServer) builds it over the engine; AdminService calls it; the control plane reads its
 // state. Semantics of every call: docs/weight-updates.md.
 // Cost: the served weights' names and shapes are read once at Create; a prepared receive stages
-// every tensor it lists in host memory until Complete.
+// every tensor it lists in host memory until Complete; a staged version holds one host copy of
+// the model until activated or dropped (a disk update holds one during its read).
 // Thread-safe: any thread, concurrently; engine state is touched only on its thread.
 #pragma once
 
@@ -13,12 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/model_io/model_config.h"
 #include "common/request_limits.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/model/model_runner.h"
 #include "services/worker/model/sleepable_runner.h"
+#include "services/worker/model/weights.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "services/worker/weights/update_groups.h"
 #include "services/worker/weights/update_lifecycle.h"
@@ -56,6 +60,8 @@ class WeightUpdateController final : public WeightUpdates {
   void Shutdown() { groups_.CloseAll(); }
 
   bool updating() const override { return lifecycle_.updating(); }
+  // Weight applies started so far (update_lifecycle.h): the peer sender's change detector.
+  uint64_t applies() const { return lifecycle_.applies(); }
   WeightUpdateStatus status() const override;
   const WeightShapes& served_shapes() const override { return served_shapes_; }
   // The served weights as read at Create (fixed for the life of the process).
@@ -81,8 +87,21 @@ class WeightUpdateController final : public WeightUpdates {
   absl::StatusOr<AdminOutcome> InitWeightsUpdateGroup(const GroupRequest& request) override;
   absl::StatusOr<AdminOutcome> DestroyWeightsUpdateGroup(const std::string& group_name) override;
   absl::StatusOr<std::vector<model::TensorInfo>> ListWeights() override;
+  absl::StatusOr<AdminOutcome> StageWeightsFromDisk(const std::string& model_path,
+                                                    std::optional<int64_t> weight_version) override;
+  absl::StatusOr<AdminOutcome> ActivateStagedWeights(const UpdatePolicy& policy) override;
+  absl::StatusOr<AdminOutcome> DropStagedWeights() override;
 
  private:
+  // A checkpoint read ahead into owned host memory, waiting for its activation.
+  struct StagedVersion {
+    std::optional<int64_t> version;
+    std::string path;
+    std::string identity;  // model::FolderIdentity of `path` before the read ("" unknown)
+    std::unique_ptr<model::Weights> weights;
+    int64_t bytes = 0;
+  };
+
   explicit WeightUpdateController(Deps deps);
   // Checks every bucket against the served weights, then claims the group.
   absl::StatusOr<UpdateGroups::Claim> CheckAndClaim(const std::string& group_name,
@@ -94,6 +113,9 @@ class WeightUpdateController final : public WeightUpdates {
   WeightShapes served_shapes_;
   UpdateLifecycle lifecycle_;
   UpdateGroups groups_;
+  mutable absl::Mutex stage_mu_;
+  bool staging_ ABSL_GUARDED_BY(stage_mu_) = false;
+  std::unique_ptr<StagedVersion> staged_ ABSL_GUARDED_BY(stage_mu_);
 };
 
 }  // namespace rl::worker

@@ -7,8 +7,8 @@
 // Design: every update goes through one lifecycle on the engine thread (refuse or retract →
 // abort if asked → apply → flush the prefix cache → bump weight_version → resume unless
 // keep_pause); the semantics, including updates while asleep and the group claims, are in
-// docs/weight-updates.md. Later, staged versions (stage while serving, then a short activate)
-// become calls of this interface, so the unit owns the served version and what is staged.
+// docs/weight-updates.md. Staged versions (stage while serving, then a short activate) are
+// calls of this interface too: the unit owns the served version and what is staged.
 // Thread-safety: every call may come from any thread, concurrently.
 #pragma once
 
@@ -60,8 +60,18 @@ struct GroupRequest {
   int timeout_ms = 60000;
 };
 
+// The staged version, if any (StageWeightsFromDisk), as GetServerInfo reports it.
+struct StagedStatus {
+  bool has_staged = false;
+  int64_t version = -1;  // -1: current + 1 at activation
+  std::string source;    // "disk:DIR"
+  int64_t bytes = 0;     // host memory it holds
+  bool staging = false;  // a stage is being read now
+};
+
 // What GetServerInfo reports of the updates.
 struct WeightUpdateStatus {
+  StagedStatus staged;
   // The last distributed update failed and left the engine paused (weights may be partial).
   bool update_failed = false;
   std::string last_error;
@@ -110,6 +120,27 @@ class WeightUpdates {
 
   // The served weights' names, dtypes and shapes (FAILED_PRECONDITION while asleep).
   virtual absl::StatusOr<std::vector<model::TensorInfo>> ListWeights() = 0;
+
+  // ---- staged versions (docs/weight-updates.md, "Staged versions") ----
+  // Reads `model_path` into host memory off the engine thread (the caller's), to serve later as
+  // `weight_version` (unset: current + 1 at activation). One staged version at most: the old
+  // one is freed before the read; a second stage while one is read is FAILED_PRECONDITION. A
+  // failed read leaves nothing staged.
+  virtual absl::StatusOr<AdminOutcome> StageWeightsFromDisk(const std::string& model_path,
+                                                            std::optional<int64_t> weight_version) {
+    return absl::UnimplementedError("StageWeightsFromDisk");
+  }
+  // Serves the staged version: a self-pausing update (running requests are retracted and go on
+  // with the new weights, or aborted with abort_all_requests) whose apply is the swap.
+  // policy.weight_version, when set, must equal the staged version's (when it has one).
+  // FAILED_PRECONDITION when nothing is staged; a refusal before the swap keeps it staged.
+  virtual absl::StatusOr<AdminOutcome> ActivateStagedWeights(const UpdatePolicy& policy) {
+    return absl::UnimplementedError("ActivateStagedWeights");
+  }
+  // Frees the staged version (OK when there is none; FAILED_PRECONDITION while one is read).
+  virtual absl::StatusOr<AdminOutcome> DropStagedWeights() {
+    return absl::UnimplementedError("DropStagedWeights");
+  }
 };
 
 }  // namespace rl::worker

@@ -267,6 +267,36 @@ TEST(WorkerPoolTest, WithoutAFleetVersionOnlyTheNewestLiveVersionIsAdmitted) {
   EXPECT_EQ(StatusOf(pool, old.address()).state(), rl::v1::WORKER_STATE_LIVE);
 }
 
+// The versions a request accepts filter the routable workers (issue 30); RoutableVersions names
+// what there is whatever a request accepts.
+TEST(WorkerPoolTest, PickHonoursTheVersionsARequestAccepts) {
+  WorkerPool pool(Manual());
+  auto fakes = Fakes(2);
+  for (const auto& f : fakes) {
+    f->SetVersion(4);
+    ASSERT_TRUE(pool.Add(f->address()).ok());
+  }
+  PickRequest r;
+  EXPECT_TRUE(pool.Pick(r));
+  r.versions.min = 4;
+  EXPECT_TRUE(pool.Pick(r));
+  r.versions.min = 5;
+  EXPECT_FALSE(pool.Pick(r));
+  r.versions = {};
+  r.versions.exact = 4;
+  EXPECT_TRUE(pool.Pick(r));
+  r.versions.exact = 3;
+  EXPECT_FALSE(pool.Pick(r));
+  EXPECT_EQ(pool.RoutableVersions(), std::vector<int64_t>{4});
+  // The fleet moves on: the request waiting for version 5 now finds a worker.
+  for (const auto& f : fakes) f->SetVersion(5);
+  pool.CheckAll();
+  r.versions = {};
+  r.versions.min = 5;
+  EXPECT_TRUE(pool.Pick(r));
+  EXPECT_EQ(pool.RoutableVersions(), std::vector<int64_t>{5});
+}
+
 // A policy gets the routable workers only, sorted, with their loads and versions.
 TEST(WorkerPoolTest, ThePolicyChoosesAmongRoutableCandidates) {
   class Last final : public RoutingPolicy {

@@ -106,9 +106,18 @@ TEST(FleetRecordTest, WeightsAndPauseSurviveARestartAndOldWorkersStayOut) {
     ASSERT_TRUE(l);
     EXPECT_EQ(l->address(), current.address());
   }
-  const rl::v1::WorkerStatus s = StatusOf(pool, old.address());
-  EXPECT_EQ(s.state(), rl::v1::WORKER_STATE_STALE);
+  // Behind the restored in-memory version, which `current` still serves: it can be caught up from
+  // that peer (SYNCING; the pool here has no catch-up handler), never routed meanwhile.
+  rl::v1::WorkerStatus s = StatusOf(pool, old.address());
+  EXPECT_EQ(s.state(), rl::v1::WORKER_STATE_SYNCING);
   EXPECT_NE(s.reason().find("behind the fleet's 5"), std::string::npos) << s.reason();
+  EXPECT_NE(s.reason().find("from a live peer"), std::string::npos) << s.reason();
+  // With no peer at version 5 left it is STALE, and only a resync brings it back.
+  current.Stop();
+  for (int i = 0; i < 3; ++i) pool.CheckAll();
+  s = StatusOf(pool, old.address());
+  EXPECT_EQ(s.state(), rl::v1::WORKER_STATE_STALE);
+  EXPECT_NE(s.reason().find("rlctl workers resync"), std::string::npos) << s.reason();
 }
 
 TEST(FleetRecordTest, AnUnreadableRecordRefusesToStart) {

@@ -74,5 +74,98 @@ TEST(EngineVersionTest, UninterruptedRequestHasOneSegment) {
   EXPECT_EQ(r.dispatch_weight_version, fe.engine->weight_version());
 }
 
+// Versions a request accepts (issue 30): across retract -> update -> continue, a request whose
+// constraint the new version breaks finishes with kAbort naming both versions and never gets a
+// token from the new weights; one whose constraint still holds continues on them.
+TEST(EngineVersionTest, UpdateToAVersionARequestRefusesFinishesItWithoutAToken) {
+  FakeRunnerOptions fo;
+  fo.page_size = 4;
+  FakeEngine fe = MakeFakeEngine(fo);
+  Collector collector;
+  const int64_t v0 = fe.engine->weight_version();
+  fe.runner->SetStepBudget(4);
+  ASSERT_TRUE(fe.engine->Pause(PauseMode::kInPlace).ok());
+  GenerateRequest exact = Greedy("exact", Prompt(8, 1), kMaxNew);
+  exact.versions.exact = v0;
+  GenerateRequest min = Greedy("min", Prompt(9, 2), kMaxNew);
+  min.versions.min = v0;
+  GenerateRequest any = Greedy("any", Prompt(10, 3), kMaxNew);
+  GenerateRequest queued = Greedy("queued", Prompt(11, 4), kMaxNew);
+  queued.versions.exact = v0;
+  for (GenerateRequest* r : {&exact, &min, &any}) {
+    ASSERT_TRUE(fe.engine->Submit(*r, collector.Callbacks()).ok());
+  }
+  ASSERT_TRUE(fe.engine->Continue().ok());
+  fe.runner->WaitForSteps(4);
+  ASSERT_TRUE(PauseGated(*fe.engine, *fe.runner, PauseMode::kRetract).ok());
+  // One more, still waiting (never admitted) when the update lands.
+  ASSERT_TRUE(fe.engine->Submit(queued, collector.Callbacks()).ok());
+  const size_t exact_before = collector.streamed("exact").size();
+  ASSERT_GT(exact_before, 0u);
+  const int64_t v1 = v0 + 1;
+  ASSERT_TRUE(fe.engine
+                  ->RunOnEngineThread([&](EngineContext& ctx) {
+                    absl::Status s = ctx.FlushCache();
+                    ctx.set_weight_version(v1);
+                    return s;
+                  })
+                  .ok());
+  fe.runner->SetStepBudget(-1);
+  ASSERT_TRUE(fe.engine->Continue().ok());
+  ASSERT_TRUE(collector.WaitFor(4));
+  for (const char* id : {"exact", "queued"}) {
+    const GenerateResult r = collector.result(id);
+    EXPECT_EQ(r.finish_reason.kind, FinishKind::kAbort) << id;
+    EXPECT_NE(r.finish_reason.message.find(absl::StrCat("now serves version ", v1)),
+              std::string::npos)
+        << r.finish_reason.message;
+    EXPECT_NE(r.finish_reason.message.find(absl::StrCat("== ", v0)), std::string::npos)
+        << r.finish_reason.message;
+    for (const VersionSegment& seg : r.weight_version_segments) {
+      EXPECT_EQ(seg.weight_version, v0) << id << ": a token from a version it refuses";
+    }
+  }
+  EXPECT_EQ(collector.result("exact").output_ids.size(), exact_before);
+  EXPECT_TRUE(collector.result("queued").output_ids.empty());
+  for (const char* id : {"min", "any"}) {
+    const GenerateResult r = collector.result(id);
+    EXPECT_EQ(r.finish_reason.kind, FinishKind::kLength) << id;
+    EXPECT_EQ(r.weight_version, v1) << id;
+    EXPECT_EQ(r.dispatch_weight_version, v0) << id;
+  }
+  ExpectNoLeak(*fe.engine);
+}
+
+// A request submitted straight to an engine below its minimum (the worker's door check raced
+// an update) never runs a step: it finishes with kAbort and no token.
+TEST(EngineVersionTest, RequestBelowItsMinimumNeverRuns) {
+  FakeEngine fe = MakeFakeEngine();
+  Collector collector;
+  GenerateRequest r = Greedy("future", Prompt(6, 9), 8);
+  r.versions.min = fe.engine->weight_version() + 3;
+  ASSERT_TRUE(fe.engine->Submit(r, collector.Callbacks()).ok());
+  ASSERT_TRUE(collector.WaitFor(1));
+  const GenerateResult res = collector.result("future");
+  EXPECT_EQ(res.finish_reason.kind, FinishKind::kAbort);
+  EXPECT_TRUE(res.output_ids.empty());
+  EXPECT_NE(res.finish_reason.message.find(">= "), std::string::npos) << res.finish_reason.message;
+}
+
+TEST(EngineVersionTest, InvalidConstraintsAreRefusedAtSubmission) {
+  FakeEngine fe = MakeFakeEngine();
+  Collector collector;
+  GenerateRequest neg = Greedy("neg", Prompt(6, 9), 8);
+  neg.versions.min = -1;
+  absl::Status s = fe.engine->Submit(neg, collector.Callbacks());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("min_weight_version"), std::string::npos) << s;
+  GenerateRequest both = Greedy("both", Prompt(6, 9), 8);
+  both.versions.min = 5;
+  both.versions.exact = 4;
+  s = fe.engine->Submit(both, collector.Callbacks());
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("exact_weight_version"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace rl::engine::testing

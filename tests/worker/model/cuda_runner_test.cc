@@ -16,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/model/cpu_model_runner.h"
+#include "services/worker/model/weights.h"
 #include "tests/testing/numeric.h"
 #include "tests/worker/model/test_util.h"
 
@@ -312,6 +313,13 @@ TEST_F(CudaRunnerTest, WeightUpdatesFollowTheCpu) {
   // A bad checkpoint leaves the weights serving.
   EXPECT_FALSE(gpu->LoadWeightsFromDisk(a.model_dir + "/missing").ok());
   EXPECT_EQ(PromptLogits(gpu.get(), prompt), after);
+  // A staged version (issue 30): read ahead on the host, copied to the device at activation.
+  auto staged = LoadWeights(a.model_dir, gpu->config());
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ(PromptLogits(gpu.get(), prompt), after);
+  ASSERT_TRUE(gpu->ActivateWeights(&*staged, a.model_dir, "").ok());
+  EXPECT_LE(MaxAbsDiff(PromptLogits(gpu.get(), prompt), before), 1e-3f);
+  ASSERT_TRUE(gpu->LoadWeightsFromDisk(b.model_dir).ok());
   // One tensor, converted from bf16.
   const std::string name = "model.layers.0.mlp.down_proj.weight";
   TensorInfo info;

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/worker/model/cpu_model_runner.h"
+#include "services/worker/model/weights.h"
 #include "tests/worker/model/test_util.h"
 
 namespace rl::model {
@@ -184,6 +185,22 @@ TEST_F(RunnerTest, LoadWeightsFromDiskSwapsAtomically) {
   EXPECT_EQ(Logits({9, 8, 7}), b);
   ASSERT_TRUE(runner_->LoadWeightsFromDisk(dir_ + "/a").ok());
   EXPECT_EQ(Logits({9, 8, 7}), a);
+}
+
+// A staged version (issue 30): read off the runner (model::LoadWeights), served by
+// ActivateWeights with a swap; a refused activation changes nothing and keeps the weights.
+TEST_F(RunnerTest, ActivateWeightsSwapsInWeightsReadAhead) {
+  const std::vector<float> a = Logits({9, 8, 7});
+  auto staged = LoadWeights(dir_ + "/b", runner_->config());
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ(Logits({9, 8, 7}), a);  // read, not served
+  ASSERT_TRUE(runner_->ActivateWeights(&*staged, dir_ + "/b", "").ok());
+  EXPECT_EQ(*staged, nullptr);  // taken
+  const std::vector<float> b = Logits({9, 8, 7});
+  EXPECT_NE(a, b);
+  std::unique_ptr<Weights> none;
+  EXPECT_EQ(runner_->ActivateWeights(&none, "", "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Logits({9, 8, 7}), b);
 }
 
 TEST_F(RunnerTest, LoadErrorsNameTensorAndShape) {

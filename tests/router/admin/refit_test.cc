@@ -1,0 +1,191 @@
+// The transactional fleet refit (Admin.RefitWeights through a router over in-process rl-workers
+// on stories260K, issue 30): with every worker staging, all activate the new version (fleet
+// version recorded, checksums changed and equal, exact-version requests served); with one of three
+// workers refusing to stage (its own --max-path-bytes is shorter than the folder's path), none
+// activates, every staged copy is dropped, the answer names each worker's reason and the fleet
+// keeps serving the old version (same outputs; a request for the new version is UNAVAILABLE). Also
+// the router's ActivateWeights: refused unless every live worker has the version staged.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "rl/v1/router.grpc.pb.h"
+#include "tests/testing/router_fleet.h"
+#include "tests/worker/worker_test_util.h"
+
+namespace rl::router {
+namespace {
+
+using rl::testing::TempDir;
+using ::testing::HasSubstr;
+
+class RefitTest : public testing::RouterFleetTest {
+ protected:
+  void SetUp() override {
+    next_ = std::make_unique<TempDir>();
+    worker::testing::WritePerturbedStories(next_->path(), "mlp.down_proj", 1.7f);
+  }
+
+  grpc::Status Refit(int64_t version, rl::v1::AdminResponse* resp) {
+    rl::v1::RefitWeightsRequest req;
+    req.set_model_path(next_->path());
+    req.set_weight_version(version);
+    grpc::ClientContext ctx;
+    return admin_->RefitWeights(&ctx, req, resp);
+  }
+
+  std::vector<int32_t> GreedyIds(int64_t exact_version = -1) {
+    rl::v1::GenerateRequest req = TextRequest("Once upon a time", 8, false);
+    if (exact_version >= 0) req.set_exact_weight_version(exact_version);
+    rl::v1::GenerateFinal f;
+    const grpc::Status s = Generate(req, &f);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return {f.output_ids().begin(), f.output_ids().end()};
+  }
+
+  // Every worker's (version, has staged weights), through the router.
+  std::vector<std::pair<int64_t, bool>> WorkerStates() {
+    rl::v1::GetServerInfoResponse info;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(admin_->GetServerInfo(&ctx, {}, &info).ok());
+    std::vector<std::pair<int64_t, bool>> out;
+    for (const auto& w : info.workers()) {
+      out.emplace_back(w.info().weight_version(), w.info().has_staged_weights());
+    }
+    return out;
+  }
+
+  // Every live worker's rank checksum, through the router.
+  std::vector<std::string> Checksums() {
+    rl::v1::WeightsCheckerRequest req;
+    req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
+    rl::v1::WeightsCheckerResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(admin_->WeightsChecker(&ctx, req, &resp).ok());
+    std::vector<std::string> out;
+    for (const auto& w : resp.workers()) out.push_back(w.result().rank_sha256());
+    return out;
+  }
+
+  std::unique_ptr<TempDir> next_;
+};
+
+TEST_F(RefitTest, EveryWorkerStagesThenAllActivate) {
+  StartFleet(2);
+  const std::vector<std::string> before = Checksums();
+  ASSERT_EQ(before.size(), 2u);
+  rl::v1::AdminResponse resp;
+  const grpc::Status s = Refit(5, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.success()) << resp.message();
+  EXPECT_EQ(resp.weight_version(), 5);
+  ASSERT_EQ(resp.results_size(), 2);
+  for (const auto& r : resp.results()) EXPECT_TRUE(r.success()) << r.worker() << r.message();
+  for (const auto& [version, staged] : WorkerStates()) {
+    EXPECT_EQ(version, 5);
+    EXPECT_FALSE(staged);
+  }
+  EXPECT_EQ(ListWorkers().fleet_weight_version(), 5);
+  const std::vector<std::string> after = Checksums();
+  ASSERT_EQ(after.size(), 2u);
+  EXPECT_NE(after[0], before[0]);
+  EXPECT_EQ(after[0], after[1]);  // one version, one content
+  EXPECT_EQ(GreedyIds(/*exact_version=*/5).size(), 8u);
+}
+
+TEST_F(RefitTest, OneWorkerFailingToStageActivatesNowhere) {
+  StartFleet(2);
+  // The third worker refuses the folder: its own path limit is shorter than the path.
+  worker::WorkerConfig strict;
+  strict.limits.max_path_bytes = 16;  // the smallest allowed; shorter than the folder's path
+  auto w = testing::StartTestWorker(strict);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::string strict_address = (*w)->address();
+  workers_.push_back(*std::move(w));
+  AddWorker(strict_address);
+  ASSERT_TRUE(WaitFor([&] { return Status(strict_address).state() == rl::v1::WORKER_STATE_LIVE; }));
+  const std::vector<int32_t> before = GreedyIds();
+  const std::vector<std::string> sums = Checksums();
+
+  rl::v1::AdminResponse resp;
+  const grpc::Status s = Refit(5, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.success());
+  EXPECT_THAT(resp.message(), HasSubstr("failed on 1 of 3 workers"));
+  EXPECT_THAT(resp.message(), HasSubstr("none activated"));
+  EXPECT_EQ(resp.weight_version(), 0);
+  ASSERT_EQ(resp.results_size(), 3);
+  for (const auto& r : resp.results()) {
+    if (r.worker() == strict_address) {
+      EXPECT_FALSE(r.success());
+      EXPECT_EQ(r.code(), "INVALID_ARGUMENT");
+      EXPECT_THAT(r.message(), HasSubstr("max-path-bytes"));
+    } else {
+      EXPECT_TRUE(r.success()) << r.message();
+      EXPECT_THAT(r.message(), HasSubstr("dropped"));
+    }
+  }
+  // Nothing activated, nothing left staged; the fleet serves the old version and outputs.
+  const auto states = WorkerStates();
+  ASSERT_EQ(states.size(), 3u);
+  for (const auto& [version, staged] : states) {
+    EXPECT_EQ(version, 0);
+    EXPECT_FALSE(staged);
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(GreedyIds(), before);
+  EXPECT_EQ(Checksums(), sums);
+  rl::v1::GenerateRequest want_new = TextRequest("Once upon a time", 4, false);
+  want_new.set_min_weight_version(5);
+  rl::v1::GenerateFinal f;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  auto reader = stub_->Generate(&ctx, want_new);
+  rl::v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(RefitTest, RouterActivateNeedsTheVersionStagedEverywhere) {
+  StartFleet(2);
+  // Staged on one worker only (directly): the router activates none.
+  auto one = rl::v1::Admin::NewStub(
+      grpc::CreateChannel(workers_[0]->address(), grpc::InsecureChannelCredentials()));
+  rl::v1::StageWeightsRequest stage;
+  stage.set_model_path(next_->path());
+  stage.set_weight_version(3);
+  rl::v1::AdminResponse resp;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(one->StageWeights(&ctx, stage, &resp).ok());
+  }
+  rl::v1::ActivateWeightsRequest activate;
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = admin_->ActivateWeights(&ctx, activate, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(s.error_message(), HasSubstr("nothing staged"));
+  }
+  for (const auto& [version, staged] : WorkerStates()) EXPECT_EQ(version, 0);
+  // Staged through the router on both: activation reaches both.
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->StageWeights(&ctx, stage, &resp).ok());
+    EXPECT_TRUE(resp.success()) << resp.message();
+  }
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = admin_->ActivateWeights(&ctx, activate, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(resp.success()) << resp.message();
+  }
+  for (const auto& [version, staged] : WorkerStates()) {
+    EXPECT_EQ(version, 3);
+    EXPECT_FALSE(staged);
+  }
+  EXPECT_EQ(ListWorkers().fleet_weight_version(), 3);
+}
+
+}  // namespace
+}  // namespace rl::router
