@@ -80,14 +80,18 @@ HWY_INLINE void ScoresPairHalf(const float* q0, const float* q1, const float* co
   __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
   const float *k0 = kp[0], *k1 = kp[1], *k2 = kp[2], *k3 = kp[3], *k4 = kp[4], *k5 = kp[5],
               *k6 = kp[6], *k7 = kp[7];
+  // Each K vector is loaded once into a register for both rows: the empty asm keeps GCC from
+  // folding the load into both FMAs (two loads of it, 18 loads per 16 FMAs: the loop was bound
+  // by the load ports; a causal prefill of 512 tokens 10.6 -> 8.7 ms per layer on Zen 5).
   for (int64_t i = 0; i < dvec; i += 16) {
     const __m512 qa = _mm512_loadu_ps(q0 + i);
     const __m512 qb = _mm512_loadu_ps(q1 + i);
-#define RL_SCORE_STEP(kj, a, b)                \
-  {                                            \
-    const __m512 kv = _mm512_loadu_ps(kj + i); \
-    a = _mm512_fmadd_ps(qa, kv, a);            \
-    b = _mm512_fmadd_ps(qb, kv, b);            \
+#define RL_SCORE_STEP(kj, a, b)          \
+  {                                      \
+    __m512 kv = _mm512_loadu_ps(kj + i); \
+    __asm__("" : "+v"(kv));              \
+    a = _mm512_fmadd_ps(qa, kv, a);      \
+    b = _mm512_fmadd_ps(qb, kv, b);      \
   }
     RL_SCORE_STEP(k0, a0, b0)
     RL_SCORE_STEP(k1, a1, b1)
