@@ -12,7 +12,9 @@
 // With no --model it runs stories260K from $RL_TEST_DATA and a 0.5B-class random Qwen3 (bf16)
 // made into a temp dir; with --backend cuda also an 8B-class random Llama-3 (bf16), batches
 // 1,16,64,256 and 256-token prompts by default, and the nominal bf16 peak for the prefill.
-// For MoE models the bound counts the experts each decode step actually routed to.
+// For MoE models the bound counts the experts each decode step actually routed to. Each batch
+// line ends with the process CPU time of one prefill (every thread; spinning pool workers count):
+// with --threads 1, a prefill figure that other processes on the machine do not inflate.
 // --op-profile (CPU): after each timed prefill and decode, the time per op and shape per step
 // (matmul GFLOP/s and GB/s of weights, the thread pool's synchronisation), from the CPU
 // backend's OpProfile.
@@ -281,10 +283,12 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     }
     if (profile != nullptr) profile->Clear();
     const auto t0 = Clock::now();
+    const double cpu0 = ProcessCpuSeconds();
     for (int rep = 0; rep < o.prefill_reps; ++rep) {  // the same prompt into the same slots
       if (!r.Forward(in, &out).ok()) return 1;
     }
     const double prefill_s = Seconds(t0, Clock::now()) / o.prefill_reps;
+    const double prefill_cpu_s = (ProcessCpuSeconds() - cpu0) / o.prefill_reps;
     if (profile != nullptr) {
       std::printf("  prefill of %d x %d tokens, per prefill (%.3f ms):\n%s", batch, o.prompt_len,
                   1e3 * prefill_s,
@@ -328,10 +332,10 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     const double bound_step_s = step_bytes / bandwidth;
     std::printf(
         "batch %3d: prefill %10.1f tok/s (%d x %d tokens, %.1f TFLOP/s)   decode %10.1f "
-        "tok/s (%.3f ms/step; bound %.3f ms = %.0f%%; CPU %.3f ms/step)\n",
+        "tok/s (%.3f ms/step; bound %.3f ms = %.0f%%; CPU %.3f ms/step); prefill CPU %.1f ms\n",
         batch, prefill_tps, batch, o.prompt_len, 2.0 * params * prefill_tps / 1e12, batch / step_s,
         1e3 * step_s, 1e3 * bound_step_s, 100.0 * bound_step_s / step_s,
-        1e3 * decode_cpu_s / o.decode_steps);
+        1e3 * decode_cpu_s / o.decode_steps, 1e3 * prefill_cpu_s);
     if (moe_layers > 0) {
       std::printf(
           "           experts touched per decode step: %.1f of %lld (layer, expert) pairs = "

@@ -269,8 +269,11 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
     inv[r] = 1.0f / hn::GetLane(hn::SumOfLanes(d, vsum));
   }
 
-  // Σ_j p_j · v_j, kBlocks head-dim vectors per pass over V.
-  constexpr int kBlocks = std::min(4, std::max(1, kAccumulators / kR));
+  // Σ_j p_j · v_j, kBlocks head-dim vectors per pass over V (then passes of 2 and 1). On the
+  // 32-register targets up to 24 accumulators: 8 rows take 3 blocks, a head dim of 128 three
+  // passes (3, 3, 2) instead of four, each position's probabilities broadcast once per pass.
+  constexpr int kPvAccumulators = HWY_TARGET == HWY_AVX2 ? 8 : 24;
+  constexpr int kBlocks = std::min(4, std::max(1, kPvAccumulators / kR));
   auto weighted_sum = [&](auto blocks, int64_t i) {
     constexpr int kB = decltype(blocks)::value;
     VF acc[kR][kB];
@@ -304,6 +307,11 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
   int64_t i = 0;
   for (; i + kBlocks * lanes <= dvec; i += kBlocks * lanes) {
     weighted_sum(std::integral_constant<int, kBlocks>(), i);
+  }
+  if constexpr (kBlocks > 2) {
+    for (; i + 2 * lanes <= dvec; i += 2 * lanes) {
+      weighted_sum(std::integral_constant<int, 2>(), i);
+    }
   }
   for (; i < dvec; i += lanes) weighted_sum(std::integral_constant<int, 1>(), i);
   for (i = dvec; i < hd; ++i) {
