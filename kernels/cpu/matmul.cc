@@ -406,7 +406,7 @@ HWY_EXPORT(PackPairsImpl);
 namespace {
 
 // Row groups of a long prefill (RunGroup): bytes of float32 x per group (half the 1 MiB L2 of
-// Zen 4 / Zen 5, a quarter of Sapphire Rapids.).
+// Zen 4 / Zen 5, a quarter of Sapphire Rapids').
 constexpr int64_t kRowGroupXBytes = int64_t{512} << 10;
 constexpr int64_t kRowGroupMultiple = 12;  // whole 6-row (AVX-512) and 4-row (AVX2) tiles
 
@@ -517,8 +517,8 @@ void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_
   const int64_t quantum = m >= 4 ? 24 : 8;
   int64_t num_chunks = 0;
   for (const MatmulParams& p : runs) num_chunks += (p.n + quantum - 1) / quantum;
-  // A long prefill's rows in groups of about kRowGroupXBytes of x (a multiple of the 6-row
-  // tile), each group a separate unit of work per run of columns: x of a group stays in L2
+  // A long prefill's rows in groups of about kRowGroupXBytes of x (whole tiles of rows), each
+  // group a separate unit of work per run of columns: x of a group stays in L2
   // while its runs pass over it, and the units at the end of a parallel region are small, so a
   // thread waits less for the other at the barrier (a run over all 512 rows of a prefill was
   // up to 0.45 ms of work). Exact mode only (the bf16-products tiles take all rows).
