@@ -11,6 +11,7 @@
 #include "common/status.h"
 #include "grpcpp/server.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "services/router/episodes/episode_metrics.h"
 #include "services/router/pool/policies/make_policy.h"
 #include "spdlog/spdlog.h"
 
@@ -137,6 +138,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   episode_options.gc_threshold_k = config.gc_threshold_k;
   RETURN_IF_ERROR(episode_options.Validate());
   s->episodes_ = std::make_unique<EpisodeStore>(episode_options);
+  RegisterEpisodeMetrics(&s->metrics_, s->episodes_.get());
   PoolOptions pool_options;
   pool_options.health_interval = std::chrono::milliseconds(config.health_interval_ms);
   pool_options.health_timeout = std::chrono::milliseconds(config.health_timeout_ms);
@@ -243,7 +245,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   const int32_t max_n = static_cast<int32_t>(config.limits.max_n);
   s->sglang_service_ = std::make_unique<RouterSglangService>(
       s->pool_.get(), s->router_service_.get(), s->tokenizer_.get(), config.tokenizer_path,
-      self_authorization, s->data_auth_.get(), max_n);
+      self_authorization, s->data_auth_.get(), max_n, &s->drain_);
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
@@ -266,7 +268,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
     s->no_auth_ = std::make_unique<BearerAuth>("");
     s->sglang_open_service_ = std::make_unique<RouterSglangService>(
         s->pool_.get(), s->router_service_.get(), s->tokenizer_.get(), config.tokenizer_path,
-        self_authorization, s->no_auth_.get(), max_n);
+        self_authorization, s->no_auth_.get(), max_n, &s->drain_);
     s->sglang_open_service_->Connect(self);
     ServerOptions sglang_options = options;
     sglang_options.port = config.sglang_port;
@@ -284,6 +286,17 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
     ASSIGN_OR_RETURN(s->metrics_http_,
                      MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));
   }
+  RouterServer* raw = s.get();
+  s->sglang_readiness_ = std::make_unique<ReadinessWatch>(
+      [raw] { return SglangReadinessOf(*raw->pool_, raw->drain_.draining()).ready; },
+      [raw](bool ready) {
+        raw->grpc_->SetServiceServing(kSglangReadinessService, ready);
+        if (raw->sglang_grpc_) {
+          raw->sglang_grpc_->SetServiceServing(kSglangReadinessService, ready);
+          raw->sglang_grpc_->SetServiceServing(kReadinessService, ready);
+        }
+      },
+      std::chrono::milliseconds(config.health_interval_ms));
   return s;
 }
 
@@ -293,6 +306,7 @@ bool RouterServer::Drain() {
   if (shut_down_) return true;
   drain_.Begin();
   if (grpc_) grpc_->SetServiceServing(kReadinessService, false);
+  if (sglang_readiness_) sglang_readiness_->Refresh();  // NOT_SERVING now, not an interval later
   spdlog::info(
       "draining: new generations and admin calls refused; up to {}s for the streams in "
       "flight",
@@ -312,6 +326,7 @@ void RouterServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (pool_) pool_->SetCapacityObserver(nullptr);  // it points into the router service
+  sglang_readiness_.reset();  // publishes nothing from now on (Shutdown sets NOT_SERVING)
   // Discovery first: no pool change from now on.
   discovery_.reset();
   if (sglang_grpc_) sglang_grpc_->Shutdown();

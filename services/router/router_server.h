@@ -4,7 +4,10 @@
 // observer), the tokenizer, the Router service, the Admin service, SGLang's scheduler protocol
 // (main port, and --sglang-port without a key), health, reflection and the metrics endpoint; it
 // decides nothing itself. Health: the overall status is liveness (SERVING until Shutdown); the
-// service `rl.v1.Router` is readiness (NOT_SERVING once Drain began).
+// service `rl.v1.Router` is readiness (NOT_SERVING once Drain began). The SGLang side's
+// readiness (sglang/sglang_readiness.h: not draining and a routable worker) is published as
+// `sglang.grpc.scheduler.SglangScheduler` on both listeners and as `rl.v1.Router` on
+// --sglang-port, so the SMG gateway stops sending when the router could not route.
 #pragma once
 
 #include <memory>
@@ -29,6 +32,7 @@
 #include "services/router/pool/worker_pool.h"
 #include "services/router/router_service.h"
 #include "services/router/sglang/router_sglang_service.h"
+#include "services/router/sglang/sglang_readiness.h"
 #include "services/router/state/fleet_record.h"
 
 namespace rl::router {
@@ -142,6 +146,8 @@ class RouterServer {
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<GrpcServer> sglang_grpc_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
+  // Publishes the SGLang side's readiness on both listeners (declared last: stops first).
+  std::unique_ptr<ReadinessWatch> sglang_readiness_;
   bool shut_down_ = false;
 };
 

@@ -36,6 +36,12 @@ void AdminService::RenewLease(const Ctx& context) {
   if (absl::StatusOr<LeaseClaim> claim = ClaimOf(context); claim.ok()) lease_.Renew(*claim);
 }
 
+absl::Status AdminService::AdmitStream(const Ctx& context, absl::string_view method) {
+  RETURN_IF_ERROR(auth_.Check(context));
+  ASSIGN_OR_RETURN(LeaseClaim claim, ClaimOf(context));
+  return lease_.Acquire(claim, method);
+}
+
 grpc::ServerUnaryReactor* AdminService::RunAsync(Ctx* context, absl::string_view method,
                                                  absl::AnyInvocable<absl::Status() &&> fn,
                                                  bool control) {
@@ -87,7 +93,8 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDisk(
 
 grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest>*
 AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
-  return new TensorUpdateReactor(weights_, host_.limits(), executor_, auth_,
+  return new TensorUpdateReactor(weights_, host_.limits(), executor_,
+                                 AdmitStream(*c, "UpdateWeightsFromTensor"),
                                  allow_non_finite_weights_, c, resp);
 }
 

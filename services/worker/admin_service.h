@@ -94,6 +94,9 @@ class AdminService final : public rl::v1::Admin::CallbackService {
                                      absl::AnyInvocable<absl::Status() &&> fn, bool control = true);
   // The call's lease claim (its headers); InvalidArgument for bad ones.
   static absl::StatusOr<LeaseClaim> ClaimOf(const Ctx& context);
+  // The key and the admin lease of a streaming control call (UpdateWeightsFromTensor), checked
+  // once at its start; the router's LeaseKeeper renews the lease while the stream runs.
+  absl::Status AdmitStream(const Ctx& context, absl::string_view method);
   // A read-only call: the holder's claim renews the lease.
   void RenewLease(const Ctx& context);
 

@@ -36,7 +36,7 @@ absl::Status NonFinite(const NamedTensor& t, model_io::DType dtype, int64_t inde
 }  // namespace
 
 TensorUpdateReactor::TensorUpdateReactor(WeightUpdates& weights, const RequestLimits& limits,
-                                         BoundedExecutor& executor, const BearerAuth& auth,
+                                         BoundedExecutor& executor, absl::Status admitted,
                                          bool allow_non_finite_weights,
                                          grpc::CallbackServerContext* context,
                                          rl::v1::AdminResponse* response)
@@ -46,8 +46,8 @@ TensorUpdateReactor::TensorUpdateReactor(WeightUpdates& weights, const RequestLi
       allow_non_finite_(allow_non_finite_weights),
       context_(context),
       response_(response) {
-  if (absl::Status s = auth.Check(*context); !s.ok()) {
-    Finish(ToGrpcStatus(s));
+  if (!admitted.ok()) {
+    Finish(ToGrpcStatus(admitted));
     return;
   }
   StartRead(&msg_);
