@@ -8,11 +8,13 @@
 //   runner_bench [--backend cpu|cuda] [--model DIR]... [--make-qwen3-0.5b=true|false]
 //                [--make-llama-8b=true|false] [--make-qwen3-moe-1b] [--batches 1,8,32]
 //                [--prompt-len N] [--decode-steps N] [--threads N] [--batch-invariant]
-//                [--bf16-products] [--prefill-reps N] [--op-profile]
+//                [--bf16-products] [--prefill-reps N] [--decode-warmup N] [--op-profile]
 // With no --model it runs stories260K from $RL_TEST_DATA and a 0.5B-class random Qwen3 (bf16)
 // made into a temp dir; with --backend cuda also an 8B-class random Llama-3 (bf16), batches
 // 1,16,64,256 and 256-token prompts by default, and the nominal bf16 peak for the prefill.
-// For MoE models the bound counts the experts each decode step actually routed to.
+// For MoE models the bound counts the experts each decode step actually routed to. Each batch
+// line ends with the process CPU time of one prefill (every thread; spinning pool workers count):
+// with --threads 1, a prefill figure that other processes on the machine do not inflate.
 // --op-profile (CPU): after each timed prefill and decode, the time per op and shape per step
 // (matmul GFLOP/s and GB/s of weights, the thread pool's synchronisation), from the CPU
 // backend's OpProfile.
@@ -132,6 +134,7 @@ struct Options {
   std::vector<int> batches;
   int prompt_len = 0;
   int decode_steps = 16;
+  int decode_warmup = 2;
   int prefill_reps = 1;
   int threads = 0;
   bool batch_invariant = false;
@@ -189,6 +192,7 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
   flags.String("batches", &batches, "comma-separated batch sizes");
   flags.Int("prompt-len", &o->prompt_len, "prompt tokens (0: backend default)");
   flags.Int("decode-steps", &o->decode_steps, "timed decode steps");
+  flags.Int("decode-warmup", &o->decode_warmup, "untimed decode steps before the timed ones");
   flags.Int("prefill-reps", &o->prefill_reps,
             "timed prefills after the warm-up; the mean is printed (llama-bench's -r)");
   flags.Int("threads", &o->threads, "CPU threads (0: all)");
@@ -209,10 +213,10 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
     }
   }
   if (o->prompt_len < 0 || o->decode_steps <= 0 || o->threads < 0 || o->prefill_reps < 1 ||
-      o->prefill_reps > 100) {
+      o->prefill_reps > 100 || o->decode_warmup < 0 || o->decode_warmup > 1000) {
     std::fprintf(stderr,
                  "runner_bench: --prompt-len and --threads must be >= 0, --decode-steps > 0, "
-                 "--prefill-reps in [1, 100]\n");
+                 "--decode-warmup in [0, 1000], --prefill-reps in [1, 100]\n");
     return 2;
   }
   return std::nullopt;
@@ -221,7 +225,7 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
 int Bench(const std::string& name, const std::string& dir, const Options& o, double bandwidth) {
   const bool cuda = o.backend == "cuda";
   const int max_batch = *std::max_element(o.batches.begin(), o.batches.end());
-  const int32_t stride = o.prompt_len + o.decode_steps + 16;
+  const int32_t stride = o.prompt_len + o.decode_warmup + o.decode_steps + 16;
   rl::model::RunnerOptions ro;
   ro.model_dir = dir;
   ro.num_threads = o.threads;
@@ -281,10 +285,12 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     }
     if (profile != nullptr) profile->Clear();
     const auto t0 = Clock::now();
+    const double cpu0 = ProcessCpuSeconds();
     for (int rep = 0; rep < o.prefill_reps; ++rep) {  // the same prompt into the same slots
       if (!r.Forward(in, &out).ok()) return 1;
     }
     const double prefill_s = Seconds(t0, Clock::now()) / o.prefill_reps;
+    const double prefill_cpu_s = (ProcessCpuSeconds() - cpu0) / o.prefill_reps;
     if (profile != nullptr) {
       std::printf("  prefill of %d x %d tokens, per prefill (%.3f ms):\n%s", batch, o.prompt_len,
                   1e3 * prefill_s,
@@ -299,16 +305,28 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     }
     in.return_routing = moe_layers > 0;
     double touched = 0;  // (layer, expert) pairs read, summed over the timed steps
-    const auto t1 = Clock::now();
-    const double cpu1 = ProcessCpuSeconds();
-    for (int step = 0; step < o.decode_steps; ++step) {
-      if (!r.Forward(in, &out).ok()) return 1;
-      if (moe_layers > 0) touched += DistinctExperts(out, moe_layers, c.num_experts_per_tok);
+    auto decode_step = [&](bool timed) {
+      if (!r.Forward(in, &out).ok()) return false;
+      if (timed && moe_layers > 0) {
+        touched += DistinctExperts(out, moe_layers, c.num_experts_per_tok);
+      }
       for (int b = 0; b < batch; ++b) {
         SequenceInput& s = in.seqs[static_cast<size_t>(b)];
         s.start_pos += 1;
         s.kv_slots.push_back(b * stride + s.start_pos);
       }
+      return true;
+    };
+    // Untimed steps first (llama-bench warms up too): the pool's workers back from sleep, the
+    // step's buffers sized for decode.
+    for (int step = 0; step < o.decode_warmup; ++step) {
+      if (!decode_step(false)) return 1;
+    }
+    if (profile != nullptr) profile->Clear();
+    const auto t1 = Clock::now();
+    const double cpu1 = ProcessCpuSeconds();
+    for (int step = 0; step < o.decode_steps; ++step) {
+      if (!decode_step(true)) return 1;
     }
     const double decode_s = Seconds(t1, Clock::now());
     const double decode_cpu_s = ProcessCpuSeconds() - cpu1;
@@ -320,7 +338,7 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     const double prefill_tps = batch * o.prompt_len / prefill_s;
     const double step_s = decode_s / o.decode_steps;
     // Bound: one step reads the weights once and every sequence's KV (mean context).
-    const double mean_ctx = o.prompt_len + (o.decode_steps + 1) / 2.0;
+    const double mean_ctx = o.prompt_len + o.decode_warmup + (o.decode_steps + 1) / 2.0;
     const double mean_touched = touched / o.decode_steps;
     const double step_weight_bytes =
         moe_layers > 0 ? non_expert_bytes + mean_touched * one_expert_bytes : weight_bytes;
@@ -328,10 +346,10 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
     const double bound_step_s = step_bytes / bandwidth;
     std::printf(
         "batch %3d: prefill %10.1f tok/s (%d x %d tokens, %.1f TFLOP/s)   decode %10.1f "
-        "tok/s (%.3f ms/step; bound %.3f ms = %.0f%%; CPU %.3f ms/step)\n",
+        "tok/s (%.3f ms/step; bound %.3f ms = %.0f%%; CPU %.3f ms/step); prefill CPU %.1f ms\n",
         batch, prefill_tps, batch, o.prompt_len, 2.0 * params * prefill_tps / 1e12, batch / step_s,
         1e3 * step_s, 1e3 * bound_step_s, 100.0 * bound_step_s / step_s,
-        1e3 * decode_cpu_s / o.decode_steps);
+        1e3 * decode_cpu_s / o.decode_steps, 1e3 * prefill_cpu_s);
     if (moe_layers > 0) {
       std::printf(
           "           experts touched per decode step: %.1f of %lld (layer, expert) pairs = "

@@ -5,7 +5,9 @@ Builds nothing. Runs our `runner_bench` on a safetensors checkpoint and, when gi
 `llama-bench` / `llama-batched-bench` (from --llama-cpp, a build folder or its bin/) on a GGUF
 of the same checkpoint, then prints one table with the ratios (ours / llama.cpp, > 1 is faster):
 
-  batch-1 decode at 1 and 2 threads   runner_bench --batches 1      | llama-bench -p 0 -n N
+  batch-1 decode at 1 and 2 threads   runner_bench --batches 1      | llama-bench -p 0 -n 128
+                                      (both 128 timed tokens after untimed warm-up steps:
+                                      --decode-steps 128, --decode-warmup 2 | its warm-up run)
   prefill of 32 and 512 tokens        runner_bench --prompt-len P   | llama-bench -p P -n 0
                                       (both the mean of 5 timed runs: --prefill-reps 5 | -r 5)
   batched decode at 16 and 64 seqs    runner_bench --batches B      | llama-batched-bench -npl B
@@ -68,6 +70,11 @@ def run(cmd, timeout):
     if p.returncode != 0:
         sys.exit(f"side_by_side: {' '.join(cmd)} exited {p.returncode}:\n{p.stderr[-2000:]}")
     return p.stdout
+
+
+# Batch-1 decode: timed tokens on both sides (llama-bench's -n). A few hundred milliseconds of
+# steps (32 at 2 threads) swung by 25% between rounds with a single hiccup of the machine.
+BATCH1_STEPS = 128
 
 
 def ours(args, threads, batches, prompt_len, steps, prefill_reps=1):
@@ -142,7 +149,8 @@ def main():
     ap.add_argument("--gguf", help="GGUF of the same checkpoint, for llama.cpp")
     ap.add_argument("--threads", default="1,2", help="thread counts for batch-1 decode")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--decode-steps", type=int, default=32)
+    ap.add_argument("--decode-steps", type=int, default=32,
+                    help="timed steps of the batched decode rows (batch 1: 128, as llama-bench)")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per command")
     ap.add_argument("--llama-fa", default="off,on",
                     help="llama.cpp flash-attention settings to try (on/off), the best is kept")
@@ -185,11 +193,11 @@ def main():
         loads.append(os.getloadavg()[0])
         print(f"round {r + 1}: load average {loads[-1]:.1f}", file=sys.stderr)
         for t in threads:
-            rows, bw = ours(args, t, [1], 32, args.decode_steps)
+            rows, bw = ours(args, t, [1], 32, BATCH1_STEPS)
             keep(f"decode, batch 1, {t} thr (tok/s)", rows[1][1], 0,
                  f"{rows[1][2]}% of {bw:.1f} GB/s")
             if theirs:
-                keep(f"decode, batch 1, {t} thr (tok/s)", llama_bench(args, t, 0, 128), 1)
+                keep(f"decode, batch 1, {t} thr (tok/s)", llama_bench(args, t, 0, BATCH1_STEPS), 1)
         for p in (32, 512):
             # The mean of 5 timed prefills, as llama-bench's default -r 5 reports its mean.
             rows, _ = ours(args, top, [1], p, 1, prefill_reps=5)

@@ -405,15 +405,22 @@ HWY_EXPORT(PackPairsImpl);
 
 namespace {
 
-// Columns [c0, c1) of one matmul, bias included; with `xb`, in bf16-products mode from x
-// rounded to bf16.
-void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c1,
-                const KernelPlan& plan) {
+// Row groups of a long prefill (RunGroup): bytes of float32 x per group (half the 1 MiB L2 of
+// Zen 4 / Zen 5, a quarter of Sapphire Rapids').
+constexpr int64_t kRowGroupXBytes = int64_t{512} << 10;
+constexpr int64_t kRowGroupMultiple = 12;  // whole 6-row (AVX-512) and 4-row (AVX2) tiles
+
+// Columns [c0, c1) of rows [r0, r1) of one matmul, bias included; with `xb`, in bf16-products
+// mode from x rounded to bf16 (all rows: r0 and r1 are ignored).
+void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c1, int64_t r0,
+                int64_t r1, const KernelPlan& plan) {
   if (xb != nullptr) {
     MatmulColumnsBf16(xb, static_cast<const uint16_t*>(p.w), p.y, p.m, p.n, p.k, c0, c1, plan);
+    r0 = 0;
+    r1 = p.m;
   } else {
     HWY_DYNAMIC_DISPATCH(MatmulColumnsImpl)
-    (p.x, p.w, static_cast<int>(p.w_dtype), p.y, p.m, p.n, p.k, c0, c1);
+    (p.x + r0 * p.k, p.w, static_cast<int>(p.w_dtype), p.y + r0 * p.n, r1 - r0, p.n, p.k, c0, c1);
   }
   if (p.bias == nullptr) return;
   // Bias elements widened one at a time: no allocation on the step path.
@@ -422,7 +429,7 @@ void RunColumns(const MatmulParams& p, const uint16_t* xb, int64_t c0, int64_t c
   for (int64_t c = c0; c < c1; ++c) {
     float b = 0;
     model_io::ConvertToF32(p.bias_dtype, bias + c * bsize, 1, &b);
-    for (int64_t r = 0; r < p.m; ++r) p.y[r * p.n + c] += b;
+    for (int64_t r = r0; r < r1; ++r) p.y[r * p.n + c] += b;
   }
 }
 
@@ -510,7 +517,23 @@ void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_
   const int64_t quantum = m >= 4 ? 24 : 8;
   int64_t num_chunks = 0;
   for (const MatmulParams& p : runs) num_chunks += (p.n + quantum - 1) / quantum;
-  auto run = [&](int64_t chunk_begin, int64_t chunk_end, int) {
+  // A long prefill's rows in groups of about kRowGroupXBytes of x (whole tiles of rows), each
+  // group a separate unit of work per run of columns: x of a group stays in L2
+  // while its runs pass over it, and the units at the end of a parallel region are small, so a
+  // thread waits less for the other at the barrier (a run over all 512 rows of a prefill was
+  // up to 0.45 ms of work). Exact mode only (the bf16-products tiles take all rows).
+  int64_t max_k = 1;
+  for (const MatmulParams& p : runs) max_k = std::max(max_k, p.k);
+  int64_t group_rows = m;
+  if (!bf16_products) {
+    const int64_t rows = std::max<int64_t>(
+        kRowGroupMultiple, kRowGroupXBytes / (max_k * 4) / kRowGroupMultiple * kRowGroupMultiple);
+    if (2 * rows <= m) group_rows = rows;
+  }
+  const int64_t num_groups = (m + group_rows - 1) / group_rows;
+  auto run = [&](int64_t chunk_begin, int64_t chunk_end, int64_t group) {
+    const int64_t r0 = group * group_rows;
+    const int64_t r1 = std::min(m, r0 + group_rows);
     int64_t first = 0;  // the first chunk of runs[i]
     for (size_t i = 0; i < runs.size(); ++i) {
       const MatmulParams& p = runs[i];
@@ -518,30 +541,35 @@ void RunGroup(absl::Span<const MatmulParams> group, ThreadPool* pool, bool bf16_
       const int64_t b = std::max(chunk_begin, first);
       const int64_t e = std::min(chunk_end, first + chunks);
       if (b < e) {
-        RunColumns(p, xb[i], (b - first) * quantum, std::min(p.n, (e - first) * quantum), plan);
+        RunColumns(p, xb[i], (b - first) * quantum, std::min(p.n, (e - first) * quantum), r0, r1,
+                   plan);
       }
       first += chunks;
     }
   };
   if (pool == nullptr || pool->num_threads() == 1) {
-    run(0, num_chunks, 0);
+    for (int64_t g = 0; g < num_groups; ++g) run(0, num_chunks, g);
     return;
   }
-  // Threads take runs of `grain` chunks from a shared counter until none is left, rather than a
-  // fixed share each: a thread slowed down (another process on its core, a page of W still in
-  // DRAM) leaves its work to the others instead of holding up the whole region. A run is a
-  // contiguous stretch of columns (weights streamed in order); about 8 runs per thread, at most
-  // a slab's worth of weights. Which thread computes a column changes none of its bits.
+  // Threads take units (a run of `grain` chunks of one row group) from a shared counter until
+  // none is left, rather than a fixed share each: a thread slowed down (another process on its
+  // core, a page of W still in DRAM) leaves its work to the others instead of holding up the
+  // whole region. A run is a contiguous stretch of columns (weights streamed in order); about
+  // 8 runs per thread, at most a slab's worth of weights. Which thread computes an element
+  // changes none of its bits.
   const int64_t threads = pool->num_threads();
   const int64_t chunk_bytes = quantum * runs[0].k * model_io::DTypeSize(runs[0].w_dtype);
   const int64_t grain = std::clamp<int64_t>(num_chunks / (8 * threads), 1,
                                             std::max<int64_t>(1, (256 << 10) / chunk_bytes));
+  const int64_t runs_per_group = (num_chunks + grain - 1) / grain;
+  const int64_t units = runs_per_group * num_groups;
   std::atomic<int64_t> next{0};
   pool->ParallelFor(threads, [&](int64_t, int64_t, int) {
     for (;;) {
-      const int64_t b = next.fetch_add(grain, std::memory_order_relaxed);
-      if (b >= num_chunks) return;
-      run(b, std::min(num_chunks, b + grain), 0);
+      const int64_t u = next.fetch_add(1, std::memory_order_relaxed);
+      if (u >= units) return;
+      const int64_t b = (u % runs_per_group) * grain;
+      run(b, std::min(num_chunks, b + grain), u / runs_per_group);
     }
   });
 }

@@ -4,9 +4,10 @@
 // Batch invariance: every y[i][j] is one dot product over k with a fixed order (SIMD lanes in
 // index order — for BF16 weights, lane l of each block of 2 · lanes takes elements 2l then
 // 2l + 1 —, fixed horizontal sum, scalar tail, then + bias), whatever m, the tiling or the
-// thread count. Work is split over output columns only (threads take runs of columns from a
-// shared counter); the k reduction is never split across threads (blocks of rows run over a
-// long k in chunks, their accumulators carried in order).
+// thread count. Work is split over output columns (threads take runs of columns from a shared
+// counter), and for a long prefill also over groups of rows (about 512 KiB of x each); the k
+// reduction is never split across threads (blocks of rows run over a long k in chunks, their
+// accumulators carried in order).
 // Cost: m·n·k FMAs. Register tiles of 6 × 4 (rows of x × rows of W; 4 × 3 on AVX2), then
 // 4-, 2- and 1-row tiles for the rest (a 1- or 2-row tile takes 8 rows of W, 4 on AVX2), over
 // column slabs of W kept in L2; W is widened in registers (BF16 pairs: one shift or AND per

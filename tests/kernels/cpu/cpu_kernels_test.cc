@@ -144,8 +144,10 @@ TEST_P(MatmulTest, PackedPathRowsEqualRowsAlone) {
   struct ResetTargets {
     ~ResetTargets() { hwy::SetSupportedTargetsForTest(0); }
   } reset;
-  // k = 1300: rows of x too long for L1, so blocks of rows run over k in chunks.
-  for (const int64_t k : {600, 1300}) {
+  // k = 1300: rows of x too long for L1, so blocks of rows run over k in chunks. k = 5000: also
+  // a prefill's rows in groups (24 rows of x per group at 512 KiB: m = 53 and 100 end with a
+  // group of 5 and 4 rows).
+  for (const int64_t k : {600, 1300, 5000}) {
     const int64_t n = 43, max_m = 100;
     auto x = Random(static_cast<size_t>(max_m * k), 6);
     std::vector<float> w_stored;
@@ -220,9 +222,11 @@ TEST(MatmulTest, Avx3KernelsComputeTheDocumentedOperations) {
   }
   ThreadPool pool(2);
   // k: whole blocks only (asm tiles, sums stored straight to y), a tail, a k chunked in the
-  // 6-row tiles (24 KiB of x rows), a long tail-free k; m: every tile of rows and their mixes.
-  for (auto [n, k] : {std::pair<int64_t, int64_t>{29, 1024}, {24, 1037}, {17, 3072}, {9, 64}}) {
-    for (int64_t m : {1, 2, 3, 5, 6, 7, 13, 16}) {
+  // 6-row tiles (24 KiB of x rows), a long tail-free k; m: every tile of rows and their mixes;
+  // k = 8192 at m = 40: rows in groups of 12 (512 KiB of x each), the bias added per group.
+  for (auto [n, k] :
+       {std::pair<int64_t, int64_t>{29, 1024}, {24, 1037}, {17, 3072}, {9, 64}, {11, 8192}}) {
+    for (int64_t m : {1, 2, 3, 5, 6, 7, 13, 16, 40}) {
       SCOPED_TRACE(::testing::Message() << "m=" << m << " n=" << n << " k=" << k);
       auto x = Random(static_cast<size_t>(m * k), 11);
       std::vector<float> w_stored, b_stored;
