@@ -7,20 +7,13 @@
 #include "common/model_io/dtype.h"
 #include "common/sha256.h"
 #include "common/status.h"
+#include "common/weight_sync/manifest.h"
 
 namespace rl::worker {
 
 std::string TensorDigest(const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
-  Sha256 h;
-  const char zero = '\0';
-  h.Update(info.name);
-  h.Update(&zero, 1);
-  h.Update(info.dtype);
-  h.Update(&zero, 1);
-  h.Update(absl::StrJoin(info.shape, ","));
-  h.Update(&zero, 1);
-  h.Update(bytes.data(), bytes.size());
-  return ToHex(h.Final());
+  // One definition with the publications' manifests (common/weight_sync/manifest.h).
+  return weight_sync::TensorSha256(info.name, info.dtype, info.shape, bytes);
 }
 
 std::string RankDigest(const std::map<std::string, std::string>& tensor_digests) {
