@@ -14,9 +14,9 @@
 //     dense child's manifest digest (must be equal).
 // Timings are wall time on a shared machine: print `lscpu` and `uptime` next to them.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
-#include <chrono>
 #include <filesystem>
 #include <iostream>
 #include <random>
@@ -148,11 +148,12 @@ int main(int argc, char** argv) {
   if (!stats.ok()) return fail(stats.status());
   const double delta_write_s = Seconds(t);
   const int64_t dense_bytes = DirBytes(child);
-  absl::PrintF("publication of one step, %.2f%% of %d elements changed (%d overwrite / %d xor "
-               "tensors):\n",
-               100.0 * static_cast<double>(stats->changed_elements) /
-                   static_cast<double>(stats->num_elements),
-               stats->num_elements, stats->num_overwrite, stats->num_xor);
+  absl::PrintF(
+      "publication of one step, %.2f%% of %d elements changed (%d overwrite / %d xor "
+      "tensors):\n",
+      100.0 * static_cast<double>(stats->changed_elements) /
+          static_cast<double>(stats->num_elements),
+      stats->num_elements, stats->num_overwrite, stats->num_xor);
   absl::PrintF("  dense  %12d bytes (safetensors)   manifest written in %.2f s\n", dense_bytes,
                dense_write_s);
   absl::PrintF("  delta  %12d bytes = %.2f%% of dense   written in %.2f s (encode + manifest)\n",
@@ -188,14 +189,14 @@ int main(int argc, char** argv) {
       if (!s.ok()) return fail(call_status(s));
       (use_delta ? delta_s : dense_s).push_back(secs);
       grpc::ClientContext drop_ctx;
-      if (!admin->DropStagedWeights(&drop_ctx, {}, &resp).ok()) return fail(absl::InternalError("drop"));
+      if (!admin->DropStagedWeights(&drop_ctx, {}, &resp).ok())
+        return fail(absl::InternalError("drop"));
     }
   }
   absl::PrintF("staging on a worker serving the parent (CPU runner, verified; median of %d):\n",
                rounds);
   absl::PrintF("  dense  %.2f s   (read %d bytes + hash)\n", Median(dense_s), dense_bytes);
-  absl::PrintF("  delta  %.2f s   (copy of the served weights + apply + hash)\n",
-               Median(delta_s));
+  absl::PrintF("  delta  %.2f s   (copy of the served weights + apply + hash)\n", Median(delta_s));
   // Activate the delta: the checksum must equal the dense child's manifest digest.
   {
     rl::v1::StageWeightsRequest req;
@@ -218,7 +219,8 @@ int main(int argc, char** argv) {
     if (!admin->WeightsChecker(&cctx, creq, &cresp).ok()) return fail(absl::InternalError("sum"));
     const bool equal = cresp.rank_sha256() == child_manifest.sha256;
     absl::PrintF("activate of the staged delta: %.3f s; checksum %s the dense child's (%s)\n",
-                 activate_s, equal ? "equals" : "DIFFERS FROM", child_manifest.sha256.substr(0, 16));
+                 activate_s, equal ? "equals" : "DIFFERS FROM",
+                 child_manifest.sha256.substr(0, 16));
     (*server)->Shutdown();
     std::filesystem::remove_all(work);
     return equal ? 0 : 1;

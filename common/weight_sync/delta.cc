@@ -83,8 +83,8 @@ absl::Status CheckPair(DType dtype, absl::Span<const uint8_t> parent,
                        absl::Span<const uint8_t> child, int* width) {
   ASSIGN_OR_RETURN(*width, DeltaWordBytes(dtype));
   if (parent.size() != child.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("delta: parent has ", parent.size(),
-                                                   " bytes, child ", child.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta: parent has ", parent.size(), " bytes, child ", child.size()));
   }
   if (parent.size() % static_cast<size_t>(*width) != 0) {
     return absl::InvalidArgumentError(absl::StrCat("delta: ", parent.size(),
@@ -144,7 +144,7 @@ void ForEachXorRun(int width, int64_t num_words, absl::Span<const uint8_t> a,
   if (pos < num_words) run(num_words - pos, num_words, 0);
 }
 
-absl::StatusOr<TensorDelta> Encode(DeltaEncoding encoding, DType dtype, int width,
+absl::StatusOr<TensorDelta> Encode(DeltaEncoding encoding, int width,
                                    absl::Span<const uint8_t> parent,
                                    absl::Span<const uint8_t> child, int64_t reserve) {
   TensorDelta d;
@@ -166,8 +166,8 @@ absl::StatusOr<TensorDelta> Encode(DeltaEncoding encoding, DType dtype, int widt
     PutVarint(static_cast<uint64_t>(zeros), &d.payload);
     PutVarint(static_cast<uint64_t>(n), &d.payload);
     for (int64_t k = start; k < start + n; ++k) {
-      const uint32_t x = LoadWord(parent.data() + k * width, width) ^
-                         LoadWord(child.data() + k * width, width);
+      const uint32_t x =
+          LoadWord(parent.data() + k * width, width) ^ LoadWord(child.data() + k * width, width);
       const size_t at = d.payload.size();
       d.payload.resize(at + static_cast<size_t>(width));
       StoreWord(d.payload.data() + at, width, x);
@@ -194,8 +194,8 @@ absl::Status Walk(DType dtype, int width, const DeltaView& delta, absl::Span<uin
                                                    " (non-finite weights are refused)"));
   };
   if (delta.count < 0 || delta.count > num_words) {
-    return absl::InvalidArgumentError(absl::StrCat("delta: count ", delta.count,
-                                                   " is outside [0, ", num_words, "] elements"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta: count ", delta.count, " is outside [0, ", num_words, "] elements"));
   }
   if (delta.encoding == DeltaEncoding::kOverwrite) {
     int64_t prev = -1;
@@ -207,14 +207,13 @@ absl::Status Walk(DType dtype, int width, const DeltaView& delta, absl::Span<uin
                          ": the payload ends inside its index or the index is malformed"));
       }
       if (gap >= static_cast<uint64_t>(num_words - prev - 1)) {
-        return absl::InvalidArgumentError(absl::StrCat("delta: overwrite entry ", e,
-                                                       ": index past the tensor's ", num_words,
-                                                       " elements"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "delta: overwrite entry ", e, ": index past the tensor's ", num_words, " elements"));
       }
       const int64_t index = prev + 1 + static_cast<int64_t>(gap);
       if (in.size() - pos < static_cast<size_t>(width)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "delta: overwrite entry ", e, ": the payload ends inside its value"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("delta: overwrite entry ", e, ": the payload ends inside its value"));
       }
       const uint32_t word = LoadWord(in.data() + pos, width);
       pos += static_cast<size_t>(width);
@@ -228,16 +227,15 @@ absl::Status Walk(DType dtype, int width, const DeltaView& delta, absl::Span<uin
     while (covered < num_words) {
       uint64_t zeros, n;
       if (!GetVarint(in, &pos, &zeros) || !GetVarint(in, &pos, &n)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "delta: xor runs cover ", covered, " of ", num_words,
-            " elements: the payload ends inside a run header or it is malformed"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("delta: xor runs cover ", covered, " of ", num_words,
+                         " elements: the payload ends inside a run header or it is malformed"));
       }
       const auto left = static_cast<uint64_t>(num_words - covered);
       if (zeros > left || n > left - zeros || zeros + n == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("delta: xor run at element ", covered, " (", zeros, " unchanged, ", n,
-                         " changed) does not fit the tensor's ", num_words,
-                         " elements or makes no progress"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "delta: xor run at element ", covered, " (", zeros, " unchanged, ", n,
+            " changed) does not fit the tensor's ", num_words, " elements or makes no progress"));
       }
       covered += static_cast<int64_t>(zeros);
       if (static_cast<uint64_t>(in.size() - pos) / static_cast<uint64_t>(width) < n) {
@@ -254,8 +252,8 @@ absl::Status Walk(DType dtype, int width, const DeltaView& delta, absl::Span<uin
       carried += static_cast<int64_t>(n);
     }
     if (carried != delta.count) {
-      return absl::InvalidArgumentError(absl::StrCat("delta: xor runs carry ", carried,
-                                                     " words, the header says ", delta.count));
+      return absl::InvalidArgumentError(
+          absl::StrCat("delta: xor runs carry ", carried, " words, the header says ", delta.count));
     }
   }
   if (pos != in.size()) {
@@ -272,7 +270,7 @@ const char* DeltaEncodingName(DeltaEncoding encoding) {
   return encoding == DeltaEncoding::kOverwrite ? "overwrite" : "xor";
 }
 
-std::optional<DeltaEncoding> ParseDeltaEncoding(std::string_view name) {
+std::optional<DeltaEncoding> ParseDeltaEncoding(absl::string_view name) {
   if (name == "overwrite") return DeltaEncoding::kOverwrite;
   if (name == "xor") return DeltaEncoding::kXor;
   return std::nullopt;
@@ -286,8 +284,8 @@ absl::StatusOr<int> DeltaWordBytes(DType dtype) {
     case DType::kF32:
       return 4;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "delta: dtype ", model_io::DTypeName(dtype), " (deltas cover F32, BF16 and F16)"));
+      return absl::InvalidArgumentError(absl::StrCat("delta: dtype ", model_io::DTypeName(dtype),
+                                                     " (deltas cover F32, BF16 and F16)"));
   }
 }
 
@@ -305,7 +303,7 @@ absl::StatusOr<TensorDelta> EncodeDeltaAs(DeltaEncoding encoding, DType dtype,
                                           absl::Span<const uint8_t> child) {
   int width = 0;
   RETURN_IF_ERROR(CheckPair(dtype, parent, child, &width));
-  return Encode(encoding, dtype, width, parent, child, 0);
+  return Encode(encoding, width, parent, child, 0);
 }
 
 absl::StatusOr<TensorDelta> EncodeDelta(DType dtype, absl::Span<const uint8_t> parent,
@@ -326,9 +324,9 @@ absl::StatusOr<TensorDelta> EncodeDelta(DType dtype, absl::Span<const uint8_t> p
                                VarintSize(static_cast<uint64_t>(n)) + n * width;
                 });
   if (overwrite_bytes <= xor_bytes) {
-    return Encode(DeltaEncoding::kOverwrite, dtype, width, parent, child, overwrite_bytes);
+    return Encode(DeltaEncoding::kOverwrite, width, parent, child, overwrite_bytes);
   }
-  return Encode(DeltaEncoding::kXor, dtype, width, parent, child, xor_bytes);
+  return Encode(DeltaEncoding::kXor, width, parent, child, xor_bytes);
 }
 
 absl::Status ApplyDelta(DType dtype, const DeltaView& delta, absl::Span<uint8_t> target,

@@ -22,11 +22,11 @@
 
 #include <cstdint>
 #include <optional>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/model_io/dtype.h"
 
@@ -36,7 +36,7 @@ enum class DeltaEncoding { kOverwrite, kXor };
 
 // "overwrite" | "xor".
 const char* DeltaEncodingName(DeltaEncoding encoding);
-std::optional<DeltaEncoding> ParseDeltaEncoding(std::string_view name);
+std::optional<DeltaEncoding> ParseDeltaEncoding(absl::string_view name);
 
 // An encoded delta viewed in place (a delta file's bytes).
 struct DeltaView {

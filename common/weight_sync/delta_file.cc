@@ -19,7 +19,7 @@ using Json = nlohmann::json;
 constexpr char kMagic[8] = {'R', 'L', 'D', 'E', 'L', 'T', 'A', '1'};
 constexpr size_t kPrefixBytes = 16;
 
-absl::Status Bad(const std::string& source, std::string_view what) {
+absl::Status Bad(const std::string& source, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", what));
 }
 
@@ -34,12 +34,12 @@ absl::StatusOr<DeltaFile> ParseDeltaFile(absl::Span<const uint8_t> bytes,
   for (int i = 0; i < 8; ++i) header_len |= static_cast<uint64_t>(bytes[8 + i]) << (8 * i);
   if (header_len > static_cast<uint64_t>(kMaxDeltaHeaderBytes) ||
       header_len > bytes.size() - kPrefixBytes) {
-    return Bad(source, absl::StrCat("header of ", header_len, " bytes does not fit the file's ",
-                                    bytes.size(), " bytes (cut, or at most ",
-                                    kMaxDeltaHeaderBytes, ")"));
+    return Bad(source,
+               absl::StrCat("header of ", header_len, " bytes does not fit the file's ",
+                            bytes.size(), " bytes (cut, or at most ", kMaxDeltaHeaderBytes, ")"));
   }
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data() + kPrefixBytes),
-                              header_len);
+  const absl::string_view text(reinterpret_cast<const char*>(bytes.data() + kPrefixBytes),
+                               header_len);
   RETURN_IF_ERROR(model_io::CheckJsonDepth(text, model_io::kMaxJsonDepth, source));
   const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Bad(source, "header is not a JSON object");
@@ -55,8 +55,7 @@ absl::StatusOr<DeltaFile> ParseDeltaFile(absl::Span<const uint8_t> bytes,
   }
   const absl::Span<const uint8_t> data = bytes.subspan(kPrefixBytes + header_len);
   auto tensors = j.find("tensors");
-  if (tensors == j.end() || !tensors->is_array() ||
-      tensors->size() > out.manifest.tensors.size()) {
+  if (tensors == j.end() || !tensors->is_array() || tensors->size() > out.manifest.tensors.size()) {
     return Bad(source, "tensors: must be a list of at most one entry per tensor of the manifest");
   }
   std::set<std::string> seen;
@@ -106,11 +105,10 @@ absl::StatusOr<DeltaFile> ParseDeltaFile(absl::Span<const uint8_t> bytes,
     const uint64_t begin = (*offsets)[0].get<uint64_t>();
     const uint64_t end = (*offsets)[1].get<uint64_t>();
     if (begin != expect_begin || end < begin || end > data.size()) {
-      return Bad(source,
-                 absl::StrCat(field, ".data_offsets [", begin, ", ", end,
-                              "] must start where the previous ends (", expect_begin,
-                              ") and lie in the data region of ", data.size(),
-                              " bytes (a cut file ends early)"));
+      return Bad(source, absl::StrCat(field, ".data_offsets [", begin, ", ", end,
+                                      "] must start where the previous ends (", expect_begin,
+                                      ") and lie in the data region of ", data.size(),
+                                      " bytes (a cut file ends early)"));
     }
     d.delta.payload = data.subspan(begin, end - begin);
     expect_begin = end;
@@ -175,31 +173,32 @@ absl::Status WriteDeltaFile(const std::string& path, const Manifest& manifest,
   return absl::OkStatus();
 }
 
-absl::StatusOr<DeltaPublicationStats> WriteDeltaPublication(
-    const std::string& parent_dir, const std::string& child_dir, const std::string& out_dir,
-    int64_t version, std::optional<int64_t> parent_version) {
+absl::StatusOr<DeltaPublicationStats> WriteDeltaPublication(const std::string& parent_dir,
+                                                            const std::string& child_dir,
+                                                            const std::string& out_dir,
+                                                            int64_t version,
+                                                            std::optional<int64_t> parent_version) {
   ASSIGN_OR_RETURN(model_io::Checkpoint parent, model_io::OpenCheckpoint(parent_dir));
   ASSIGN_OR_RETURN(model_io::Checkpoint child, model_io::OpenCheckpoint(child_dir));
   ASSIGN_OR_RETURN(std::optional<Manifest> parent_manifest, ReadManifest(parent_dir));
   std::string parent_sha;
   if (parent_manifest) {
     if (parent_version && *parent_version != parent_manifest->version) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parent_version: ", *parent_version, ", but ", parent_dir, "/", kManifestFileName,
-          " says version ", parent_manifest->version));
+      return absl::InvalidArgumentError(absl::StrCat("parent_version: ", *parent_version, ", but ",
+                                                     parent_dir, "/", kManifestFileName,
+                                                     " says version ", parent_manifest->version));
     }
     parent_version = parent_manifest->version;
     parent_sha = parent_manifest->sha256;
   } else if (!parent_version) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "parent_version: ", parent_dir, " has no ", kManifestFileName, "; name its version"));
+    return absl::InvalidArgumentError(absl::StrCat("parent_version: ", parent_dir, " has no ",
+                                                   kManifestFileName, "; name its version"));
   } else {
     parent_sha = ManifestOfCheckpoint(parent, *parent_version).sha256;
   }
   if (version <= *parent_version) {
-    return absl::InvalidArgumentError(absl::StrCat("version: ", version,
-                                                   " must be greater than the parent's ",
-                                                   *parent_version));
+    return absl::InvalidArgumentError(
+        absl::StrCat("version: ", version, " must be greater than the parent's ", *parent_version));
   }
   DeltaPublicationStats stats;
   std::vector<NamedDelta> deltas;
@@ -207,9 +206,10 @@ absl::StatusOr<DeltaPublicationStats> WriteDeltaPublication(
     if (!model_io::IsFloatWeightDType(c.dtype)) continue;  // never served
     const model_io::TensorView* p = parent.Find(name);
     if (p == nullptr || p->dtype != c.dtype || p->shape != c.shape) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", name, "' of ", child_dir, " has no counterpart of the same dtype and shape in ",
-          parent_dir, " (a delta changes values, not layouts)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' of ", child_dir,
+                       " has no counterpart of the same dtype and shape in ", parent_dir,
+                       " (a delta changes values, not layouts)"));
     }
     ASSIGN_OR_RETURN(const int width, DeltaWordBytes(c.dtype));
     stats.dense_bytes += static_cast<int64_t>(c.data.size());

@@ -50,7 +50,8 @@ struct DeltaFile {
 // Reads and checks `path` (at most `max_bytes`).
 absl::StatusOr<DeltaFile> ReadDeltaFile(const std::string& path, int64_t max_bytes);
 // Parses a delta file's bytes (tests, fuzzing); payload views point into `bytes`.
-absl::StatusOr<DeltaFile> ParseDeltaFile(absl::Span<const uint8_t> bytes, const std::string& source);
+absl::StatusOr<DeltaFile> ParseDeltaFile(absl::Span<const uint8_t> bytes,
+                                         const std::string& source);
 
 struct NamedDelta {
   std::string name;
@@ -62,11 +63,11 @@ absl::Status WriteDeltaFile(const std::string& path, const Manifest& manifest,
                             const std::vector<NamedDelta>& tensors);
 
 struct DeltaPublicationStats {
-  int64_t dense_bytes = 0;     // the child's tensor bytes
-  int64_t delta_bytes = 0;     // the delta file's size
-  int64_t num_elements = 0;    // elements of every tensor
+  int64_t dense_bytes = 0;   // the child's tensor bytes
+  int64_t delta_bytes = 0;   // the delta file's size
+  int64_t num_elements = 0;  // elements of every tensor
   int64_t changed_elements = 0;
-  int64_t num_overwrite = 0;   // tensors encoded each way (unchanged ones are left out)
+  int64_t num_overwrite = 0;  // tensors encoded each way (unchanged ones are left out)
   int64_t num_xor = 0;
 };
 
@@ -75,8 +76,10 @@ struct DeltaPublicationStats {
 // `version`). The parent's version and digest come from PARENT/rl-manifest.json when present,
 // else from `parent_version` and a digest computed here. Every tensor of the child must exist in
 // the parent with its dtype and shape.
-absl::StatusOr<DeltaPublicationStats> WriteDeltaPublication(
-    const std::string& parent_dir, const std::string& child_dir, const std::string& out_dir,
-    int64_t version, std::optional<int64_t> parent_version);
+absl::StatusOr<DeltaPublicationStats> WriteDeltaPublication(const std::string& parent_dir,
+                                                            const std::string& child_dir,
+                                                            const std::string& out_dir,
+                                                            int64_t version,
+                                                            std::optional<int64_t> parent_version);
 
 }  // namespace rl::weight_sync

@@ -19,7 +19,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-absl::Status Bad(std::string_view source, std::string_view field, std::string_view what) {
+absl::Status Bad(absl::string_view source, absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", field, " ", what));
 }
 
@@ -33,9 +33,9 @@ bool IsHexDigest(const Json& j) {
   return true;
 }
 
-std::string Short(std::string_view hex) { return std::string(hex.substr(0, 12)); }
+std::string Short(absl::string_view hex) { return std::string(hex.substr(0, 12)); }
 
-absl::StatusOr<Manifest> FromJson(const Json& j, std::string_view source) {
+absl::StatusOr<Manifest> FromJson(const Json& j, absl::string_view source) {
   if (!j.is_object()) return Bad(source, "manifest", "is not a JSON object");
   auto format = j.find("format");
   if (format == j.end() || !format->is_string() || *format != kManifestFormat) {
@@ -67,8 +67,9 @@ absl::StatusOr<Manifest> FromJson(const Json& j, std::string_view source) {
     return Bad(source, "tensors", "must be an object of name -> {dtype, shape, sha256}");
   }
   if (static_cast<int64_t>(tensors->size()) > kMaxManifestTensors) {
-    return Bad(source, "tensors", absl::StrCat("lists ", tensors->size(), " tensors (at most ",
-                                               kMaxManifestTensors, ")"));
+    return Bad(
+        source, "tensors",
+        absl::StrCat("lists ", tensors->size(), " tensors (at most ", kMaxManifestTensors, ")"));
   }
   for (const auto& [name, t] : tensors->items()) {
     const std::string field = absl::StrCat("tensors[", name.substr(0, 128), "]");
@@ -110,10 +111,10 @@ absl::StatusOr<Manifest> FromJson(const Json& j, std::string_view source) {
   }
   m.sha256 = ManifestDigest(m.tensors);
   if (m.sha256 != digest->get_ref<const std::string&>()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": sha256 ", Short(digest->get_ref<const std::string&>()),
-        "... is not the digest of the tensors listed (", Short(m.sha256),
-        "...): the manifest was edited or cut"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": sha256 ", Short(digest->get_ref<const std::string&>()),
+                     "... is not the digest of the tensors listed (", Short(m.sha256),
+                     "...): the manifest was edited or cut"));
   }
   return m;
 }
@@ -132,7 +133,7 @@ Json ToJson(const Manifest& m) {
   return j;
 }
 
-absl::Status WriteAtomically(const std::string& path, std::string_view text) {
+absl::Status WriteAtomically(const std::string& path, absl::string_view text) {
   const std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
   if (f == nullptr) {
@@ -151,13 +152,13 @@ absl::Status WriteAtomically(const std::string& path, std::string_view text) {
 
 }  // namespace
 
-std::string TensorSha256(std::string_view name, std::string_view dtype,
+std::string TensorSha256(absl::string_view name, absl::string_view dtype,
                          absl::Span<const int64_t> shape, absl::Span<const uint8_t> bytes) {
   Sha256 h;
   const char zero = '\0';
-  h.Update(name);
+  h.Update(name.data(), name.size());
   h.Update(&zero, 1);
-  h.Update(dtype);
+  h.Update(dtype.data(), dtype.size());
   h.Update(&zero, 1);
   h.Update(absl::StrJoin(shape, ","));
   h.Update(&zero, 1);
@@ -171,11 +172,10 @@ std::string ManifestDigest(const std::map<std::string, ManifestEntry>& tensors) 
   return ToHex(h.Final());
 }
 
-absl::StatusOr<Manifest> ParseManifest(std::string_view text, std::string_view source) {
+absl::StatusOr<Manifest> ParseManifest(absl::string_view text, absl::string_view source) {
   if (static_cast<int64_t>(text.size()) > kMaxManifestBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": ", text.size(),
-                                                   " bytes (a manifest is at most ",
-                                                   kMaxManifestBytes, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": ", text.size(), " bytes (a manifest is at most ", kMaxManifestBytes, ")"));
   }
   RETURN_IF_ERROR(model_io::CheckJsonDepth(text, model_io::kMaxJsonDepth, source));
   Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
@@ -218,20 +218,20 @@ Manifest ManifestOfCheckpoint(const model_io::Checkpoint& checkpoint, int64_t ve
 }
 
 absl::Status CheckTensorAgainstManifest(const Manifest& manifest, const std::string& name,
-                                        std::string_view dtype, absl::Span<const int64_t> shape,
+                                        absl::string_view dtype, absl::Span<const int64_t> shape,
                                         absl::Span<const uint8_t> bytes) {
   auto it = manifest.tensors.find(name);
   if (it == manifest.tensors.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tensor '", name, "' is not in the manifest of version ", manifest.version));
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", name, "' is not in the manifest of version ", manifest.version));
   }
   const ManifestEntry& e = it->second;
   if (dtype != model_io::DTypeName(e.dtype) ||
       !std::equal(shape.begin(), shape.end(), e.shape.begin(), e.shape.end())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tensor '", name, "' is ", dtype, "[", absl::StrJoin(shape, ", "), "] but the manifest of version ",
-        manifest.version, " says ", model_io::DTypeName(e.dtype), "[",
-        absl::StrJoin(e.shape, ", "), "]"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor '", name, "' is ", dtype, "[", absl::StrJoin(shape, ", "),
+                     "] but the manifest of version ", manifest.version, " says ",
+                     model_io::DTypeName(e.dtype), "[", absl::StrJoin(e.shape, ", "), "]"));
   }
   const std::string got = TensorSha256(name, dtype, shape, bytes);
   if (got != e.sha256) {

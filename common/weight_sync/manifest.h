@@ -18,11 +18,11 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/model_io/dtype.h"
 #include "common/model_io/safetensors.h"
@@ -51,13 +51,13 @@ struct Manifest {
 };
 
 // Hex SHA-256 over  name \0 dtype \0 shape \0 bytes  (the weights checker's tensor digest).
-std::string TensorSha256(std::string_view name, std::string_view dtype,
+std::string TensorSha256(absl::string_view name, absl::string_view dtype,
                          absl::Span<const int64_t> shape, absl::Span<const uint8_t> bytes);
 // Hex SHA-256 over the lines "name:sha256\n" in name order (the weights checker's rank digest).
 std::string ManifestDigest(const std::map<std::string, ManifestEntry>& tensors);
 
 // Parses and checks a manifest's JSON (`source` names it in errors).
-absl::StatusOr<Manifest> ParseManifest(std::string_view text, std::string_view source);
+absl::StatusOr<Manifest> ParseManifest(absl::string_view text, absl::string_view source);
 std::string ManifestToJson(const Manifest& manifest);
 
 // DIR/rl-manifest.json, or nullopt when DIR has none.
@@ -74,7 +74,7 @@ Manifest ManifestOfCheckpoint(const model_io::Checkpoint& checkpoint, int64_t ve
 // OK when tensor `name` with these dtype, shape and bytes is the manifest's; else
 // FailedPrecondition naming the tensor and what differs (absent, dtype, shape, digest).
 absl::Status CheckTensorAgainstManifest(const Manifest& manifest, const std::string& name,
-                                        std::string_view dtype, absl::Span<const int64_t> shape,
+                                        absl::string_view dtype, absl::Span<const int64_t> shape,
                                         absl::Span<const uint8_t> bytes);
 
 }  // namespace rl::weight_sync

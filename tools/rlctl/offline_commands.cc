@@ -181,10 +181,9 @@ int PublishDelta(const Options& o) {
   const double ratio = stats->dense_bytes > 0 ? static_cast<double>(stats->delta_bytes) /
                                                     static_cast<double>(stats->dense_bytes)
                                               : 0.0;
-  const double density = stats->num_elements > 0
-                              ? static_cast<double>(stats->changed_elements) /
-                                    static_cast<double>(stats->num_elements)
-                              : 0.0;
+  const double density = stats->num_elements > 0 ? static_cast<double>(stats->changed_elements) /
+                                                       static_cast<double>(stats->num_elements)
+                                                 : 0.0;
   Json out = {{"out", o.out},
               {"version", o.version},
               {"dense_bytes", stats->dense_bytes},

@@ -34,7 +34,8 @@ MANIFEST_FORMAT = "rlfleet.manifest.v1"
 DELTA_FILE = "weights.rldelta"
 DELTA_FORMAT = "rlfleet.delta.v1"
 _MAGIC = b"RLDELTA1"
-_WORD = {"F32": np.dtype("<u4"), "BF16": np.dtype("<u2"), "F16": np.dtype("<u2")}
+_WORD: dict[str, np.dtype[Any]] = {"F32": np.dtype("<u4"), "BF16": np.dtype("<u2"),
+                                  "F16": np.dtype("<u2")}
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

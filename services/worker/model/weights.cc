@@ -103,11 +103,11 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(model_io::Checkpo
   w->checkpoint_ = std::move(checkpoint);
   Weights* raw = w.get();
   return Weights::Build(std::move(w),
-                      [raw](const std::string& name) { return raw->checkpoint_.Find(name); });
+                        [raw](const std::string& name) { return raw->checkpoint_.Find(name); });
 }
 
-absl::StatusOr<std::unique_ptr<Weights>> WeightsFromOwnedTensors(
-    std::vector<OwnedTensor> tensors, const model_io::ModelConfig& c) {
+absl::StatusOr<std::unique_ptr<Weights>> WeightsFromOwnedTensors(std::vector<OwnedTensor> tensors,
+                                                                 const model_io::ModelConfig& c) {
   auto w = std::unique_ptr<Weights>(new Weights());
   w->config_ = c;
   auto views = std::make_shared<std::map<std::string, model_io::TensorView>>();

@@ -31,7 +31,8 @@ bool HasCheckpoint(const std::string& dir) {
   std::error_code ec;
   int seen = 0;
   for (auto it = std::filesystem::directory_iterator(dir, ec);
-       !ec && it != std::filesystem::directory_iterator() && seen < 4096; it.increment(ec), ++seen) {
+       !ec && it != std::filesystem::directory_iterator() && seen < 4096;
+       it.increment(ec), ++seen) {
     if (it->path().extension() == ".safetensors") return true;
   }
   return false;
@@ -88,7 +89,7 @@ absl::StatusOr<std::vector<model::OwnedTensor>> CopyServedWeights(engine::Engine
             std::memcpy(t.data.get(), data.data(), data.size());
           }));
       return inner;
-    }));
+    });
     if (!hop.ok()) {
       return Annotate(hop, "delta: copying the served weights (the parent) failed");
     }
@@ -106,7 +107,7 @@ absl::Status CheckVersionArgument(std::optional<int64_t> requested, const Manife
   return absl::OkStatus();
 }
 
-absl::StatusOr<ReadVersion> ReadDelta(const std::string& dir, DeltaFile delta,
+absl::StatusOr<ReadVersion> ReadDelta(const std::string& dir, const DeltaFile& delta,
                                       std::optional<int64_t> requested,
                                       const PublicationDeps& deps) {
   const Manifest& m = delta.manifest;
@@ -114,65 +115,12 @@ absl::StatusOr<ReadVersion> ReadDelta(const std::string& dir, DeltaFile delta,
   ASSIGN_OR_RETURN(std::optional<Manifest> beside, weight_sync::ReadManifest(dir));
   if (beside && (beside->sha256 != m.sha256 || beside->version != m.version)) {
     return absl::InvalidArgumentError(
-        absl::StrCat(dir, ": ", weight_sync::kManifestFileName, " (version ", beside->version,
-                     ", ", Short(beside->sha256), ") is not the delta's manifest (version ",
-                     m.version, ", ", Short(m.sha256), ")"));
+        absl::StrCat(dir, ": ", weight_sync::kManifestFileName, " (version ", beside->version, ", ",
+                     Short(beside->sha256), ") is not the delta's manifest (version ", m.version,
+                     ", ", Short(m.sha256), ")"));
   }
-  if (deps.ledger != nullptr) RETURN_IF_ERROR(deps.ledger->CheckSameContent(m.version, m.sha256));
-  const int64_t parent = *m.parent_version;
-  const int64_t served = deps.engine->weight_version();
-  if (served != parent) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "delta ", dir, ": its parent is version ", parent, " but this worker serves version ",
-        served, ", so it does not hold the parent (stage the full checkpoint of version ",
-        m.version, ", or the deltas from version ", served, ")"));
-  }
-  if (deps.ledger != nullptr && !m.parent_sha256.empty()) {
-    const std::optional<std::string> held = deps.ledger->Find(parent);
-    if (held.has_value() && *held != m.parent_sha256) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "delta ", dir, ": its parent is version ", parent, " with content ",
-          Short(m.parent_sha256), ", but this worker's version ", parent, " is ", Short(*held),
-          ", so it does not hold the parent"));
-    }
-  }
-  ASSIGN_OR_RETURN(std::vector<model::OwnedTensor> copy,
-                   CopyServedWeights(*deps.engine, parent));
-  std::map<std::string, model::OwnedTensor*> by_name;
-  for (model::OwnedTensor& t : copy) by_name[t.info.name] = &t;
-  const weight_sync::ApplyOptions options{.allow_non_finite =
-                                              model_io::NonFiniteWeightsAllowed()};
-  for (const weight_sync::DeltaTensor& t : delta.tensors) {
-    auto it = by_name.find(t.name);
-    if (it == by_name.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "delta ", dir, ": tensor '", t.name, "' is not a weight of the served model"));
-    }
-    model::OwnedTensor& target = *it->second;
-    if (target.info.dtype != model_io::DTypeName(t.dtype)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("delta ", dir, ": tensor '", t.name, "' is ", model_io::DTypeName(t.dtype),
-                       " in the delta but held as ", target.info.dtype));
-    }
-    absl::Status applied = weight_sync::ApplyDelta(
-        t.dtype, t.delta,
-        absl::Span<uint8_t>(target.data.get(), static_cast<size_t>(target.num_bytes)), options);
-    if (!applied.ok()) {
-      return Annotate(applied, absl::StrCat("delta ", dir, ", tensor '", t.name, "'"));
-    }
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<model::Weights> weights,
-                   model::WeightsFromOwnedTensors(std::move(copy), deps.model_config));
-  if (absl::Status v = VerifyWeights(*weights, m); !v.ok()) {
-    return Annotate(v, absl::StrCat("delta ", dir, " applied to this worker's version ", parent,
-                                    " (the delta is corrupt, or the served version ", parent,
-                                    " is not its parent's content)"));
-  }
-  ReadVersion out;
-  out.weights = std::move(weights);
-  out.version = m.version;
-  out.manifest_sha256 = m.sha256;
-  out.delta_parent = parent;
+  ASSIGN_OR_RETURN(ReadVersion out,
+                   StageDeltaOnServedCopy(absl::StrCat("delta ", dir), m, delta.tensors, deps));
   out.delta_bytes = delta.num_bytes;
   return out;
 }
@@ -207,10 +155,10 @@ absl::Status VersionLedger::CheckSameContent(int64_t version, const std::string&
   absl::MutexLock lock(&mu_);
   auto it = digests_.find(version);
   if (it == digests_.end() || it->second == sha256) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      "version ", version, " was served here with content sha256 ", Short(it->second),
-      ", and this publication's is ", Short(sha256),
-      ": a version number never names two contents (publish it as a new version)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("version ", version, " was served here with content sha256 ", Short(it->second),
+                   ", and this publication's is ", Short(sha256),
+                   ": a version number never names two contents (publish it as a new version)"));
 }
 
 void VersionLedger::Record(int64_t version, const std::string& sha256) {
@@ -231,6 +179,66 @@ std::optional<std::string> VersionLedger::Find(int64_t version) const {
   return it->second;
 }
 
+absl::StatusOr<ReadVersion> StageDeltaOnServedCopy(
+    const std::string& what, const Manifest& m, absl::Span<const weight_sync::DeltaTensor> tensors,
+    const PublicationDeps& deps) {
+  if (!m.parent_version) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": the manifest names no parent_version"));
+  }
+  if (deps.ledger != nullptr) RETURN_IF_ERROR(deps.ledger->CheckSameContent(m.version, m.sha256));
+  const int64_t parent = *m.parent_version;
+  const int64_t served = deps.engine->weight_version();
+  if (served != parent) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": its parent is version ", parent, " but this worker serves version ", served,
+        ", so it does not hold the parent (stage the full checkpoint of version ", m.version,
+        ", or the deltas from version ", served, ")"));
+  }
+  if (deps.ledger != nullptr && !m.parent_sha256.empty()) {
+    const std::optional<std::string> held = deps.ledger->Find(parent);
+    if (held.has_value() && *held != m.parent_sha256) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(what, ": its parent is version ", parent, " with content ",
+                       Short(m.parent_sha256), ", but this worker's version ", parent, " is ",
+                       Short(*held), ", so it does not hold the parent"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<model::OwnedTensor> copy, CopyServedWeights(*deps.engine, parent));
+  std::map<std::string, model::OwnedTensor*> by_name;
+  for (model::OwnedTensor& t : copy) by_name[t.info.name] = &t;
+  const weight_sync::ApplyOptions options{.allow_non_finite = model_io::NonFiniteWeightsAllowed()};
+  for (const weight_sync::DeltaTensor& t : tensors) {
+    auto it = by_name.find(t.name);
+    if (it == by_name.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": tensor '", t.name, "' is not a weight of the served model"));
+    }
+    model::OwnedTensor& target = *it->second;
+    if (target.info.dtype != model_io::DTypeName(t.dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": tensor '", t.name, "' is ", model_io::DTypeName(t.dtype),
+                       " in the delta but held as ", target.info.dtype));
+    }
+    absl::Status applied = weight_sync::ApplyDelta(
+        t.dtype, t.delta,
+        absl::Span<uint8_t>(target.data.get(), static_cast<size_t>(target.num_bytes)), options);
+    if (!applied.ok()) return Annotate(applied, absl::StrCat(what, ", tensor '", t.name, "'"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<model::Weights> weights,
+                   model::WeightsFromOwnedTensors(std::move(copy), deps.model_config));
+  if (absl::Status v = VerifyWeights(*weights, m); !v.ok()) {
+    return Annotate(v, absl::StrCat(what, " applied to this worker's version ", parent,
+                                    " (the delta is corrupt, or the served version ", parent,
+                                    " is not its parent's content)"));
+  }
+  ReadVersion out;
+  out.weights = std::move(weights);
+  out.version = m.version;
+  out.manifest_sha256 = m.sha256;
+  out.delta_parent = parent;
+  return out;
+}
+
 bool IsDeltaOnlyFolder(const std::string& dir) {
   return IsRegularFile((std::filesystem::path(dir) / weight_sync::kDeltaFileName).string()) &&
          !HasCheckpoint(dir);
@@ -240,8 +248,8 @@ absl::Status VerifyWeights(const model::Weights& weights, const Manifest& manife
   absl::Status first;
   int bad = 0;
   weights.Visit([&](const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
-    absl::Status s = weight_sync::CheckTensorAgainstManifest(manifest, info.name, info.dtype,
-                                                             info.shape, bytes);
+    absl::Status s =
+        weight_sync::CheckTensorAgainstManifest(manifest, info.name, info.dtype, info.shape, bytes);
     if (!s.ok() && bad++ == 0) first = s;
   });
   if (bad == 0) return absl::OkStatus();
@@ -253,7 +261,8 @@ absl::Status VerifyWeights(const model::Weights& weights, const Manifest& manife
 absl::StatusOr<ReadVersion> ReadPublication(const std::string& dir,
                                             std::optional<int64_t> weight_version,
                                             const PublicationDeps& deps) {
-  const std::string delta_path = (std::filesystem::path(dir) / weight_sync::kDeltaFileName).string();
+  const std::string delta_path =
+      (std::filesystem::path(dir) / weight_sync::kDeltaFileName).string();
   if (!IsRegularFile(delta_path)) return ReadDense(dir, weight_version, deps);
   if (dir.size() > static_cast<size_t>(deps.limits.max_path_bytes)) {
     return absl::InvalidArgumentError("model_path: too long");
@@ -264,7 +273,7 @@ absl::StatusOr<ReadVersion> ReadPublication(const std::string& dir,
     // The checkpoint beside the delta serves a worker that does not hold the parent.
     return ReadDense(dir, weight_version, deps);
   }
-  return ReadDelta(dir, std::move(delta), weight_version, deps);
+  return ReadDelta(dir, delta, weight_version, deps);
 }
 
 }  // namespace rl::worker

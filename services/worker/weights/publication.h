@@ -31,6 +31,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/model_io/model_config.h"
 #include "common/request_limits.h"
+#include "common/weight_sync/delta_file.h"
 #include "common/weight_sync/manifest.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/model/weights.h"
@@ -57,8 +58,8 @@ class VersionLedger {
 // A publication read into owned host memory, complete and verified, waiting to be served.
 struct ReadVersion {
   std::unique_ptr<model::Weights> weights;
-  std::optional<int64_t> version;    // the manifest's (or the caller's) version
-  std::string manifest_sha256;       // "" when the folder had no manifest
+  std::optional<int64_t> version;       // the manifest's (or the caller's) version
+  std::string manifest_sha256;          // "" when the folder had no manifest
   std::optional<int64_t> delta_parent;  // set when built from a delta
   int64_t delta_bytes = 0;
   // Folder identity for a dense read (model::FolderIdentity before the read), "" for a delta;
@@ -82,6 +83,14 @@ inline constexpr int64_t kCopySliceBytes = int64_t{32} << 20;
 absl::StatusOr<ReadVersion> ReadPublication(const std::string& dir,
                                             std::optional<int64_t> weight_version,
                                             const PublicationDeps& deps);
+
+// The delta core, for any transport that carries a delta (a folder here; a tensor stream or a
+// group receive next): checks that this worker serves `manifest`'s parent (version, and digest
+// when known), copies the served weights in engine-thread slices, applies `tensors` to the copy,
+// verifies the result against `manifest`. `what` names the source in errors.
+absl::StatusOr<ReadVersion> StageDeltaOnServedCopy(
+    const std::string& what, const weight_sync::Manifest& manifest,
+    absl::Span<const weight_sync::DeltaTensor> tensors, const PublicationDeps& deps);
 
 // Whether `dir` holds a delta file and no checkpoint (it cannot be applied while asleep).
 bool IsDeltaOnlyFolder(const std::string& dir);

@@ -113,9 +113,9 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
   absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
       "update_weights_from_disk", p,
       [&](model::ModelRunner& runner) {
-        return Annotate(runner.ActivateWeights(&fresh->weights, fresh->reload_path,
-                                               fresh->identity),
-                        model_path);
+        return Annotate(
+            runner.ActivateWeights(&fresh->weights, fresh->reload_path, fresh->identity),
+            model_path);
       },
       {});
   if (out.ok() && !fresh->manifest_sha256.empty()) {
@@ -169,12 +169,10 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
           ? absl::StrCat(" (a delta of ", read->delta_bytes, " bytes applied to version ",
                          *read->delta_parent, ")")
           : "",
-      " as version ",
-      staged->version.has_value() ? absl::StrCat(*staged->version) : "current + 1",
+      " as version ", staged->version.has_value() ? absl::StrCat(*staged->version) : "current + 1",
       staged->manifest_sha256.empty()
           ? ""
-          : absl::StrCat(", verified against its manifest (sha256 ", staged->manifest_sha256,
-                         ")"),
+          : absl::StrCat(", verified against its manifest (sha256 ", staged->manifest_sha256, ")"),
       " (ActivateWeights serves it)");
   out.weight_version = deps_.engine->weight_version();
   out.duration_us = MicrosSince(start);

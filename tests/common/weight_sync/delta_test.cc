@@ -76,7 +76,9 @@ TEST(DeltaTest, RandomUpdatesApplyToTheDenseResultEveryTime) {
                        : EncodeDeltaAs(e == 1 ? DeltaEncoding::kOverwrite : DeltaEncoding::kXor,
                                        dtype, parent, child);
             ASSERT_TRUE(d.ok()) << d.status();
-            if (e > 0) EXPECT_LE(best->payload.size(), d->payload.size());
+            if (e > 0) {
+              EXPECT_LE(best->payload.size(), d->payload.size());
+            }
             std::vector<uint8_t> copy = parent;
             absl::Status s = ApplyDelta(dtype, d->view(), absl::MakeSpan(copy));
             ASSERT_TRUE(s.ok()) << s << " dtype " << model_io::DTypeName(dtype) << " density "
@@ -88,7 +90,9 @@ TEST(DeltaTest, RandomUpdatesApplyToTheDenseResultEveryTime) {
           ++chose[best->encoding == DeltaEncoding::kOverwrite ? 0 : 1];
           absl::StatusOr<int64_t> changed = CountChangedWords(dtype, parent, child);
           ASSERT_TRUE(changed.ok());
-          if (best->encoding == DeltaEncoding::kOverwrite) EXPECT_EQ(best->count, *changed);
+          if (best->encoding == DeltaEncoding::kOverwrite) {
+            EXPECT_EQ(best->count, *changed);
+          }
         }
       }
     }
@@ -155,9 +159,11 @@ TEST(DeltaTest, MalformedPayloadsAreRefusedAndWriteNothing) {
         bad[rng() % bad.size()] ^= static_cast<uint8_t>(1 + rng() % 255);
         TensorDelta t{enc, d->count, bad};
         std::vector<uint8_t> copy = parent;
-        absl::Status s = ApplyDelta(dtype, t.view(), absl::MakeSpan(copy),
-                                    {.allow_non_finite = true});
-        if (!s.ok()) EXPECT_EQ(copy, parent);
+        absl::Status s =
+            ApplyDelta(dtype, t.view(), absl::MakeSpan(copy), {.allow_non_finite = true});
+        if (!s.ok()) {
+          EXPECT_EQ(copy, parent);
+        }
       }
       // A count that disagrees with the payload.
       for (int64_t count : {d->count - 1, d->count + 1, int64_t{-1}, numel + 1}) {
@@ -193,18 +199,21 @@ TEST(DeltaTest, HandMadeOutOfRangeInputs) {
   TensorDelta wrap{DeltaEncoding::kOverwrite,
                    1,
                    {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0x80, 0x3f}};
-  EXPECT_TRUE(absl::IsInvalidArgument(ApplyDelta(DType::kBF16, wrap.view(), absl::MakeSpan(target))));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(ApplyDelta(DType::kBF16, wrap.view(), absl::MakeSpan(target))));
   // varint longer than 64 bits.
   TensorDelta over{DeltaEncoding::kOverwrite,
                    1,
                    {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f, 0x80, 0x3f}};
-  EXPECT_TRUE(absl::IsInvalidArgument(ApplyDelta(DType::kBF16, over.view(), absl::MakeSpan(target))));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(ApplyDelta(DType::kBF16, over.view(), absl::MakeSpan(target))));
   // xor: a run past the end, a run with no progress, runs short of the tensor.
   TensorDelta run_past{DeltaEncoding::kXor, 2, {7, 2, 1, 0, 1, 0}};
   EXPECT_TRUE(
       absl::IsInvalidArgument(ApplyDelta(DType::kBF16, run_past.view(), absl::MakeSpan(target))));
   TensorDelta stuck{DeltaEncoding::kXor, 0, {0, 0, 8, 0}};
-  EXPECT_TRUE(absl::IsInvalidArgument(ApplyDelta(DType::kBF16, stuck.view(), absl::MakeSpan(target))));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(ApplyDelta(DType::kBF16, stuck.view(), absl::MakeSpan(target))));
   TensorDelta short_runs{DeltaEncoding::kXor, 0, {4, 0}};
   EXPECT_TRUE(
       absl::IsInvalidArgument(ApplyDelta(DType::kBF16, short_runs.view(), absl::MakeSpan(target))));

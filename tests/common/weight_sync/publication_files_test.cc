@@ -74,9 +74,9 @@ TEST_F(PublicationFilesTest, ManifestRoundTripsAndMatchesTheCheckpoint) {
   EXPECT_EQ((*read)->version, 1);
   EXPECT_EQ((*read)->tensors.size(), 3u);
   for (const auto& [name, view] : c->tensors()) {
-    EXPECT_TRUE(CheckTensorAgainstManifest(m, name, model_io::DTypeName(view.dtype), view.shape,
-                                           view.data)
-                    .ok());
+    EXPECT_TRUE(
+        CheckTensorAgainstManifest(m, name, model_io::DTypeName(view.dtype), view.shape, view.data)
+            .ok());
   }
   // One flipped bit is named.
   const model_io::TensorView& a = c->tensors().at("a.weight");
@@ -85,8 +85,8 @@ TEST_F(PublicationFilesTest, ManifestRoundTripsAndMatchesTheCheckpoint) {
   absl::Status s = CheckTensorAgainstManifest(m, "a.weight", "BF16", a.shape, bad);
   EXPECT_TRUE(absl::IsFailedPrecondition(s));
   EXPECT_NE(s.message().find("'a.weight'"), std::string::npos) << s;
-  EXPECT_TRUE(absl::IsFailedPrecondition(
-      CheckTensorAgainstManifest(m, "nope", "BF16", a.shape, a.data)));
+  EXPECT_TRUE(
+      absl::IsFailedPrecondition(CheckTensorAgainstManifest(m, "nope", "BF16", a.shape, a.data)));
   // No manifest: nullopt.
   absl::StatusOr<std::optional<Manifest>> none = ReadManifest((dir_ / "missing").string());
   ASSERT_TRUE(none.ok());
@@ -108,8 +108,8 @@ TEST_F(PublicationFilesTest, ManifestRefusesEditsAndBadFields) {
   std::string flipped = one_digest;
   flipped[0] = flipped[0] == '0' ? '1' : '0';
   for (const std::string& bad : {
-           replaced(one_digest, flipped),                        // edited tensor digest
-           replaced("\"version\": 3", "\"version\": -3"),        // negative
+           replaced(one_digest, flipped),                               // edited tensor digest
+           replaced("\"version\": 3", "\"version\": -3"),               // negative
            replaced("\"parent_version\": 2", "\"parent_version\": 3"),  // not below version
            replaced("rlfleet.manifest.v1", "rlfleet.manifest.v9"),
            replaced("\"BF16\"", "\"I64\""),
@@ -132,8 +132,7 @@ TEST_F(PublicationFilesTest, DeltaPublicationAppliesToTheChildsDigests) {
   ASSERT_TRUE(stats.ok()) << stats.status();
   EXPECT_GT(stats->changed_elements, 0);
   EXPECT_LT(stats->delta_bytes, stats->dense_bytes / 5);
-  absl::StatusOr<DeltaFile> delta =
-      ReadDeltaFile(out + "/" + kDeltaFileName, int64_t{1} << 30);
+  absl::StatusOr<DeltaFile> delta = ReadDeltaFile(out + "/" + kDeltaFileName, int64_t{1} << 30);
   ASSERT_TRUE(delta.ok()) << delta.status();
   EXPECT_EQ(delta->manifest.version, 2);
   EXPECT_EQ(delta->manifest.parent_version, 1);
@@ -183,8 +182,8 @@ TEST_F(PublicationFilesTest, DeltaFileCutOrEditedIsRefused) {
   // so parsing fails either way.
   EXPECT_FALSE(ParseDeltaFile(std::vector<uint8_t>(text.begin(), text.end()), "d").ok());
   // A parent without a manifest and no parent version named.
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      WriteDeltaPublication(parent, child, out, 5, std::nullopt).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(WriteDeltaPublication(parent, child, out, 5, std::nullopt).status()));
   // A version not above the parent's.
   EXPECT_TRUE(absl::IsInvalidArgument(WriteDeltaPublication(parent, child, out, 4, 4).status()));
 }

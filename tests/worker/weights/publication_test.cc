@@ -44,8 +44,8 @@ void WriteStep(const std::string& from, const std::string& dir, double fraction,
 void WriteManifestOf(const std::string& dir, int64_t version) {
   auto ckpt = model_io::OpenCheckpoint(dir);
   ASSERT_TRUE(ckpt.ok());
-  ASSERT_TRUE(weight_sync::WriteManifest(dir, weight_sync::ManifestOfCheckpoint(*ckpt, version))
-                  .ok());
+  ASSERT_TRUE(
+      weight_sync::WriteManifest(dir, weight_sync::ManifestOfCheckpoint(*ckpt, version)).ok());
 }
 
 std::string ManifestSha(const std::string& dir) {
@@ -107,7 +107,7 @@ TEST_F(PublicationTest, StagedDeltaActivatesWithTheDenseCheckpointsChecksums) {
   rl::v1::GetServerInfoResponse info = ServerInfo();
   EXPECT_TRUE(info.has_staged_weights());
   EXPECT_EQ(info.staged_weight_version(), 1);  // the manifest's version
-  EXPECT_EQ(RankChecksum(), before);            // staged, not served
+  EXPECT_EQ(RankChecksum(), before);           // staged, not served
   EXPECT_EQ(server_->weight_version(), 0);
 
   ASSERT_TRUE(Activate(&resp).ok());
@@ -130,8 +130,8 @@ TEST_F(PublicationTest, OneCallUpdateAppliesADeltaAndChainsThem) {
   WriteStep(v1.path(), v2.path(), 0.02, 2);
   ASSERT_TRUE(weight_sync::WriteDeltaPublication(Stories(), v1.path(), d1.path(), 1, 0).ok());
   WriteManifestOf(v1.path(), 1);
-  ASSERT_TRUE(weight_sync::WriteDeltaPublication(v1.path(), v2.path(), d2.path(), 2, std::nullopt)
-                  .ok());
+  ASSERT_TRUE(
+      weight_sync::WriteDeltaPublication(v1.path(), v2.path(), d2.path(), 2, std::nullopt).ok());
   ASSERT_TRUE(UpdateFromDisk(d1.path(), -1).ok());
   EXPECT_EQ(server_->weight_version(), 1);
   grpc::Status s = UpdateFromDisk(d2.path(), -1);
@@ -217,7 +217,8 @@ TEST_F(PublicationTest, CutDeltaActivatesNothing) {
     std::filesystem::resize_file(file, cut);
     rl::v1::AdminResponse resp;
     grpc::Status s = Stage(delta.path(), &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << cut << ": " << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << cut << ": " << s.error_message();
     ExpectUnchanged(0, before);
   }
 }
