@@ -171,16 +171,23 @@ TEST_F(PublicationFilesTest, DeltaFileCutOrEditedIsRefused) {
   std::vector<uint8_t> longer = bytes;
   longer.push_back(1);
   EXPECT_FALSE(ParseDeltaFile(longer, "d").ok());
-  // The version bumped inside the header: the embedded manifest no longer matches... the
-  // digest covers tensors, so the edit must be of a tensor digest to be caught there; the
-  // parser checks the header's own consistency.
+  // Same-length edits of the header, each caught by name.
+  auto edited = [&](const std::string& from, const std::string& to) {
+    std::string text(bytes.begin(), bytes.end());
+    const size_t at = text.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+    return ParseDeltaFile(std::vector<uint8_t>(text.begin(), text.end()), "d").status();
+  };
+  absl::Status s = edited("\"encoding\":\"", "\"encodinx\":\"");
+  EXPECT_NE(s.message().find("encoding"), std::string::npos) << s;
+  // One hex digit of a tensor digest inside the embedded manifest: the manifest's own digest
+  // no longer matches.
   std::string text(bytes.begin(), bytes.end());
-  const size_t at = text.find("\"encoding\":\"");
-  ASSERT_NE(at, std::string::npos);
-  text.replace(at, 12, "\"encoding\":\"Z");
-  // Same length is not kept (one byte longer): the header length no longer matches the JSON,
-  // so parsing fails either way.
-  EXPECT_FALSE(ParseDeltaFile(std::vector<uint8_t>(text.begin(), text.end()), "d").ok());
+  const size_t digest = text.find("\"sha256\":\"", text.find("\"tensors\":{")) + 10;
+  const std::string one(1, text[digest] == 'a' ? 'b' : 'a');
+  s = edited(text.substr(digest - 10, 11), text.substr(digest - 10, 10) + one);
+  EXPECT_NE(s.message().find("edited"), std::string::npos) << s;
   // A parent without a manifest and no parent version named.
   EXPECT_TRUE(
       absl::IsInvalidArgument(WriteDeltaPublication(parent, child, out, 5, std::nullopt).status()));
