@@ -13,6 +13,8 @@
 //   - one ActivateWeights of the staged delta, then the worker's checksum compared with the
 //     dense child's manifest digest (must be equal).
 // Timings are wall time on a shared machine: print `lscpu` and `uptime` next to them.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -41,6 +43,14 @@ using rl::model_io::DType;
 
 double Seconds(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// CPU seconds of the whole process (all threads): less inflated than wall time by other load.
+double CpuSeconds() {
+  struct rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-6;
 }
 
 double Median(std::vector<double> v) {
@@ -175,7 +185,7 @@ int main(int argc, char** argv) {
   auto call_status = [](const grpc::Status& s) {
     return s.ok() ? absl::OkStatus() : absl::InternalError(s.error_message());
   };
-  std::vector<double> dense_s, delta_s;
+  std::vector<double> dense_s, delta_s, dense_cpu, delta_cpu;
   for (int r = 0; r < rounds; ++r) {
     for (int which = 0; which < 2; ++which) {
       const bool use_delta = (r + which) % 2 == 0;
@@ -184,10 +194,13 @@ int main(int argc, char** argv) {
       rl::v1::AdminResponse resp;
       grpc::ClientContext ctx;
       const auto start = Clock::now();
+      const double cpu0 = CpuSeconds();
       grpc::Status s = admin->StageWeights(&ctx, req, &resp);
       const double secs = Seconds(start);
+      (use_delta ? delta_cpu : dense_cpu).push_back(CpuSeconds() - cpu0);
       if (!s.ok()) return fail(call_status(s));
       (use_delta ? delta_s : dense_s).push_back(secs);
+      if (r == 0) absl::PrintF("  %s\n", resp.message());
       grpc::ClientContext drop_ctx;
       if (!admin->DropStagedWeights(&drop_ctx, {}, &resp).ok())
         return fail(absl::InternalError("drop"));

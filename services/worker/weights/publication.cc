@@ -2,11 +2,13 @@
 
 #include <sys/stat.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/model_io/safetensors.h"
 #include "common/status.h"
 #include "common/weight_sync/delta_file.h"
@@ -203,7 +205,15 @@ absl::StatusOr<ReadVersion> StageDeltaOnServedCopy(
                        Short(*held), ", so it does not hold the parent"));
     }
   }
+  auto t0 = std::chrono::steady_clock::now();
+  auto lap = [&t0]() {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - t0).count();
+    t0 = now;
+    return s;
+  };
   ASSIGN_OR_RETURN(std::vector<model::OwnedTensor> copy, CopyServedWeights(*deps.engine, parent));
+  const double copy_s = lap();
   std::map<std::string, model::OwnedTensor*> by_name;
   for (model::OwnedTensor& t : copy) by_name[t.info.name] = &t;
   const weight_sync::ApplyOptions options{.allow_non_finite = model_io::NonFiniteWeightsAllowed()};
@@ -224,6 +234,7 @@ absl::StatusOr<ReadVersion> StageDeltaOnServedCopy(
         absl::Span<uint8_t>(target.data.get(), static_cast<size_t>(target.num_bytes)), options);
     if (!applied.ok()) return Annotate(applied, absl::StrCat(what, ", tensor '", t.name, "'"));
   }
+  const double apply_s = lap();
   ASSIGN_OR_RETURN(std::unique_ptr<model::Weights> weights,
                    model::WeightsFromOwnedTensors(std::move(copy), deps.model_config));
   if (absl::Status v = VerifyWeights(*weights, m); !v.ok()) {
@@ -236,6 +247,8 @@ absl::StatusOr<ReadVersion> StageDeltaOnServedCopy(
   out.version = m.version;
   out.manifest_sha256 = m.sha256;
   out.delta_parent = parent;
+  out.phases = absl::StrFormat("copy of the served weights %.3f s, apply %.3f s, verify %.3f s",
+                               copy_s, apply_s, lap());
   return out;
 }
 

@@ -62,6 +62,7 @@ struct ReadVersion {
   std::string manifest_sha256;          // "" when the folder had no manifest
   std::optional<int64_t> delta_parent;  // set when built from a delta
   int64_t delta_bytes = 0;
+  std::string phases;  // a delta's wall time per phase ("copy 1.2 s, apply ..."), for the answer
   // Folder identity for a dense read (model::FolderIdentity before the read), "" for a delta;
   // and the folder the runner may reload it from ("" for a delta: its weights exist only here).
   std::string identity;

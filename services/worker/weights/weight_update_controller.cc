@@ -167,7 +167,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
       "stage_weights: ", staged->bytes, " bytes staged from ", model_path,
       read->delta_parent.has_value()
           ? absl::StrCat(" (a delta of ", read->delta_bytes, " bytes applied to version ",
-                         *read->delta_parent, ")")
+                         *read->delta_parent, ": ", read->phases, ")")
           : "",
       " as version ", staged->version.has_value() ? absl::StrCat(*staged->version) : "current + 1",
       staged->manifest_sha256.empty()
