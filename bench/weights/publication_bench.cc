@@ -208,8 +208,10 @@ int main(int argc, char** argv) {
   }
   absl::PrintF("staging on a worker serving the parent (CPU runner, verified; median of %d):\n",
                rounds);
-  absl::PrintF("  dense  %.2f s   (read %d bytes + hash)\n", Median(dense_s), dense_bytes);
-  absl::PrintF("  delta  %.2f s   (copy of the served weights + apply + hash)\n", Median(delta_s));
+  absl::PrintF("  dense  %.2f s wall, %.2f s process CPU   (read %d bytes + hash)\n",
+               Median(dense_s), Median(dense_cpu), dense_bytes);
+  absl::PrintF("  delta  %.2f s wall, %.2f s process CPU   (copy + apply + hash)\n",
+               Median(delta_s), Median(delta_cpu));
   // Activate the delta: the checksum must equal the dense child's manifest digest.
   {
     rl::v1::StageWeightsRequest req;
