@@ -7,13 +7,23 @@
 #include "common/model_io/dtype.h"
 #include "common/sha256.h"
 #include "common/status.h"
-#include "common/weight_sync/manifest.h"
 
 namespace rl::worker {
 
+TensorHasher::TensorHasher(const model::TensorInfo& info) {
+  const char zero = '\0';
+  h_.Update(info.name);
+  h_.Update(&zero, 1);
+  h_.Update(info.dtype);
+  h_.Update(&zero, 1);
+  h_.Update(absl::StrJoin(info.shape, ","));
+  h_.Update(&zero, 1);
+}
+
 std::string TensorDigest(const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
-  // One definition with the publications' manifests (common/weight_sync/manifest.h).
-  return weight_sync::TensorSha256(info.name, info.dtype, info.shape, bytes);
+  TensorHasher h(info);
+  h.Update(bytes);
+  return h.Finish();
 }
 
 std::string RankDigest(const std::map<std::string, std::string>& tensor_digests) {
