@@ -46,6 +46,8 @@ const std::map<std::string, Command>& RemoteCommands() {
 int Run(const Options& o, const std::vector<std::string>& args) {
   const std::string& cmd = args[0];
   if (cmd == "make-model") return MakeModel(o);
+  if (cmd == "publish") return Publish(o);
+  if (cmd == "publish-delta") return PublishDelta(o);
   if (cmd == "tokenize" || cmd == "detokenize") {
     absl::Status s = cmd == "tokenize" ? Tokenize(o) : Detokenize(o);
     return s.ok() ? 0 : Fail(o, s);

@@ -70,5 +70,9 @@ absl::Status Tokenize(const Options& o);
 absl::Status Detokenize(const Options& o);
 // make-model: a random-weight model folder (config.json, safetensors, tokenizer.json).
 int MakeModel(const Options& o);
+// publish: writes the manifest of a checkpoint folder; publish-delta: a delta publication
+// (docs/weight-publications.md).
+int Publish(const Options& o);
+int PublishDelta(const Options& o);
 
 }  // namespace rl::rlctl

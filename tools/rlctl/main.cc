@@ -45,6 +45,11 @@ constexpr char kCommands[] = R"(Commands:
            with --jsonl a JSON string per line)
   detokenize --tokenizer DIR [--ids 1,2,3] [--skip-special]  (offline; stdin JSON arrays)
   make-model --arch llama|qwen2|qwen3|qwen3_moe --size tiny|0.5b|1b|8b [--seed N] [--dtype D] --out DIR
+  publish --from-disk DIR --version N [--parent-version P]   (offline: writes DIR/rl-manifest.json,
+          the per-tensor SHA-256 manifest workers verify before they serve version N)
+  publish-delta --parent DIR --from-disk DIR --version N [--parent-version P] --out DIR
+          (offline: OUT/weights.rldelta + OUT/rl-manifest.json, version N as a delta of the
+          parent; --parent-version when the parent folder has no manifest)
 )";
 
 }  // namespace
@@ -89,7 +94,8 @@ int main(int argc, char** argv) {
             "generate: accept only weight version N (-1: any)");
   flags.StringList("stop", &o.stop, "generate: stop string (repeatable)");
   flags.String("mode", &o.mode, "pause: abort | in_place | retract");
-  flags.String("from-disk", &o.from_disk, "update-weights / stage-weights / refit: model folder");
+  flags.String("from-disk", &o.from_disk,
+               "update-weights / stage-weights / refit / publish / publish-delta: model folder");
   flags.Int("version", &o.version,
             "update-weights / stage-weights / refit: new weight version (-1: current + 1); "
             "activate-weights: the staged version expected");
@@ -120,7 +126,10 @@ int main(int argc, char** argv) {
   flags.String("arch", &o.arch, "make-model: llama | qwen2 | qwen3 | qwen3_moe");
   flags.String("size", &o.size, "make-model: tiny | 0.5b | 1b | 8b");
   flags.String("dtype", &o.dtype, "make-model: float32 | bfloat16 | float16");
-  flags.String("out", &o.out, "make-model: output folder");
+  flags.String("out", &o.out, "make-model / publish-delta: output folder");
+  flags.String("parent", &o.parent, "publish-delta: the parent version's checkpoint folder");
+  flags.Int("parent-version", &o.parent_version,
+            "publish / publish-delta: the parent's version (-1: none, or the parent's manifest)");
   auto positional = flags.Parse(argc, argv);
   if (flags.help_requested()) {
     std::cout << flags.Usage() << kCommands;

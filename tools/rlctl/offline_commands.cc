@@ -3,13 +3,17 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/model_io/model_maker.h"
+#include "common/model_io/safetensors.h"
 #include "common/status.h"
 #include "common/tokenizer/tokenizer.h"
+#include "common/weight_sync/delta_file.h"
+#include "common/weight_sync/manifest.h"
 #include "nlohmann/json.hpp"
 #include "tools/rlctl/commands.h"
 
@@ -148,6 +152,63 @@ int MakeModel(const Options& o) {
   if (absl::Status s = model_io::MakeModel(m); !s.ok()) return Fail(o, s);
   Json out = {{"out", o.out}, {"arch", o.arch}, {"size", o.size}, {"seed", m.seed}};
   std::cout << (o.json ? out.dump() : "wrote " + o.arch + " " + o.size + " model to " + o.out)
+            << "\n";
+  return 0;
+}
+
+int Publish(const Options& o) {
+  if (o.from_disk.empty() || o.version < 0) {
+    return Fail(o, Usage("publish --from-disk DIR --version N [--parent-version P]"));
+  }
+  auto ckpt = model_io::OpenCheckpoint(o.from_disk);
+  if (!ckpt.ok()) return Fail(o, ckpt.status());
+  const std::optional<int64_t> parent =
+      o.parent_version >= 0 ? std::optional<int64_t>(o.parent_version) : std::nullopt;
+  if (parent && *parent >= o.version) {
+    return Fail(o, Usage("--parent-version must be below --version"));
+  }
+  const weight_sync::Manifest m = weight_sync::ManifestOfCheckpoint(*ckpt, o.version, parent);
+  if (absl::Status s = weight_sync::WriteManifest(o.from_disk, m); !s.ok()) return Fail(o, s);
+  Json out = {{"manifest", o.from_disk + "/" + weight_sync::kManifestFileName},
+              {"version", m.version},
+              {"sha256", m.sha256},
+              {"num_tensors", m.tensors.size()}};
+  std::cout << (o.json ? out.dump()
+                       : absl::StrCat("wrote ", out["manifest"].get<std::string>(), ": version ",
+                                      m.version, ", ", m.tensors.size(), " tensors, sha256 ",
+                                      m.sha256))
+            << "\n";
+  return 0;
+}
+
+int PublishDelta(const Options& o) {
+  if (o.from_disk.empty() || o.parent.empty() || o.out.empty() || o.version < 0) {
+    return Fail(o, Usage("publish-delta --parent DIR --from-disk DIR --version N "
+                         "[--parent-version P] --out DIR"));
+  }
+  auto stats = weight_sync::WriteDeltaPublication(
+      o.parent, o.from_disk, o.out, o.version,
+      o.parent_version >= 0 ? std::optional<int64_t>(o.parent_version) : std::nullopt);
+  if (!stats.ok()) return Fail(o, stats.status());
+  const double ratio = stats->dense_bytes > 0 ? static_cast<double>(stats->delta_bytes) /
+                                                    static_cast<double>(stats->dense_bytes)
+                                              : 0.0;
+  const double density = stats->num_elements > 0 ? static_cast<double>(stats->changed_elements) /
+                                                       static_cast<double>(stats->num_elements)
+                                                 : 0.0;
+  Json out = {{"out", o.out},
+              {"version", o.version},
+              {"dense_bytes", stats->dense_bytes},
+              {"delta_bytes", stats->delta_bytes},
+              {"changed_elements", stats->changed_elements},
+              {"num_elements", stats->num_elements},
+              {"tensors_overwrite", stats->num_overwrite},
+              {"tensors_xor", stats->num_xor}};
+  std::cout << (o.json ? out.dump()
+                       : absl::StrCat("wrote ", o.out, "/", weight_sync::kDeltaFileName, ": ",
+                                      stats->delta_bytes, " bytes (", absl::SixDigits(100 * ratio),
+                                      "% of ", stats->dense_bytes, " dense), ",
+                                      absl::SixDigits(100 * density), "% of elements changed"))
             << "\n";
   return 0;
 }

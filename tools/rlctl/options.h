@@ -59,6 +59,8 @@ struct Options {
   std::string size;
   std::string dtype;
   std::string out;
+  std::string parent;           // publish-delta: the parent checkpoint folder
+  int64_t parent_version = -1;  // publish / publish-delta: -1 unset
 };
 
 }  // namespace rl::rlctl

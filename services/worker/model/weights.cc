@@ -101,12 +101,59 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(model_io::Checkpo
   auto w = std::unique_ptr<Weights>(new Weights());
   w->config_ = c;
   w->checkpoint_ = std::move(checkpoint);
+  Weights* raw = w.get();
+  return Weights::Build(std::move(w),
+                        [raw](const std::string& name) { return raw->checkpoint_.Find(name); });
+}
+
+absl::StatusOr<std::unique_ptr<Weights>> WeightsFromOwnedTensors(std::vector<OwnedTensor> tensors,
+                                                                 const model_io::ModelConfig& c) {
+  auto w = std::unique_ptr<Weights>(new Weights());
+  w->config_ = c;
+  auto views = std::make_shared<std::map<std::string, model_io::TensorView>>();
+  for (OwnedTensor& t : tensors) {
+    const std::optional<DType> dtype = model_io::ParseDType(t.info.dtype);
+    if (!dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weights: tensor '", t.info.name, "' has dtype ", t.info.dtype));
+    }
+    const absl::StatusOr<int64_t> numel = model_io::CheckedNumElements(t.info.shape);
+    if (!numel.ok() || *numel * model_io::DTypeSize(*dtype) != t.num_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("weights: tensor '", t.info.name, "' has ",
+                                                     t.num_bytes, " bytes for its shape"));
+    }
+    model_io::TensorView v;
+    v.name = t.info.name;
+    v.dtype = *dtype;
+    v.shape = t.info.shape;
+    v.data = absl::Span<const uint8_t>(t.data.get(), static_cast<size_t>(t.num_bytes));
+    (*views)[t.info.name] = std::move(v);
+    w->owned_[t.info.name] = std::move(t.data);
+  }
+  absl::StatusOr<std::unique_ptr<Weights>> out =
+      Weights::Build(std::move(w), [views](const std::string& name) -> const model_io::TensorView* {
+        auto it = views->find(name);
+        return it == views->end() ? nullptr : &it->second;
+      });
+  if (out.ok()) {
+    // Drop what the architecture does not use.
+    for (auto it = (*out)->owned_.begin(); it != (*out)->owned_.end();) {
+      it = (*out)->tensors_.contains(it->first) ? std::next(it) : (*out)->owned_.erase(it);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<Weights>> Weights::Build(
+    std::unique_ptr<Weights> w,
+    const std::function<const model_io::TensorView*(const std::string&)>& find) {
+  const model_io::ModelConfig& c = w->config_;
   const int64_t q_dim = c.num_attention_heads * c.head_dim;
   const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
 
   auto need = [&](const std::string& name,
                   std::vector<int64_t> shape) -> absl::StatusOr<const WeightTensor*> {
-    const model_io::TensorView* v = w->checkpoint_.Find(name);
+    const model_io::TensorView* v = find(name);
     if (v == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "weights: missing tensor '", name, "' (expected shape ", ShapeString(shape), ")"));

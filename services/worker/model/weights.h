@@ -62,6 +62,14 @@ struct LayerWeights {
   std::vector<const WeightTensor*> expert_down;  // [hidden, moe_intermediate] each
 };
 
+// One tensor in memory the caller gives away (a copy of the served weights a delta was applied
+// to: weights/publication.h).
+struct OwnedTensor {
+  TensorInfo info;
+  std::unique_ptr<uint8_t[]> data;  // NumElements · DTypeSize(info.dtype) bytes
+  int64_t num_bytes = 0;
+};
+
 class Weights {
  public:
   const model_io::ModelConfig& config() const { return config_; }
@@ -93,6 +101,12 @@ class Weights {
                                                               const model_io::ModelConfig&);
   friend absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(
       model_io::Checkpoint, const model_io::ModelConfig&);
+  friend absl::StatusOr<std::unique_ptr<Weights>> WeightsFromOwnedTensors(
+      std::vector<OwnedTensor>, const model_io::ModelConfig&);
+  // Checks and indexes the tensors `find` gives against config_ (both loads above).
+  static absl::StatusOr<std::unique_ptr<Weights>> Build(
+      std::unique_ptr<Weights> w,
+      const std::function<const model_io::TensorView*(const std::string&)>& find);
   friend absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights&, Backend*, bool,
                                                                 bool);
   friend absl::Status RefreshMirror(const Weights&, const std::string&, Backend*, Weights*);
@@ -121,6 +135,10 @@ absl::StatusOr<std::unique_ptr<Weights>> LoadWeights(const std::string& model_di
                                                      const model_io::ModelConfig& config);
 absl::StatusOr<std::unique_ptr<Weights>> WeightsFromCheckpoint(model_io::Checkpoint checkpoint,
                                                                const model_io::ModelConfig& config);
+// Weights over `tensors` (taken), with the checks of a checkpoint load (every tensor the
+// architecture needs, shapes, dtypes); tensors it does not use are dropped.
+absl::StatusOr<std::unique_ptr<Weights>> WeightsFromOwnedTensors(
+    std::vector<OwnedTensor> tensors, const model_io::ModelConfig& config);
 
 // A copy of `host` in `backend` memory (tensor data are device pointers; names, dtypes and
 // shapes are the host's), for device backends. With `fp32_lm_head` and a 16-bit LM head, the

@@ -75,13 +75,22 @@ absl::StatusOr<UpdateGroups::Claim> WeightUpdateController::CheckAndClaim(
   return groups_.Take(group_name, what);
 }
 
+absl::StatusOr<ReadVersion> WeightUpdateController::ReadFolder(
+    const std::string& model_path, std::optional<int64_t> weight_version) {
+  return ReadPublication(model_path, weight_version,
+                         {.engine = deps_.engine,
+                          .model_config = deps_.model_config,
+                          .limits = deps_.limits,
+                          .ledger = &ledger_});
+}
+
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
     const std::string& model_path, const UpdatePolicy& policy) {
-  RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
   if (policy.weight_version.has_value() && *policy.weight_version < 0) {
     return absl::InvalidArgumentError("weight_version: must be >= 0");
   }
   if (lifecycle_.asleep()) {
+    RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
     // Asleep: the sleepable runner checks the folder and stages it for the wake.
     return lifecycle_.Run("update_weights_from_disk", policy,
                           [&](model::ModelRunner& runner) {
@@ -89,24 +98,30 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
                           },
                           {});
   }
-  // Stage + activate in one call: the read runs here, off the engine thread, while it keeps
-  // generating; the engine pauses only for the swap and the flush. The staged slot is not
+  // Stage + activate in one call: the read (a checkpoint, or a delta applied to a copy of the
+  // served weights; verified against its manifest) runs here, off the engine thread, while it
+  // keeps generating; the engine pauses only for the swap and the flush. The staged slot is not
   // touched (a version staged by StageWeights stays staged).
-  // Taken before the read: a save racing with it shows up as a change on wake.
-  const std::string identity = model::FolderIdentity(model_path).value_or("");
-  absl::StatusOr<std::unique_ptr<model::Weights>> fresh =
-      model::LoadWeights(model_path, deps_.model_config);
+  absl::StatusOr<ReadVersion> fresh = ReadFolder(model_path, policy.weight_version);
   if (!fresh.ok()) {
     return Annotate(fresh.status(),
                     absl::StrCat("update_weights_from_disk: ", model_path,
                                  " (nothing was applied; the old weights keep serving)"));
   }
-  return lifecycle_.Run("update_weights_from_disk", policy,
-                        [&](model::ModelRunner& runner) {
-                          return Annotate(runner.ActivateWeights(&*fresh, model_path, identity),
-                                          model_path);
-                        },
-                        {});
+  UpdatePolicy p = policy;
+  if (fresh->version.has_value()) p.weight_version = fresh->version;
+  absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
+      "update_weights_from_disk", p,
+      [&](model::ModelRunner& runner) {
+        return Annotate(
+            runner.ActivateWeights(&fresh->weights, fresh->reload_path, fresh->identity),
+            model_path);
+      },
+      {});
+  if (out.ok() && !fresh->manifest_sha256.empty()) {
+    ledger_.Record(out->weight_version, fresh->manifest_sha256);
+  }
+  return out;
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
@@ -114,7 +129,9 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
   if (weight_version.has_value() && *weight_version < 0) {
     return absl::InvalidArgumentError("weight_version: must be >= 0");
   }
-  RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
+  if (!IsDeltaOnlyFolder(model_path)) {
+    RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
+  }
   const auto start = std::chrono::steady_clock::now();
   {
     absl::MutexLock lock(&stage_mu_);
@@ -127,10 +144,9 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
     staged_.reset();  // one staged version at most: the old one goes before the new read
   }
   // Off the engine thread: it keeps generating with the served weights meanwhile. Non-finite
-  // values are refused while the files are read (model_io), unless --allow-non-finite-weights.
-  std::string identity = model::FolderIdentity(model_path).value_or("");
-  absl::StatusOr<std::unique_ptr<model::Weights>> read =
-      model::LoadWeights(model_path, deps_.model_config);
+  // values are refused while the files are read (model_io) or the delta applied, unless
+  // --allow-non-finite-weights. A folder with a manifest is verified against it (publication.h).
+  absl::StatusOr<ReadVersion> read = ReadFolder(model_path, weight_version);
   absl::MutexLock lock(&stage_mu_);
   staging_ = false;
   if (!read.ok()) {
@@ -139,15 +155,24 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
                     absl::StrCat("stage_weights: ", model_path, " (nothing is staged)"));
   }
   auto staged = std::make_unique<StagedVersion>();
-  staged->version = weight_version;
+  staged->version = read->version;
   staged->path = model_path;
-  staged->identity = std::move(identity);
-  staged->bytes = (*read)->TotalBytes();
-  staged->weights = *std::move(read);
+  staged->identity = std::move(read->identity);
+  staged->reload_path = std::move(read->reload_path);
+  staged->manifest_sha256 = read->manifest_sha256;
+  staged->bytes = read->weights->TotalBytes();
+  staged->weights = std::move(read->weights);
   AdminOutcome out;
   out.message = absl::StrCat(
-      "stage_weights: ", staged->bytes, " bytes staged from ", model_path, " as version ",
-      weight_version.has_value() ? absl::StrCat(*weight_version) : "current + 1",
+      "stage_weights: ", staged->bytes, " bytes staged from ", model_path,
+      read->delta_parent.has_value()
+          ? absl::StrCat(" (a delta of ", read->delta_bytes, " bytes applied to version ",
+                         *read->delta_parent, ": ", read->phases, ")")
+          : "",
+      " as version ", staged->version.has_value() ? absl::StrCat(*staged->version) : "current + 1",
+      staged->manifest_sha256.empty()
+          ? ""
+          : absl::StrCat(", verified against its manifest (sha256 ", staged->manifest_sha256, ")"),
       " (ActivateWeights serves it)");
   out.weight_version = deps_.engine->weight_version();
   out.duration_us = MicrosSince(start);
@@ -178,11 +203,19 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
   if (staged->version.has_value()) p.weight_version = staged->version;
   absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
       "activate_weights", p,
-      [&](model::ModelRunner& runner) {
-        return Annotate(runner.ActivateWeights(&staged->weights, staged->path, staged->identity),
-                        staged->path);
+      [&](model::ModelRunner& runner) -> absl::Status {
+        if (!staged->manifest_sha256.empty() && staged->version.has_value()) {
+          // A version recorded since the stage (another publication) still wins.
+          RETURN_IF_ERROR(ledger_.CheckSameContent(*staged->version, staged->manifest_sha256));
+        }
+        return Annotate(
+            runner.ActivateWeights(&staged->weights, staged->reload_path, staged->identity),
+            staged->path);
       },
       {.self_pause = true});
+  if (out.ok() && !staged->manifest_sha256.empty()) {
+    ledger_.Record(out->weight_version, staged->manifest_sha256);
+  }
   if (!out.ok() && staged->weights != nullptr) {
     // Not swapped in: still staged (unless a new stage came meanwhile).
     absl::MutexLock lock(&stage_mu_);

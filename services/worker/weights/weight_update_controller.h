@@ -24,6 +24,7 @@
 #include "services/worker/model/sleepable_runner.h"
 #include "services/worker/model/weights.h"
 #include "services/worker/weight_sync/weight_sync.h"
+#include "services/worker/weights/publication.h"
 #include "services/worker/weights/update_groups.h"
 #include "services/worker/weights/update_lifecycle.h"
 #include "services/worker/weights/weight_updates.h"
@@ -100,6 +101,10 @@ class WeightUpdateController final : public WeightUpdates {
     std::string identity;  // model::FolderIdentity of `path` before the read ("" unknown)
     std::unique_ptr<model::Weights> weights;
     int64_t bytes = 0;
+    // Publications (publication.h): the verified manifest's digest ("" without one) and the
+    // folder the runner may reload the version from ("" when built from a delta).
+    std::string manifest_sha256;
+    std::string reload_path;
   };
 
   explicit WeightUpdateController(Deps deps);
@@ -107,12 +112,17 @@ class WeightUpdateController final : public WeightUpdates {
   absl::StatusOr<UpdateGroups::Claim> CheckAndClaim(const std::string& group_name,
                                                     const WeightBuckets& buckets,
                                                     UpdateGroups::ClaimFor what);
+  // Reads a publication folder (checkpoint or delta, verified against its manifest) off the
+  // engine thread: publication.h.
+  absl::StatusOr<ReadVersion> ReadFolder(const std::string& model_path,
+                                         std::optional<int64_t> weight_version);
 
   const Deps deps_;
   std::vector<model::TensorInfo> served_;
   WeightShapes served_shapes_;
   UpdateLifecycle lifecycle_;
   UpdateGroups groups_;
+  VersionLedger ledger_;  // version -> manifest digest of the versions served here
   mutable absl::Mutex stage_mu_;
   bool staging_ ABSL_GUARDED_BY(stage_mu_) = false;
   std::unique_ptr<StagedVersion> staged_ ABSL_GUARDED_BY(stage_mu_);
