@@ -95,7 +95,13 @@ absl::Status TensorUpdateReactor::AddMessage() {
     return absl::InvalidArgumentError(absl::StrCat(
         "end: message ", num_messages_, " came after the stream's end message; ", kNothingApplied));
   }
-  if (num_messages_ == 1) policy_ = PolicyFrom(msg_);
+  if (num_messages_ == 1) {
+    policy_ = PolicyFrom(msg_);
+    if (msg_.stage()) {
+      RETURN_IF_ERROR(CheckStagePolicy(policy_));
+      ASSIGN_OR_RETURN(stage_, weights_.BeginStage("tensor", policy_.weight_version));
+    }
+  }
   // The first message may carry the options alone, the last one the end alone.
   if (msg_.has_chunk()) {
     RETURN_IF_ERROR(AddChunk(msg_.chunk()));
@@ -202,6 +208,7 @@ absl::Status TensorUpdateReactor::Apply() {
   tensors.reserve(pending_.size());
   for (auto& [name, p] : pending_) tensors.push_back(std::move(p.tensor));
   pending_.clear();
+  if (stage_ != nullptr) return FillFrom(stage_->Commit(std::move(tensors)), response_);
   return FillFrom(weights_.UpdateWeightsFromTensors(std::move(tensors), policy_), response_);
 }
 

@@ -105,6 +105,13 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   // one staged, else drop everywhere (nothing activates).
   absl::Status RefitLocked(Ctx* c, const rl::v1::RefitWeightsRequest& req,
                            rl::v1::AdminResponse* resp);
+  // A staged tensor push (UpdateWeightsFromTensor with `stage`): the relay's broadcast under the
+  // admin lock, then DropUnlessAllStagedLocked: all or none.
+  absl::Status StageTensorsLocked(Ctx* c, const TensorRelayStart& start,
+                                  rl::v1::AdminResponse* resp);
+  // After a staging broadcast (`resp` holds its per-worker results): when some worker failed,
+  // the others drop what they staged and `resp` says so (success false, the reasons kept).
+  void DropUnlessAllStagedLocked(Ctx* c, const char* what, rl::v1::AdminResponse* resp);
   // Broadcasts `method` with the caller's own request, under `plan`.
   template <typename Request>
   grpc::ServerUnaryReactor* Forward(Ctx* c, const Request* req, rl::v1::AdminResponse* resp,
