@@ -63,6 +63,25 @@ grpc::ServerUnaryReactor* AdminService::Forward(
   });
 }
 
+template <typename Request>
+grpc::ServerUnaryReactor* AdminService::ForwardStage(
+    Ctx* c, const Request* req, rl::v1::AdminResponse* resp, const char* what,
+    AsyncMethod<Request, rl::v1::AdminResponse> method) {
+  return Run(c, [this, c, req, resp, what, method] {
+    RETURN_IF_ERROR(broadcaster_.lock().Acquire(what));
+    absl::Status s = broadcaster_.BroadcastLocked(
+        {.what = what, .deadline = Deadline::kLoad}, c,
+        [req, method](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
+                      Done done) {
+          (w.admin_stub().async()->*method)(ctx, req, r, std::move(done));
+        },
+        resp);
+    if (s.ok()) DropUnlessAllStagedLocked(c, what, resp);
+    broadcaster_.lock().Release();
+    return s;
+  });
+}
+
 // ---- calls that change fleet state: broadcasts under the admin lock ----
 
 grpc::ServerUnaryReactor* AdminService::PauseGeneration(Ctx* c,
@@ -290,6 +309,10 @@ grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
 // UpdateWeightsFromDistributed, and the fleet stays paused with keep_pause.
 grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
     Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
+  if (req->stage()) {
+    return ForwardStage(c, req, resp, "CompleteWeightsUpdate (stage)",
+                        &AsyncAdmin::CompleteWeightsUpdate);
+  }
   return Forward(c, req, resp,
                  {.what = "CompleteWeightsUpdate",
                   .deadline = Deadline::kLoad,
@@ -304,6 +327,9 @@ grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
 grpc::ServerUnaryReactor* AdminService::ReceiveWeights(Ctx* c,
                                                        const rl::v1::ReceiveWeightsRequest* req,
                                                        rl::v1::AdminResponse* resp) {
+  if (req->stage()) {
+    return ForwardStage(c, req, resp, "ReceiveWeights (stage)", &AsyncAdmin::ReceiveWeights);
+  }
   return Forward(c, req, resp,
                  {.what = "ReceiveWeights",
                   .deadline = Deadline::kLoad,
