@@ -60,7 +60,7 @@ void TensorUpdateReactor::OnReadDone(bool ok) {
   }
   ++num_messages_;
   if (absl::Status s = AddMessage(); !s.ok()) {
-    Finish(ToGrpcStatus(s));
+    FinishUnapplied(ToGrpcStatus(s));
     return;
   }
   StartRead(&msg_);
@@ -70,14 +70,15 @@ void TensorUpdateReactor::OnStreamEnded() {
   // gRPC reports a half-close, a cancelled call, a broken connection and a message that does not
   // parse alike (a failed read); only the `end` message tells a complete stream from a cut one.
   if (context_->IsCancelled()) {
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                        absl::StrCat("UpdateWeightsFromTensor: the call was cancelled (by the "
-                                     "client, its deadline or a broken connection) after ",
-                                     num_messages_, " messages; ", kNothingApplied)));
+    FinishUnapplied(
+        grpc::Status(grpc::StatusCode::CANCELLED,
+                     absl::StrCat("UpdateWeightsFromTensor: the call was cancelled (by the "
+                                  "client, its deadline or a broken connection) after ",
+                                  num_messages_, " messages; ", kNothingApplied)));
     return;
   }
   if (!ended_) {
-    Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+    FinishUnapplied(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "end: the stream ended after ", num_messages_,
         " messages without its end message (TensorStreamEnd): the client half-closed early, or "
         "a message did not parse as an UpdateWeightsFromTensorRequest; ",
@@ -86,8 +87,13 @@ void TensorUpdateReactor::OnStreamEnded() {
   }
   // The explicit end: apply, off the gRPC thread.
   if (!executor_.Submit([this] { Finish(ToGrpcStatus(Apply())); })) {
-    Finish(ToGrpcStatus(AdminService::ExecutorFull("UpdateWeightsFromTensor", executor_)));
+    FinishUnapplied(ToGrpcStatus(AdminService::ExecutorFull("UpdateWeightsFromTensor", executor_)));
   }
+}
+
+void TensorUpdateReactor::FinishUnapplied(const grpc::Status& status) {
+  stage_.reset();  // a staged stream releases the staged slot (nothing staged) before the answer
+  Finish(status);
 }
 
 absl::Status TensorUpdateReactor::AddMessage() {
@@ -201,6 +207,7 @@ absl::Status TensorUpdateReactor::CheckEnd(const rl::v1::TensorStreamEnd& end) c
 absl::Status TensorUpdateReactor::Apply() {
   // Cancelled between the end and now: the client is gone, the stream is not applied.
   if (context_->IsCancelled()) {
+    stage_.reset();  // a staged stream: the slot is free before the answer
     return absl::CancelledError(absl::StrCat(
         "UpdateWeightsFromTensor: the call was cancelled before the apply; ", kNothingApplied));
   }

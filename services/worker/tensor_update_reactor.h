@@ -63,6 +63,8 @@ class TensorUpdateReactor final
   // The stream is over (half-close, cancel, broken connection or a message that did not parse).
   void OnStreamEnded();
   absl::Status Apply();
+  // Finishes a stream that applies and stages nothing.
+  void FinishUnapplied(const grpc::Status& status);
 
   WeightUpdates& weights_;
   const RequestLimits& limits_;
