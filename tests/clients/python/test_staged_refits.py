@@ -92,7 +92,7 @@ def test_stage_drop_and_refit_from_disk(fleet2):
     with Client(fleet2.address) as c:
         c.push_weights(perturbed(8), weight_version=3)  # one call: applied now
         assert greedy(c).weight_version == 3
-        r = c.stage_weights(rltest.STORIES, weight_version=4)
+        r = c.stage_weights(str(rltest.STORIES), weight_version=4)
         assert r.success
         assert staged(c) == [(True, f"disk:{rltest.STORIES}", 4)] * 2
         assert c.drop_staged_weights().success
@@ -100,7 +100,7 @@ def test_stage_drop_and_refit_from_disk(fleet2):
             c.activate_weights()
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert greedy(c).weight_version == 3
-        r = c.refit_weights(rltest.STORIES, weight_version=5)
+        r = c.refit_weights(str(rltest.STORIES), weight_version=5)
         assert r.success and r.weight_version == 5
         ck = read_safetensors(rltest.STORIES)
         assert_fleet_holds(c, {n: ck[n] for n in ck})
