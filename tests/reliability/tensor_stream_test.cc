@@ -414,7 +414,8 @@ TEST_F(TensorStreamTest, ACutStagedStreamStagesNothingAnywhere) {
     ASSERT_TRUE(s.ok()) << s.error_message();
     EXPECT_TRUE(resp.success()) << resp.message();
   }
-  EXPECT_EQ(Staged(), std::vector<std::pair<bool, bool>>(2, {true, false}));
+  const std::vector<std::pair<bool, bool>> staged(2, {true, false});
+  EXPECT_EQ(Staged(), staged);
   EXPECT_EQ(Fleet(), before);
   {
     grpc::ClientContext ctx;
