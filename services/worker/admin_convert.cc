@@ -112,4 +112,12 @@ void ToProto(const std::vector<model::TensorInfo>& weights, rl::v1::ListWeightsR
   }
 }
 
+absl::Status CheckStagePolicy(const UpdatePolicy& policy) {
+  if (policy.abort_all_requests || policy.keep_pause) {
+    return absl::InvalidArgumentError(
+        "stage: abort_all_requests and keep_pause belong to ActivateWeights, not to a stage");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace rl::worker

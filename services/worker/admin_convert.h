@@ -33,6 +33,10 @@ UpdatePolicy PolicyFrom(const Request& req) {
   return policy;
 }
 
+// A staged receive or stream (`stage`) takes no engine options: abort_all_requests and
+// keep_pause belong to ActivateWeights (INVALID_ARGUMENT naming them).
+absl::Status CheckStagePolicy(const UpdatePolicy& policy);
+
 // An InitWeightsUpdateGroup request; an unspecified backend is `default_backend`.
 GroupRequest GroupRequestFrom(const rl::v1::InitWeightsUpdateGroupRequest& req,
                               const std::string& default_backend);

@@ -129,8 +129,14 @@ grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
 
 grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
     Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
-  return RunAsync(c, "CompleteWeightsUpdate", [this, req, resp] {
-    return FillFrom(weights_.CompleteWeightsUpdate(req->group_name(), PolicyFrom(*req)), resp);
+  return RunAsync(c, "CompleteWeightsUpdate", [this, req, resp]() -> absl::Status {
+    const UpdatePolicy policy = PolicyFrom(*req);
+    if (req->stage()) {
+      RETURN_IF_ERROR(CheckStagePolicy(policy));
+      return FillFrom(
+          weights_.CompleteWeightsUpdateStaged(req->group_name(), policy.weight_version), resp);
+    }
+    return FillFrom(weights_.CompleteWeightsUpdate(req->group_name(), policy), resp);
   });
 }
 
@@ -139,8 +145,14 @@ grpc::ServerUnaryReactor* AdminService::ReceiveWeights(Ctx* c,
                                                        rl::v1::AdminResponse* resp) {
   return RunAsync(c, "ReceiveWeights", [this, req, resp]() -> absl::Status {
     ASSIGN_OR_RETURN(WeightBuckets buckets, BucketsFrom(req->buckets()));
-    return FillFrom(
-        weights_.ReceiveWeights(req->group_name(), std::move(buckets), PolicyFrom(*req)), resp);
+    const UpdatePolicy policy = PolicyFrom(*req);
+    if (req->stage()) {
+      RETURN_IF_ERROR(CheckStagePolicy(policy));
+      return FillFrom(weights_.ReceiveWeightsStaged(req->group_name(), std::move(buckets),
+                                                    policy.weight_version),
+                      resp);
+    }
+    return FillFrom(weights_.ReceiveWeights(req->group_name(), std::move(buckets), policy), resp);
   });
 }
 

@@ -61,7 +61,7 @@ void TensorUpdateReactor::OnReadDone(bool ok) {
   }
   ++num_messages_;
   if (absl::Status s = AddMessage(); !s.ok()) {
-    Finish(ToGrpcStatus(s));
+    FinishUnapplied(ToGrpcStatus(s));
     return;
   }
   StartRead(&msg_);
@@ -71,14 +71,15 @@ void TensorUpdateReactor::OnStreamEnded() {
   // gRPC reports a half-close, a cancelled call, a broken connection and a message that does not
   // parse alike (a failed read); only the `end` message tells a complete stream from a cut one.
   if (context_->IsCancelled()) {
-    Finish(grpc::Status(grpc::StatusCode::CANCELLED,
-                        absl::StrCat("UpdateWeightsFromTensor: the call was cancelled (by the "
-                                     "client, its deadline or a broken connection) after ",
-                                     num_messages_, " messages; ", kNothingApplied)));
+    FinishUnapplied(
+        grpc::Status(grpc::StatusCode::CANCELLED,
+                     absl::StrCat("UpdateWeightsFromTensor: the call was cancelled (by the "
+                                  "client, its deadline or a broken connection) after ",
+                                  num_messages_, " messages; ", kNothingApplied)));
     return;
   }
   if (!ended_) {
-    Finish(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+    FinishUnapplied(ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "end: the stream ended after ", num_messages_,
         " messages without its end message (TensorStreamEnd): the client half-closed early, or "
         "a message did not parse as an UpdateWeightsFromTensorRequest; ",
@@ -87,8 +88,13 @@ void TensorUpdateReactor::OnStreamEnded() {
   }
   // The explicit end: apply, off the gRPC thread.
   if (!executor_.Submit([this] { Finish(ToGrpcStatus(Apply())); })) {
-    Finish(ToGrpcStatus(AdminService::ExecutorFull("UpdateWeightsFromTensor", executor_)));
+    FinishUnapplied(ToGrpcStatus(AdminService::ExecutorFull("UpdateWeightsFromTensor", executor_)));
   }
+}
+
+void TensorUpdateReactor::FinishUnapplied(const grpc::Status& status) {
+  stage_.reset();  // a staged stream releases the staged slot (nothing staged) before the answer
+  Finish(status);
 }
 
 absl::Status TensorUpdateReactor::AddMessage() {
@@ -96,7 +102,13 @@ absl::Status TensorUpdateReactor::AddMessage() {
     return absl::InvalidArgumentError(absl::StrCat(
         "end: message ", num_messages_, " came after the stream's end message; ", kNothingApplied));
   }
-  if (num_messages_ == 1) policy_ = PolicyFrom(msg_);
+  if (num_messages_ == 1) {
+    policy_ = PolicyFrom(msg_);
+    if (msg_.stage()) {
+      RETURN_IF_ERROR(CheckStagePolicy(policy_));
+      ASSIGN_OR_RETURN(stage_, weights_.BeginStage("tensor", policy_.weight_version));
+    }
+  }
   // The first message may carry the options alone, the last one the end alone.
   if (msg_.has_chunk()) {
     RETURN_IF_ERROR(AddChunk(msg_.chunk()));
@@ -197,6 +209,7 @@ absl::Status TensorUpdateReactor::CheckEnd(const rl::v1::TensorStreamEnd& end) c
 absl::Status TensorUpdateReactor::Apply() {
   // Cancelled between the end and now: the client is gone, the stream is not applied.
   if (context_->IsCancelled()) {
+    stage_.reset();  // a staged stream: the slot is free before the answer
     return absl::CancelledError(absl::StrCat(
         "UpdateWeightsFromTensor: the call was cancelled before the apply; ", kNothingApplied));
   }
@@ -208,6 +221,7 @@ absl::Status TensorUpdateReactor::Apply() {
   if (!expected_rank_sha256_.empty()) {
     RETURN_IF_ERROR(VerifyFullState(tensors, weights_.served_shapes(), expected_rank_sha256_));
   }
+  if (stage_ != nullptr) return FillFrom(stage_->Commit(std::move(tensors)), response_);
   RETURN_IF_ERROR(
       FillFrom(weights_.UpdateWeightsFromTensors(std::move(tensors), policy_), response_));
   if (!expected_rank_sha256_.empty()) response_->set_weights_sha256(expected_rank_sha256_);

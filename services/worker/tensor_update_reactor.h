@@ -10,6 +10,10 @@
 // while it is copied (unless --allow-non-finite-weights); a tensor must arrive complete. A first
 // message may carry the options alone. The apply, which waits for the engine, runs on the admin
 // executor, never on a gRPC thread; a full executor answers RESOURCE_EXHAUSTED.
+// Staged (`stage` in the first message, issue 30): the stream takes the worker's one staged slot
+// at its first message (WeightUpdates::BeginStage: the previous staged version is freed, a second
+// stage is refused) and, at its explicit end, stages the tensors instead of applying them; a
+// stream cut any way before that releases the slot with nothing staged.
 // Cost: the stream's tensors are held in host memory until applied (at most --max-update-bytes);
 // the finite scan reads each byte once more while it is in cache.
 // Admission: `admitted` is the caller's key and admin lease (control/admin_lease.h), checked by
@@ -19,6 +23,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -59,6 +64,8 @@ class TensorUpdateReactor final
   // The stream is over (half-close, cancel, broken connection or a message that did not parse).
   void OnStreamEnded();
   absl::Status Apply();
+  // Finishes a stream that applies and stages nothing.
+  void FinishUnapplied(const grpc::Status& status);
 
   WeightUpdates& weights_;
   const RequestLimits& limits_;
@@ -72,6 +79,7 @@ class TensorUpdateReactor final
   // The end's rank_sha256: a full-state stream (a peer's send), verified before the apply.
   std::string expected_rank_sha256_;
   UpdatePolicy policy_;
+  std::unique_ptr<StageTicket> stage_;  // a staged stream: the staged slot it holds
   std::map<std::string, Pending> pending_;
   int64_t allocated_ = 0;   // bytes of the tensors in pending_, at most --max-update-bytes
   int64_t data_bytes_ = 0;  // data bytes of every chunk so far

@@ -1,12 +1,12 @@
 // UpdateWeightsFromTensor streams cut short (label reliability), with real rl-worker and rl-router
-// processes: a stream applies only when it ends with its explicit end (the `end` message, then
-// the half-close). Cut at every point (the client cancels, its deadline passes, a message that
-// does not parse, a half-close without the end, the sending process SIGKILLed) directly to a
-// worker and through the router, it leaves every worker's weight version and checksum
-// (WeightsChecker) unchanged, and the router keeps every worker in routing; the same stream sent
-// whole then applies (the cut streams carried a whole tensor: applying them would have shown).
-// Also: non-finite values are refused, a first message may carry the options alone, a worker
-// that dies mid-stream is dropped from the update without stalling the others, and 8 GiB
+// processes (staged streams too, issue 30): a stream applies only when it ends with its explicit
+// end (the `end` message, then the half-close). Cut at every point (the client cancels, its
+// deadline passes, a message that does not parse, a half-close without the end, the sending process
+// SIGKILLed) directly to a worker and through the router, it leaves every worker's weight version
+// and checksum (WeightsChecker) unchanged, and the router keeps every worker in routing; the same
+// stream sent whole then applies (the cut streams carried a whole tensor: applying them would have
+// shown). Also: non-finite values are refused, a first message may carry the options alone, a
+// worker that dies mid-stream is dropped from the update without stalling the others, and 8 GiB
 // streamed through the router never makes it hold more than its limits (its peak RSS, VmHWM,
 // against in-process fake workers that discard what they receive).
 #include "tests/testing/tensor_stream.h"
@@ -151,7 +151,8 @@ class TensorStreamTest : public ::testing::Test {
   // and a whole tensor; returns the status the sender saw (OK for a SIGKILLed sender).
   grpc::Status CutStream(rl::v1::Admin::Stub& stub, const std::shared_ptr<grpc::Channel>& channel,
                          const std::string& address, Cut cut) {
-    const Request first = NormMessage(0.5f);
+    Request first = NormMessage(0.5f);
+    first.set_stage(stage_);
     switch (cut) {
       case Cut::kCancel: {
         grpc::ClientContext ctx;
@@ -256,6 +257,19 @@ class TensorStreamTest : public ::testing::Test {
     }
   }
 
+  // Every worker's (has staged weights, staging), asked of the worker itself.
+  std::vector<std::pair<bool, bool>> Staged() {
+    std::vector<std::pair<bool, bool>> out;
+    for (auto& stub : worker_admin_) {
+      grpc::ClientContext ctx;
+      rl::v1::GetServerInfoResponse info;
+      EXPECT_TRUE(stub->GetServerInfo(&ctx, rl::v1::GetServerInfoRequest(), &info).ok());
+      out.emplace_back(info.has_staged_weights(), info.staging());
+    }
+    return out;
+  }
+
+  bool stage_ = false;  // CutStream: the first message asks for a staged stream
   std::vector<std::unique_ptr<Process>> workers_;
   std::vector<std::string> worker_addrs_;
   std::vector<std::shared_ptr<grpc::Channel>> worker_channels_;
@@ -372,6 +386,93 @@ TEST_F(TensorStreamTest, AWorkerThatDiesMidStreamIsDroppedWithoutStallingTheOthe
   ASSERT_TRUE(
       worker_admin_[0]->GetServerInfo(&info_ctx, rl::v1::GetServerInfoRequest(), &info).ok());
   EXPECT_EQ(info.weight_version(), 9);
+}
+
+// Staged streams (issue 30) cut at every point, to a worker and through the router, stage
+// nothing anywhere (and serve nothing new); a worker killed mid staged stream through the router
+// makes the other drop what it staged (all or none).
+TEST_F(TensorStreamTest, ACutStagedStreamStagesNothingAnywhere) {
+  stage_ = true;
+  const std::vector<WorkerWeights> before = Fleet();
+  const std::vector<std::pair<bool, bool>> nothing(2, {false, false});
+  for (Cut cut : {Cut::kCancel, Cut::kDeadline, Cut::kGarbage, Cut::kNoEnd}) {
+    SCOPED_TRACE(CutName(cut));
+    ExpectCutStatus(cut, CutStream(*worker_admin_[0], worker_channels_[0], worker_addrs_[0], cut));
+    ExpectCutStatus(cut, CutStream(*router_admin_, router_channel_, router_addr_, cut));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the workers saw the cut
+    EXPECT_EQ(Staged(), nothing);
+    EXPECT_EQ(Fleet(), before);
+  }
+  EXPECT_TRUE(WaitBothRoutable());
+  // Whole, it stages on both; the router's activation then serves it on both.
+  std::vector<Request> whole = WholeStream(0.5f, 41);
+  whole.front().set_stage(true);
+  {
+    grpc::ClientContext ctx;
+    rl::v1::AdminResponse resp;
+    const grpc::Status s = SendMessages(*router_admin_, &ctx, whole, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(resp.success()) << resp.message();
+  }
+  const std::vector<std::pair<bool, bool>> staged(2, {true, false});
+  EXPECT_EQ(Staged(), staged);
+  EXPECT_EQ(Fleet(), before);
+  {
+    grpc::ClientContext ctx;
+    rl::v1::ActivateWeightsRequest activate;
+    activate.set_weight_version(41);
+    rl::v1::AdminResponse resp;
+    const grpc::Status s = router_admin_->ActivateWeights(&ctx, activate, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(resp.success()) << resp.message();
+  }
+  const std::vector<WorkerWeights> after = Fleet();
+  EXPECT_EQ(after[0].version, 41);
+  EXPECT_NE(after[0].checksum, before[0].checksum);
+  EXPECT_EQ(after[0], after[1]);
+}
+
+TEST_F(TensorStreamTest, AWorkerKilledMidStagedStreamMakesTheOtherDropIt) {
+  const std::string name = "model.embed_tokens.weight";  // [512, 64] F32: 128 KiB
+  const std::string bytes = Floats(std::vector<float>(512 * 64, 0.25f));
+  std::vector<rl::v1::TensorChunk> chunks;
+  for (size_t off = 0; off < bytes.size(); off += 4096) {
+    chunks.push_back(Chunk(name, {512, 64}, "F32", bytes.substr(off, 4096), off));
+  }
+  Request options;
+  options.set_weight_version(9);
+  options.set_stage(true);
+  const std::vector<Request> messages = StreamMessages(chunks, options);
+  grpc::ClientContext ctx;
+  rl::v1::AdminResponse resp;
+  auto writer = router_admin_->UpdateWeightsFromTensor(&ctx, &resp);
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (i == messages.size() / 2) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      kill(workers_[1]->pid(), SIGKILL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    ASSERT_TRUE(writer->Write(messages[i])) << "message " << i;
+  }
+  writer->WritesDone();
+  const grpc::Status s = writer->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.success());
+  EXPECT_THAT(resp.message(), HasSubstr("staging failed on 1 of 2 workers"));
+  for (const auto& r : resp.results()) {
+    if (r.worker() == worker_addrs_[0]) {
+      EXPECT_TRUE(r.success()) << r.message();
+      EXPECT_THAT(r.message(), HasSubstr("dropped"));
+    } else {
+      EXPECT_FALSE(r.success());
+    }
+  }
+  grpc::ClientContext info_ctx;
+  rl::v1::GetServerInfoResponse info;
+  ASSERT_TRUE(
+      worker_admin_[0]->GetServerInfo(&info_ctx, rl::v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_FALSE(info.has_staged_weights());
+  EXPECT_EQ(info.weight_version(), 0);
 }
 
 // ---- memory: 8 GiB through the router ----

@@ -34,8 +34,10 @@ constexpr char kCommands[] = R"(Commands:
   init-group --master-address A --master-port P --world-size N --group-name G [--rank-offset R]
              [--backend tcp|nccl] [--group-timeout-ms T]      destroy-group --group-name G
   prepare-weights --group-name G   (bucket JSON lines on stdin, e.g. rl-weight-sender --plan-only)
-  complete-weights --group-name G [--version N] [--abort-all] [--keep-pause]
-  receive-weights --group-name G [--version N] [--abort-all] [--keep-pause]   (buckets on stdin)
+  complete-weights --group-name G [--version N] [--abort-all] [--keep-pause] [--stage]
+  receive-weights --group-name G [--version N] [--abort-all] [--keep-pause] [--stage]
+                  (buckets on stdin; --stage: received while serving, kept as the staged
+                  version for activate-weights)
   weights-checker --action snapshot|reset_tensors|compare|checksum
   list-weights      model-info      server-info      metrics      health
   workers list | add ADDR [--allow-unreachable] | remove ADDR | enable ADDR | disable ADDR
@@ -101,6 +103,9 @@ int main(int argc, char** argv) {
             "activate-weights: the staged version expected");
   flags.Bool("abort-all", &o.abort_all, "update-weights: abort active requests");
   flags.Bool("keep-pause", &o.keep_pause, "update-weights: stay paused afterwards");
+  flags.Bool("stage", &o.stage,
+             "complete-weights / receive-weights: stage the received tensors instead of applying "
+             "them (activate-weights serves them)");
   flags.Bool("no-flush", &o.no_flush,
              "update-weights: send flush_cache=false (ignored: workers flush the prefix cache on "
              "every update, KV of the old weights is never reused)");

@@ -40,6 +40,7 @@ struct Options {
   int64_t version = -1;
   bool abort_all = false;
   bool keep_pause = false;
+  bool stage = false;  // complete-weights / receive-weights: stage instead of apply
   bool no_flush = false;
   std::string action;
   std::string tokenizer;

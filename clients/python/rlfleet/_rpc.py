@@ -214,7 +214,7 @@ class StreamSource:
 
     def __init__(self, named_tensors: NamedTensors, reporter: Reporter, chunk_bytes: int,
                  weight_version: Optional[int], flush_cache: Optional[bool],
-                 abort_all_requests: bool, keep_pause: bool) -> None:
+                 abort_all_requests: bool, keep_pause: bool, stage: bool = False) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be in (0, {MAX_CHUNK_BYTES}], not {chunk_bytes}")
         if isinstance(named_tensors, SafetensorsFile):
@@ -235,6 +235,7 @@ class StreamSource:
         self._options = dict(weight_version=weight_version, flush_cache=flush_cache)
         self._abort_all_requests = abort_all_requests
         self._keep_pause = keep_pause
+        self._stage = stage
         self.error: Optional[BaseException] = None
 
     def messages(self) -> Iterator[bytes]:
@@ -247,7 +248,8 @@ class StreamSource:
 
     def _messages(self) -> Iterator[bytes]:
         first = admin_pb2.UpdateWeightsFromTensorRequest(
-            abort_all_requests=self._abort_all_requests, keep_pause=self._keep_pause)
+            abort_all_requests=self._abort_all_requests, keep_pause=self._keep_pause,
+            stage=self._stage)
         set_optional(first, **self._options)
         options: Optional[admin_pb2.UpdateWeightsFromTensorRequest] = first
         names: set[str] = set()  # the end counts distinct names, as the receiver does
@@ -274,3 +276,26 @@ class StreamSource:
 
 def _refuse(name: str, dtype: str) -> None:
     raise TypeError(f"tensor {name!r}: checkpoint dtype {dtype} is not F32, BF16 or F16")
+
+
+def stage_request(model_path: str, weight_version: Optional[int]) -> admin_pb2.StageWeightsRequest:
+    req = admin_pb2.StageWeightsRequest(model_path=model_path)
+    set_optional(req, weight_version=weight_version)
+    return req
+
+
+def activate_request(weight_version: Optional[int], abort_all_requests: bool,
+                     keep_pause: bool) -> admin_pb2.ActivateWeightsRequest:
+    req = admin_pb2.ActivateWeightsRequest(abort_all_requests=abort_all_requests,
+                                           keep_pause=keep_pause)
+    set_optional(req, weight_version=weight_version)
+    return req
+
+
+def refit_request(model_path: str, weight_version: Optional[int], abort_all_requests: bool,
+                  keep_pause: bool) -> admin_pb2.RefitWeightsRequest:
+    req = admin_pb2.RefitWeightsRequest(model_path=model_path,
+                                        abort_all_requests=abort_all_requests,
+                                        keep_pause=keep_pause)
+    set_optional(req, weight_version=weight_version)
+    return req

@@ -176,13 +176,13 @@ class AsyncClient:
                                          abort_all_requests: bool = False,
                                          keep_pause: bool = False,
                                          chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                                         progress: Progress = None,
+                                         progress: Progress = None, stage: bool = False,
                                          timeout: Optional[float] = None
                                          ) -> admin_pb2.AdminResponse:
         with Reporter(progress, "update_weights_from_tensor", total_bytes(named_tensors)) as rep:
             source = await asyncio.to_thread(
                 _rpc.StreamSource, named_tensors, rep, chunk_bytes, weight_version, flush_cache,
-                abort_all_requests, keep_pause)
+                abort_all_requests, keep_pause, stage)
             messages = source.messages()
 
             async def requests() -> AsyncIterator[bytes]:
@@ -208,6 +208,44 @@ class AsyncClient:
                     raise source.error from None
                 raise
         return _rpc.check_admin(resp, "UpdateWeightsFromTensor")
+
+    # Staged refits (Client has the semantics) ----------------------------------------------
+
+    async def stage_weights(self, model_path: str, weight_version: Optional[int] = None,
+                            timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        return await self._admin("StageWeights", _rpc.stage_request(model_path, weight_version),
+                                 timeout, load=True)
+
+    async def activate_weights(self, weight_version: Optional[int] = None,
+                               abort_all_requests: bool = False, keep_pause: bool = False,
+                               timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        return await self._admin("ActivateWeights",
+                                 _rpc.activate_request(weight_version, abort_all_requests,
+                                                       keep_pause), timeout, load=True)
+
+    async def drop_staged_weights(self,
+                                  timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        return await self._admin("DropStagedWeights", admin_pb2.DropStagedWeightsRequest(),
+                                 timeout)
+
+    async def refit_weights(self, model_path: str, weight_version: Optional[int] = None,
+                            abort_all_requests: bool = False, keep_pause: bool = False,
+                            timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        return await self._admin("RefitWeights",
+                                 _rpc.refit_request(model_path, weight_version,
+                                                    abort_all_requests, keep_pause),
+                                 timeout, load=True)
+
+    async def push_weights(self, named_tensors: NamedTensors, *, stage: bool = False,
+                           group: Optional["AsyncWeightsGroup"] = None,
+                           weight_version: Optional[int] = None, progress: Progress = None,
+                           timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        if group is not None:
+            return await group.receive_weights(named_tensors, weight_version=weight_version,
+                                               stage=stage, progress=progress, timeout=timeout)
+        return await self.update_weights_from_tensor(named_tensors, weight_version=weight_version,
+                                                     stage=stage, progress=progress,
+                                                     timeout=timeout)
 
     async def init_weights_update_group(self, master_address: str, master_port: int,
                                         rank_offset: int, world_size: int, group_name: str,
@@ -239,11 +277,11 @@ class AsyncClient:
                                       weight_version: Optional[int] = None,
                                       flush_cache: Optional[bool] = None,
                                       abort_all_requests: bool = False, keep_pause: bool = False,
-                                      timeout: Optional[float] = None
+                                      stage: bool = False, timeout: Optional[float] = None
                                       ) -> admin_pb2.AdminResponse:
         req = admin_pb2.CompleteWeightsUpdateRequest(group_name=group_name,
                                                      abort_all_requests=abort_all_requests,
-                                                     keep_pause=keep_pause)
+                                                     keep_pause=keep_pause, stage=stage)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
         return await self._admin("CompleteWeightsUpdate", req, timeout, load=True)
 
@@ -251,11 +289,12 @@ class AsyncClient:
                               weight_version: Optional[int] = None,
                               flush_cache: Optional[bool] = None,
                               abort_all_requests: bool = False, keep_pause: bool = False,
+                              stage: bool = False,
                               timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         req = admin_pb2.ReceiveWeightsRequest(group_name=group_name,
                                               buckets=_rpc.buckets_proto(buckets),
                                               abort_all_requests=abort_all_requests,
-                                              keep_pause=keep_pause)
+                                              keep_pause=keep_pause, stage=stage)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
         return await self._admin("ReceiveWeights", req, timeout, load=True)
 
@@ -462,12 +501,14 @@ class AsyncWeightsGroup:
                               flush_cache: Optional[bool] = None,
                               abort_all_requests: bool = False, keep_pause: bool = False,
                               bucket_bytes: Optional[int] = None, progress: Progress = None,
+                              stage: bool = False,
                               timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         buckets = await self._plan(named_tensors, bucket_bytes)
         with Reporter(progress, "receive_weights", total_bytes(named_tensors)) as rep:
             call = asyncio.ensure_future(self.client.receive_weights(
                 self.group_name, buckets, weight_version=weight_version, flush_cache=flush_cache,
-                abort_all_requests=abort_all_requests, keep_pause=keep_pause, timeout=timeout))
+                abort_all_requests=abort_all_requests, keep_pause=keep_pause, stage=stage,
+                timeout=timeout))
             await self._push(buckets, call, rep)
             return await call
 
@@ -476,6 +517,7 @@ class AsyncWeightsGroup:
                                    flush_cache: Optional[bool] = None,
                                    abort_all_requests: bool = False, keep_pause: bool = False,
                                    bucket_bytes: Optional[int] = None, progress: Progress = None,
+                                   stage: bool = False,
                                    timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         buckets = await self._plan(named_tensors, bucket_bytes)
         prep = await self.client.prepare_weights_update(self.group_name, buckets,
@@ -491,7 +533,8 @@ class AsyncWeightsGroup:
                     rep.add(t.nbytes, t.name, True)
         return await self.client.complete_weights_update(
             self.group_name, weight_version=weight_version, flush_cache=flush_cache,
-            abort_all_requests=abort_all_requests, keep_pause=keep_pause, timeout=timeout)
+            abort_all_requests=abort_all_requests, keep_pause=keep_pause, stage=stage,
+            timeout=timeout)
 
     async def update_weights_from_distributed(self, named_tensors: NamedTensors, *,
                                               weight_version: Optional[int] = None,

@@ -226,7 +226,7 @@ class Client:
                                    flush_cache: Optional[bool] = None,
                                    abort_all_requests: bool = False, keep_pause: bool = False,
                                    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                                   progress: Progress = None,
+                                   progress: Progress = None, stage: bool = False,
                                    timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Pushes in-memory tensors to the fleet over the tensor stream (SGLang's
         update_weights_from_tensor): every tensor travels in chunks of at most `chunk_bytes`
@@ -239,10 +239,12 @@ class Client:
         WeightTensor(values, "BF16") for raw values. Names and shapes must be the served
         model's (list_weights()); the dtype may differ (the worker converts).
         Memory: about one chunk beyond the caller's tensors. `progress`: True for a bar on
-        stderr, or a callable taking rlfleet.PushProgress."""
+        stderr, or a callable taking rlfleet.PushProgress. `stage`: stage instead of apply
+        (served once activate_weights is called; abort_all_requests / keep_pause then belong to
+        activate_weights); through the router all or none."""
         with Reporter(progress, "update_weights_from_tensor", total_bytes(named_tensors)) as rep:
             source = _rpc.StreamSource(named_tensors, rep, chunk_bytes, weight_version,
-                                       flush_cache, abort_all_requests, keep_pause)
+                                       flush_cache, abort_all_requests, keep_pause, stage)
             fn = self._callable("stream_unary", ADMIN, "UpdateWeightsFromTensor",
                                 admin_pb2.AdminResponse, _rpc.identity)
             try:
@@ -253,6 +255,59 @@ class Client:
                     raise source.error from e
                 raise FleetError.from_rpc_error(e, "UpdateWeightsFromTensor") from e
         return _rpc.check_admin(resp, "UpdateWeightsFromTensor")
+
+    # Staged refits (issue 30: stage while serving, then a short activate) ------------------
+
+    def stage_weights(self, model_path: str, weight_version: Optional[int] = None,
+                      timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        """Reads a checkpoint folder into host memory the worker owns while it keeps serving the
+        old weights; one staged version per worker (this replaces a staged one). It serves as
+        `weight_version` (default current + 1) once activate_weights is called. A stage that
+        fails or is cut leaves nothing staged. Through the router: on every live worker."""
+        return self._admin("StageWeights", _rpc.stage_request(model_path, weight_version),
+                           timeout, load=True)
+
+    def activate_weights(self, weight_version: Optional[int] = None,
+                         abort_all_requests: bool = False, keep_pause: bool = False,
+                         timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        """Serves the staged version (from disk, a staged tensor push or a staged group
+        receive): the pause is the swap and the prefix-cache flush; running requests are
+        retracted and go on with the new weights (or aborted with abort_all_requests).
+        `weight_version`, when given, must be the staged one. Through the router: all or none
+        (every live worker must have the same version staged)."""
+        return self._admin("ActivateWeights",
+                           _rpc.activate_request(weight_version, abort_all_requests, keep_pause),
+                           timeout, load=True)
+
+    def drop_staged_weights(self, timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        """Frees the staged version (OK when there is none)."""
+        return self._admin("DropStagedWeights", admin_pb2.DropStagedWeightsRequest(), timeout)
+
+    def refit_weights(self, model_path: str, weight_version: Optional[int] = None,
+                      abort_all_requests: bool = False, keep_pause: bool = False,
+                      timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        """Router only: the transactional fleet refit from a checkpoint folder. Stages on every
+        live worker, then activates them all; if any fails to stage none activates, the staged
+        copies are dropped and the fleet keeps its version (FleetError with each worker's
+        reason). For in-memory tensors: push_weights(..., stage=True), then activate_weights."""
+        return self._admin("RefitWeights",
+                           _rpc.refit_request(model_path, weight_version, abort_all_requests,
+                                              keep_pause), timeout, load=True)
+
+    def push_weights(self, named_tensors: NamedTensors, *, stage: bool = False,
+                     group: Optional["WeightsGroup"] = None,
+                     weight_version: Optional[int] = None, progress: Progress = None,
+                     timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        """Pushes in-memory tensors over the tensor stream (default) or over an open tcp
+        `group` (open_weights_group; one ReceiveWeights call). With `stage`, the workers stage
+        them while serving (nothing changes until activate_weights; through the router all or
+        none: when one worker refuses, the others drop theirs and FleetError says why);
+        without, they apply at once (one version bump)."""
+        if group is not None:
+            return group.receive_weights(named_tensors, weight_version=weight_version,
+                                         stage=stage, progress=progress, timeout=timeout)
+        return self.update_weights_from_tensor(named_tensors, weight_version=weight_version,
+                                               stage=stage, progress=progress, timeout=timeout)
 
     # Weight-update groups ---------------------------------------------------------------
 
@@ -296,26 +351,30 @@ class Client:
     def complete_weights_update(self, group_name: str, weight_version: Optional[int] = None,
                                 flush_cache: Optional[bool] = None,
                                 abort_all_requests: bool = False, keep_pause: bool = False,
+                                stage: bool = False,
                                 timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Two-phase receive, second half: waits for the data, then pause (retract) → apply
-        every tensor atomically → flush → bump → resume unless keep_pause."""
+        every tensor atomically → flush → bump → resume unless keep_pause. `stage`: keep the
+        received tensors as the staged version instead (no pause; activate_weights serves it)."""
         req = admin_pb2.CompleteWeightsUpdateRequest(group_name=group_name,
                                                      abort_all_requests=abort_all_requests,
-                                                     keep_pause=keep_pause)
+                                                     keep_pause=keep_pause, stage=stage)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
         return self._admin("CompleteWeightsUpdate", req, timeout, load=True)
 
     def receive_weights(self, group_name: str, buckets: Sequence[Any],
                         weight_version: Optional[int] = None,
                         flush_cache: Optional[bool] = None, abort_all_requests: bool = False,
-                        keep_pause: bool = False,
+                        keep_pause: bool = False, stage: bool = False,
                         timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Single-call receive: pause (retract) → receive every listed bucket → apply atomically
-        → flush → bump → resume unless keep_pause. The broadcast runs while the call waits."""
+        → flush → bump → resume unless keep_pause. The broadcast runs while the call waits.
+        `stage`: receive without pausing and keep the tensors as the staged version
+        (activate_weights serves it)."""
         req = admin_pb2.ReceiveWeightsRequest(group_name=group_name,
                                               buckets=_rpc.buckets_proto(buckets),
                                               abort_all_requests=abort_all_requests,
-                                              keep_pause=keep_pause)
+                                              keep_pause=keep_pause, stage=stage)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
         return self._admin("ReceiveWeights", req, timeout, load=True)
 

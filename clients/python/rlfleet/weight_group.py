@@ -8,6 +8,8 @@ Three ways to push, as the workers offer them:
   receive every bucket, apply all atomically and bump the version once.
 - `prepare_and_complete`: PrepareWeightsUpdate (the workers keep generating while the buckets
   arrive into host memory), then CompleteWeightsUpdate (a short pause to apply). One version.
+- with `stage=True` (receive_weights, prepare_and_complete): the workers receive without
+  pausing and keep the tensors as their staged version; activate_weights serves it (issue 30).
 - `update_weights_from_distributed`: SGLang's per-bucket call; each bucket is applied as it
   arrives and bumps the version (a failure leaves partial weights, the worker out of routing).
   `weight_version` goes on the last bucket.
@@ -164,13 +166,15 @@ class WeightsGroup:
                         weight_version: Optional[int] = None, flush_cache: Optional[bool] = None,
                         abort_all_requests: bool = False, keep_pause: bool = False,
                         bucket_bytes: Optional[int] = None, progress: Progress = None,
+                        stage: bool = False,
                         timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
-        """Pushes the tensors with one ReceiveWeights call (atomic, one version bump)."""
+        """Pushes the tensors with one ReceiveWeights call (atomic, one version bump); with
+        `stage`, staged instead (no pause; activate_weights serves them)."""
         buckets = self._plan(named_tensors, bucket_bytes)
         req = admin_pb2.ReceiveWeightsRequest(group_name=self.group_name,
                                               buckets=[b.to_proto() for b in buckets],
                                               abort_all_requests=abort_all_requests,
-                                              keep_pause=keep_pause)
+                                              keep_pause=keep_pause, stage=stage)
         if weight_version is not None:
             req.weight_version = weight_version
         if flush_cache is not None:
@@ -188,10 +192,12 @@ class WeightsGroup:
                              abort_all_requests: bool = False, keep_pause: bool = False,
                              bucket_bytes: Optional[int] = None, progress: Progress = None,
                              before_complete: Optional[Callable[[], None]] = None,
+                             stage: bool = False,
                              timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """The two-phase receive: PrepareWeightsUpdate (generation goes on), the broadcast,
         `before_complete()` if given (e.g. the trainer's own bookkeeping), then
-        CompleteWeightsUpdate (a short pause: apply atomically, one version bump)."""
+        CompleteWeightsUpdate (a short pause: apply atomically, one version bump; with `stage`,
+        no pause: the tensors become the staged version, served by activate_weights)."""
         buckets = self._plan(named_tensors, bucket_bytes)
         prep = self.client.prepare_weights_update(self.group_name, buckets, timeout=timeout)
         if not prep.ready:
@@ -207,7 +213,8 @@ class WeightsGroup:
             before_complete()
         return self.client.complete_weights_update(
             self.group_name, weight_version=weight_version, flush_cache=flush_cache,
-            abort_all_requests=abort_all_requests, keep_pause=keep_pause, timeout=timeout)
+            abort_all_requests=abort_all_requests, keep_pause=keep_pause, stage=stage,
+            timeout=timeout)
 
     def update_weights_from_distributed(self, named_tensors: NamedTensors, *,
                                         weight_version: Optional[int] = None,

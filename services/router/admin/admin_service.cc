@@ -63,6 +63,25 @@ grpc::ServerUnaryReactor* AdminService::Forward(
   });
 }
 
+template <typename Request>
+grpc::ServerUnaryReactor* AdminService::ForwardStage(
+    Ctx* c, const Request* req, rl::v1::AdminResponse* resp, const char* what,
+    AsyncMethod<Request, rl::v1::AdminResponse> method) {
+  return Run(c, [this, c, req, resp, what, method] {
+    RETURN_IF_ERROR(broadcaster_.lock().Acquire(what));
+    absl::Status s = broadcaster_.BroadcastLocked(
+        {.what = what, .deadline = Deadline::kLoad}, c,
+        [req, method](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
+                      Done done) {
+          (w.admin_stub().async()->*method)(ctx, req, r, std::move(done));
+        },
+        resp);
+    if (s.ok()) DropUnlessAllStagedLocked(c, what, resp);
+    broadcaster_.lock().Release();
+    return s;
+  });
+}
+
 // ---- calls that change fleet state: broadcasts under the admin lock ----
 
 grpc::ServerUnaryReactor* AdminService::PauseGeneration(Ctx* c,
@@ -116,6 +135,7 @@ AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
   return NewTensorRelay(
       c,
       [this, c, resp](const TensorRelayStart& start) {
+        if (start.stage) return StageTensorsLocked(c, start, resp);
         Plan plan{.what = "UpdateWeightsFromTensor",
                   .deadline = Deadline::kLoad,
                   .hold = true,
@@ -128,6 +148,49 @@ AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
       },
       executor_, pool_,
       TensorRelayOptions{.limits = limits_, .load_timeout = broadcaster_.options().load_timeout});
+}
+
+// A staged tensor push (issue 30): every live worker stages the stream (serving as before: no
+// hold, nothing recorded); all or none: when one fails, the others drop what they staged, so a
+// later ActivateWeights finds nothing to activate anywhere.
+absl::Status AdminService::StageTensorsLocked(Ctx* c, const TensorRelayStart& start,
+                                              rl::v1::AdminResponse* resp) {
+  RETURN_IF_ERROR(broadcaster_.lock().Acquire("UpdateWeightsFromTensor (stage)"));
+  Plan plan{.what = "UpdateWeightsFromTensor (stage)", .deadline = Deadline::kLoad};
+  plan.started = start.started;
+  absl::Status s = broadcaster_.BroadcastLocked(plan, c, start.call, resp);
+  if (s.ok()) DropUnlessAllStagedLocked(c, "UpdateWeightsFromTensor (stage)", resp);
+  broadcaster_.lock().Release();
+  return s;
+}
+
+void AdminService::DropUnlessAllStagedLocked(Ctx* c, const char* what,
+                                             rl::v1::AdminResponse* resp) {
+  std::vector<std::string> ok_workers;
+  for (const rl::v1::WorkerResult& r : resp->results()) {
+    if (r.success()) ok_workers.push_back(r.worker());
+  }
+  if (ok_workers.size() == static_cast<size_t>(resp->results_size())) return;
+  if (!ok_workers.empty()) {
+    const rl::v1::DropStagedWeightsRequest drop;
+    rl::v1::AdminResponse dropped;
+    (void)broadcaster_.BroadcastLocked(
+        {.what = "drop staged (a stage failed)", .only = ok_workers}, c,
+        [&drop](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r, Done done) {
+          w.admin_stub().async()->DropStagedWeights(ctx, &drop, r, std::move(done));
+        },
+        &dropped);
+    for (rl::v1::WorkerResult& r : *resp->mutable_results()) {
+      if (r.success())
+        r.set_message(absl::StrCat(r.message(), "; dropped (not every worker staged)"));
+    }
+  }
+  resp->set_success(false);
+  resp->set_message(absl::StrCat(what, ": staging failed on ",
+                                 resp->results_size() - static_cast<int>(ok_workers.size()), " of ",
+                                 resp->results_size(),
+                                 " workers, so nothing is staged anywhere (the staged copies were "
+                                 "dropped); the fleet keeps serving its version"));
 }
 
 absl::Status AdminService::CheckResync(Ctx* c, rl::v1::UpdateWeightsFromDiskRequest* req,
@@ -246,6 +309,10 @@ grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
 // UpdateWeightsFromDistributed, and the fleet stays paused with keep_pause.
 grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
     Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
+  if (req->stage()) {
+    return ForwardStage(c, req, resp, "CompleteWeightsUpdate (stage)",
+                        &AsyncAdmin::CompleteWeightsUpdate);
+  }
   return Forward(c, req, resp,
                  {.what = "CompleteWeightsUpdate",
                   .deadline = Deadline::kLoad,
@@ -260,6 +327,9 @@ grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
 grpc::ServerUnaryReactor* AdminService::ReceiveWeights(Ctx* c,
                                                        const rl::v1::ReceiveWeightsRequest* req,
                                                        rl::v1::AdminResponse* resp) {
+  if (req->stage()) {
+    return ForwardStage(c, req, resp, "ReceiveWeights (stage)", &AsyncAdmin::ReceiveWeights);
+  }
   return Forward(c, req, resp,
                  {.what = "ReceiveWeights",
                   .deadline = Deadline::kLoad,
@@ -429,17 +499,23 @@ grpc::ServerUnaryReactor* AdminService::ActivateWeights(Ctx* c,
       s = absl::FailedPreconditionError(absl::StrCat(
           "ActivateWeights: the live workers staged different versions (",
           absl::StrJoin(versions, ", "), "), so none activates; name one with weight_version"));
-    } else if (sources.size() != 1 || !absl::StartsWith(*sources.begin(), kDiskPrefix)) {
+    } else if (sources.size() != 1) {
       s = absl::FailedPreconditionError(
           absl::StrCat("ActivateWeights: the live workers staged from different sources (",
                        absl::StrJoin(sources, ", "), "), so none activates"));
     } else {
+      // A staged folder is replayable (catch-up reads it); a staged tensor push or group
+      // receive exists only in memory, recorded like its one-call update.
+      const bool disk = absl::StartsWith(*sources.begin(), kDiskPrefix);
       Plan plan{.what = "ActivateWeights",
                 .deadline = Deadline::kLoad,
                 .hold = true,
                 .bumps_version = true,
-                .source = FleetWeights::Source::kDisk,
-                .path = sources.begin()->substr(kDiskPrefix.size()),
+                .source = disk ? FleetWeights::Source::kDisk
+                          : absl::StartsWith(*sources.begin(), "group:")
+                              ? FleetWeights::Source::kDistributed
+                              : FleetWeights::Source::kTensor,
+                .path = disk ? sources.begin()->substr(kDiskPrefix.size()) : std::string(),
                 .sets_paused = req->keep_pause(),
                 .only = targets,
                 .whole_fleet = true};

@@ -23,6 +23,7 @@
 #include "services/router/admin/broadcast.h"
 #include "services/router/admin/catch_up.h"
 #include "services/router/admin/lease_keeper.h"
+#include "services/router/admin/tensor_fanout.h"
 #include "services/router/pool/worker_pool.h"
 
 namespace rl::router::admin {
@@ -105,6 +106,19 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   // one staged, else drop everywhere (nothing activates).
   absl::Status RefitLocked(Ctx* c, const rl::v1::RefitWeightsRequest& req,
                            rl::v1::AdminResponse* resp);
+  // A staged tensor push (UpdateWeightsFromTensor with `stage`): the relay's broadcast under the
+  // admin lock, then DropUnlessAllStagedLocked: all or none.
+  absl::Status StageTensorsLocked(Ctx* c, const TensorRelayStart& start,
+                                  rl::v1::AdminResponse* resp);
+  // After a staging broadcast (`resp` holds its per-worker results): when some worker failed,
+  // the others drop what they staged and `resp` says so (success false, the reasons kept).
+  void DropUnlessAllStagedLocked(Ctx* c, const char* what, rl::v1::AdminResponse* resp);
+  // A staged receive (`stage` set): broadcast under the admin lock with no hold and nothing
+  // recorded, then DropUnlessAllStagedLocked: all or none.
+  template <typename Request>
+  grpc::ServerUnaryReactor* ForwardStage(Ctx* c, const Request* req, rl::v1::AdminResponse* resp,
+                                         const char* what,
+                                         AsyncMethod<Request, rl::v1::AdminResponse> method);
   // Broadcasts `method` with the caller's own request, under `plan`.
   template <typename Request>
   grpc::ServerUnaryReactor* Forward(Ctx* c, const Request* req, rl::v1::AdminResponse* resp,

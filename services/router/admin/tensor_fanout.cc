@@ -156,6 +156,7 @@ class Relay final : public std::enable_shared_from_this<Relay> {
   // ---- the broadcast ----
   void StartBroadcast() {
     const bool keep_pause = msg_.keep_pause();
+    const bool stage = msg_.stage();
     {
       absl::MutexLock lock(&mu_);
       started_at_ = std::chrono::system_clock::now();
@@ -165,7 +166,7 @@ class Relay final : public std::enable_shared_from_this<Relay> {
       absl::MutexLock lock(&mu_);
       broadcast_submitted_ = true;
     }
-    const bool submitted = executor_->Submit([self, keep_pause] {
+    const bool submitted = executor_->Submit([self, keep_pause, stage] {
       absl::Status cut;
       {
         absl::MutexLock lock(&self->mu_);
@@ -178,6 +179,7 @@ class Relay final : public std::enable_shared_from_this<Relay> {
       std::weak_ptr<Relay> weak = self;
       TensorRelayStart start;
       start.keep_pause = keep_pause;
+      start.stage = stage;
       start.call = [weak](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r,
                           Done done) {
         if (auto relay = weak.lock()) relay->StartSink(w, ctx, r, std::move(done));

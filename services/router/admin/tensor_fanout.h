@@ -11,6 +11,8 @@
 // deadline, broken connection, a malformed or refused message, --admin-load-timeout-ms before the
 // end) cancels every worker's stream, so no worker applies anything. After the end each worker
 // has --admin-load-timeout-ms to answer, else it is marked dead. docs/router-admin.md.
+// A staged stream (`stage` in the first message) is relayed the same way; the workers stage it
+// instead of applying it, and the broadcast that TensorRelayStart::stage selects is all or none.
 //
 // Cost: one message in router memory at a time (at most --max-tensor-chunk-bytes plus a header)
 // plus one serialized copy per worker in gRPC's send buffers; no thread per worker (the broadcast
@@ -33,6 +35,9 @@ namespace rl::router::admin {
 // What the relay hands to the broadcast it starts once the first message arrived.
 struct TensorRelayStart {
   bool keep_pause = false;  // the first message's option
+  // The first message's `stage`: the workers stage the stream (no hold, no version recorded);
+  // the broadcast is all or none (AdminService drops what the others staged when one fails).
+  bool stage = false;
   // Starts one worker's forwarding stream (the broadcast's WorkerCall).
   WorkerCall call;
   // The broadcast calls it once every target's call has started (Plan::started).

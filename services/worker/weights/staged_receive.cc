@@ -1,11 +1,36 @@
 #include "services/worker/weights/staged_receive.h"
 
+#include <optional>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model_io/dtype.h"
+#include "common/model_io/safetensors.h"
+#include "common/request_limits.h"
 #include "common/status.h"
 #include "services/worker/weights/update_validation.h"
 
 namespace rl::worker {
+namespace {
+
+// INVALID_ARGUMENT naming the first NaN / ±Inf of `t`, unless non-finite weights are allowed.
+absl::Status CheckFinite(const NamedTensor& t) {
+  if (model_io::NonFiniteWeightsAllowed()) return absl::OkStatus();
+  const std::optional<model_io::DType> dtype = model_io::ParseDType(t.info.dtype);
+  if (!dtype.has_value()) return absl::OkStatus();  // validated before the receive; nothing to scan
+  const int64_t esize = model_io::DTypeSize(*dtype);
+  const int64_t found =
+      model_io::FindNonFinite(*dtype, t.bytes.data(), static_cast<int64_t>(t.bytes.size()) / esize);
+  if (found < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "receive: tensor ", QuoteForError(t.info.name), " (", t.info.dtype, " [",
+      absl::StrJoin(t.info.shape, ", "), "]) holds ",
+      model_io::NonFiniteName(*dtype, t.bytes.data() + found * esize), " at element ", found,
+      ": non-finite weights are refused (rl-worker --allow-non-finite-weights accepts them)"));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<StagedReceive>> StagedReceive::Post(
     std::shared_ptr<weight_sync::WeightReceiver> receiver, WeightBuckets buckets) {
@@ -37,6 +62,9 @@ absl::Status StagedReceive::Wait() {
 
 absl::Status ReceiveBuckets(weight_sync::WeightReceiver* receiver, const WeightBuckets& buckets,
                             std::vector<NamedTensor>* out, const std::function<void()>& on_posted) {
+  // A refused tensor (non-finite) fails the receive, but only once every bucket has been read:
+  // the trainer's broadcast completes and the group stays in step for the next update.
+  absl::Status refused;
   for (size_t b = 0; b < buckets.size(); ++b) {
     const std::vector<model::TensorInfo>& bucket = buckets[b];
     std::vector<weight_sync::TensorSpec> wire;
@@ -45,12 +73,16 @@ absl::Status ReceiveBuckets(weight_sync::WeightReceiver* receiver, const WeightB
     RETURN_IF_ERROR(receiver->Receive(
         wire,
         [&](const weight_sync::TensorSpec&, absl::Span<const uint8_t> bytes) {
-          out->push_back({bucket[next++], std::vector<uint8_t>(bytes.begin(), bytes.end())});
+          const model::TensorInfo& info = bucket[next++];
+          if (!refused.ok()) return absl::OkStatus();  // read, not kept
+          out->push_back({info, std::vector<uint8_t>(bytes.begin(), bytes.end())});
+          refused = CheckFinite(out->back());
+          if (!refused.ok()) std::vector<NamedTensor>().swap(*out);  // nothing is kept
           return absl::OkStatus();
         },
         b == 0 ? on_posted : nullptr));
   }
-  return absl::OkStatus();
+  return refused;
 }
 
 absl::Status ApplyStaged(model::ModelRunner& runner, const std::vector<NamedTensor>& tensors) {

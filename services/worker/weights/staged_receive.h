@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -40,6 +41,8 @@ class StagedReceive {
   // OK, tensors() holds every listed tensor in order.
   absl::Status Wait();
   const std::vector<NamedTensor>& tensors() const { return tensors_; }
+  // Moves the received tensors out (a staged Complete keeps them as the staged version).
+  std::vector<NamedTensor> TakeTensors() { return std::move(tensors_); }
 
  private:
   StagedReceive() = default;
@@ -54,7 +57,10 @@ class StagedReceive {
 };
 
 // Receives `buckets` in order, copying every tensor into `out`. `on_posted` (may be empty) runs
-// once the first bucket's receive is posted.
+// once the first bucket's receive is posted. Every tensor is scanned for NaN / ±Inf while it is
+// copied (in cache): a non-finite value fails the receive naming the tensor and the element,
+// unless non-finite weights are allowed (model_io::NonFiniteWeightsAllowed,
+// --allow-non-finite-weights).
 absl::Status ReceiveBuckets(weight_sync::WeightReceiver* receiver, const WeightBuckets& buckets,
                             std::vector<NamedTensor>* out,
                             const std::function<void()>& on_posted = nullptr);

@@ -57,7 +57,7 @@ WeightUpdateStatus WeightUpdateController::status() const {
   if (staged_ != nullptr) {
     out.staged.has_staged = true;
     out.staged.version = staged_->version.value_or(-1);
-    out.staged.source = absl::StrCat("disk:", staged_->path);
+    out.staged.source = staged_->source;
     out.staged.bytes = staged_->bytes;
   }
   return out;
@@ -156,6 +156,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
   }
   auto staged = std::make_unique<StagedVersion>();
   staged->version = read->version;
+  staged->source = absl::StrCat("disk:", model_path);
   staged->path = model_path;
   staged->identity = std::move(read->identity);
   staged->reload_path = std::move(read->reload_path);
@@ -201,9 +202,16 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
   }
   UpdatePolicy p = policy;
   if (staged->version.has_value()) p.weight_version = staged->version;
+  bool applied = false;  // staged tensors: the copy into the served weights started
   absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
       "activate_weights", p,
       [&](model::ModelRunner& runner) -> absl::Status {
+        if (staged->weights == nullptr) {
+          // A staged tensor stream or group receive: verified at staging, checked again against
+          // the runner before the first byte is written (ApplyStaged), then copied in.
+          applied = true;
+          return Annotate(ApplyStaged(runner, staged->tensors), staged->source);
+        }
         if (!staged->manifest_sha256.empty() && staged->version.has_value()) {
           // A version recorded since the stage (another publication) still wins.
           RETURN_IF_ERROR(ledger_.CheckSameContent(*staged->version, staged->manifest_sha256));
@@ -216,7 +224,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
   if (out.ok() && !staged->manifest_sha256.empty()) {
     ledger_.Record(out->weight_version, staged->manifest_sha256);
   }
-  if (!out.ok() && staged->weights != nullptr) {
+  if (!out.ok() && (staged->weights != nullptr || (!staged->tensors.empty() && !applied))) {
     // Not swapped in: still staged (unless a new stage came meanwhile).
     absl::MutexLock lock(&stage_mu_);
     if (staged_ == nullptr && !staging_) {
@@ -240,9 +248,112 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::DropStagedWeights() {
   AdminOutcome out;
   out.message = dropped == nullptr ? "drop_staged_weights: nothing was staged"
                                    : absl::StrCat("drop_staged_weights: dropped ", dropped->bytes,
-                                                  " bytes staged from ", dropped->path);
+                                                  " bytes staged from ", dropped->source);
   out.weight_version = deps_.engine->weight_version();
   return out;  // `dropped` is freed here, outside the lock
+}
+
+absl::StatusOr<std::unique_ptr<StageTicket>> WeightUpdateController::BeginStage(
+    const std::string& source, std::optional<int64_t> weight_version) {
+  if (weight_version.has_value() && *weight_version < 0) {
+    return absl::InvalidArgumentError("weight_version: must be >= 0");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  std::unique_ptr<StagedVersion> old;
+  {
+    absl::MutexLock lock(&stage_mu_);
+    if (staging_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "stage (", source,
+          "): another stage is in progress (one staged version per worker); wait for its answer"));
+    }
+    staging_ = true;
+    old = std::move(staged_);  // one staged version at most: the old one goes first
+  }
+  old.reset();  // freed outside the lock
+  return std::make_unique<StageTicket>(
+      [this, source, weight_version, start](std::vector<NamedTensor> tensors) {
+        return CommitStage(source, weight_version, start, std::move(tensors));
+      },
+      [this] {
+        absl::MutexLock lock(&stage_mu_);
+        staging_ = false;
+      });
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
+    const std::string& source, std::optional<int64_t> weight_version,
+    std::chrono::steady_clock::time_point start, std::vector<NamedTensor> tensors) {
+  // Checked again here whatever the source did: only complete, served-shaped tensors are staged.
+  absl::Status valid;
+  if (tensors.empty()) {
+    valid = absl::InvalidArgumentError("the stage carried no tensor");
+  } else {
+    std::vector<const model::TensorInfo*> infos;
+    std::vector<int64_t> sizes;
+    for (const NamedTensor& t : tensors) {
+      infos.push_back(&t.info);
+      sizes.push_back(static_cast<int64_t>(t.bytes.size()));
+    }
+    valid = ValidateTensors(served_, infos, sizes);
+  }
+  absl::MutexLock lock(&stage_mu_);
+  staging_ = false;
+  if (!valid.ok()) {
+    lifecycle_.RecordError(std::string(valid.message()));
+    return Annotate(valid, absl::StrCat("stage (", source, "): nothing is staged"));
+  }
+  auto staged = std::make_unique<StagedVersion>();
+  staged->version = weight_version;
+  staged->source = source;
+  for (const NamedTensor& t : tensors) staged->bytes += static_cast<int64_t>(t.bytes.size());
+  staged->tensors = std::move(tensors);
+  AdminOutcome out;
+  out.message =
+      absl::StrCat("stage (", source, "): ", staged->tensors.size(), " tensors (", staged->bytes,
+                   " bytes) staged as version ",
+                   weight_version.has_value() ? absl::StrCat(*weight_version) : "current + 1",
+                   " (ActivateWeights serves it)");
+  out.weight_version = deps_.engine->weight_version();
+  out.duration_us = MicrosSince(start);
+  staged_ = std::move(staged);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdateStaged(
+    const std::string& group_name, std::optional<int64_t> weight_version) {
+  ASSIGN_OR_RETURN(UpdateGroups::Claim claim, groups_.Take(group_name, ClaimFor::kComplete));
+  StagedReceive& prepared = *claim.prepared();
+  if (absl::Status received = prepared.Wait(); !received.ok()) {
+    return Annotate(received,
+                    "complete_weights_update (stage): the prepared receive failed (nothing is "
+                    "staged; prepare again)");
+  }
+  absl::StatusOr<std::unique_ptr<StageTicket>> ticket =
+      BeginStage(absl::StrCat("group:", group_name), weight_version);
+  if (!ticket.ok()) {
+    const bool kept = groups_.GiveBack(group_name, claim);
+    return WithNote(ticket.status(),
+                    kept ? "nothing is staged and the prepared update is kept (call "
+                           "CompleteWeightsUpdate again)"
+                         : "nothing is staged; the group was destroyed meanwhile");
+  }
+  return (*ticket)->Commit(prepared.TakeTensors());
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveWeightsStaged(
+    const std::string& group_name, WeightBuckets buckets, std::optional<int64_t> weight_version) {
+  ASSIGN_OR_RETURN(const UpdateGroups::Claim claim,
+                   CheckAndClaim(group_name, buckets, ClaimFor::kReceive));
+  ASSIGN_OR_RETURN(std::unique_ptr<StageTicket> ticket,
+                   BeginStage(absl::StrCat("group:", group_name), weight_version));
+  // Off the engine thread (this admin-executor thread): the engine keeps generating meanwhile.
+  std::vector<NamedTensor> received;
+  if (absl::Status s = ReceiveBuckets(claim.receiver(), buckets, &received); !s.ok()) {
+    lifecycle_.RecordError(std::string(s.message()));
+    return Annotate(s, "receive_weights (stage): nothing is staged");
+  }
+  return ticket->Commit(std::move(received));
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(

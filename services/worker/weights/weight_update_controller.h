@@ -9,8 +9,10 @@
 // Thread-safe: any thread, concurrently; engine state is touched only on its thread.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,20 +94,37 @@ class WeightUpdateController final : public WeightUpdates {
                                                     std::optional<int64_t> weight_version) override;
   absl::StatusOr<AdminOutcome> ActivateStagedWeights(const UpdatePolicy& policy) override;
   absl::StatusOr<AdminOutcome> DropStagedWeights() override;
+  absl::StatusOr<std::unique_ptr<StageTicket>> BeginStage(
+      const std::string& source, std::optional<int64_t> weight_version) override;
+  absl::StatusOr<AdminOutcome> CompleteWeightsUpdateStaged(
+      const std::string& group_name, std::optional<int64_t> weight_version) override;
+  absl::StatusOr<AdminOutcome> ReceiveWeightsStaged(const std::string& group_name,
+                                                    WeightBuckets buckets,
+                                                    std::optional<int64_t> weight_version) override;
 
  private:
-  // A checkpoint read ahead into owned host memory, waiting for its activation.
+  // A version read or received ahead into owned host memory, waiting for its activation: a
+  // checkpoint (`weights`, from disk) or tensors (a tensor stream or a group receive; activated by
+  // copying them into the served weights).
   struct StagedVersion {
     std::optional<int64_t> version;
-    std::string path;
+    std::string source;    // "disk:DIR", "tensor", "group:NAME"
+    std::string path;      // disk only
     std::string identity;  // model::FolderIdentity of `path` before the read ("" unknown)
     std::unique_ptr<model::Weights> weights;
+    std::vector<NamedTensor> tensors;
     int64_t bytes = 0;
     // Publications (publication.h): the verified manifest's digest ("" without one) and the
     // folder the runner may reload the version from ("" when built from a delta).
     std::string manifest_sha256;
     std::string reload_path;
   };
+
+  // StageTicket::Commit of BeginStage.
+  absl::StatusOr<AdminOutcome> CommitStage(const std::string& source,
+                                           std::optional<int64_t> weight_version,
+                                           std::chrono::steady_clock::time_point start,
+                                           std::vector<NamedTensor> tensors);
 
   explicit WeightUpdateController(Deps deps);
   // Checks every bucket against the served weights, then claims the group.

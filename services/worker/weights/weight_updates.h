@@ -13,9 +13,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -60,13 +63,46 @@ struct GroupRequest {
   int timeout_ms = 60000;
 };
 
-// The staged version, if any (StageWeightsFromDisk), as GetServerInfo reports it.
+// The staged version, if any (StageWeightsFromDisk, a staged tensor stream or group receive),
+// as GetServerInfo reports it.
 struct StagedStatus {
   bool has_staged = false;
   int64_t version = -1;  // -1: current + 1 at activation
-  std::string source;    // "disk:DIR"
+  std::string source;    // "disk:DIR", "tensor", "group:NAME"
   int64_t bytes = 0;     // host memory it holds
   bool staging = false;  // a stage is being read now
+};
+
+// A stage of tensors in progress (a staged tensor stream, a staged group receive), from
+// BeginStage: while it is held the worker's one staged slot is taken (the previous staged version
+// was freed, StagedStatus::staging is true, a second stage is FAILED_PRECONDITION). Commit makes
+// the tensors the staged version once they are complete and verified; a ticket destroyed without
+// Commit (the stream was cut, the receive failed) leaves nothing staged.
+// Thread-safety: one owner; it must not outlive the WeightUpdates that made it.
+class StageTicket {
+ public:
+  using CommitFn = std::function<absl::StatusOr<AdminOutcome>(std::vector<NamedTensor>)>;
+  StageTicket(CommitFn commit, std::function<void()> abandon)
+      : commit_(std::move(commit)), abandon_(std::move(abandon)) {}
+  ~StageTicket() {
+    if (abandon_) abandon_();
+  }
+  StageTicket(const StageTicket&) = delete;
+  StageTicket& operator=(const StageTicket&) = delete;
+
+  // Validates `tensors` against the served weights (names, dtypes, shapes, sizes; at least one)
+  // and stages them; on error nothing is staged. Once only.
+  absl::StatusOr<AdminOutcome> Commit(std::vector<NamedTensor> tensors) {
+    abandon_ = nullptr;
+    CommitFn commit = std::move(commit_);
+    commit_ = nullptr;
+    if (!commit) return absl::FailedPreconditionError("stage: committed twice");
+    return commit(std::move(tensors));
+  }
+
+ private:
+  CommitFn commit_;
+  std::function<void()> abandon_;
 };
 
 // What GetServerInfo reports of the updates.
@@ -140,6 +176,27 @@ class WeightUpdates {
   // Frees the staged version (OK when there is none; FAILED_PRECONDITION while one is read).
   virtual absl::StatusOr<AdminOutcome> DropStagedWeights() {
     return absl::UnimplementedError("DropStagedWeights");
+  }
+  // Takes the staged slot for tensors from `source` ("tensor", "group:NAME") to serve as
+  // `weight_version` (unset: current + 1 at activation): frees the staged version, refuses
+  // (FAILED_PRECONDITION) while another stage is in progress. See StageTicket.
+  virtual absl::StatusOr<std::unique_ptr<StageTicket>> BeginStage(
+      const std::string& source, std::optional<int64_t> weight_version) {
+    return absl::UnimplementedError("BeginStage");
+  }
+  // CompleteWeightsUpdate{stage}: waits for the prepared receive of `group_name`, then stages
+  // its tensors instead of applying them (no pause). A stage refused before the data is taken
+  // keeps the prepared receive for a retry.
+  virtual absl::StatusOr<AdminOutcome> CompleteWeightsUpdateStaged(
+      const std::string& group_name, std::optional<int64_t> weight_version) {
+    return absl::UnimplementedError("CompleteWeightsUpdateStaged");
+  }
+  // ReceiveWeights{stage}: receives `buckets` on the group without pausing the engine (it keeps
+  // generating) and stages them; a receive that fails or is cut leaves nothing staged.
+  virtual absl::StatusOr<AdminOutcome> ReceiveWeightsStaged(const std::string& group_name,
+                                                            WeightBuckets buckets,
+                                                            std::optional<int64_t> weight_version) {
+    return absl::UnimplementedError("ReceiveWeightsStaged");
   }
 };
 

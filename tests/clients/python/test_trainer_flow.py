@@ -129,9 +129,10 @@ def _sender(group, plan_only=False):
 
 
 def test_two_phase_and_single_call_receive_with_the_sender_tool(start_worker):
-    """rl-weight-sender against rlctl prepare-weights / complete-weights (two-phase) and
-    receive-weights (single call) through the router: both workers apply every bucket only at
-    complete / at the end of the call, and serve the bf16 checkpoint afterwards."""
+    """rl-weight-sender against rlctl prepare-weights / complete-weights (two-phase),
+    receive-weights (single call) and receive-weights --stage + activate-weights through the
+    router: both workers apply every bucket only at complete / at the end of the call / at the
+    activation, and serve the bf16 checkpoint afterwards."""
     workers = [start_worker("--kv-cache-gb", "0.02") for _ in range(2)]
     router = start_router(workers)
     rlctl = [str(BUILD / "bin" / "rlctl"), "--target", router.address, "--json"]
@@ -139,7 +140,7 @@ def test_two_phase_and_single_call_receive_with_the_sender_tool(start_worker):
               410, 408, 419, 292]
     senders = []
     try:
-        for group, mode in (("g1", "two-phase"), ("g2", "single")):
+        for group, mode in (("g1", "two-phase"), ("g2", "single"), ("g3", "staged")):
             plan = _sender(group, plan_only=True)
             assert plan.returncode == 0, plan.stderr
             assert plan.stdout.count('"names"') >= 2
@@ -163,11 +164,23 @@ def test_two_phase_and_single_call_receive_with_the_sender_tool(start_worker):
                 assert c.model_info().weight_version == before  # received, not applied
                 done = subprocess.run(rlctl + ["complete-weights", "--group-name", group],
                                       capture_output=True, text=True, timeout=120)
-            else:
+            elif mode == "single":
                 done = subprocess.run(rlctl + ["receive-weights", "--group-name", group],
                                       input=plan.stdout, capture_output=True, text=True,
                                       timeout=120)
                 assert sender.proc.wait(timeout=120) == 0, sender.log_path.read_text()
+            else:  # staged: received while serving, served at activate-weights
+                staged = subprocess.run(rlctl + ["receive-weights", "--group-name", group,
+                                                 "--stage"],
+                                        input=plan.stdout, capture_output=True, text=True,
+                                        timeout=120)
+                assert sender.proc.wait(timeout=120) == 0, sender.log_path.read_text()
+                assert staged.returncode == 0, staged.stdout + staged.stderr
+                assert c.model_info().weight_version == before  # staged, not served
+                assert all(w.info.staged_source == f"group:{group}"
+                           for w in c.get_server_info().workers)
+                done = subprocess.run(rlctl + ["activate-weights"], capture_output=True,
+                                      text=True, timeout=120)
             assert done.returncode == 0, done.stdout + done.stderr
             assert json.loads(done.stdout)["success"]
             assert c.model_info().weight_version == before + 1

@@ -4,7 +4,14 @@
 // workers refusing to stage (its own --max-path-bytes is shorter than the folder's path), none
 // activates, every staged copy is dropped, the answer names each worker's reason and the fleet
 // keeps serving the old version (same outputs; a request for the new version is UNAVAILABLE). Also
-// the router's ActivateWeights: refused unless every live worker has the version staged.
+// the router's ActivateWeights: refused unless every live worker has the version staged. Staged
+// tensor pushes (UpdateWeightsFromTensor{stage} through the router, then ActivateWeights): all
+// three workers stage and then activate; one of three given a corrupted tensor (a NaN only it
+// refuses) makes the others drop theirs, nothing activates anywhere and requests keep their
+// version.
+#include <atomic>
+#include <future>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "rl/v1/router.grpc.pb.h"
 #include "tests/testing/router_fleet.h"
+#include "tests/testing/tensor_stream.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router {
@@ -185,6 +193,137 @@ TEST_F(RefitTest, RouterActivateNeedsTheVersionStagedEverywhere) {
     EXPECT_FALSE(staged);
   }
   EXPECT_EQ(ListWorkers().fleet_weight_version(), 3);
+}
+
+// ---- staged tensor pushes ----
+
+constexpr char kDownProj[] = "model.layers.0.mlp.down_proj.weight";  // [64, 172] F32
+
+// A staged push of down_proj (layer 0) filled with `value`, one element replaced by `poison`.
+grpc::Status PushStaged(rl::v1::Admin::Stub& admin, int64_t version, float value, float poison,
+                        rl::v1::AdminResponse* resp) {
+  std::vector<float> values(64 * 172, value);
+  values[1000] = poison;
+  rl::v1::UpdateWeightsFromTensorRequest options;
+  options.set_stage(true);
+  options.set_weight_version(version);
+  grpc::ClientContext ctx;
+  return rl::testing::SendTensorStream(
+      admin, &ctx,
+      {rl::testing::Chunk(kDownProj, {64, 172}, "F32",
+                          std::string(reinterpret_cast<const char*>(values.data()),
+                                      values.size() * sizeof(float)))},
+      resp, options);
+}
+
+TEST_F(RefitTest, AStagedTensorPushActivatesEverywhere) {
+  StartFleet(3);
+  const std::vector<std::string> before = Checksums();
+  rl::v1::AdminResponse resp;
+  grpc::Status s = PushStaged(*admin_, 4, 0.05f, 0.05f, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.success()) << resp.message();
+  ASSERT_EQ(resp.results_size(), 3);
+  for (const auto& [version, staged] : WorkerStates()) {
+    EXPECT_EQ(version, 0);  // staged, not served
+    EXPECT_TRUE(staged);
+  }
+  EXPECT_EQ(Checksums(), before);
+  rl::v1::ActivateWeightsRequest activate;
+  activate.set_weight_version(4);
+  grpc::ClientContext ctx;
+  s = admin_->ActivateWeights(&ctx, activate, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.success()) << resp.message();
+  for (const auto& [version, staged] : WorkerStates()) {
+    EXPECT_EQ(version, 4);
+    EXPECT_FALSE(staged);
+  }
+  EXPECT_EQ(ListWorkers().fleet_weight_version(), 4);
+  const std::vector<std::string> after = Checksums();
+  ASSERT_EQ(after.size(), 3u);
+  EXPECT_NE(after[0], before[0]);
+  EXPECT_EQ(after[0], after[1]);
+  EXPECT_EQ(after[0], after[2]);
+  EXPECT_EQ(GreedyIds(/*exact_version=*/4).size(), 8u);
+}
+
+TEST_F(RefitTest, OneOfThreeGivenACorruptedTensorActivatesNowhere) {
+  // Two workers accept non-finite weights, the third (default) refuses them: a NaN in the push
+  // is a corrupted tensor for that one worker only.
+  worker::WorkerConfig lenient;
+  lenient.allow_non_finite_weights = true;
+  StartFleet(2, {}, lenient);
+  auto w = testing::StartTestWorker();
+  ASSERT_TRUE(w.ok()) << w.status();
+  const std::string strict_address = (*w)->address();
+  workers_.push_back(*std::move(w));
+  AddWorker(strict_address);
+  ASSERT_TRUE(WaitFor([&] { return Status(strict_address).state() == rl::v1::WORKER_STATE_LIVE; }));
+  const std::vector<int32_t> before = GreedyIds();
+  const std::vector<std::string> sums = Checksums();
+  ASSERT_EQ(sums.size(), 3u);
+
+  // Requests asking for the served version run meanwhile and keep it.
+  std::atomic<bool> stop{false};
+  std::atomic<int> served{0};
+  auto traffic = std::async(std::launch::async, [&] {
+    while (!stop.load()) {
+      rl::v1::GenerateRequest req = TextRequest("Once upon a time", 4, false);
+      req.set_exact_weight_version(0);
+      rl::v1::GenerateFinal f;
+      const grpc::Status g = Generate(req, &f);
+      EXPECT_TRUE(g.ok()) << g.error_message();
+      EXPECT_EQ(f.weight_version(), 0);
+      EXPECT_EQ(f.dispatch_weight_version(), 0);
+      ++served;
+    }
+  });
+  rl::v1::AdminResponse resp;
+  grpc::Status s = PushStaged(*admin_, 5, 0.05f, std::numeric_limits<float>::quiet_NaN(), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.success());
+  EXPECT_THAT(resp.message(), HasSubstr("staging failed on 1 of 3 workers"));
+  ASSERT_EQ(resp.results_size(), 3);
+  for (const auto& r : resp.results()) {
+    if (r.worker() == strict_address) {
+      EXPECT_FALSE(r.success());
+      EXPECT_EQ(r.code(), "INVALID_ARGUMENT");
+      EXPECT_THAT(r.message(), HasSubstr("NaN"));
+    } else {
+      EXPECT_TRUE(r.success()) << r.message();
+      EXPECT_THAT(r.message(), HasSubstr("dropped"));
+    }
+    EXPECT_FALSE(r.left_out());
+  }
+  // Nothing staged anywhere, so the router's activation refuses and nothing changes.
+  for (const auto& [version, staged] : WorkerStates()) {
+    EXPECT_EQ(version, 0);
+    EXPECT_FALSE(staged);
+  }
+  rl::v1::ActivateWeightsRequest activate;
+  activate.set_weight_version(5);
+  {
+    grpc::ClientContext ctx;
+    s = admin_->ActivateWeights(&ctx, activate, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  }
+  stop = true;
+  traffic.get();
+  EXPECT_GT(served.load(), 0);
+  for (const auto& [version, staged] : WorkerStates()) EXPECT_EQ(version, 0);
+  EXPECT_EQ(Checksums(), sums);
+  EXPECT_EQ(GreedyIds(), before);
+  // A request for the refused version is refused (retryable), never served stale.
+  rl::v1::GenerateRequest want_new = TextRequest("Once upon a time", 4, false);
+  want_new.set_min_weight_version(5);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(3));
+  auto reader = stub_->Generate(&ctx, want_new);
+  rl::v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
 }  // namespace

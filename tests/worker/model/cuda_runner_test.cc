@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "services/worker/model/cpu_model_runner.h"
 #include "services/worker/model/weights.h"
+#include "services/worker/weights/staged_receive.h"
 #include "tests/testing/numeric.h"
 #include "tests/worker/model/test_util.h"
 
@@ -335,6 +336,35 @@ TEST_F(CudaRunnerTest, WeightUpdatesFollowTheCpu) {
   info.dtype = "BF16";
   ASSERT_TRUE(gpu->UpdateWeight(info, raw).ok());
   ASSERT_TRUE(cpu_b->UpdateWeight(info, raw).ok());
+  EXPECT_LE(MaxAbsDiff(PromptLogits(gpu.get(), prompt), PromptLogits(cpu_b.get(), prompt)), 1e-3f);
+}
+
+// Staged tensors (a staged tensor stream or group receive, issue 30) activate on CUDA by the
+// same path as on the CPU (worker::ApplyStaged: validated, then copied into the device mirror
+// inside the pause): a whole checkpoint staged as tensors serves like the CPU runner that loaded
+// it, and a staged set with a wrong shape changes nothing.
+TEST_F(CudaRunnerTest, StagedTensorsActivateLikeTheCpu) {
+  RunnerOptions a;
+  a.model_dir = Make("qwen2", 25, "float32");
+  RunnerOptions b = a;
+  b.model_dir = Make("qwen2", 26, "float32");
+  auto gpu = MustCreate(true, a);
+  auto cpu_b = MustCreate(false, b);
+  ASSERT_TRUE(gpu && cpu_b);
+  const std::vector<int32_t> prompt = {5, 6, 7, 8, 9};
+  const std::vector<float> before = PromptLogits(gpu.get(), prompt);
+  std::vector<worker::NamedTensor> staged;
+  ASSERT_TRUE(cpu_b
+                  ->VisitWeights([&](const TensorInfo& info, absl::Span<const uint8_t> bytes) {
+                    staged.push_back({info, std::vector<uint8_t>(bytes.begin(), bytes.end())});
+                  })
+                  .ok());
+  ASSERT_FALSE(staged.empty());
+  std::vector<worker::NamedTensor> bad = {staged.front()};
+  bad.front().info.shape.push_back(1);
+  EXPECT_FALSE(worker::ApplyStaged(*gpu, bad).ok());
+  EXPECT_EQ(PromptLogits(gpu.get(), prompt), before);
+  ASSERT_TRUE(worker::ApplyStaged(*gpu, staged).ok());
   EXPECT_LE(MaxAbsDiff(PromptLogits(gpu.get(), prompt), PromptLogits(cpu_b.get(), prompt)), 1e-3f);
 }
 

@@ -1,7 +1,12 @@
 // UpdateWeightsFromDistributed end to end on one worker: the trainer side is an in-process
 // WeightSender (rank 0, tcp), the worker joins through InitWeightsUpdateGroup, and each bucket's
-// metadata goes over gRPC while its bytes go over the group.
+// metadata goes over gRPC while its bytes go over the group. Staged group receives (issue 30):
+// ReceiveWeights{stage} and CompleteWeightsUpdate{stage} keep serving the old weights (no pause)
+// until ActivateWeights; a receive cut at any point (the trainer stops mid-broadcast, the group
+// is destroyed) or holding a NaN leaves nothing staged.
 #include <future>
+#include <limits>
+#include <optional>
 #include <thread>
 
 #include "common/weight_sync/bucket_plan.h"
@@ -94,6 +99,21 @@ class DistributedUpdateTest : public WorkerFixture {
                 TensorDigest({name, model_io::DTypeName(t.dtype), t.shape}, t.data))
           << name;
     }
+  }
+
+  // A staged ReceiveWeights on group "train" for `buckets`, as `version`.
+  static rl::v1::ReceiveWeightsRequest StagedReceive(
+      const std::vector<weight_sync::Bucket>& buckets, int64_t version) {
+    rl::v1::ReceiveWeightsRequest req;
+    AddBuckets(buckets, &req);
+    req.set_stage(true);
+    req.set_weight_version(version);
+    return req;
+  }
+  grpc::Status Activate(int64_t version, rl::v1::AdminResponse* resp) {
+    rl::v1::ActivateWeightsRequest req;
+    req.set_weight_version(version);
+    return Call(&Stub::ActivateWeights, req, resp);
   }
 
   std::unique_ptr<weight_sync::WeightSender> sender_;
@@ -478,6 +498,169 @@ TEST(DistributedInitTest, InitWithoutATrainerTimesOutClearly) {
   EXPECT_EQ((*server)->weights().InitWeightsUpdateGroup(g).status().code(),
             absl::StatusCode::kInvalidArgument);
   (*server)->Shutdown();
+}
+
+// ---- staged group receives ----
+
+// ReceiveWeights{stage}: received while the engine keeps generating (never paused), staged, served
+// only at ActivateWeights, with exactly the trainer's tensors.
+TEST_F(DistributedUpdateTest, AStagedReceiveKeepsServingUntilActivate) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "mlp", 0.75f);
+  auto plan = PlanCheckpoint(dir.path(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_GT(plan->buckets.size(), 1u);
+  const std::vector<int32_t> before = GreedyIds();
+  rl::v1::AdminResponse resp;
+  auto call = std::async(std::launch::async, [&] {
+    return Call(&Stub::ReceiveWeights, StagedReceive(plan->buckets, 6), &resp);
+  });
+  // While the receive waits for the trainer the worker serves (and is not paused).
+  for (int i = 0; i < 2000 && !ServerInfo().staging(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_TRUE(ServerInfo().staging());
+  EXPECT_FALSE(ServerInfo().paused());
+  EXPECT_EQ(GreedyIds(), before);
+  ASSERT_TRUE(BroadcastAll(sender_.get(), plan->buckets).ok());
+  grpc::Status s = call.get();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.weight_version(), 0);
+  rl::v1::GetServerInfoResponse info = ServerInfo();
+  EXPECT_TRUE(info.has_staged_weights());
+  EXPECT_EQ(info.staged_source(), "group:train");
+  EXPECT_EQ(info.staged_weight_version(), 6);
+  EXPECT_FALSE(info.paused());
+  EXPECT_EQ(GreedyIds(), before);  // staged, not served
+  ASSERT_TRUE(Activate(6, &resp).ok());
+  EXPECT_EQ(ServerInfo().weight_version(), 6);
+  EXPECT_FALSE(ServerInfo().has_staged_weights());
+  EXPECT_NE(GreedyIds(), before);
+  ExpectServes(plan->ckpt);
+  // Engine options belong to ActivateWeights.
+  rl::v1::ReceiveWeightsRequest keep = StagedReceive(plan->buckets, 7);
+  keep.set_keep_pause(true);
+  EXPECT_EQ(Call(&Stub::ReceiveWeights, keep, &resp).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// CompleteWeightsUpdate{stage}: the prepared receive becomes the staged version (no pause).
+TEST_F(DistributedUpdateTest, AStagedCompleteKeepsTheReceiveForActivate) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "attn", 1.25f);
+  auto plan = PlanCheckpoint(dir.path(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  const std::vector<int32_t> before = GreedyIds();
+  rl::v1::CompleteWeightsUpdateRequest complete;
+  complete.set_stage(true);
+  complete.set_weight_version(4);
+  rl::v1::AdminResponse resp;
+  grpc::Status s = TwoPhaseUpdate(plan->buckets, complete, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.weight_version(), 0);
+  EXPECT_TRUE(ServerInfo().has_staged_weights());
+  EXPECT_EQ(ServerInfo().staged_source(), "group:train");
+  EXPECT_FALSE(ServerInfo().paused());
+  EXPECT_EQ(GreedyIds(), before);
+  // The group is free again (the prepared receive was taken).
+  complete.set_stage(false);
+  EXPECT_EQ(Call(&Stub::CompleteWeightsUpdate, complete, &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  ASSERT_TRUE(Activate(4, &resp).ok());
+  EXPECT_EQ(ServerInfo().weight_version(), 4);
+  ExpectServes(plan->ckpt);
+}
+
+// A staged receive cut leaves nothing staged and nothing served: here the group is destroyed while
+// it waits; below, the trainer dies after its first bucket.
+TEST_F(DistributedUpdateTest, AStagedReceiveCutByDestroyStagesNothing) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "mlp", 0.75f);
+  auto plan = PlanCheckpoint(dir.path(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_GT(plan->buckets.size(), 1u);
+  const std::vector<int32_t> before = GreedyIds();
+  rl::v1::AdminResponse resp;
+  // Cut 1: the group is destroyed while the receive waits (nothing sent yet).
+  {
+    auto call = std::async(std::launch::async, [&] {
+      return Call(&Stub::ReceiveWeights, StagedReceive(plan->buckets, 6), &resp);
+    });
+    for (int i = 0; i < 2000 && !ServerInfo().staging(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_TRUE(ServerInfo().staging());
+    rl::v1::DestroyWeightsUpdateGroupRequest destroy;
+    destroy.set_group_name("train");
+    ASSERT_TRUE(Call(&Stub::DestroyWeightsUpdateGroup, destroy, &resp).ok());
+    const grpc::Status s = call.get();
+    EXPECT_FALSE(s.ok());
+    EXPECT_NE(s.error_message().find("nothing is staged"), std::string::npos) << s.error_message();
+  }
+  rl::v1::GetServerInfoResponse info = ServerInfo();
+  EXPECT_FALSE(info.has_staged_weights());
+  EXPECT_FALSE(info.staging());
+  EXPECT_EQ(Activate(6, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(GreedyIds(), before);
+  EXPECT_EQ(ServerInfo().weight_version(), 0);
+}
+
+TEST_F(DistributedUpdateTest, AStagedReceiveCutAfterSomeBucketsStagesNothing) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "mlp", 0.75f);
+  auto plan = PlanCheckpoint(dir.path(), 100 << 10);
+  ASSERT_TRUE(plan.has_value());
+  ASSERT_GT(plan->buckets.size(), 1u);
+  const std::vector<int32_t> before = GreedyIds();
+  rl::v1::AdminResponse resp;
+  auto call = std::async(std::launch::async, [&] {
+    return Call(&Stub::ReceiveWeights, StagedReceive(plan->buckets, 6), &resp);
+  });
+  // The trainer sends the first bucket, then dies (its connection closes).
+  ASSERT_TRUE(sender_->Broadcast(plan->buckets[0].specs, plan->buckets[0].data).ok());
+  sender_->Close();
+  const grpc::Status s = call.get();
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.error_message().find("nothing is staged"), std::string::npos) << s.error_message();
+  EXPECT_FALSE(ServerInfo().has_staged_weights());
+  EXPECT_FALSE(ServerInfo().staging());
+  EXPECT_EQ(Activate(6, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(GreedyIds(), before);
+}
+
+// A NaN in a received tensor is refused while it is copied, naming it; nothing is staged.
+TEST_F(DistributedUpdateTest, AStagedReceiveRefusesNonFiniteWeights) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "mlp.down_proj", std::numeric_limits<float>::quiet_NaN());
+  std::optional<PlannedCheckpoint> plan;
+  {
+    model_io::ScopedNonFiniteWeightsAllowed allow;  // the trainer's side reads its checkpoint
+    plan = PlanCheckpoint(dir.path(), 100 << 10);
+  }
+  ASSERT_TRUE(plan.has_value());
+  const std::vector<int32_t> before = GreedyIds();
+  rl::v1::AdminResponse resp;
+  auto call = std::async(std::launch::async, [&] {
+    return Call(&Stub::ReceiveWeights, StagedReceive(plan->buckets, 6), &resp);
+  });
+  // The worker reads every bucket (the group stays in step) and refuses the receive.
+  ASSERT_TRUE(BroadcastAll(sender_.get(), plan->buckets).ok());
+  const grpc::Status s = call.get();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("NaN"), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("down_proj"), std::string::npos) << s.error_message();
+  EXPECT_FALSE(ServerInfo().has_staged_weights());
+  EXPECT_EQ(GreedyIds(), before);
+  // The group is still in step: a clean receive on it stages.
+  auto clean = PlanCheckpoint(Stories(), 100 << 10);
+  ASSERT_TRUE(clean.has_value());
+  call = std::async(std::launch::async, [&] {
+    return Call(&Stub::ReceiveWeights, StagedReceive(clean->buckets, 7), &resp);
+  });
+  ASSERT_TRUE(BroadcastAll(sender_.get(), clean->buckets).ok());
+  const grpc::Status again = call.get();
+  ASSERT_TRUE(again.ok()) << again.error_message();
+  EXPECT_TRUE(ServerInfo().has_staged_weights());
 }
 
 }  // namespace

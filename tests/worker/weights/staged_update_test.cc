@@ -3,12 +3,15 @@
 // reports it, ActivateWeights serves it (version, outputs, checksums of the files); a stage that
 // is cut (a truncated file) or holds a NaN leaves nothing staged and activation then changes
 // nothing; a version mismatch at activation keeps it staged; Drop frees it; the one-call disk
-// update still works and leaves a staged version alone.
+// update still works and leaves a staged version alone. Staged tensor streams (`stage` in the
+// first message): staged, not served, until ActivateWeights; cut at every point (no end, bad
+// counts, a refused chunk, cancelled) they leave nothing staged; one stage at a time.
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <thread>
 
+#include "tests/testing/tensor_stream.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {
@@ -31,6 +34,27 @@ class StagedUpdateTest : public WorkerFixture {
     if (version >= 0) req.set_weight_version(version);
     return Call(&Stub::ActivateWeights, req, resp);
   }
+  // A stream of `down_proj` (layer 0) filled with `value`; its options `stage` and `version`.
+  static std::vector<rl::v1::UpdateWeightsFromTensorRequest> DownProjStream(float value,
+                                                                            int64_t version) {
+    std::vector<float> values(64 * 172, value);
+    const std::string data(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+    const size_t half = data.size() / 2;
+    rl::v1::UpdateWeightsFromTensorRequest options;
+    options.set_stage(true);
+    if (version >= 0) options.set_weight_version(version);
+    return ::rl::testing::StreamMessages(
+        {::rl::testing::Chunk(kDownProj, {64, 172}, "F32", data.substr(0, half)),
+         ::rl::testing::Chunk(kDownProj, {64, 172}, "F32", data.substr(half), half)},
+        options);
+  }
+  grpc::Status SendStream(const std::vector<rl::v1::UpdateWeightsFromTensorRequest>& messages,
+                          rl::v1::AdminResponse* resp) {
+    grpc::ClientContext ctx;
+    return ::rl::testing::SendMessages(*admin_, &ctx, messages, resp);
+  }
+  static constexpr char kDownProj[] = "model.layers.0.mlp.down_proj.weight";  // [64, 172] F32
+
   std::string RankChecksum() {
     rl::v1::WeightsCheckerRequest req;
     req.set_action(rl::v1::WEIGHTS_CHECKER_ACTION_CHECKSUM);
@@ -168,6 +192,144 @@ TEST_F(StagedUpdateTest, OneCallUpdateLeavesAStagedVersionAlone) {
   EXPECT_TRUE(ServerInfo().has_staged_weights());
   ASSERT_TRUE(Activate(4, &resp).ok());
   EXPECT_EQ(server_->weight_version(), 4);
+}
+
+// ---- staged tensor streams ----
+
+TEST_F(StagedUpdateTest, AStagedTensorStreamServesOnlyOnceActivated) {
+  const std::vector<int32_t> before = GreedyIds();
+  const std::string sum_before = RankChecksum();
+  rl::v1::AdminResponse resp;
+  grpc::Status s = SendStream(DownProjStream(0.05f, 7), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(resp.weight_version(), 0);
+  EXPECT_NE(resp.message().find("staged as version 7"), std::string::npos) << resp.message();
+  rl::v1::GetServerInfoResponse info = ServerInfo();
+  EXPECT_TRUE(info.has_staged_weights());
+  EXPECT_EQ(info.staged_weight_version(), 7);
+  EXPECT_EQ(info.staged_source(), "tensor");
+  EXPECT_EQ(info.staged_bytes(), 64 * 172 * 4);
+  EXPECT_FALSE(info.staging());
+  EXPECT_FALSE(info.paused());
+  // Staged, not served.
+  EXPECT_EQ(GreedyIds(), before);
+  EXPECT_EQ(RankChecksum(), sum_before);
+  EXPECT_EQ(server_->weight_version(), 0);
+  // A version other than the staged one: refused, still staged.
+  EXPECT_EQ(Activate(8, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(ServerInfo().has_staged_weights());
+  ASSERT_TRUE(Activate(7, &resp).ok());
+  EXPECT_EQ(server_->weight_version(), 7);
+  EXPECT_FALSE(ServerInfo().has_staged_weights());
+  EXPECT_NE(GreedyIds(), before);
+  const std::string staged_sum = RankChecksum();
+  EXPECT_NE(staged_sum, sum_before);
+  // The same stream applied in one call on a fresh worker gives the same weights.
+  StartWorker();
+  std::vector<rl::v1::UpdateWeightsFromTensorRequest> one_call = DownProjStream(0.05f, 7);
+  one_call.front().set_stage(false);
+  ASSERT_TRUE(SendStream(one_call, &resp).ok());
+  EXPECT_EQ(RankChecksum(), staged_sum);
+}
+
+TEST_F(StagedUpdateTest, AStagedStreamCutAnywhereLeavesNothingStaged) {
+  const std::string sum_before = RankChecksum();
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "mlp.down_proj", 1.7f);
+  rl::v1::AdminResponse resp;
+  std::vector<rl::v1::UpdateWeightsFromTensorRequest> whole = DownProjStream(0.05f, 7);
+  ASSERT_EQ(whole.size(), 2u);
+  std::vector<float> nan(64 * 172, 0.05f);
+  nan[100] = std::numeric_limits<float>::infinity();
+  std::vector<rl::v1::UpdateWeightsFromTensorRequest> non_finite = DownProjStream(0.05f, 7);
+  non_finite[0].mutable_chunk()->set_data(
+      std::string(reinterpret_cast<const char*>(nan.data()), nan.size() * 2));
+  std::vector<rl::v1::UpdateWeightsFromTensorRequest> bad_counts = whole;
+  bad_counts.back().mutable_end()->set_num_bytes(1);
+  std::vector<rl::v1::UpdateWeightsFromTensorRequest> no_end = whole;
+  no_end.back().clear_end();
+  const std::vector<std::pair<const char*, std::vector<rl::v1::UpdateWeightsFromTensorRequest>>>
+      cuts = {{"no end", no_end},
+              {"first half only", {no_end.front()}},
+              {"bad counts", bad_counts},
+              {"non-finite", non_finite}};
+  for (const auto& [what, messages] : cuts) {
+    SCOPED_TRACE(what);
+    // A version staged before goes when the next stage begins (one staged version at most).
+    ASSERT_TRUE(Stage(dir.path(), 3, &resp).ok());
+    const grpc::Status s = SendStream(messages, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+    const rl::v1::GetServerInfoResponse info = ServerInfo();
+    EXPECT_FALSE(info.has_staged_weights());
+    EXPECT_FALSE(info.staging());
+    EXPECT_EQ(Activate(-1, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(server_->weight_version(), 0);
+    EXPECT_EQ(RankChecksum(), sum_before);
+  }
+  // Cancelled mid-stream by the client.
+  {
+    grpc::ClientContext ctx;
+    auto writer = admin_->UpdateWeightsFromTensor(&ctx, &resp);
+    ASSERT_TRUE(writer->Write(whole.front()));
+    for (int i = 0; i < 2000 && !ServerInfo().staging(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    EXPECT_TRUE(ServerInfo().staging());  // the stream holds the staged slot meanwhile
+    ctx.TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  for (int i = 0; i < 2000 && ServerInfo().staging(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_FALSE(ServerInfo().staging());
+  EXPECT_FALSE(ServerInfo().has_staged_weights());
+  EXPECT_EQ(RankChecksum(), sum_before);
+  // The whole stream then stages.
+  ASSERT_TRUE(SendStream(whole, &resp).ok());
+  EXPECT_TRUE(ServerInfo().has_staged_weights());
+}
+
+TEST_F(StagedUpdateTest, OneStageAtATimeAndNoEngineOptionsOnAStage) {
+  TempDir dir;
+  WritePerturbedStories(dir.path(), "mlp.down_proj", 1.7f);
+  rl::v1::AdminResponse resp;
+  std::vector<rl::v1::UpdateWeightsFromTensorRequest> whole = DownProjStream(0.05f, 7);
+  // A stream staging holds the slot: a second staged stream, a disk stage and a drop are refused.
+  grpc::ClientContext ctx;
+  rl::v1::AdminResponse open_resp;
+  auto writer = admin_->UpdateWeightsFromTensor(&ctx, &open_resp);
+  ASSERT_TRUE(writer->Write(whole.front()));
+  for (int i = 0; i < 2000 && !ServerInfo().staging(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  ASSERT_TRUE(ServerInfo().staging());
+  grpc::Status s = SendStream(DownProjStream(0.1f, 8), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("another stage is in progress"), std::string::npos);
+  EXPECT_EQ(Stage(dir.path(), 9, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Call(&Stub::DropStagedWeights, rl::v1::DropStagedWeightsRequest(), &resp).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  // The open stream completes and is the staged version.
+  ASSERT_TRUE(writer->Write(whole.back()));
+  writer->WritesDone();
+  s = writer->Finish();
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(ServerInfo().staged_weight_version(), 7);
+  // A later stage replaces it.
+  ASSERT_TRUE(SendStream(DownProjStream(0.1f, 8), &resp).ok());
+  EXPECT_EQ(ServerInfo().staged_weight_version(), 8);
+  // Engine options belong to ActivateWeights.
+  std::vector<rl::v1::UpdateWeightsFromTensorRequest> keep = DownProjStream(0.1f, 9);
+  keep.front().set_keep_pause(true);
+  s = SendStream(keep, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("belong to ActivateWeights"), std::string::npos);
+  EXPECT_EQ(ServerInfo().staged_weight_version(), 8);  // a refused option stages nothing
+  std::vector<rl::v1::UpdateWeightsFromTensorRequest> negative = DownProjStream(0.1f, 9);
+  negative.front().set_weight_version(-2);
+  EXPECT_EQ(SendStream(negative, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  ASSERT_TRUE(Activate(8, &resp).ok());
+  EXPECT_EQ(server_->weight_version(), 8);
 }
 
 }  // namespace
