@@ -34,12 +34,15 @@ struct Options {
   bool ignore_eos = false;
   int64_t min_weight_version = -1;    // generate: -1 unset
   int64_t exact_weight_version = -1;  // generate: -1 unset
+  int max_version_lag = -2;           // generate: -2 unset, -1 no bound
   std::vector<std::string> stop;
   std::string mode;
   std::string from_disk;
   int64_t version = -1;
   bool abort_all = false;
   bool keep_pause = false;
+  bool keep_kv = false;       // updates: in-flight update keeping the running requests' KV
+  int drain_timeout_ms = -1;  // pause --mode drain: -1 the server's default
   bool no_flush = false;
   std::string action;
   std::string tokenizer;

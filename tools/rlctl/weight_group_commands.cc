@@ -124,6 +124,7 @@ int CompleteWeights(const Options& o, const Client& c) {
   if (o.version >= 0) req.set_weight_version(o.version);
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);
+  req.set_keep_kv(o.keep_kv);
   return AdminCall(o, c, req, &rl::v1::Admin::Stub::CompleteWeightsUpdate);
 }
 
@@ -135,6 +136,7 @@ int ReceiveWeights(const Options& o, const Client& c) {
   if (o.version >= 0) req.set_weight_version(o.version);
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);
+  req.set_keep_kv(o.keep_kv);
   return AdminCall(o, c, req, &rl::v1::Admin::Stub::ReceiveWeights);
 }
 

@@ -144,9 +144,14 @@ class AsyncClient:
 
     # Pause, continue, flush -------------------------------------------------------------
 
-    async def pause_generation(self, mode: str = "retract") -> admin_pb2.AdminResponse:
-        req = admin_pb2.PauseGenerationRequest(mode=_rpc.pick(_rpc.PAUSE_MODES, mode, "mode"))
-        return await self._admin("PauseGeneration", req)
+    async def pause_generation(self, mode: str = "retract",
+                               drain_timeout_ms: Optional[int] = None
+                               ) -> admin_pb2.AdminResponse:
+        req = _rpc.pause_request(mode, drain_timeout_ms)
+        timeout = None if drain_timeout_ms is None else self.timeout + drain_timeout_ms / 1000
+        if mode == "drain" and drain_timeout_ms is None:
+            timeout = self.timeout + 60
+        return await self._admin("PauseGeneration", req, timeout)
 
     pause = pause_generation
 
@@ -164,17 +169,18 @@ class AsyncClient:
                                        keep_pause: bool = False,
                                        flush_cache: Optional[bool] = None,
                                        workers: Optional[Sequence[str]] = None,
-                                       timeout: Optional[float] = None
+                                       timeout: Optional[float] = None,
+                                       keep_kv: bool = False
                                        ) -> admin_pb2.AdminResponse:
         req = _rpc.update_from_disk_request(model_path, weight_version, abort_all_requests,
-                                            keep_pause, flush_cache, workers)
+                                            keep_pause, flush_cache, workers, keep_kv)
         return await self._admin("UpdateWeightsFromDisk", req, timeout, load=True)
 
     async def update_weights_from_tensor(self, named_tensors: NamedTensors, *,
                                          weight_version: Optional[int] = None,
                                          flush_cache: Optional[bool] = None,
                                          abort_all_requests: bool = False,
-                                         keep_pause: bool = False,
+                                         keep_pause: bool = False, keep_kv: bool = False,
                                          chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                                          progress: Progress = None,
                                          timeout: Optional[float] = None
@@ -182,7 +188,7 @@ class AsyncClient:
         with Reporter(progress, "update_weights_from_tensor", total_bytes(named_tensors)) as rep:
             source = await asyncio.to_thread(
                 _rpc.StreamSource, named_tensors, rep, chunk_bytes, weight_version, flush_cache,
-                abort_all_requests, keep_pause)
+                abort_all_requests, keep_pause, keep_kv)
             messages = source.messages()
 
             async def requests() -> AsyncIterator[bytes]:
@@ -238,24 +244,24 @@ class AsyncClient:
     async def complete_weights_update(self, group_name: str,
                                       weight_version: Optional[int] = None,
                                       flush_cache: Optional[bool] = None,
-                                      abort_all_requests: bool = False, keep_pause: bool = False,
+                                      abort_all_requests: bool = False, keep_pause: bool = False, keep_kv: bool = False,
                                       timeout: Optional[float] = None
                                       ) -> admin_pb2.AdminResponse:
         req = admin_pb2.CompleteWeightsUpdateRequest(group_name=group_name,
                                                      abort_all_requests=abort_all_requests,
-                                                     keep_pause=keep_pause)
+                                                     keep_pause=keep_pause, keep_kv=keep_kv)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
         return await self._admin("CompleteWeightsUpdate", req, timeout, load=True)
 
     async def receive_weights(self, group_name: str, buckets: Sequence[Any],
                               weight_version: Optional[int] = None,
                               flush_cache: Optional[bool] = None,
-                              abort_all_requests: bool = False, keep_pause: bool = False,
+                              abort_all_requests: bool = False, keep_pause: bool = False, keep_kv: bool = False,
                               timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         req = admin_pb2.ReceiveWeightsRequest(group_name=group_name,
                                               buckets=_rpc.buckets_proto(buckets),
                                               abort_all_requests=abort_all_requests,
-                                              keep_pause=keep_pause)
+                                              keep_pause=keep_pause, keep_kv=keep_kv)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
         return await self._admin("ReceiveWeights", req, timeout, load=True)
 
