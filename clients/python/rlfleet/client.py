@@ -141,7 +141,8 @@ class Client:
         Options: every GenerateRequest field (request_id, return_logprob, top_logprobs_num,
         logprob_start_len, logprobs_at_temperature_one, stream, return_trajectory,
         return_routed_experts, return_expert_weights, routed_experts_start_len,
-        min_weight_version, exact_weight_version; routing_key, group_id, episode_id for the
+        min_weight_version, exact_weight_version, max_version_lag; routing_key, group_id,
+        episode_id for the
         router) and every
         sampling field (`sampling=SamplingParams(...)` or keywords: max_new_tokens,
         temperature, top_p, top_k, min_p, seed, n, stop, stop_token_ids, ignore_eos, ...)."""
