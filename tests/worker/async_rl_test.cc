@@ -11,7 +11,9 @@
 // Order is fixed by pauses, not by timing: a request "running" is paused in place before the
 // admin call that must find it running.
 #include <atomic>
+#include <functional>
 #include <future>
+#include <memory>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -117,13 +119,32 @@ class AsyncRlTest : public WorkerFixture {
     }
     return false;
   }
-  // A request streamed some tokens and is now paused in place, holding its KV.
-  void RunThenPauseInPlace(Stream& s) {
-    ASSERT_TRUE(s.WaitTokens(1));
-    rl::v1::AdminResponse resp;
-    ASSERT_TRUE(Pause(rl::v1::PAUSE_MODE_IN_PLACE, &resp).ok());
-    ASSERT_FALSE(s.done()) << "finished before the pause: raise kLong";
-    ASSERT_EQ(ServerInfo().num_running(), 1);
+  // Starts the requests `make` returns and pauses in place once each streamed a token; returns
+  // their streams once the pause caught all of them running (holding their KV). A request can
+  // finish before the pause lands (stories260K is fast): then the round is continued, finished
+  // and started again, up to 20 times (a precondition, not a timing assertion).
+  std::vector<std::unique_ptr<Stream>> StartCaughtRunning(
+      const std::function<std::vector<rl::v1::GenerateRequest>()>& make) {
+    for (int attempt = 0; attempt < 20; ++attempt) {
+      std::vector<std::unique_ptr<Stream>> streams;
+      for (rl::v1::GenerateRequest& req : make()) {
+        streams.push_back(std::make_unique<Stream>(worker_.get(), std::move(req)));
+      }
+      for (auto& st : streams) st->WaitTokens(1);
+      rl::v1::AdminResponse resp;
+      EXPECT_TRUE(Pause(rl::v1::PAUSE_MODE_IN_PLACE, &resp).ok());
+      bool running = ServerInfo().num_running() == static_cast<int>(streams.size());
+      for (auto& st : streams) running = running && !st->done();
+      if (running) return streams;
+      EXPECT_TRUE(Continue().ok());
+      for (auto& st : streams) st->Wait();
+    }
+    ADD_FAILURE() << "no request was still running when the pause landed, 20 times";
+    return {};
+  }
+  std::unique_ptr<Stream> StartCaughtRunning(const std::string& id) {
+    auto streams = StartCaughtRunning([&] { return std::vector{Long(id)}; });
+    return streams.empty() ? nullptr : std::move(streams[0]);
   }
   // Checks an in-flight update's final: every token there, the segments split at the update,
   // the first segment the old weights' greedy tokens.
@@ -188,8 +209,9 @@ TEST_F(AsyncRlTest, DrainFinishesRunningRequestsAndHoldsArrivalsUntilContinue) {
 // stays paused (drain) until the continue. A bad timeout is refused before anything changes.
 TEST_F(AsyncRlTest, DrainTimeoutAnswersWithWhatStillRuns) {
   StartWorker();
-  Stream a(worker_.get(), Long("slow"));
-  RunThenPauseInPlace(a);
+  std::unique_ptr<Stream> held = StartCaughtRunning("slow");
+  ASSERT_NE(held, nullptr);
+  Stream& a = *held;
   rl::v1::AdminResponse resp;
   // A drain under an in-place pause (stronger) never drains: it answers at once.
   ASSERT_TRUE(Pause(rl::v1::PAUSE_MODE_DRAIN, &resp, 20).ok());
@@ -212,8 +234,9 @@ TEST_F(AsyncRlTest, InFlightDiskUpdateKeepsTheRunningRequestsKv) {
   const std::vector<int32_t> reference = GreedyIds(kLong);
   TempDir dir;
   WritePerturbedStories(dir.path(), "mlp.down_proj", 1.7f);
-  Stream a(worker_.get(), Long("inflight"));
-  RunThenPauseInPlace(a);
+  std::unique_ptr<Stream> held = StartCaughtRunning("inflight");
+  ASSERT_NE(held, nullptr);
+  Stream& a = *held;
   rl::v1::UpdateWeightsFromDiskRequest req;
   req.set_model_path(dir.path());
   req.set_weight_version(5);
@@ -247,8 +270,9 @@ TEST_F(AsyncRlTest, InFlightStagedActivationKeepsTheRunningRequestsKv) {
   stage.set_weight_version(3);
   rl::v1::AdminResponse resp;
   ASSERT_TRUE(Call(&Stub::StageWeights, stage, &resp).ok());
-  Stream a(worker_.get(), Long("staged"));
-  RunThenPauseInPlace(a);
+  std::unique_ptr<Stream> held = StartCaughtRunning("staged");
+  ASSERT_NE(held, nullptr);
+  Stream& a = *held;
   rl::v1::ActivateWeightsRequest activate;
   activate.set_keep_kv(true);
   grpc::Status s = Call(&Stub::ActivateWeights, activate, &resp);
@@ -269,9 +293,9 @@ TEST_F(AsyncRlTest, StaleRequestEndsWithItsPartialOutput) {
   WritePerturbedStories(dir.path(), "mlp.down_proj", 1.7f);
   rl::v1::GenerateRequest opt_out = Long("opt-out");
   opt_out.set_max_version_lag(-1);
-  Stream stale(worker_.get(), Long("stale")), kept(worker_.get(), opt_out);
-  ASSERT_TRUE(stale.WaitTokens(1));
-  ASSERT_TRUE(kept.WaitTokens(1));
+  auto streams = StartCaughtRunning([&] { return std::vector{Long("stale"), opt_out}; });
+  ASSERT_EQ(streams.size(), 2u);
+  Stream &stale = *streams[0], &kept = *streams[1];
   rl::v1::AdminResponse resp;
   ASSERT_TRUE(Pause(rl::v1::PAUSE_MODE_RETRACT, &resp).ok());
   rl::v1::UpdateWeightsFromDiskRequest req;
@@ -301,8 +325,9 @@ TEST_F(AsyncRlTest, StaleRequestEndsWithItsPartialOutput) {
 // and the reason; both streams end OK with their final.
 TEST_F(AsyncRlTest, AbortedRunningAndQueuedRequestsReturnTheirOutput) {
   StartWorker();
-  Stream running(worker_.get(), Long("running"));
-  RunThenPauseInPlace(running);
+  std::unique_ptr<Stream> held = StartCaughtRunning("running");
+  ASSERT_NE(held, nullptr);
+  Stream& running = *held;
   Stream queued(worker_.get(), Long("queued"));
   ASSERT_TRUE(
       WaitInfo([](const rl::v1::GetServerInfoResponse& i) { return i.num_waiting() == 1; }));

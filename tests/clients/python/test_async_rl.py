@@ -53,17 +53,28 @@ def test_stale_request_returns_its_partial_output(fleet):
     from rlfleet import Client
     with Client(fleet["router"].address, timeout=60.0) as c:
         c.wait_ready()
-        first = []
+        # Caught running by an in-place pause; a request can finish before the pause lands
+        # (stories260K is fast): then it is started again (a precondition, not a timing check).
+        for _ in range(20):
+            first = []
 
-        def run():
-            stream = c.generate_stream(text="Once upon a time", max_new_tokens=400,
-                                       ignore_eos=True, temperature=0.0, max_version_lag=0)
-            for msg in stream:
-                first.append(msg)
+            def run():
+                stream = c.generate_stream(text="Once upon a time", max_new_tokens=400,
+                                           ignore_eos=True, temperature=0.0, max_version_lag=0)
+                for msg in stream:
+                    first.append(msg)
 
-        t = threading.Thread(target=run)
-        t.start()
-        rltest.wait_for(lambda: len(first) > 0, what="the first chunk")
+            t = threading.Thread(target=run)
+            t.start()
+            rltest.wait_for(lambda: len(first) > 0, what="the first chunk")
+            c.pause("in_place")
+            running = sum(w.info.num_running for w in c.get_server_info().workers)
+            if running == 1 and t.is_alive():
+                break
+            c.continue_generation()
+            t.join(60)
+        else:
+            pytest.fail("never caught the request running")
         c.pause("retract")
         r = c.update_weights_from_disk(str(rltest.STORIES), keep_kv=True)
         assert all("kept their KV" in w.message for w in r.results), r

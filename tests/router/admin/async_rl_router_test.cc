@@ -6,6 +6,7 @@
 // - --max-version-lag is the fleet's staleness bound: a request crossed by an update ends
 //   FINISH_REASON_STALE with its partial output after one attempt (never retried).
 // Waits are bounded (hang guards); no timed assertion.
+#include <memory>
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
@@ -83,6 +84,14 @@ class AsyncRlRouterTest : public RouterFleetTest {
     grpc::ClientContext ctx;
     return admin_->PauseGeneration(&ctx, req, resp);
   }
+  int Running() {
+    grpc::ClientContext ctx;
+    rl::v1::GetServerInfoResponse info;
+    EXPECT_TRUE(admin_->GetServerInfo(&ctx, rl::v1::GetServerInfoRequest(), &info).ok());
+    int n = 0;
+    for (const auto& w : info.workers()) n += w.info().num_running();
+    return n;
+  }
   grpc::Status Continue() {
     grpc::ClientContext ctx;
     rl::v1::AdminResponse resp;
@@ -129,9 +138,23 @@ TEST_F(AsyncRlRouterTest, FleetStalenessBoundEndsACrossedRequestWithoutRetry) {
   ASSERT_NO_FATAL_FAILURE(StartFleet(1, config));
   rl::testing::TempDir dir;
   worker::testing::WritePerturbedStories(dir.path(), "mlp.down_proj", 1.7f);
-  Stream a(stub_.get(), Long("Once upon a time"));
-  ASSERT_TRUE(a.WaitTokens(1));
+  // Caught running by an in-place pause (a request can finish before the pause lands: then it
+  // is started again, a precondition, not a timing assertion), then retracted.
+  std::unique_ptr<Stream> caught;
   rl::v1::AdminResponse resp;
+  for (int attempt = 0; attempt < 20 && caught == nullptr; ++attempt) {
+    auto a = std::make_unique<Stream>(stub_.get(), Long("Once upon a time"));
+    a->WaitTokens(1);
+    ASSERT_TRUE(Admin(rl::v1::PAUSE_MODE_IN_PLACE, &resp).ok());
+    if (!a->done() && Running() == 1) {
+      caught = std::move(a);
+    } else {
+      ASSERT_TRUE(Continue().ok());
+      a->Wait();
+    }
+  }
+  ASSERT_NE(caught, nullptr) << "never caught running";
+  Stream& a = *caught;
   ASSERT_TRUE(Admin(rl::v1::PAUSE_MODE_RETRACT, &resp).ok());
   rl::v1::UpdateWeightsFromDiskRequest update;
   update.set_model_path(dir.path());
