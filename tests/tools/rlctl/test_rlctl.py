@@ -72,5 +72,5 @@ def test_async_rl_flags(start_worker):
               "--max-new-tokens", "3", "--max-version-lag", "-1")
     assert r.returncode == 0, r.stderr
     r = rlctl("--target", w.address, "--json", "generate", "--ids", "1,403,407",
-              "--max-new-tokens", "3", "--max-version-lag", "-2")
+              "--max-new-tokens", "3", "--max-version-lag", "-5")
     assert r.returncode == 1 and "max_version_lag" in r.stdout

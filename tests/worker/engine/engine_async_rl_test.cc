@@ -123,6 +123,7 @@ TEST(EngineDrainTest, HeldRequestsAreBoundedAndAbortable) {
   EXPECT_TRUE(h1.output_ids.empty());
   // The aborted one freed its place.
   ASSERT_TRUE(fe.engine->Submit(Greedy("h3", Prompt(6, 4), 4), collector.Callbacks()).ok());
+  ASSERT_TRUE(CheckInvariants(*fe.engine).ok());  // an engine-thread call: the inbox ran first
   EXPECT_EQ(fe.engine->GetServerInfo().scheduler.num_held, 2);
   // A stronger pause keeps them held; an abort pause ends them.
   ASSERT_TRUE(fe.engine->Pause(PauseMode::kAbort).ok());
