@@ -111,7 +111,18 @@ TEST_F(AsyncRlRouterTest, DrainThroughTheRouterFinishesRunningAndHoldsArrivals) 
     grpc::Status s = Admin(rl::v1::PAUSE_MODE_DRAIN, &drained);
     EXPECT_TRUE(s.ok()) << s.error_message();
   });
-  // Arrivals while the drain runs (or just after it: the workers stay paused either way).
+  // Arrivals once every worker is in the drain (while it runs, or just after it: the workers
+  // stay paused either way).
+  ASSERT_TRUE(WaitFor([&] {
+    grpc::ClientContext ctx;
+    rl::v1::GetServerInfoResponse info;
+    if (!admin_->GetServerInfo(&ctx, rl::v1::GetServerInfoRequest(), &info).ok()) return false;
+    int draining = 0;
+    for (const auto& w : info.workers()) {
+      draining += w.info().paused() && w.info().pause_mode() == rl::v1::PAUSE_MODE_DRAIN;
+    }
+    return draining == 2;
+  }));
   Stream c(stub_.get(), Long("A cat", 8)), d(stub_.get(), Long("A bird", 8));
   drain.join();
   EXPECT_TRUE(drained.success()) << drained.message();
