@@ -155,7 +155,8 @@ def test_tokenize_empty_text_and_file(tmp_path):
     assert len(one_json_object(r)["texts"]) == 2
 
 
-BENCHES = ["engine_bench", "runner_bench", "tokenizer_bench", "update_bench", "router_bench"]
+BENCHES = ["engine_bench", "runner_bench", "tokenizer_bench", "update_bench", "router_bench",
+           "inflight_update_bench"]
 
 
 @pytest.mark.parametrize("bench", BENCHES)
