@@ -61,5 +61,6 @@ def test_ctest_dash_l_selects_the_group():
         assert got == want, group
     # The groups the suite always has, once built.
     assert [n for n, _, labels, _ in tests if "unit" in labels]
-    assert [n for n, _, labels, _ in tests if "interop" in labels] == ["interop_tests", "smg_interop"]
+    assert [n for n, _, labels, _ in tests if "interop" in labels] == [
+        "interop_tests", "smg_interop", "smg_episode_drift"]
     assert "gpu" not in [lab for _, exe, labels, _ in tests if exe == "router_abort_test" for lab in labels]

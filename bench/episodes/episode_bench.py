@@ -22,7 +22,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "clients" / "python"))
+# The venv's installed rlfleet (scripts/venv) first: it carries the generated gRPC stubs.
+sys.path.append(str(ROOT / "clients" / "python"))
 
 
 def free_port():
@@ -99,9 +100,9 @@ def run_episodes(name, client, model, args, prefix):
     return conversations, statistics.median(lat)
 
 
-def rlctl_json(build, *args):
-    out = subprocess.run([str(build / "bin" / "rlctl"), "--json", *args], capture_output=True,
-                         text=True, timeout=120, check=True)
+def rlctl_json(build, *args, stdin=None):
+    out = subprocess.run([str(build / "bin" / "rlctl"), "--json", *args], input=stdin,
+                         capture_output=True, text=True, timeout=600, check=True)
     return json.loads(out.stdout)
 
 
@@ -156,29 +157,31 @@ def main():
         print(f"{'added per turn (p50)':<30} {(routed - direct) * 1e3:7.2f} ms")
 
         stub = router_pb2_grpc.RouterStub(grpc.insecure_channel(router_addr))
-        samples = drifted = forks = 0
-        shown = False
+        exported, forks = [], 0
         for i in range(args.episodes):
             e = stub.GetEpisode(router_pb2.GetEpisodeRequest(episode_id=f"bench{i}"))
             forks += len(e.samples) > 1
-            for s in e.samples:
-                samples += 1
-                tokens = list(s.trajectory.tokens)
-                text = rlctl_json(build, "detokenize", "--tokenizer", args.model, "--ids",
-                                  ",".join(map(str, tokens)), "--skip-special")["text"]
-                fresh = rlctl_json(build, "tokenize", "--tokenizer", args.model,
-                                   "--text", text)["ids"]
-                if fresh != tokens:
-                    drifted += 1
-                    if not shown:
-                        shown = True
-                        at = next((k for k, (a, b) in enumerate(zip(tokens, fresh)) if a != b),
-                                  min(len(tokens), len(fresh)))
-                        print(f"first drift: episode bench{i} at token {at}: exported "
-                              f"{tokens[at:at + 4]} (mask {list(s.trajectory.loss_mask)[at:at + 4]}),"
-                              f" re-encoded {fresh[at:at + 4]}, text {text[:80]!r}...")
-        print(f"router episodes: {samples} samples ({forks} episodes forked); {drifted} differ "
-              f"from their text re-encoded from scratch")
+            exported += [(i, list(s.trajectory.tokens), list(s.trajectory.loss_mask))
+                         for s in e.samples]
+        # One rlctl call each way for every sample (--jsonl: texts with newlines).
+        texts = rlctl_json(build, "detokenize", "--tokenizer", args.model, "--skip-special",
+                           stdin="".join(json.dumps(t) + "\n" for _, t, _ in exported))["texts"]
+        fresh = rlctl_json(build, "tokenize", "--tokenizer", args.model, "--jsonl",
+                           stdin="".join(json.dumps(t) + "\n" for t in texts))["ids"]
+        drifted = 0
+        for (i, tokens, mask), ids, text in zip(exported, fresh, texts):
+            if ids == tokens:
+                continue
+            drifted += 1
+            if drifted == 1:
+                at = next((k for k, (a, b) in enumerate(zip(tokens, ids)) if a != b),
+                          min(len(tokens), len(ids)))
+                print(f"first drift: episode bench{i} at token {at}: exported "
+                      f"{tokens[at:at + 4]} (mask {mask[at:at + 4]}), re-encoded "
+                      f"{ids[at:at + 4]}, text {text[:80]!r}...")
+        print(f"router episodes: {len(exported)} samples ({forks} episodes forked); {drifted} "
+              f"differ from their text re-encoded from scratch (tests/interop/smg/"
+              f"test_episode_drift.py counts against the re-rendered conversation)")
     finally:
         for p in reversed(procs):
             stop(p)

@@ -26,7 +26,7 @@ class WorkerCall final : public grpc::ClientReadReactor<GenerateResponse> {
  public:
   WorkerCall(RouterGenerateReactor* parent, Worker* worker, rl::v1::GenerateRequest request,
              const std::optional<std::string>& authorization, int64_t min_weight_version,
-             int64_t fleet_weight_version)
+             int64_t fleet_weight_version, bool fleet_running)
       : parent_(parent), worker_(worker), request_(std::move(request)) {
     if (authorization) ctx_.AddMetadata("authorization", *authorization);
     // A worker restarted faster than the health checks notice refuses instead of serving its
@@ -39,6 +39,10 @@ class WorkerCall final : public grpc::ClientReadReactor<GenerateResponse> {
     if (fleet_weight_version >= 0) {
       ctx_.AddMetadata("rl-fleet-weight-version", std::to_string(fleet_weight_version));
     }
+    // A worker paused behind the router's back (directly, or by a pause the router never
+    // recorded) since its last health check refuses instead of holding the request until a
+    // continue nobody sends; the health check that follows takes it out of routing.
+    if (fleet_running) ctx_.AddMetadata("rl-fleet-running", "1");
   }
 
   void Start() {
@@ -93,6 +97,18 @@ rl::v1::GenerateRequest WithRoutingKey(const grpc::CallbackServerContext& contex
   return out;
 }
 
+// UNAVAILABLE naming the store while it has failed (its trajectories would not be durable).
+absl::Status CheckStore(const CacheStore* store) {
+  if (store == nullptr) return absl::OkStatus();
+  const CacheStoreStats stats = store->GetStats();
+  if (!stats.failed) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat(
+      "the router's durable store ", store->path(), " failed (", stats.failure,
+      "): a trajectory would not be on disk, so text prompts are refused until it recovers "
+      "(retried every ",
+      stats.retry_interval_ms, " ms; free disk space); retry later"));
+}
+
 // One Router.Generate stream: admission, then the Generation's steps driven by worker call
 // reactions and alarms. References: gRPC's, and the producer's, held by whichever step is
 // pending (admission wait, blocking task, alarm, worker call) and dropped in Done.
@@ -108,6 +124,10 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
     absl::Status s = deps_->data_auth->Check(*context);
     if (s.ok() && deps_->drain != nullptr) s = deps_->drain->Check("Generate");
     if (s.ok()) s = Generation::CheckRequest(request_, deps_->env->limits);
+    if (s.ok() && deps_->refuse_when_store_failed &&
+        request_.prompt_case() == rl::v1::GenerateRequest::kText) {
+      s = CheckStore(deps_->env->cache->store());
+    }
     absl::StatusOr<std::string> client = s.ok() ? ClientKey(*context) : s;
     if (!client.ok()) {
       EndAndRelease(client.status(), /*holds_slot=*/false);
@@ -255,7 +275,8 @@ class RouterGenerateReactor final : public WriteQueueReactor<GenerateResponse>,
         // version the router routes to is the newest it has seen, which may lag a worker's).
         const int64_t fleet_version = deps_->pool->fleet_version();
         auto call = std::make_shared<WorkerCall>(this, step.worker, generation_->WorkerRequest(),
-                                                 authorization_, fleet_version, fleet_version);
+                                                 authorization_, fleet_version, fleet_version,
+                                                 !deps_->pool->fleet_paused());
         bool gone;
         {
           absl::MutexLock lock(&mu_);

@@ -61,6 +61,10 @@ struct GenerateContext {
   RouterMetrics* metrics = nullptr;
   LiveGenerations* live = nullptr;
   const DrainGate* drain = nullptr;  // refuses new streams while the router drains (may be null)
+  // --cache-store-failure refuse: while the durable store has failed (disk full, I/O error), a
+  // text prompt (whose trajectory would not be durable) is refused UNAVAILABLE naming the store,
+  // until the store recovers (cache_store.h); serve: answered, marked trajectory_not_durable.
+  bool refuse_when_store_failed = false;
 };
 
 // A new reactor for one Router.Generate call (it deletes itself when done).

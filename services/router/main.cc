@@ -31,6 +31,12 @@ int main(int argc, char** argv) {
                "memory only, a restart forgets every trajectory");
   flags.Int("max-cache-disk-bytes", &c.max_cache_disk_bytes,
             "bound on the --cache-dir store on disk; GC runs early near it");
+  flags.String("cache-store-failure", &c.cache_store_failure,
+               "while the --cache-dir store cannot write (disk full, I/O error): refuse (text "
+               "prompts answered UNAVAILABLE naming the store, retryable) or serve (answered, "
+               "marked trajectory_not_durable)");
+  flags.Int("cache-store-retry-ms", &c.cache_store_retry_ms,
+            "after a failed write, how often the store tries to write the whole cache again");
   flags.Int("max-attempts", &c.max_attempts, "attempts per generation (retries + 1)");
   flags.Int("retry-backoff-ms", &c.retry_backoff_ms, "first retry backoff, doubled per retry");
   flags.Int("hold-wait-ms", &c.hold_wait_ms,

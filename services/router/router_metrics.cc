@@ -97,6 +97,20 @@ RouterMetrics::RouterMetrics(MetricsRegistry* registry, const WorkerPool* pool,
                        return cache->store() != nullptr ? double(cache->store()->GetStats().commits)
                                                         : 0.0;
                      });
+  m.SetGaugeCallback(
+      "rl_router_cache_store_failures_total",
+      "Commits of the text cache's store that failed (disk full, I/O error); "
+      "resyncs that failed included.",
+      {}, [cache] {
+        return cache->store() != nullptr ? double(cache->store()->GetStats().failures) : 0.0;
+      });
+  m.SetGaugeCallback(
+      "rl_router_cache_store_recoveries_total",
+      "Resyncs that brought the text cache's store back after a failed commit "
+      "(the whole cache written again).",
+      {}, [cache] {
+        return cache->store() != nullptr ? double(cache->store()->GetStats().recoveries) : 0.0;
+      });
   m.SetGaugeCallback("rl_router_admission_queued",
                      "Generate requests waiting for an in-flight slot.", {},
                      [admission] { return double(admission->queued()); });

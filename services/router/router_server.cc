@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,7 @@
 #include "common/status.h"
 #include "grpcpp/server.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "services/router/episodes/episode_metrics.h"
 #include "services/router/pool/policies/make_policy.h"
 #include "spdlog/spdlog.h"
 
@@ -51,7 +53,15 @@ absl::Status Validate(const RouterConfig& c) {
     CacheStoreOptions store;
     store.dir = c.cache_dir;
     store.max_disk_bytes = c.max_cache_disk_bytes;
+    store.retry_interval = std::chrono::milliseconds(c.cache_store_retry_ms);
     RETURN_IF_ERROR(store.Validate());
+  }
+  if (c.cache_store_failure != "refuse" && c.cache_store_failure != "serve") {
+    return bad("cache-store-failure",
+               absl::StrCat("must be refuse or serve, got '", c.cache_store_failure, "'"));
+  }
+  if (c.cache_store_retry_ms < 1 || c.cache_store_retry_ms > 3600000) {
+    return bad("cache-store-retry-ms", "must be in [1, 3600000]");
   }
   if (c.max_attempts < 1 || c.max_attempts > 100) return bad("max-attempts", "must be in [1, 100]");
   if (c.retry_backoff_ms < 0) return bad("retry-backoff-ms", "must be >= 0");
@@ -113,10 +123,13 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   cache_options.max_cache_size = config.max_cache_size;
   cache_options.gc_threshold_k = config.gc_threshold_k;
   if (!config.cache_dir.empty()) {
-    // Recovered here, before the server takes any call.
+    // Recovered here, before the server takes any call. A write past RLIMIT_FSIZE fails (EFBIG)
+    // like one on a full disk, instead of killing the router: the store reports it and recovers.
+    signal(SIGXFSZ, SIG_IGN);
     CacheStoreOptions store_options;
     store_options.dir = config.cache_dir;
     store_options.max_disk_bytes = config.max_cache_disk_bytes;
+    store_options.retry_interval = std::chrono::milliseconds(config.cache_store_retry_ms);
     const auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(s->store_, CacheStore::Open(store_options));
     ASSIGN_OR_RETURN(s->cache_, TextCache::Create(cache_options, s->store_.get()));
@@ -138,6 +151,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   episode_options.gc_threshold_k = config.gc_threshold_k;
   RETURN_IF_ERROR(episode_options.Validate());
   s->episodes_ = std::make_unique<EpisodeStore>(episode_options);
+  RegisterEpisodeMetrics(&s->metrics_, s->episodes_.get());
   PoolOptions pool_options;
   pool_options.health_interval = std::chrono::milliseconds(config.health_interval_ms);
   pool_options.health_timeout = std::chrono::milliseconds(config.health_timeout_ms);
@@ -158,7 +172,10 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   // Requests wait for a slot in the router's fair queues, not in a worker's FIFO queue: with
   // --max-in-flight 0 the bound is what the workers run at once (set below, once the service
   // exists, and followed as workers join, leave or report their capacity).
-  RETURN_IF_ERROR(s->pool_->AddAll(config.workers));
+  // With a record, the workers added and removed at run time too (fleet_record.h).
+  const std::vector<std::string> start_workers =
+      s->fleet_record_ != nullptr ? s->fleet_record_->StartWorkers(config.workers) : config.workers;
+  RETURN_IF_ERROR(s->pool_->AddAll(start_workers));
   if (!config.worker_dns.empty()) {
     discovery::DnsResolverOptions dns;
     dns.server = config.dns_server;
@@ -207,6 +224,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   service.drain = &s->drain_;
   service.episodes = s->episodes_.get();
   service.max_version_lag = config.max_version_lag;
+  service.fleet_record = s->fleet_record_.get();
+  service.refuse_when_store_failed = config.cache_store_failure == "refuse";
   s->router_service_ = std::make_unique<RouterService>(s->pool_.get(), s->cache_.get(),
                                                        s->tokenizer_.get(), s->data_auth_.get(),
                                                        s->admin_auth_.get(), &s->metrics_, service);
@@ -245,7 +264,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   const int32_t max_n = static_cast<int32_t>(config.limits.max_n);
   s->sglang_service_ = std::make_unique<RouterSglangService>(
       s->pool_.get(), s->router_service_.get(), s->tokenizer_.get(), config.tokenizer_path,
-      self_authorization, s->data_auth_.get(), max_n);
+      self_authorization, s->data_auth_.get(), max_n, &s->drain_);
   ServerOptions options;
   options.host = config.host;
   options.port = config.port;
@@ -268,7 +287,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
     s->no_auth_ = std::make_unique<BearerAuth>("");
     s->sglang_open_service_ = std::make_unique<RouterSglangService>(
         s->pool_.get(), s->router_service_.get(), s->tokenizer_.get(), config.tokenizer_path,
-        self_authorization, s->no_auth_.get(), max_n);
+        self_authorization, s->no_auth_.get(), max_n, &s->drain_);
     s->sglang_open_service_->Connect(self);
     ServerOptions sglang_options = options;
     sglang_options.port = config.sglang_port;
@@ -286,6 +305,17 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
     ASSIGN_OR_RETURN(s->metrics_http_,
                      MetricsHttpServer::Start(config.host, config.metrics_port, &s->metrics_));
   }
+  RouterServer* raw = s.get();
+  s->sglang_readiness_ = std::make_unique<ReadinessWatch>(
+      [raw] { return SglangReadinessOf(*raw->pool_, raw->drain_.draining()).ready; },
+      [raw](bool ready) {
+        raw->grpc_->SetServiceServing(kSglangReadinessService, ready);
+        if (raw->sglang_grpc_) {
+          raw->sglang_grpc_->SetServiceServing(kSglangReadinessService, ready);
+          raw->sglang_grpc_->SetServiceServing(kReadinessService, ready);
+        }
+      },
+      std::chrono::milliseconds(config.health_interval_ms));
   return s;
 }
 
@@ -295,6 +325,7 @@ bool RouterServer::Drain() {
   if (shut_down_) return true;
   drain_.Begin();
   if (grpc_) grpc_->SetServiceServing(kReadinessService, false);
+  if (sglang_readiness_) sglang_readiness_->Refresh();  // NOT_SERVING now, not an interval later
   spdlog::info(
       "draining: new generations and admin calls refused; up to {}s for the streams in "
       "flight",
@@ -314,6 +345,7 @@ void RouterServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   if (pool_) pool_->SetCapacityObserver(nullptr);  // it points into the router service
+  sglang_readiness_.reset();  // publishes nothing from now on (Shutdown sets NOT_SERVING)
   // Discovery first: no pool change from now on.
   discovery_.reset();
   if (sglang_grpc_) sglang_grpc_->Shutdown();

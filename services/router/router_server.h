@@ -4,7 +4,10 @@
 // observer), the tokenizer, the Router service, the Admin service, SGLang's scheduler protocol
 // (main port, and --sglang-port without a key), health, reflection and the metrics endpoint; it
 // decides nothing itself. Health: the overall status is liveness (SERVING until Shutdown); the
-// service `rl.v1.Router` is readiness (NOT_SERVING once Drain began).
+// service `rl.v1.Router` is readiness (NOT_SERVING once Drain began). The SGLang side's
+// readiness (sglang/sglang_readiness.h: not draining and a routable worker) is published as
+// `sglang.grpc.scheduler.SglangScheduler` on both listeners and as `rl.v1.Router` on
+// --sglang-port, so the SMG gateway stops sending when the router could not route.
 #pragma once
 
 #include <memory>
@@ -29,6 +32,7 @@
 #include "services/router/pool/worker_pool.h"
 #include "services/router/router_service.h"
 #include "services/router/sglang/router_sglang_service.h"
+#include "services/router/sglang/sglang_readiness.h"
 #include "services/router/state/fleet_record.h"
 
 namespace rl::router {
@@ -53,6 +57,11 @@ struct RouterConfig {
   // The text cache's durable store (cache_store.h); empty: memory only, and answers say so.
   std::string cache_dir;
   int64_t max_cache_disk_bytes = int64_t{8} << 30;
+  // While the store has failed (disk full, I/O error): "refuse" text prompts UNAVAILABLE naming
+  // the store, or "serve" them marked trajectory_not_durable. It retries every
+  // cache_store_retry_ms and works again once the whole cache is written.
+  std::string cache_store_failure = "refuse";
+  int cache_store_retry_ms = 2000;
   int64_t gc_threshold_k = 2;
   int max_attempts = 3;
   int retry_backoff_ms = 50;
@@ -144,6 +153,8 @@ class RouterServer {
   std::unique_ptr<GrpcServer> grpc_;
   std::unique_ptr<GrpcServer> sglang_grpc_;
   std::unique_ptr<MetricsHttpServer> metrics_http_;
+  // Publishes the SGLang side's readiness on both listeners (declared last: stops first).
+  std::unique_ptr<ReadinessWatch> sglang_readiness_;
   bool shut_down_ = false;
 };
 

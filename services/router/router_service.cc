@@ -103,6 +103,7 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
   generate_.metrics = &metrics_;
   generate_.live = &live_;
   generate_.drain = options.drain;
+  generate_.refuse_when_store_failed = options.refuse_when_store_failed;
 }
 
 RouterService::~RouterService() { WaitForGenerations(); }
@@ -207,6 +208,10 @@ grpc::ServerUnaryReactor* RouterService::AddWorker(grpc::CallbackServerContext* 
   if (!options_.admin->Submit([this, reactor, address = request->address(),
                                allow_unreachable = request->allow_unreachable(), response] {
         absl::Status s = pool_->AddChecked(address, allow_unreachable);
+        // Durable before the answer: a restart registers it again (fleet_record.h).
+        if (s.ok() && options_.fleet_record != nullptr) {
+          s = options_.fleet_record->RecordAdded(address);
+        }
         if (s.ok()) pool_->FillList(response);
         reactor->Finish(ToGrpcStatus(s));
       })) {
@@ -230,11 +235,45 @@ grpc::ServerUnaryReactor* RouterService::RemoveWorker(grpc::CallbackServerContex
     return FinishUnary(context, s);
   }
   absl::Status s = pool_->Remove(request->address());
-  if (s.ok()) {
-    metrics_.ForgetWorker(request->address());
-    pool_->FillList(response);
+  if (s.ok()) metrics_.ForgetWorker(request->address());
+  if (s.ok() && options_.fleet_record != nullptr) {
+    // Durable before the answer (one small transaction): a restart does not bring it back,
+    // even when it is a --worker flag.
+    s = options_.fleet_record->RecordRemoved(request->address());
   }
+  if (s.ok()) pool_->FillList(response);
   return FinishUnary(context, s);
+}
+
+grpc::ServerUnaryReactor* RouterService::AdoptWorkerVersion(
+    grpc::CallbackServerContext* context, const rl::v1::AdoptWorkerVersionRequest* request,
+    rl::v1::WorkerListResponse* response) {
+  if (absl::Status s = admin_auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
+  if (absl::Status s = CheckNotDraining("AdoptWorkerVersion"); !s.ok()) {
+    return FinishUnary(context, s);
+  }
+  if (absl::Status s = CheckAddress(request->address(), limits_); !s.ok()) {
+    return FinishUnary(context, s);
+  }
+  if (request->model_path().size() > 4096) {
+    return FinishUnary(context, absl::InvalidArgumentError("model_path: longer than 4096 bytes"));
+  }
+  if (request->model_path().find_first_of("\n\r") != std::string::npos) {
+    return FinishUnary(context, absl::InvalidArgumentError("model_path: contains a line break"));
+  }
+  // Records the fleet's new version (persisted by the fleet record, an observer of the pool,
+  // before this returns) and hands the workers now behind to catch-up: a blocking store write,
+  // off the callback thread.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!options_.admin->Submit(
+          [this, reactor, address = request->address(), path = request->model_path(), response] {
+            absl::StatusOr<FleetWeights> fleet = pool_->AdoptWorkerVersion(address, path);
+            if (fleet.ok()) pool_->FillList(response);
+            reactor->Finish(ToGrpcStatus(fleet.status()));
+          })) {
+    reactor->Finish(ToGrpcStatus(options_.admin->BusyError()));
+  }
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* RouterService::ListWorkers(grpc::CallbackServerContext* context,

@@ -36,6 +36,7 @@
 #include "services/router/pool/worker_pool.h"
 #include "services/router/request_table.h"
 #include "services/router/router_metrics.h"
+#include "services/router/state/fleet_record.h"
 
 namespace rl::router {
 
@@ -52,6 +53,10 @@ struct RouterServiceOptions {
   EpisodeStore* episodes = nullptr;  // agent episodes (null: none recorded, GetEpisode fails)
   // --max-version-lag: the staleness bound sent with requests that set none (-1: none).
   int32_t max_version_lag = -1;
+  // Persists AddWorker / RemoveWorker (with --cache-dir; null: not kept across restarts).
+  FleetRecord* fleet_record = nullptr;
+  // --cache-store-failure refuse (generate_reactor.h).
+  bool refuse_when_store_failed = false;
 };
 
 class RouterService final : public rl::v1::Router::CallbackService {
@@ -85,6 +90,9 @@ class RouterService final : public rl::v1::Router::CallbackService {
   grpc::ServerUnaryReactor* GetEpisode(grpc::CallbackServerContext* context,
                                        const rl::v1::GetEpisodeRequest* request,
                                        rl::v1::GetEpisodeResponse* response) override;
+  grpc::ServerUnaryReactor* AdoptWorkerVersion(grpc::CallbackServerContext* context,
+                                               const rl::v1::AdoptWorkerVersionRequest* request,
+                                               rl::v1::WorkerListResponse* response) override;
   // router_abort.cc
   grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
                                   const rl::v1::AbortRequest* request,

@@ -1,5 +1,6 @@
 #include "services/worker/admin_service.h"
 
+#include <chrono>
 #include <optional>
 #include <string>
 #include <utility>
@@ -35,6 +36,12 @@ absl::StatusOr<LeaseClaim> AdminService::ClaimOf(const Ctx& context) {
 
 void AdminService::RenewLease(const Ctx& context) {
   if (absl::StatusOr<LeaseClaim> claim = ClaimOf(context); claim.ok()) lease_.Renew(*claim);
+}
+
+absl::Status AdminService::AdmitStream(const Ctx& context, absl::string_view method) {
+  RETURN_IF_ERROR(auth_.Check(context));
+  ASSIGN_OR_RETURN(LeaseClaim claim, ClaimOf(context));
+  return lease_.Acquire(claim, method);
 }
 
 grpc::ServerUnaryReactor* AdminService::RunAsync(Ctx* context, absl::string_view method,
@@ -92,7 +99,8 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDisk(
 
 grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest>*
 AdminService::UpdateWeightsFromTensor(Ctx* c, rl::v1::AdminResponse* resp) {
-  return new TensorUpdateReactor(weights_, host_.limits(), executor_, auth_,
+  return new TensorUpdateReactor(weights_, host_.limits(), executor_,
+                                 AdmitStream(*c, "UpdateWeightsFromTensor"),
                                  allow_non_finite_weights_, c, resp);
 }
 
@@ -224,6 +232,34 @@ grpc::ServerUnaryReactor* AdminService::ResumeMemory(Ctx* c, const rl::v1::Resum
                                                      rl::v1::AdminResponse* resp) {
   return RunAsync(c, "ResumeMemory",
                   [this, resp] { return FillFrom(control_.ResumeMemory(), resp); });
+}
+
+grpc::ServerUnaryReactor* AdminService::SendWeightsToPeer(
+    Ctx* c, const rl::v1::SendWeightsToPeerRequest* req, rl::v1::AdminResponse* resp) {
+  PeerSender::Request r;
+  r.target = req->target();
+  r.weight_version = req->weight_version();
+  r.chunk_bytes = req->chunk_bytes();
+  r.abort_all_requests = req->abort_all_requests();
+  r.keep_pause = req->keep_pause();
+  r.timeout = std::chrono::milliseconds(req->timeout_ms());
+  // The receiver is fenced and keyed like this worker: the caller's headers go on.
+  for (const char* key : {"authorization", kLeaseOwnerHeader, kLeaseTtlHeader}) {
+    auto it = c->client_metadata().find(key);
+    if (it != c->client_metadata().end()) {
+      r.metadata.emplace_back(key, std::string(it->second.data(), it->second.size()));
+    }
+  }
+  return RunAsync(c, "SendWeightsToPeer", [this, c, r = std::move(r), resp]() -> absl::Status {
+    if (peer_sender_ == nullptr) {
+      return absl::UnimplementedError("SendWeightsToPeer: this worker cannot send its weights");
+    }
+    ASSIGN_OR_RETURN(PeerSender::Outcome out,
+                     peer_sender_->Send(r, [c] { return c->IsCancelled(); }));
+    RETURN_IF_ERROR(FillFrom(out.admin, resp));
+    resp->set_weights_sha256(out.rank_sha256);
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace rl::worker

@@ -23,6 +23,7 @@
 #include "services/worker/control/admin_lease.h"
 #include "services/worker/control/worker_control.h"
 #include "services/worker/generate_host.h"
+#include "services/worker/weights/peer_sender.h"
 #include "services/worker/weights/weight_updates.h"
 
 namespace rl::worker {
@@ -91,6 +92,12 @@ class AdminService final : public rl::v1::Admin::CallbackService {
                                             rl::v1::AdminResponse* resp) override;
   grpc::ServerUnaryReactor* DropStagedWeights(Ctx* c, const rl::v1::DropStagedWeightsRequest* req,
                                               rl::v1::AdminResponse* resp) override;
+  // Peer catch-up (weights/peer_sender.h): a control call, on the admin executor for the whole
+  // send; the caller's authorization and lease headers go on to the receiver.
+  grpc::ServerUnaryReactor* SendWeightsToPeer(Ctx* c, const rl::v1::SendWeightsToPeerRequest* req,
+                                              rl::v1::AdminResponse* resp) override;
+  // Set once before serving; null: SendWeightsToPeer is UNIMPLEMENTED.
+  void SetPeerSender(PeerSender* sender) { peer_sender_ = sender; }
 
  private:
   // Checks the key and, for a `control` call, the admin lease; then runs `fn` on the admin
@@ -100,6 +107,9 @@ class AdminService final : public rl::v1::Admin::CallbackService {
                                      absl::AnyInvocable<absl::Status() &&> fn, bool control = true);
   // The call's lease claim (its headers); InvalidArgument for bad ones.
   static absl::StatusOr<LeaseClaim> ClaimOf(const Ctx& context);
+  // The key and the admin lease of a streaming control call (UpdateWeightsFromTensor), checked
+  // once at its start; the router's LeaseKeeper renews the lease while the stream runs.
+  absl::Status AdmitStream(const Ctx& context, absl::string_view method);
   // A read-only call: the holder's claim renews the lease.
   void RenewLease(const Ctx& context);
 
@@ -111,6 +121,7 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   BoundedExecutor& executor_;
   const BearerAuth& auth_;
   const bool allow_non_finite_weights_;
+  PeerSender* peer_sender_ = nullptr;
 };
 
 }  // namespace rl::worker

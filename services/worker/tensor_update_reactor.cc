@@ -9,6 +9,7 @@
 #include "common/status.h"
 #include "services/worker/admin_convert.h"
 #include "services/worker/admin_service.h"
+#include "services/worker/weights/peer_sender.h"
 #include "services/worker/weights/update_validation.h"
 
 namespace rl::worker {
@@ -36,7 +37,7 @@ absl::Status NonFinite(const NamedTensor& t, model_io::DType dtype, int64_t inde
 }  // namespace
 
 TensorUpdateReactor::TensorUpdateReactor(WeightUpdates& weights, const RequestLimits& limits,
-                                         BoundedExecutor& executor, const BearerAuth& auth,
+                                         BoundedExecutor& executor, absl::Status admitted,
                                          bool allow_non_finite_weights,
                                          grpc::CallbackServerContext* context,
                                          rl::v1::AdminResponse* response)
@@ -46,8 +47,8 @@ TensorUpdateReactor::TensorUpdateReactor(WeightUpdates& weights, const RequestLi
       allow_non_finite_(allow_non_finite_weights),
       context_(context),
       response_(response) {
-  if (absl::Status s = auth.Check(*context); !s.ok()) {
-    Finish(ToGrpcStatus(s));
+  if (!admitted.ok()) {
+    Finish(ToGrpcStatus(admitted));
     return;
   }
   StartRead(&msg_);
@@ -108,6 +109,7 @@ absl::Status TensorUpdateReactor::AddMessage() {
   if (msg_.has_end()) {
     RETURN_IF_ERROR(CheckEnd(msg_.end()));
     ended_ = true;
+    expected_rank_sha256_ = msg_.end().rank_sha256();
   }
   return absl::OkStatus();
 }
@@ -202,7 +204,14 @@ absl::Status TensorUpdateReactor::Apply() {
   tensors.reserve(pending_.size());
   for (auto& [name, p] : pending_) tensors.push_back(std::move(p.tensor));
   pending_.clear();
-  return FillFrom(weights_.UpdateWeightsFromTensors(std::move(tensors), policy_), response_);
+  // Peer catch-up (peer_sender.h): the whole state, verified against the sender's digest.
+  if (!expected_rank_sha256_.empty()) {
+    RETURN_IF_ERROR(VerifyFullState(tensors, weights_.served_shapes(), expected_rank_sha256_));
+  }
+  RETURN_IF_ERROR(
+      FillFrom(weights_.UpdateWeightsFromTensors(std::move(tensors), policy_), response_));
+  if (!expected_rank_sha256_.empty()) response_->set_weights_sha256(expected_rank_sha256_);
+  return absl::OkStatus();
 }
 
 }  // namespace rl::worker

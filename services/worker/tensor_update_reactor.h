@@ -12,6 +12,8 @@
 // executor, never on a gRPC thread; a full executor answers RESOURCE_EXHAUSTED.
 // Cost: the stream's tensors are held in host memory until applied (at most --max-update-bytes);
 // the finite scan reads each byte once more while it is in cache.
+// Admission: `admitted` is the caller's key and admin lease (control/admin_lease.h), checked by
+// AdminService before the first message; a stream not admitted is refused with it at once.
 // Lifetime: deletes itself in OnDone; the services it uses outlive every call.
 #pragma once
 
@@ -22,7 +24,6 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/auth.h"
 #include "common/bounded_executor.h"
 #include "common/request_limits.h"
 #include "rl/v1/admin.grpc.pb.h"
@@ -34,7 +35,7 @@ class TensorUpdateReactor final
     : public grpc::ServerReadReactor<rl::v1::UpdateWeightsFromTensorRequest> {
  public:
   TensorUpdateReactor(WeightUpdates& weights, const RequestLimits& limits,
-                      BoundedExecutor& executor, const BearerAuth& auth,
+                      BoundedExecutor& executor, absl::Status admitted,
                       bool allow_non_finite_weights, grpc::CallbackServerContext* context,
                       rl::v1::AdminResponse* response);
 
@@ -68,6 +69,8 @@ class TensorUpdateReactor final
   rl::v1::UpdateWeightsFromTensorRequest msg_;
   int64_t num_messages_ = 0;
   bool ended_ = false;  // the `end` message arrived and matched
+  // The end's rank_sha256: a full-state stream (a peer's send), verified before the apply.
+  std::string expected_rank_sha256_;
   UpdatePolicy policy_;
   std::map<std::string, Pending> pending_;
   int64_t allocated_ = 0;   // bytes of the tensors in pending_, at most --max-update-bytes

@@ -173,6 +173,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   s->admin_service_ =
       std::make_unique<AdminService>(*s->host_, *s->control_, *s->weights_, *s->admin_executor_,
                                      *s->admin_auth_, config.allow_non_finite_weights);
+  WeightUpdateController* const controller = s->weights_.get();
+  s->peer_sender_ = std::make_unique<PeerSender>(PeerSender::Deps{
+      .engine = s->engine_.get(),
+      .limits = config.limits,
+      .applies = [controller] { return controller->applies(); },
+  });
+  s->admin_service_->SetPeerSender(s->peer_sender_.get());
   engine::Engine* const engine = s->engine_.get();
   s->pause_guard_ = std::make_unique<PauseGuard>(
       [engine] { return engine->GetServerInfo().paused; },
@@ -230,7 +237,8 @@ void WorkerServer::Shutdown() {
   if (sglang_service_) sglang_service_->Shutdown();  // FlushCache waits answer now
   if (sglang_open_service_) sglang_open_service_->Shutdown();
   if (sglang_grpc_) sglang_grpc_->Shutdown();
-  if (grpc_) grpc_->Shutdown();  // refuses new calls; waits for the calls in flight
+  if (peer_sender_) peer_sender_->Shutdown();  // a send in flight is cut: it ends now
+  if (grpc_) grpc_->Shutdown();                // refuses new calls; waits for the calls in flight
   if (metrics_http_) metrics_http_->Stop();
   if (weights_) weights_->Shutdown();  // closes the groups: posted receives fail now
   // Every call has finished: what the executor still runs (a flush retry leaving) ends, then

@@ -28,6 +28,7 @@
 #include "services/worker/control/worker_controller.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/engine_host.h"
+#include "services/worker/weights/peer_sender.h"
 #include "services/worker/weights/weight_update_controller.h"
 #include "services/worker/worker_config.h"
 #include "services/worker/worker_metrics.h"
@@ -98,6 +99,7 @@ class WorkerServer final {
   std::unique_ptr<BearerAuth> data_auth_;
   std::unique_ptr<BearerAuth> no_auth_;  // the --sglang-port listener's: no key
   std::unique_ptr<EngineHost> host_;
+  std::unique_ptr<PeerSender> peer_sender_;  // SendWeightsToPeer; outlives the executor
   // Shut down after the gRPC server (every call has finished), before the services go.
   std::unique_ptr<BoundedExecutor> admin_executor_;
   std::unique_ptr<WorkerService> worker_service_;

@@ -48,6 +48,20 @@ absl::Status CheckMinWeightVersion(const grpc::CallbackServerContext& context, i
   return absl::OkStatus();
 }
 
+// The router sends `rl-fleet-running` while its fleet is not paused: a paused worker (paused
+// directly, or by a pause the router did not record) refuses with UNAVAILABLE instead of holding
+// the request until a continue the router will not send; the router retries elsewhere and its
+// next health check takes this worker out of routing.
+absl::Status CheckFleetRunning(const grpc::CallbackServerContext& context,
+                               const engine::Engine& engine) {
+  const auto& md = context.client_metadata();
+  if (md.find("rl-fleet-running") == md.end()) return absl::OkStatus();
+  if (!engine.GetServerInfo().paused) return absl::OkStatus();  // the published snapshot
+  return absl::UnavailableError(
+      "this worker is paused while the router's fleet is running (paused directly, or by a "
+      "pause the router did not record): route elsewhere; `continue` resumes it");
+}
+
 // The request's own min_weight_version / exact_weight_version: a worker serving another version
 // refuses at the door with UNAVAILABLE (retryable: the router tries a worker that qualifies).
 // The engine checks again at every version change (a request never runs on weights it does not
@@ -73,6 +87,7 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
                      const rl::v1::GenerateRequest& request) {
     RETURN_IF_ERROR(auth->Check(*context));
     RETURN_IF_ERROR(CheckMinWeightVersion(*context, server_->weight_version()));
+    RETURN_IF_ERROR(CheckFleetRunning(*context, server_->engine()));
     // Every client-sized field is bounded before tokenization or any per-sample allocation.
     RETURN_IF_ERROR(CheckGenerateRequest(request, server_->limits(), server_->context_len()));
     RETURN_IF_ERROR(CheckAcceptedVersion(VersionConstraintOf(request), server_->weight_version()));

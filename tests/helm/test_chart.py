@@ -362,3 +362,29 @@ def test_smg_gateway_renders_one_worker_url_per_worker():
     labels = smg["Deployment"]["spec"]["template"]["metadata"]["labels"]
     assert smg["Service"]["spec"]["selector"].items() <= labels.items()
     assert labels["app.kubernetes.io/component"] == "smg"
+
+
+def test_smg_in_front_of_the_router_sglang_port():
+    """router.sglangPort sets --sglang-port and a `sglang` port on the router's Service and pod;
+    smg.target: router points the gateway at it (agent episodes, docs/episodes.md); without the
+    port that is refused at render time."""
+    docs = render()
+    assert not [a for a in container(docs, "Deployment")["args"] if "sglang" in a]
+    values = {"router": {"sglangPort": 30001}, "smg": {"enabled": True, "target": "router"}}
+    docs = render(values)
+    validate_all(docs)
+    router = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-router")]
+    (c,) = router[0]["spec"]["template"]["spec"]["containers"]
+    assert "--sglang-port=30001" in c["args"]
+    assert {"name": "sglang", "containerPort": 30001} in c["ports"]
+    (svc,) = [d for d in by_kind(docs, "Service") if d["metadata"]["name"].endswith("-router")]
+    assert {"name": "sglang", "port": 30001} in svc["spec"]["ports"]
+    smg = [d for d in by_kind(docs, "Deployment") if d["metadata"]["name"].endswith("-smg")]
+    (g,) = smg[0]["spec"]["template"]["spec"]["containers"]
+    assert g["args"][g["args"].index("--worker-urls") + 1:] == \
+        [f"grpc://{svc['metadata']['name']}:30001"]
+    with pytest.raises(helm.HelmError) as e:
+        render({"smg": {"enabled": True, "target": "router"}})
+    assert "sglangPort" in str(e.value)
+    with pytest.raises(helm.HelmError):
+        render({"smg": {"enabled": True, "target": "elsewhere"}})

@@ -50,7 +50,11 @@ def start_fixed_worker(log):
 
 
 def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_every_s=2.5,
-        verbose=False, log_dir=None):
+        verbose=False, log_dir=None, on_start=None, on_stop=None, report_every_s=1.0):
+    """The scenario for `duration_s`; returns (counts, violations). `on_start(router, workers)`
+    is called once the fleet is up and `on_stop()` before it is stopped (the soak samples the
+    processes' memory in between); with `verbose` the counts are printed every
+    `report_every_s`."""
     log_path = Path(log_dir or os.environ.get("RL_CHAOS_LOG_DIR", "/tmp")) / f"chaos-{os.getpid()}.log"
     log = open(log_path, "w")
     workers = []
@@ -71,6 +75,8 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
                               log=log)
         router_address = router.address
         client = Client(router_address, timeout=REQUEST_DEADLINE_S)
+        if on_start is not None:
+            on_start(router, workers)
 
         def generate_once(rng):
             prompt = rng.choice(PROMPTS)
@@ -172,9 +178,11 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
         for t in threads:
             t.start()
         deadline = time.monotonic() + duration_s
+        next_report = time.monotonic() + report_every_s
         while time.monotonic() < deadline:
-            time.sleep(1)
-            if verbose:
+            time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            if verbose and time.monotonic() >= next_report:
+                next_report += report_every_s
                 print(f"[{duration_s - (deadline - time.monotonic()):5.0f} s] {counts}", flush=True)
         stop.set()
         for t in threads:
@@ -214,6 +222,8 @@ def run(duration_s=45.0, num_clients=4, kill_every_s=2.0, stop_for_s=2.5, admin_
         counts["distinct_prompt_versions"] = len(outputs)
     finally:
         stop.set()
+        if on_stop is not None:
+            on_stop()
         for w in workers:
             w.stop()
         if router is not None:

@@ -3,12 +3,15 @@ the same two workers race admin broadcasts. The first router to make a control c
 worker's admin lease (GetServerInfo shows it) and keeps it while it lives; every control call of
 the second is refused per worker, FAILED_PRECONDITION naming the holder, so a pause of one never
 interleaves with an update of the other; once the holder is gone for one lease period the second
-takes over. An operator's direct call (no lease claim) still runs."""
+takes over. An operator's direct call (no lease claim) still runs. The tensor stream
+(UpdateWeightsFromTensor) is fenced at its start the same way: the second router's push is
+refused by every worker, naming the holder, and applies nothing."""
 
 import threading
 import time
 
 import grpc
+import pytest
 
 from chaos import start_fixed_worker
 from raw_client import Client, pb
@@ -85,6 +88,25 @@ def test_two_routers_race_admin_broadcasts(tmp_path):
         versions = {Client(w.address, timeout=30).admin.GetServerInfo(
             ADMIN.GetServerInfoRequest(), timeout=30).weight_version for w in workers}
         assert len(versions) == 1 and 1_000_000 < versions.pop() < 2_000_000
+        # The tensor stream: B's push is refused by each worker at the stream's start,
+        # FAILED_PRECONDITION naming A, and applies nothing; A's own push goes through.
+        from rlfleet import Client as FleetClient
+        from rlfleet import FleetError, read_safetensors
+        ck = read_safetensors(STORIES)
+        with pytest.raises(FleetError) as refused:
+            FleetClient(routers[1].address, timeout=60).update_weights_from_tensor(
+                ck, weight_version=2_999_999)
+        results = refused.value.results
+        assert len(results) == 2 and not any(x.success for x in results), results
+        for x in results:
+            assert x.code == grpc.StatusCode.FAILED_PRECONDITION, x
+            assert "UpdateWeightsFromTensor" in x.message and "'router-a'" in x.message, x
+        r = FleetClient(routers[0].address, timeout=60).update_weights_from_tensor(
+            ck, weight_version=1_999_999)
+        assert r.success and len(r.results) == 2, r
+        versions = {Client(w.address, timeout=30).admin.GetServerInfo(
+            ADMIN.GetServerInfoRequest(), timeout=30).weight_version for w in workers}
+        assert versions == {1_999_999}, versions
         # An operator's own call (no lease claim) is not fenced.
         direct = Client(workers[0].address, timeout=30)
         direct.admin.FlushCache(ADMIN.FlushCacheRequest(), timeout=30)

@@ -9,6 +9,16 @@
   through the router) gets no request.
 - A restart after an update never routes to an old-version worker: a worker restarted at its
   start-up version while the router was down is caught up before it serves.
+- A worker AHEAD of the restored version (an update the router died before recording) is out
+  of routing with the reason until the operator adopts its version (rlctl workers adopt), after
+  which the others catch up and the adopted version survives the next restart.
+- Workers added and removed at run time (AddWorker / RemoveWorker) are the registry after a
+  restart, also when a --worker flag names a removed one.
+- A worker paused directly between two health checks refuses the router's requests, which are
+  retried elsewhere at once: none waits on a pause the router does not know about.
+- A full disk (prlimit --fsize on the running router): no answer claims durability, text
+  prompts are refused UNAVAILABLE naming the store, and once space returns the store writes the
+  whole cache again (every answered trajectory survives the next restart).
 - Without --cache-dir the router says so: text-prompt answers carry cache_history_unknown, and
   rl_router_cache_durable is 0.
 """
@@ -271,5 +281,164 @@ def test_without_cache_dir_answers_say_history_unknown(tmp_path):
         assert not m.cache.durable
         assert m.cache.history_unknown_answers >= 2
         assert "rl_router_cache_durable 0" in m.prometheus_text
+    finally:
+        fleet.close()
+
+
+def listing_of(client):
+    return client.router.ListWorkers(ROUTER.ListWorkersRequest(), timeout=10)
+
+
+def test_worker_ahead_after_restart_is_kept_out_until_adopted(tmp_path):
+    """The router died in the middle of an update: one worker installed version 6, the record
+    still says 5. After the restart that worker is out of routing with the reason until the
+    operator adopts its version; then the others catch up from the named folder, and the
+    adopted version survives the next restart."""
+    step5, step6 = tmp_path / "step-5", tmp_path / "step-6"
+    shutil.copytree(STORIES, step5)
+    shutil.copytree(STORIES, step6)
+    fleet = Fleet(tmp_path, 2, "--cache-dir", str(tmp_path / "state"))
+    try:
+        r = rlctl(fleet.router.address, "update-weights", "--from-disk", str(step5),
+                  "--version", "5")
+        assert r["success"], r
+        fleet.router.kill()
+        behind, ahead = fleet.workers
+        r = rlctl(ahead.address, "update-weights", "--from-disk", str(step6), "--version", "6")
+        assert r["success"], r
+        fleet.restart_router()
+        client = fleet.client
+
+        def states():
+            return {w.address: w for w in listing_of(client).workers}
+
+        wait_for(lambda: states()[ahead.address].state == ROUTER.WORKER_STATE_VERSION_MISMATCH
+                 and states()[behind.address].state == ROUTER.WORKER_STATE_LIVE,
+                 "the ahead worker listed VERSION_MISMATCH")
+        reason = states()[ahead.address].reason
+        assert "ahead of the fleet's 5" in reason and "adopt" in reason, reason
+        served = [generate(client, f"Once upon a time {i}", i, timeout=20) for i in range(20)]
+        assert {f.worker for f in served} == {behind.address}
+        assert {f.weight_version for f in served} == {5}
+        # Adopting a worker that is not ahead is refused with the reason.
+        out = subprocess.run([str(BIN / "rlctl"), "--target", fleet.router.address, "workers",
+                              "adopt", behind.address], capture_output=True, text=True,
+                             timeout=60)
+        assert out.returncode != 0 and "not ahead" in out.stdout + out.stderr, out
+        r = rlctl(fleet.router.address, "workers", "adopt", ahead.address, "--from-disk",
+                  str(step6))
+        assert r["fleet_weight_version"] == "6", r
+        wait_for(lambda: all(w.state == ROUTER.WORKER_STATE_LIVE and w.weight_version == 6
+                             for w in listing_of(client).workers),
+                 "the other worker caught up to the adopted version", timeout_s=60)
+        served = [generate(client, f"The little dog {i}", i, timeout=20) for i in range(10)]
+        assert {f.weight_version for f in served} == {6}
+        assert {f.worker for f in served} == {behind.address, ahead.address}
+        fleet.router.kill()
+        fleet.restart_router()
+        listing = listing_of(fleet.client)
+        assert listing.fleet_weight_version == 6
+        assert listing.fleet_weight_source == f"disk:{step6}"
+    finally:
+        fleet.close()
+
+
+def test_workers_added_and_removed_at_run_time_survive_a_restart(tmp_path):
+    fleet = Fleet(tmp_path, 2, "--cache-dir", str(tmp_path / "state"))
+    extra = start_fixed_worker(fleet.log)
+    try:
+        flag_worker = fleet.workers[0]
+        rlctl(fleet.router.address, "workers", "add", extra.address)
+        rlctl(fleet.router.address, "workers", "remove", flag_worker.address)
+        fleet.router.kill()
+        fleet.restart_router()  # the same --worker flags: both original workers
+        client = fleet.client
+        wait_for(lambda: live_workers(client, 2), "live workers after the restart")
+        addresses = {w.address for w in listing_of(client).workers}
+        assert addresses == {fleet.workers[1].address, extra.address}, addresses
+        served = {generate(client, f"A big red ball {i}", i, timeout=20).worker
+                  for i in range(8)}
+        assert flag_worker.address not in served
+        # Adding the removed flag worker back is kept too.
+        rlctl(fleet.router.address, "workers", "add", flag_worker.address)
+        fleet.router.kill()
+        fleet.restart_router()
+        wait_for(lambda: live_workers(fleet.client, 3), "three live workers")
+    finally:
+        extra.stop()
+        fleet.close()
+
+
+def test_a_worker_paused_between_health_checks_gets_no_request(tmp_path):
+    """Health checks a minute apart: a worker paused directly right after one refuses the
+    router's requests (the router says its fleet is running), which are retried on the other
+    worker at once instead of waiting on a pause nobody will continue."""
+    fleet = Fleet(tmp_path, 2, "--health-interval-ms", "60000")
+    try:
+        paused, other = fleet.workers
+        rlctl(paused.address, "pause", "--mode", "in_place")
+        t0 = time.monotonic()
+        served = [generate(fleet.client, f"One day, a bird {i}", i, timeout=20).worker
+                  for i in range(10)]
+        assert set(served) == {other.address}, served
+        assert time.monotonic() - t0 < 20
+        listing = listing_of(fleet.client)
+        reasons = {w.address: w.reason for w in listing.workers}
+        assert "paused while the fleet is not" in reasons[paused.address], reasons
+        rlctl(paused.address, "continue")
+    finally:
+        fleet.close()
+
+
+def test_a_full_disk_refuses_text_prompts_then_recovers(tmp_path):
+    """The router's files may not grow (prlimit --fsize on the running router: its writes fail
+    with EFBIG, as on a full disk). No trajectory is acknowledged as durable: the answer whose
+    insert was lost says so, later text prompts are refused UNAVAILABLE naming the store; once
+    the limit is lifted the store writes the whole cache again and answers are durable."""
+    state = tmp_path / "state"
+    fleet = Fleet(tmp_path, 1, "--cache-dir", str(state), "--cache-store-retry-ms", "100",
+                  "--metrics-port", "0")
+    try:
+        client = fleet.client
+        first = generate(client, "Once upon a time", 1)
+        assert not first.trajectory_not_durable
+        db = state / "router-state.sqlite3"
+        wal = state / "router-state.sqlite3-wal"
+        full = max(p.stat().st_size for p in (db, wal) if p.exists())
+        pid = str(fleet.router.proc.pid)
+        subprocess.run(["prlimit", "--pid", pid, f"--fsize={full}:"], check=True)
+        outcomes = []
+        for i in range(6):
+            try:
+                f = generate(client, f"The little dog {i}", i)
+                outcomes.append(("answered", f.trajectory_not_durable, f.text))
+            except grpc.RpcError as e:
+                outcomes.append((e.code(), e.details(), ""))
+        assert all(o[1] for o in outcomes if o[0] == "answered"), outcomes  # never "durable"
+        refused = [o for o in outcomes if o[0] == grpc.StatusCode.UNAVAILABLE]
+        assert refused, outcomes
+        assert str(db) in refused[0][1] and "retry" in refused[0][1], refused[0]
+        subprocess.run(["prlimit", "--pid", pid, "--fsize=unlimited:"], check=True)
+
+        def durable_again():
+            try:
+                return not generate(client, "A big red ball", 7).trajectory_not_durable
+            except grpc.RpcError as e:
+                assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+                return False
+
+        wait_for(durable_again, "the store to recover", timeout_s=30)
+        m = client.router.GetMetrics(ROUTER.GetMetricsRequest(), timeout=10)
+        assert m.cache.durable
+        assert "rl_router_cache_store_recoveries_total 1" in m.prometheus_text
+        # Every answered trajectory, those whose batch was lost included, survives a restart.
+        answered = [("The little dog %d" % i) + o[2] for i, o in enumerate(outcomes)
+                    if o[0] == "answered"]
+        fleet.router.kill()
+        fleet.restart_router()
+        for text in ["Once upon a time" + first.text] + answered:
+            r = fleet.client.router.RetrieveFromText(ROUTER.RetrieveFromTextRequest(text=text),
+                                                     timeout=30)
+            assert r.matched_bytes == len(text.encode()), text
     finally:
         fleet.close()

@@ -56,14 +56,18 @@ class RouterAbortTest : public ::testing::Test {
     for (auto& w : workers_) w->Shutdown();
   }
 
-  // Pauses worker i in place: new requests wait in its queue.
-  void PauseWorker(size_t i, const std::string& key = "") {
+  // Pauses the fleet in place through the router: new requests wait in the workers' queues (a
+  // worker paused behind the router's back would refuse them instead: worker_service.cc).
+  void PauseFleet(const std::string& key = "") {
     grpc::ClientContext ctx;
     if (!key.empty()) ctx.AddMetadata("authorization", std::string("Bearer ") + key);
     rl::v1::PauseGenerationRequest req;
     req.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
     rl::v1::AdminResponse resp;
-    ASSERT_TRUE(worker_admin_[i]->PauseGeneration(&ctx, req, &resp).ok());
+    auto admin = rl::v1::Admin::NewStub(
+        grpc::CreateChannel(router_->address(), grpc::InsecureChannelCredentials()));
+    const grpc::Status s = admin->PauseGeneration(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
   }
 
   // Waits (bounded) until the workers hold `n` waiting requests in all.
@@ -123,8 +127,7 @@ class RouterAbortTest : public ::testing::Test {
 
 TEST_F(RouterAbortTest, AbortByIdReachesTheWorkerAndIsNotRetried) {
   StartFleet(2);
-  PauseWorker(0);
-  PauseWorker(1);
+  PauseFleet();
   Outcome out;
   std::thread t = GenerateAsync("trainer-req-1", &out);
   ASSERT_TRUE(WaitForWaiting(1));
@@ -152,7 +155,7 @@ TEST_F(RouterAbortTest, AbortByIdReachesTheWorkerAndIsNotRetried) {
 // too: abort by id finds it, and once admitted it ends ABORTED without reaching a worker.
 TEST_F(RouterAbortTest, AbortReachesARequestQueuedForAdmission) {
   StartFleet(1, "", /*max_in_flight=*/1);
-  PauseWorker(0);
+  PauseFleet();
   Outcome holder, queued;
   std::thread t1 = GenerateAsync("holds-the-slot", &holder);
   ASSERT_TRUE(WaitForWaiting(1));
@@ -196,8 +199,7 @@ TEST_F(RouterAbortTest, BadRequestsAreRefusedWithTheFieldNamed) {
 
 TEST_F(RouterAbortTest, AbortAllNeedsTheAdminKeyAndReachesEveryWorker) {
   StartFleet(2, kKey);
-  PauseWorker(0, kKey);
-  PauseWorker(1, kKey);
+  PauseFleet(kKey);
   Outcome a, b;
   std::thread ta = GenerateAsync("", &a);
   std::thread tb = GenerateAsync("", &b);

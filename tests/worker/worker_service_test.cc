@@ -316,6 +316,36 @@ TEST_F(WorkerServiceTest, PauseInPlaceHoldsNewRequestsUntilContinue) {
   EXPECT_EQ(std::vector<int32_t>(f.output_ids().begin(), f.output_ids().end()), kGoldenIds);
 }
 
+// The router's `rl-fleet-running` (its fleet is not paused): a paused worker refuses with
+// UNAVAILABLE (the router retries elsewhere) instead of holding the request until a continue
+// the router will not send; running, it serves.
+TEST_F(WorkerServiceTest, APausedWorkerRefusesARouterWhoseFleetRuns) {
+  auto run = [&] {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("rl-fleet-running", "1");
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto reader = worker_->Generate(&ctx, Greedy(kPromptIds, 2));
+    rl::v1::GenerateResponse msg;
+    while (reader->Read(&msg)) {
+    }
+    return reader->Finish();
+  };
+  EXPECT_TRUE(run().ok());
+  rl::v1::AdminResponse resp;
+  rl::v1::PauseGenerationRequest pause;
+  pause.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
+  ASSERT_TRUE(Call(&rl::v1::Admin::Stub::PauseGeneration, pause, &resp).ok());
+  const grpc::Status s = run();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("paused while the router's fleet is running"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(ServerInfo().num_waiting(), 0);  // refused, not queued
+  ASSERT_TRUE(
+      Call(&rl::v1::Admin::Stub::ContinueGeneration, rl::v1::ContinueGenerationRequest(), &resp)
+          .ok());
+  EXPECT_TRUE(run().ok());
+}
+
 TEST_F(WorkerServiceTest, RetractThenContinueEqualsAnUninterruptedRun) {
   rl::v1::GenerateRequest req = Greedy(kPromptIds, 400);
   req.mutable_sampling_params()->set_ignore_eos(true);

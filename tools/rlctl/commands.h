@@ -56,12 +56,14 @@ int PrepareWeights(const Options& o, const Client& c);
 int CompleteWeights(const Options& o, const Client& c);
 int ReceiveWeights(const Options& o, const Client& c);
 
-// worker_commands.cc: the router's worker pool (`workers list|add|remove|enable|disable|resync`).
+// worker_commands.cc: the router's worker pool (`workers
+// list|add|remove|enable|disable|resync|adopt`).
 int Workers(const Options& o, const Client& c, const std::vector<std::string>& args);
 
 // offline_commands.cc: no server involved.
 // tokenize: with --text prints the ids of the text (a JSON array, or {"ids": [...]} with
-// --json); without --text reads stdin and prints one JSON array of ids per line.
+// --json); without --text reads stdin (one text per line, with --jsonl one JSON string per line)
+// and prints one JSON array of ids per line.
 absl::Status Tokenize(const Options& o);
 // detokenize: with --ids prints the text; without, reads one JSON array of ids per stdin line
 // and prints the text of each (JSON strings with --json).

@@ -41,9 +41,10 @@ constexpr char kCommands[] = R"(Commands:
   weights-checker --action snapshot|reset_tensors|compare|checksum
   list-weights      model-info      server-info      metrics      health
   workers list | add ADDR [--allow-unreachable] | remove ADDR | enable ADDR | disable ADDR
-    | resync ADDR... --from-disk DIR [--version N]
-  tokenize --tokenizer DIR [--text T | --file PATH] [--no-special]
-           (offline; --file: the whole file as one text; neither: one text per stdin line)
+    | resync ADDR... --from-disk DIR [--version N] | adopt ADDR [--from-disk DIR]
+  tokenize --tokenizer DIR [--text T | --file PATH] [--no-special] [--jsonl]
+           (offline; --file: the whole file as one text; neither: one text per stdin line,
+           with --jsonl a JSON string per line)
   detokenize --tokenizer DIR [--ids 1,2,3] [--skip-special]  (offline; stdin JSON arrays)
   make-model --arch llama|qwen2|qwen3|qwen3_moe --size tiny|0.5b|1b|8b [--seed N] [--dtype D] --out DIR
 )";
@@ -124,6 +125,8 @@ int main(int argc, char** argv) {
                "weights-checker: snapshot | reset_tensors | compare | checksum");
   flags.String("tokenizer", &o.tokenizer, "tokenize / detokenize: folder with tokenizer.json");
   flags.Bool("no-special", &o.no_special, "tokenize: leave out BOS/EOS of the post-processor");
+  flags.Bool("jsonl", &o.jsonl,
+             "tokenize: each stdin line is one JSON string (texts with newlines)");
   flags.Bool("skip-special", &o.skip_special, "detokenize: drop special tokens");
   flags.String("arch", &o.arch, "make-model: llama | qwen2 | qwen3 | qwen3_moe");
   flags.String("size", &o.size, "make-model: tiny | 0.5b | 1b | 8b");

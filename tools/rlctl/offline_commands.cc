@@ -77,13 +77,25 @@ absl::Status Tokenize(const Options& o) {
     std::cout << (o.json ? Json{{"ids", ids}}.dump() : ids.dump()) << "\n";
     return absl::OkStatus();
   }
-  // One text per stdin line; with --json one object {"ids": [[...], ...]} at the end.
+  // One text per stdin line (with --jsonl a JSON string, so a text may hold newlines); with
+  // --json one object {"ids": [[...], ...]} at the end.
   Json all = Json::array();
   std::string line;
   int line_no = 0;
   while (std::getline(std::cin, line)) {
     ++line_no;
-    auto enc = tok->Encode(line, add_special);
+    std::string text;
+    if (o.jsonl) {
+      Json j = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+      if (!j.is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("line ", line_no, ": --jsonl wants one JSON string per line"));
+      }
+      text = j.get<std::string>();
+    } else {
+      text = std::move(line);
+    }
+    auto enc = tok->Encode(text, add_special);
     if (!enc.ok()) return Annotate(enc.status(), absl::StrCat("line ", line_no));
     if (o.json) {
       all.push_back(enc->ids);

@@ -50,6 +50,7 @@ struct Options {
   std::string action;
   std::string tokenizer;
   bool no_special = false;
+  bool jsonl = false;  // tokenize: stdin lines are JSON strings
   bool skip_special = false;
   bool distributed = false;
   std::string group_name;

@@ -1,5 +1,5 @@
-// rlctl's `workers` command: the router's worker pool (rl.v1.Router's worker RPCs) and the
-// resync of one worker (Admin.UpdateWeightsFromDisk with `workers`).
+// rlctl's `workers` command: the router's worker pool (rl.v1.Router's worker RPCs, adopt
+// included) and the resync of one worker (Admin.UpdateWeightsFromDisk with `workers`).
 #include <iostream>
 #include <string>
 #include <vector>
@@ -42,14 +42,22 @@ int Workers(const Options& o, const Client& c, const std::vector<std::string>& a
     rl::v1::RemoveWorkerRequest req;
     req.set_address(args[2]);
     status = stub->RemoveWorker(&ctx, req, &resp);
+  } else if (sub == "adopt") {
+    // The operator's decision on a worker ahead of the fleet's version: its version becomes the
+    // fleet's (--from-disk: the folder that holds it, from which the others catch up).
+    rl::v1::AdoptWorkerVersionRequest req;
+    req.set_address(args[2]);
+    req.set_model_path(o.from_disk);
+    status = stub->AdoptWorkerVersion(&ctx, req, &resp);
   } else if (sub == "enable" || sub == "disable") {
     rl::v1::SetWorkerEnabledRequest req;
     req.set_address(args[2]);
     req.set_enabled(sub == "enable");
     status = stub->SetWorkerEnabled(&ctx, req, &resp);
   } else {
-    return Fail(o, Usage("workers list|add ADDR [--allow-unreachable]|remove ADDR|enable ADDR|"
-                         "disable ADDR|resync ADDR... --from-disk DIR"));
+    return Fail(o,
+                Usage("workers list|add ADDR [--allow-unreachable]|remove ADDR|enable ADDR|"
+                      "disable ADDR|resync ADDR... --from-disk DIR|adopt ADDR [--from-disk DIR]"));
   }
   return Print<rl::v1::WorkerListResponse>(o, status, resp, [](const auto& r) {
     for (const auto& w : r.workers()) {

@@ -21,6 +21,7 @@ from rlfleet.trajectories import Trajectories, load_trajectories
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers
     from rlfleet._progress import PushProgress
+    from rlfleet.agent_runs import EpisodeSession, collect_agent_episodes
     from rlfleet.async_client import AsyncClient, AsyncWeightsGroup
     from rlfleet.client import Client
     from rlfleet.errors import FleetError, WorkerOutcome
@@ -54,6 +55,8 @@ _LAZY = {
     "EpisodeSample": "rlfleet.types",
     "prepare_prompt_set": "rlfleet.prompts",
     "ChatTemplate": "rlfleet.prompts",
+    "collect_agent_episodes": "rlfleet.agent_runs",
+    "EpisodeSession": "rlfleet.agent_runs",
 }
 
 
@@ -72,4 +75,4 @@ __all__ = ["Client", "AsyncClient", "WeightsGroup", "AsyncWeightsGroup", "TcpWei
            "GenerateResult", "Generations", "Chunk", "TokenLogprob", "Trajectory",
            "Trajectories", "load_trajectories", "prepare_prompt_set", "ChatTemplate",
            "build_generate_request", "Episode", "EpisodeTurn", "EpisodeSample",
-           "episodes_to_dataproto"]
+           "episodes_to_dataproto", "collect_agent_episodes", "EpisodeSession"]

@@ -4,6 +4,10 @@
         [--messages-key prompt] [--index-key K] [--template-name NAME] [--chat-template FILE]
   python -m rlfleet info DIR|FILE.safetensors
   python -m rlfleet export-parquet DIR|FILE.safetensors OUT.parquet
+  python -m rlfleet collect-episodes --router ADDR --prompts FILE --agent MODULE:FUNC|FILE.py:FUNC
+        --model DIR --out DIR [--n N] [--concurrency C] [--save-batch-size B]
+        [--messages-key prompt] [--chat-template FILE] [--max-new-tokens N] [--temperature T]
+        [--seed S] [--api-key-file F] [--no-merge]
 """
 
 import argparse
@@ -30,6 +34,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     pe = sub.add_parser("export-parquet", help="collector output to Parquet")
     pe.add_argument("path")
     pe.add_argument("out")
+    pc = sub.add_parser("collect-episodes",
+                        help="run a prompt set as agent episodes (rlfleet.agent_runs)")
+    pc.add_argument("--router", required=True, help="rl-router address HOST:PORT")
+    pc.add_argument("--prompts", required=True, help="JSONL or Parquet rows of chat messages")
+    pc.add_argument("--agent", required=True, help="MODULE:FUNCTION or FILE.py:FUNCTION, called "
+                    "as agent(session, row) per episode")
+    pc.add_argument("--model", required=True, help="folder with the tokenizer / chat template")
+    pc.add_argument("--out", required=True)
+    pc.add_argument("--n", type=int, default=1, help="episodes per prompt")
+    pc.add_argument("--concurrency", type=int, default=8)
+    pc.add_argument("--save-batch-size", type=int, default=64, help="episodes per shard")
+    pc.add_argument("--messages-key", default="prompt")
+    pc.add_argument("--chat-template", metavar="FILE")
+    pc.add_argument("--max-new-tokens", type=int)
+    pc.add_argument("--temperature", type=float)
+    pc.add_argument("--seed", type=int, help="per-turn seeds derived from it (same on a rerun)")
+    pc.add_argument("--api-key-file", help="file holding the router's data key")
+    pc.add_argument("--no-merge", action="store_true",
+                    help="keep the shards; no trajectories.safetensors / trajectories.zip")
     a = p.parse_args(argv)
     try:
         if a.cmd == "prepare-prompts":
@@ -49,6 +72,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from rlfleet.trajectories import load_trajectories
             load_trajectories(a.path).to_parquet(a.out)
             print(json.dumps({"out": a.out}))
+        elif a.cmd == "collect-episodes":
+            from rlfleet.agent_runs import collect_agent_episodes, load_agent
+            from rlfleet.client import Client
+            key = None
+            if a.api_key_file:
+                with open(a.api_key_file, encoding="utf-8") as f:
+                    key = f.read().strip()
+            opts = {k: v for k, v in (("max_new_tokens", a.max_new_tokens),
+                                      ("temperature", a.temperature)) if v is not None}
+            with Client(a.router, api_key=key) as client:
+                summary = collect_agent_episodes(
+                    client, a.prompts, load_agent(a.agent), a.out, a.model, n=a.n,
+                    concurrency=a.concurrency, save_batch_size=a.save_batch_size,
+                    messages_key=a.messages_key, chat_template_file=a.chat_template,
+                    seed=a.seed, merge=not a.no_merge, **opts)
+            print(json.dumps(summary))
+            if summary["failed"]:
+                return 3
     except (OSError, ValueError) as e:
         print(f"rlfleet: {e}", file=sys.stderr)
         return 1

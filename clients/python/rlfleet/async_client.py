@@ -400,7 +400,7 @@ class AsyncClient:
     async def recover_stale_workers(self, *, from_disk: Optional[str] = None,
                                     weight_version: Optional[int] = None
                                     ) -> Optional[admin_pb2.AdminResponse]:
-        """Client.recover_stale_workers (the peer catch-up hook of issue 30)."""
+        """Client.recover_stale_workers."""
         stale = await self.stale_workers()
         if not stale:
             return None
@@ -408,8 +408,9 @@ class AsyncClient:
             raise FleetError(grpc.StatusCode.FAILED_PRECONDITION,
                              f"workers {stale} are STALE after an in-memory update; resync them "
                              "from a checkpoint of the fleet's weights "
-                             "(recover_stale_workers(from_disk=DIR)); peer catch-up is not "
-                             "available yet", method="recover_stale_workers")
+                             "(recover_stale_workers(from_disk=DIR)): no live worker serves the "
+                             "fleet's version to catch them up from",
+                             method="recover_stale_workers")
         return await self.resync_workers(stale, from_disk, weight_version=weight_version)
 
     async def get_metrics(self) -> router_pb2.GetMetricsResponse:

@@ -468,10 +468,10 @@ class Client:
         """The one call a trainer makes to bring back workers that missed an in-memory update
         (restarted, or joined later): resyncs every STALE worker. None when there is none.
 
-        Today the only source is a checkpoint folder holding the fleet's weights (`from_disk`,
-        required while any worker is stale). Peer catch-up (a restarted worker copying the
-        weights of a live one) is the versioned-refits work (issue 30): it will make this call
-        work without `from_disk`, and this is where it plugs in."""
+        The router catches such workers up by itself from a live worker at the fleet's version
+        (peer catch-up, issue 30); a worker is STALE only when no live worker serves that version
+        any more, so the source here is a checkpoint folder holding the fleet's weights
+        (`from_disk`, required while any worker is stale)."""
         stale = self.stale_workers()
         if not stale:
             return None
@@ -479,8 +479,9 @@ class Client:
             raise FleetError(grpc.StatusCode.FAILED_PRECONDITION,
                              f"workers {stale} are STALE after an in-memory update; resync them "
                              "from a checkpoint of the fleet's weights "
-                             "(recover_stale_workers(from_disk=DIR)); peer catch-up is not "
-                             "available yet", method="recover_stale_workers")
+                             "(recover_stale_workers(from_disk=DIR)): no live worker serves the "
+                             "fleet's version to catch them up from",
+                             method="recover_stale_workers")
         return self.resync_workers(stale, from_disk, weight_version=weight_version)
 
     def get_metrics(self) -> router_pb2.GetMetricsResponse:

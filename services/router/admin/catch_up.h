@@ -2,12 +2,17 @@
 // thread of its own, under the admin lock and a pool hold (requests wait rather than fail). The
 // pool hands it workers (WorkerPool::SetCatchUpHandler): one behind a replayable fleet version
 // is paused (retract), loaded from the fleet's folder at the fleet's version and continued
-// unless the fleet is paused; one that just rejoined gets the fleet's pause state. A failure is
-// retried when the pool hands the worker over again, after an exponential backoff (0.5 s to
-// 30 s per address). docs/router-admin.md has the rules.
+// unless the fleet is paused; one behind a version that exists only in memory (a tensor stream,
+// a group) is paused, held out of routing and sent the weights by a live peer at that version
+// (SendWeightsToPeer: up to 3 peers, least loaded first, 0.2 s doubling between them), then
+// must report the version and the peer's checksum before it is continued and routed; one that
+// just rejoined gets the fleet's pause state. A failure is retried when the pool hands the
+// worker over again, after an exponential backoff (0.5 s to 30 s per address).
+// docs/router-admin.md has the rules.
 //
-// Cost: one thread; one worker call in flight at a time. The router's own calls are cancelled
-// at destruction instead of waiting for their deadlines.
+// Cost: one thread; one worker call in flight at a time (a peer's send streams the whole model
+// worker to worker, never through the router). The router's own calls are cancelled at
+// destruction instead of waiting for their deadlines.
 #pragma once
 
 #include <chrono>
@@ -44,8 +49,20 @@ class CatchUp {
   absl::Status Run(const std::shared_ptr<Worker>& w);
   // Pauses / continues a rejoined worker whose pause state differs from the fleet's.
   absl::Status ReconcilePause(const std::shared_ptr<Worker>& w, bool fleet_paused);
-  // One of the router's own calls to `w`, waited for.
-  Result CallOwn(const Plan& plan, const std::shared_ptr<Worker>& w, const WorkerCall& call);
+  // Behind a version that exists only in memory: a live peer at the fleet's version sends its
+  // weights to `w` (paused and held out of routing meanwhile), the next peer after a backoff when
+  // one fails; `w` is routed again only once it reports the version and the peer's checksum.
+  absl::Status FromPeer(const std::shared_ptr<Worker>& w, const FleetWeights& fleet,
+                        bool fleet_paused);
+  // One peer's send to `w`, then `w`'s version and checksum against what the peer sent
+  // (DATA_LOSS when they differ after the apply).
+  absl::Status SendFrom(const std::shared_ptr<Worker>& peer, const std::shared_ptr<Worker>& w,
+                        int64_t version);
+  // Waits `delay` unless the destructor began (then false).
+  bool SleepUnlessStopping(std::chrono::milliseconds delay) ABSL_LOCKS_EXCLUDED(mu_);
+  // One of the router's own calls to `w`, waited for; cancelled also when `also` is marked dead.
+  Result CallOwn(const Plan& plan, const std::shared_ptr<Worker>& w, const WorkerCall& call,
+                 Worker* also = nullptr);
   // The router's own calls are registered so that destruction cancels the one in flight. Begin
   // returns false once stopping.
   bool BeginOwnCall(grpc::ClientContext* ctx) ABSL_LOCKS_EXCLUDED(own_call_mu_);

@@ -8,9 +8,12 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
+#include <string_view>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::router {
@@ -38,6 +41,9 @@ absl::Status CacheStoreOptions::Validate() const {
   if (max_disk_bytes < kMinDiskBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--max-cache-disk-bytes: must be >= ", kMinDiskBytes, ", got ", max_disk_bytes));
+  }
+  if (retry_interval.count() <= 0) {
+    return absl::InvalidArgumentError("cache store retry interval: must be > 0");
   }
   return absl::OkStatus();
 }
@@ -79,6 +85,7 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Open(const CacheStoreOpt
                      " is locked by another process (another rl-router uses this folder?)"));
   }
   store->max_disk_bytes_ = options.max_disk_bytes;
+  store->retry_interval_ = options.retry_interval;
   // The database gets 3/4 of the bound, the write-ahead log (checkpointed and truncated by the
   // commit that finds it over 1/8 of the bound or 64 MiB) the rest.
   store->max_pages_ = options.max_disk_bytes * 3 / 4 / kPageSize;
@@ -92,6 +99,8 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Open(const CacheStoreOpt
   const std::string pragmas = absl::StrCat(
       "PRAGMA page_size=", kPageSize,
       "; PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA wal_autocheckpoint=0;"
+      // 32 MiB of page cache (the default is 2 MiB): a commit's B-tree updates stay in memory.
+      " PRAGMA cache_size=-32768;"
       " PRAGMA max_page_count=",
       store->max_pages_,
       ";"
@@ -114,6 +123,7 @@ absl::StatusOr<std::unique_ptr<CacheStore>> CacheStore::Open(const CacheStoreOpt
   {
     absl::MutexLock lock(&store->mu_);
     store->stats_.max_disk_bytes = options.max_disk_bytes;
+    store->stats_.retry_interval_ms = options.retry_interval.count();
     store->stats_.disk_bytes = store->DiskBytes();
   }
   store->committer_ = std::thread([s = store.get()] { s->CommitLoop(); });
@@ -182,8 +192,26 @@ absl::Status CacheStore::PutMeta(const std::string& key, const std::string& valu
 
 uint64_t CacheStore::Enqueue(StoreBatch batch) {
   absl::MutexLock lock(&mu_);
+  for (const auto& [key, value] : batch.meta) meta_latest_[key] = value;
   queue_.push_back(std::move(batch));
   return ++enqueued_;
+}
+
+void CacheStore::EnqueueSnapshot(StoreBatch snapshot) {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [key, value] : snapshot.meta) meta_latest_[key] = value;
+  snapshot.meta.assign(meta_latest_.begin(), meta_latest_.end());
+  snapshot.replace_all = true;
+  // Every batch not yet written is in the snapshot already (it was taken after them).
+  queue_.clear();
+  queue_.push_back(std::move(snapshot));
+  resync_queued_ = true;
+  ++enqueued_;
+}
+
+void CacheStore::SetResync(std::function<void()> resync) {
+  absl::MutexLock lock(&resync_mu_);
+  resync_ = std::move(resync);
 }
 
 uint64_t CacheStore::last_ticket() const {
@@ -242,29 +270,42 @@ absl::Status CacheStore::Commit(const std::deque<StoreBatch>& batches) {
   if (sqlite3_exec(db_, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr) != SQLITE_OK) {
     return fail("begin");
   }
+  // Group commit: only the last operation on each node id and meta key of the whole group is
+  // written (a node changed by many inserts, e.g. a shared prefix whose version moves, is written
+  // once), nodes in id order (B-tree locality). A snapshot supersedes everything before it.
+  size_t first = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    if (batches[i].replace_all) first = i;
+  }
+  std::map<uint64_t, const std::string*> nodes;  // null: delete
+  std::map<std::string_view, const std::string*> metas;
+  for (size_t i = first; i < batches.size(); ++i) {
+    const StoreBatch& b = batches[i];
+    for (uint64_t id : b.deletes) nodes[id] = nullptr;
+    for (const auto& [id, rec] : b.puts) nodes[id] = &rec;
+    for (const auto& [key, value] : b.meta) metas[key] = &value;
+  }
   absl::Status status;
-  for (const StoreBatch& b : batches) {
-    for (uint64_t id : b.deletes) {
-      sqlite3_bind_int64(del.s, 1, static_cast<sqlite3_int64>(id));
-      if (sqlite3_step(del.s) != SQLITE_DONE) status = fail("delete");
-      sqlite3_reset(del.s);
-      if (!status.ok()) break;
-    }
-    for (const auto& [id, rec] : b.puts) {
-      if (!status.ok()) break;
-      sqlite3_bind_int64(put.s, 1, static_cast<sqlite3_int64>(id));
-      sqlite3_bind_blob(put.s, 2, rec.data(), static_cast<int>(rec.size()), SQLITE_STATIC);
-      if (sqlite3_step(put.s) != SQLITE_DONE) status = fail("insert");
-      sqlite3_reset(put.s);
-    }
-    for (const auto& [key, value] : b.meta) {
-      if (!status.ok()) break;
-      sqlite3_bind_text(meta.s, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
-      sqlite3_bind_blob(meta.s, 2, value.data(), static_cast<int>(value.size()), SQLITE_STATIC);
-      if (sqlite3_step(meta.s) != SQLITE_DONE) status = fail("meta");
-      sqlite3_reset(meta.s);
-    }
+  if (batches[first].replace_all &&
+      sqlite3_exec(db_, "DELETE FROM nodes", nullptr, nullptr, nullptr) != SQLITE_OK) {
+    status = fail("delete all");
+  }
+  for (const auto& [id, rec] : nodes) {
     if (!status.ok()) break;
+    sqlite3_stmt* st = rec != nullptr ? put.s : del.s;
+    sqlite3_bind_int64(st, 1, static_cast<sqlite3_int64>(id));
+    if (rec != nullptr) {
+      sqlite3_bind_blob(st, 2, rec->data(), static_cast<int>(rec->size()), SQLITE_STATIC);
+    }
+    if (sqlite3_step(st) != SQLITE_DONE) status = fail(rec != nullptr ? "insert" : "delete");
+    sqlite3_reset(st);
+  }
+  for (const auto& [key, value] : metas) {
+    if (!status.ok()) break;
+    sqlite3_bind_text(meta.s, 1, key.data(), static_cast<int>(key.size()), SQLITE_STATIC);
+    sqlite3_bind_blob(meta.s, 2, value->data(), static_cast<int>(value->size()), SQLITE_STATIC);
+    if (sqlite3_step(meta.s) != SQLITE_DONE) status = fail("meta");
+    sqlite3_reset(meta.s);
   }
   if (!status.ok()) {
     sqlite3_exec(db_, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -295,15 +336,31 @@ void CacheStore::CommitLoop() {
   while (true) {
     std::deque<StoreBatch> batches;
     uint64_t upto;
+    bool resync = false;
     {
       absl::MutexLock lock(&mu_);
-      auto work = [this]()
-                      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stopping_; };
-      mu_.Await(absl::Condition(&work));
-      if (queue_.empty()) return;  // stopping, nothing left
-      batches.swap(queue_);
-      upto = enqueued_;
-      if (!failure_.ok()) continue;  // stopped: nothing is written after a lost batch
+      if (!failure_.ok() && !resync_queued_) {
+        // Failed: nothing is written after a lost batch. Every retry interval, ask the cache for
+        // a snapshot of the whole tree (it replaces what is stored).
+        queue_.clear();
+        auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+        mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::FromChrono(retry_interval_));
+        if (stopping_) return;
+        resync = true;
+      } else {
+        auto work = [this]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue_.empty() || stopping_; };
+        mu_.Await(absl::Condition(&work));
+        if (queue_.empty()) return;  // stopping, nothing left
+        batches.swap(queue_);
+        upto = enqueued_;
+        resync_queued_ = false;
+      }
+    }
+    if (resync) {
+      absl::MutexLock lock(&resync_mu_);
+      if (resync_) resync_();  // EnqueueSnapshot
+      continue;
     }
     size_t bytes = 0;
     for (const StoreBatch& b : batches) bytes += b.bytes();
@@ -314,12 +371,18 @@ void CacheStore::CommitLoop() {
     {
       absl::MutexLock lock(&mu_);
       if (s.ok()) {
+        if (!failure_.ok()) {
+          ++stats_.recoveries;
+          spdlog::info("text cache store {} recovered: the whole cache is persisted again", path_);
+        }
+        failure_ = absl::OkStatus();
         durable_ = upto;
         ++stats_.commits;
         stats_.batches += static_cast<int64_t>(batches.size());
         stats_.bytes_written += static_cast<int64_t>(bytes);
       } else {
         failure_ = s;
+        ++stats_.failures;
       }
       stats_.disk_bytes = disk;
       result = failure_;
@@ -328,8 +391,10 @@ void CacheStore::CommitLoop() {
       waiters_.erase(waiters_.begin(), end);
     }
     if (!s.ok()) {
-      spdlog::error("{}; the text cache is no longer persisted (answers say so)",
-                    std::string(s.message()));
+      spdlog::error(
+          "{}; the text cache is not persisted until a resync succeeds (every {} ms; answers say "
+          "so)",
+          std::string(s.message()), retry_interval_.count());
     }
     for (auto& done : ready) std::move(done)(result);
   }

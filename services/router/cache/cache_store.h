@@ -13,8 +13,12 @@
 // cost is shared by all the inserts that arrived meanwhile. A response that carries an insert
 // completes only after WhenDurable(ticket) fires (Durable semantics: every batch up to the
 // ticket is on disk). If a commit fails (disk full, I/O error) the store stops: it keeps its
-// last committed state (a consistent past of the tree), every later ticket fails, and the
-// router says so in its answers; it never writes a batch after a lost one.
+// last committed state (a consistent past of the tree), every ticket fails until it recovers,
+// and the router says so in its answers (or refuses text prompts: --cache-store-failure); it
+// never writes a batch after a lost one. Recovery: every retry_interval the committer asks the
+// cache for a snapshot of the whole tree (SetResync / EnqueueSnapshot) and writes it in one
+// transaction in place of every stored node; once that commits the store works again (cost: the
+// whole cache copied and written once per attempt while the disk is still full).
 //
 // Tables: nodes(id INTEGER PRIMARY KEY, rec BLOB) (the record format is the cache's),
 // meta(key TEXT PRIMARY KEY, value BLOB). Cost: one transaction per commit, O(bytes changed);
@@ -24,6 +28,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -51,6 +56,8 @@ struct CacheStoreOptions {
   std::string dir;
   // Bound on the database and its write-ahead log together. >= 1 MiB.
   int64_t max_disk_bytes = int64_t{8} << 30;
+  // After a failed commit, how often the store tries to write the whole cache again (Resync).
+  std::chrono::milliseconds retry_interval{2000};
 
   absl::Status Validate() const;
 };
@@ -60,6 +67,8 @@ struct StoreBatch {
   std::vector<std::pair<uint64_t, std::string>> puts;  // node id -> record
   std::vector<uint64_t> deletes;
   std::vector<std::pair<std::string, std::string>> meta;  // key -> value
+  // A snapshot of the whole cache (EnqueueSnapshot): every stored node is replaced by `puts`.
+  bool replace_all = false;
 
   bool empty() const { return puts.empty() && deletes.empty() && meta.empty(); }
   size_t bytes() const;
@@ -72,8 +81,11 @@ struct CacheStoreStats {
   int64_t disk_bytes = 0;     // database + WAL file sizes after the last commit
   int64_t max_disk_bytes = 0;
   int64_t pending_batches = 0;  // queued, not yet committed
-  bool failed = false;          // a commit failed: the store writes nothing more
+  bool failed = false;          // a commit failed: nothing is written until a resync succeeds
   std::string failure;          // why
+  int64_t failures = 0;         // commits that failed (resyncs included)
+  int64_t recoveries = 0;       // resyncs that brought the store back
+  int64_t retry_interval_ms = 0;
 };
 
 class CacheStore {
@@ -111,6 +123,18 @@ class CacheStore {
   // Whether the database is over 7/8 of its page budget (the cache collects garbage early).
   bool near_full() const;
 
+  // Recovery from a failed commit. `resync` (called on the committer thread, at most every
+  // retry_interval while the store has failed, never with the store's locks held) must take the
+  // lock that orders the cache's changes and call EnqueueSnapshot with the whole cache. Set it
+  // once the cache is recovered; null stops the calls (before the cache goes; waits for a call
+  // in progress).
+  void SetResync(std::function<void()> resync) ABSL_LOCKS_EXCLUDED(resync_mu_);
+  // Queues `snapshot` (the whole cache; replace_all is set here) in place of every batch not
+  // yet written: once committed, the store holds the cache as it was at this call (every later
+  // batch follows it) plus the latest value of every meta key ever queued, and works again.
+  // Call under the lock that orders the changes.
+  void EnqueueSnapshot(StoreBatch snapshot) ABSL_LOCKS_EXCLUDED(mu_);
+
   CacheStoreStats GetStats() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -137,6 +161,12 @@ class CacheStore {
   std::multimap<uint64_t, absl::AnyInvocable<void(absl::Status) &&>> waiters_ ABSL_GUARDED_BY(mu_);
   CacheStoreStats stats_ ABSL_GUARDED_BY(mu_);
   absl::Mutex db_mu_;  // serializes the connection between PutMeta and the committer
+  std::chrono::milliseconds retry_interval_{2000};
+  // The latest value of every meta key queued (small: a few keys): a snapshot rewrites them.
+  std::map<std::string, std::string> meta_latest_ ABSL_GUARDED_BY(mu_);
+  bool resync_queued_ ABSL_GUARDED_BY(mu_) = false;  // a snapshot waits in queue_
+  absl::Mutex resync_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::function<void()> resync_ ABSL_GUARDED_BY(resync_mu_);
 };
 
 }  // namespace rl::router

@@ -59,6 +59,8 @@ absl::StatusOr<std::unique_ptr<TextCache>> TextCache::Create(const TextCacheOpti
           absl::StrCat("text cache store: the recovered tree is inconsistent (", s.message(),
                        "); move the folder away to start with an empty cache"));
     }
+    // After a failed commit the store rewrites the whole tree from a snapshot (cache_store.h).
+    store->SetResync([raw = cache.get()] { raw->ResyncStore(); });
   }
   return cache;
 }
@@ -67,6 +69,7 @@ TextCache::TextCache(const TextCacheOptions& options)
     : options_(options), root_(std::make_unique<Node>()) {}
 
 TextCache::~TextCache() {
+  if (store_ != nullptr) store_->SetResync(nullptr);  // waits for a resync in progress
   // Iterative teardown: long multi-turn chains must not recurse once per node.
   std::vector<std::unique_ptr<Node>> stack;
   stack.push_back(std::move(root_));

@@ -206,6 +206,9 @@ class TextCache {
   void FlushJournal() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::string EncodeNode(const Node& node);
   absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues the whole tree to the store as one snapshot (CacheStore::EnqueueSnapshot), in place
+  // of the batches a failed commit lost. O(cache size) under the writer lock.
+  void ResyncStore() ABSL_LOCKS_EXCLUDED(mu_);
 
   const TextCacheOptions options_;
   CacheStore* store_ = nullptr;

@@ -122,6 +122,29 @@ void TextCache::FlushJournal() {
   store_->Enqueue(std::move(batch));
 }
 
+void TextCache::ResyncStore() {
+  absl::MutexLock lock(&mu_);
+  StoreBatch batch;
+  batch.puts.reserve(static_cast<size_t>(entries_));
+  // Parents before children (recovery links by id in any order; this keeps the batch readable).
+  std::vector<const Node*> stack = {root_.get()};
+  while (!stack.empty()) {
+    const Node* n = stack.back();
+    stack.pop_back();
+    if (n != root_.get()) batch.puts.emplace_back(n->id, EncodeNode(*n));
+    for (const auto& child : n->children) stack.push_back(child.get());
+  }
+  // The snapshot holds every change so far: the journal starts empty after it.
+  for (Node* node : dirty_) node->dirty = false;
+  dirty_.clear();
+  deleted_.clear();
+  std::string v;
+  Put<int64_t>(&v, current_version_);
+  batch.meta.emplace_back(kCurrentVersionKey, std::move(v));
+  stored_version_ = current_version_;
+  store_->EnqueueSnapshot(std::move(batch));
+}
+
 absl::Status TextCache::Recover() {
   absl::MutexLock lock(&mu_);
   const auto corrupt = [this](uint64_t id, const std::string& why) {

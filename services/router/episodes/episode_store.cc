@@ -100,6 +100,7 @@ absl::Status EpisodeStore::Record(absl::string_view episode_id, EpisodeTurnRecor
   t.record = std::move(turn);
   e.turns.push_back(std::move(t));
   ++stats_.turns;
+  ++stats_.recorded_turns;
   stats_.tokens += static_cast<int64_t>(n);
   return absl::OkStatus();
 }
@@ -152,7 +153,12 @@ absl::StatusOr<rl::v1::GetEpisodeResponse> EpisodeStore::Export(absl::string_vie
     }
     sample->mutable_turns()->Assign(path.rbegin(), path.rend());
   }
-  if (remove) DropLocked(it);
+  ++stats_.exports;
+  stats_.exported_samples += out.samples_size();
+  if (remove) {
+    DropLocked(it);
+    ++stats_.removed;
+  }
   return out;
 }
 

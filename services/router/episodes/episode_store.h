@@ -66,12 +66,17 @@ struct EpisodeTurnRecord {
   int32_t matched_token_id = -1;
 };
 
+// Live figures (episodes, turns, tokens held) and totals since the start.
 struct EpisodeStats {
   int64_t episodes = 0;
   int64_t turns = 0;
   int64_t tokens = 0;
-  int64_t refused_turns = 0;  // over max_turns / max_episode_tokens
-  int64_t collected = 0;      // episodes dropped by age, version or the episode bound
+  int64_t recorded_turns = 0;    // total turns recorded
+  int64_t refused_turns = 0;     // over max_turns / max_episode_tokens
+  int64_t exports = 0;           // Export calls answered
+  int64_t exported_samples = 0;  // samples in those answers
+  int64_t removed = 0;           // episodes forgotten by an export with remove
+  int64_t collected = 0;         // episodes dropped by age, version or the episode bound
 };
 
 class EpisodeStore {

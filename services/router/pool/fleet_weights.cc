@@ -14,6 +14,8 @@ std::string FleetWeights::Describe() const {
       return "tensor";
     case Source::kDistributed:
       return "distributed";
+    case Source::kAdopted:
+      return absl::StrCat("adopted:", path);
   }
   return "";
 }

@@ -18,13 +18,15 @@ namespace rl::router {
 class Worker;
 
 struct FleetWeights {
-  enum class Source { kNone, kDisk, kTensor, kDistributed };
+  // kAdopted: an operator adopted a worker's version (Router.AdoptWorkerVersion) without naming
+  // the folder that holds it. Appended last: the fleet record persists the number.
+  enum class Source { kNone, kDisk, kTensor, kDistributed, kAdopted };
   int64_t version = -1;  // -1: no update recorded
   Source source = Source::kNone;
-  std::string path;  // kDisk: the folder
+  std::string path;  // kDisk: the folder; kAdopted: the adopted worker's address
   // A worker behind this version can be brought up to date by replaying the update.
   bool replayable() const { return source == Source::kDisk && version >= 0; }
-  std::string Describe() const;  // "disk:DIR", "tensor", "distributed", ""
+  std::string Describe() const;  // "disk:DIR", "tensor", "distributed", "adopted:ADDR", ""
 };
 
 // Told of every change of the fleet's record, in order, on the thread that made it, without the

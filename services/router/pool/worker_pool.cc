@@ -184,10 +184,28 @@ std::string WorkerPool::VersionReasonLocked(const Entry& e, int64_t reference) c
     const std::string behind = absl::StrCat("weight_version ", st.weight_version(),
                                             " is behind the fleet's ", fleet_.version);
     if (fleet_.replayable()) return absl::StrCat(behind, "; catching up from ", fleet_.path);
+    const char* from = "a distributed group";
+    if (fleet_.source == FleetWeights::Source::kTensor) from = "a tensor stream";
+    if (fleet_.source == FleetWeights::Source::kAdopted) {
+      from = "a worker's version an operator adopted without its folder";
+    }
+    if (CatchableLocked(e)) {
+      return absl::StrCat(behind, ", which came from ", from,
+                          "; catching up from a live peer at weight_version ", fleet_.version);
+    }
+    return absl::StrCat(behind, ", which came from ", from,
+                        " the router cannot replay, and no live worker serves it to send it; "
+                        "resync it: rlctl workers resync ",
+                        address, " --from-disk DIR");
+  }
+  if (fleet_.version >= 0 && st.weight_version() > fleet_.version) {
     return absl::StrCat(
-        behind, ", which came from ",
-        fleet_.source == FleetWeights::Source::kTensor ? "a tensor stream" : "a distributed group",
-        " the router cannot replay; resync it: rlctl workers resync ", address, " --from-disk DIR");
+        "weight_version ", st.weight_version(), " is ahead of the fleet's ", fleet_.version,
+        " (an update the router did not record: sent to it alone, or the router restarted in "
+        "the middle of a fleet update): not routed until an operator decides: resync it "
+        "(rlctl workers resync ",
+        address, " --from-disk DIR) or adopt its version as the fleet's (rlctl workers adopt ",
+        address, " [--from-disk DIR])");
   }
   if (fleet_.version >= 0) {
     return absl::StrCat(
@@ -213,7 +231,7 @@ rl::v1::WorkerStatus WorkerPool::StatusLocked(const Entry& e, int64_t reference)
     s.set_state(rl::v1::WORKER_STATE_DEAD);
     why.push_back(st.last_error().empty() ? "dead" : st.last_error());
   } else if (st.Behind(fleet_.version)) {
-    s.set_state(fleet_.replayable() ? rl::v1::WORKER_STATE_SYNCING : rl::v1::WORKER_STATE_STALE);
+    s.set_state(CatchableLocked(e) ? rl::v1::WORKER_STATE_SYNCING : rl::v1::WORKER_STATE_STALE);
     why.push_back(VersionReasonLocked(e, reference));
   } else if (st.Differs(reference)) {
     s.set_state(rl::v1::WORKER_STATE_VERSION_MISMATCH);
@@ -452,7 +470,7 @@ void WorkerPool::ReportVersion(Worker* w, int64_t version) {
     if (e == nullptr) return;
     e->state.ReportVersion(version);
     WarnVersionsLocked();
-    if (!e->state.Behind(fleet_.version) || !fleet_.replayable()) return;
+    if (!CatchableLocked(*e)) return;
     shared = e->worker;
   }
   MaybeCatchUp(shared);
@@ -587,6 +605,48 @@ void WorkerPool::SetFleetWeights(const FleetWeights& fleet) {
   for (const auto& w : all) MaybeCatchUp(w);
 }
 
+absl::StatusOr<FleetWeights> WorkerPool::AdoptWorkerVersion(const std::string& address,
+                                                            const std::string& model_path) {
+  if (held()) {
+    return absl::FailedPreconditionError(
+        "an admin broadcast is running (versions move): adopt once it has ended");
+  }
+  FleetWeights fleet;
+  {
+    absl::MutexLock lock(&mu_);
+    const Entry* e = FindLocked(address);
+    if (e == nullptr) return NoWorker(address);
+    const WorkerState& st = e->state;
+    if (st.liveness() != Liveness::kLive) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "address: worker ", address, " is ", LivenessName(st.liveness()),
+          ": only a live worker's version can be adopted (its version is what it reports)"));
+    }
+    if (st.weight_version() < 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("address: worker ", address, " has not reported a weight version yet"));
+    }
+    if (st.weight_version() <= fleet_.version) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "address: worker ", address, " serves weight_version ", st.weight_version(),
+          ", not ahead of the fleet's ", fleet_.version,
+          ": only a newer version can be adopted (a worker behind is caught up or resynced)"));
+    }
+    fleet.version = st.weight_version();
+    if (model_path.empty()) {
+      fleet.source = FleetWeights::Source::kAdopted;
+      fleet.path = address;
+    } else {
+      fleet.source = FleetWeights::Source::kDisk;
+      fleet.path = model_path;
+    }
+  }
+  spdlog::warn("operator adopted worker {}'s weight_version {} as the fleet's (from {})", address,
+               fleet.version, fleet.Describe());
+  SetFleetWeights(fleet);
+  return fleet;
+}
+
 FleetWeights WorkerPool::fleet_weights() const {
   absl::MutexLock lock(&mu_);
   return fleet_;
@@ -624,6 +684,37 @@ bool WorkerPool::Behind(Worker* w) const {
   return false;
 }
 
+bool WorkerPool::IsPeerLocked(const Entry& e, int64_t version) const {
+  const WorkerState& st = e.state;
+  return st.liveness() == Liveness::kLive && st.enabled() && st.serving() && !st.syncing() &&
+         version >= 0 && st.weight_version() == version;
+}
+
+bool WorkerPool::CatchableLocked(const Entry& e) const {
+  if (!e.state.Behind(fleet_.version)) return false;
+  if (fleet_.replayable()) return true;
+  for (const Entry& peer : entries_) {
+    if (&peer != &e && IsPeerLocked(peer, fleet_.version)) return true;
+  }
+  return false;
+}
+
+std::vector<std::shared_ptr<Worker>> WorkerPool::PeersAt(int64_t version,
+                                                         const Worker* except) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<const Entry*> peers;
+  for (const Entry& e : entries_) {
+    if (e.worker.get() != except && IsPeerLocked(e, version)) peers.push_back(&e);
+  }
+  std::stable_sort(peers.begin(), peers.end(), [](const Entry* a, const Entry* b) {
+    return a->worker->load() < b->worker->load();
+  });
+  std::vector<std::shared_ptr<Worker>> out;
+  out.reserve(peers.size());
+  for (const Entry* e : peers) out.push_back(e->worker);
+  return out;
+}
+
 void WorkerPool::SetCatchUpHandler(CatchUpHandler handler) {
   absl::MutexLock lock(&handoff_mu_);
   catch_up_ = std::move(handler);
@@ -649,8 +740,7 @@ void WorkerPool::MaybeCatchUp(const std::shared_ptr<Worker>& w) {
     absl::MutexLock lock(&mu_);
     Entry* e = FindLocked(w.get());
     if (e == nullptr) return;
-    const bool behind_replayable = fleet_.replayable() && e->state.Behind(fleet_.version);
-    if (!e->state.TakeForCatchUp(behind_replayable)) return;
+    if (!e->state.TakeForCatchUp(CatchableLocked(*e))) return;
   }
   bool handled = false;
   {

@@ -11,9 +11,11 @@
 // Fleet weights: the admin records the last successful fleet-wide update (SetFleetWeights,
 // fleet_weights.h). A worker whose version differs from the fleet's (the recorded one, else the
 // newest among live workers) is never routed, logged once with the reason and listed: behind a
-// replayable version the pool hands it to the catch-up handler (SYNCING), behind another it is
-// STALE until resynced, otherwise VERSION_MISMATCH; a worker that comes back live is handed over
-// once too (its pause state). Observers hear of every change.
+// version it can be brought to (from the fleet's folder, or from a live peer at that version
+// when the version came from a tensor stream or a group) the pool hands it to the catch-up
+// handler (SYNCING), behind another (no peer holds it) it is STALE until resynced, otherwise
+// VERSION_MISMATCH; a worker that comes back live is handed over once too (its pause state).
+// Observers hear of every change.
 //
 // Capacity: the sum over registered workers of the requests each runs at once (GetLoad's
 // max_running_requests; kDefaultWorkerCapacity until reported), for the router's automatic
@@ -34,6 +36,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "rl/v1/router.pb.h"
 #include "services/router/pool/fleet_weights.h"
@@ -170,6 +173,14 @@ class WorkerPool final : public WorkerSource {
   // ---- fleet weights and the catch-up hand-off ----
   void SetFleetWeights(const FleetWeights& fleet);
   FleetWeights fleet_weights() const;
+  // The operator's decision on a live worker AHEAD of the fleet's recorded version
+  // (VERSION_MISMATCH): its version becomes the fleet's, from `model_path` (the folder that holds
+  // it: the others are caught up from it) or, when empty, from a source the router cannot replay
+  // (the others are STALE until resynced). Returns the new record. NotFound for an unknown
+  // address; FailedPrecondition while an admin broadcast holds the pool, or for a worker that is
+  // not live, has reported no version, or is not ahead of the fleet's version.
+  absl::StatusOr<FleetWeights> AdoptWorkerVersion(const std::string& address,
+                                                  const std::string& model_path);
   // The recorded fleet version alone (-1 when none), without copying the source: per request.
   int64_t fleet_version() const;
   // The fleet's pause state (the admin's pause / continue broadcasts set it; recovered at
@@ -179,6 +190,10 @@ class WorkerPool final : public WorkerSource {
   bool fleet_paused() const ABSL_LOCKS_EXCLUDED(mu_);
   // True when `w` reports a version older than the fleet's.
   bool Behind(Worker* w) const;
+  // Workers that can send the fleet's weights to `except` (peer catch-up): live and not suspect,
+  // enabled, serving (not asleep, updating or draining), not syncing, at exactly `version`;
+  // least loaded first.
+  std::vector<std::shared_ptr<Worker>> PeersAt(int64_t version, const Worker* except) const;
   void SetCatchUpHandler(CatchUpHandler handler);
   // The catch-up handler is done with `w`: health checks hand it over again while it is behind.
   void FinishSync(Worker* w);
@@ -203,6 +218,10 @@ class WorkerPool final : public WorkerSource {
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   rl::v1::WorkerStatus StatusLocked(const Entry& e, int64_t reference) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // True when `e` is behind the fleet and can be caught up now: from the fleet's folder, or from
+  // a peer at the fleet's version (tensor or distributed updates exist only in memory).
+  bool CatchableLocked(const Entry& e) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool IsPeerLocked(const Entry& e, int64_t version) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Why a live worker at `e`'s version is not routed when it differs from `reference`.
   std::string VersionReasonLocked(const Entry& e, int64_t reference) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);

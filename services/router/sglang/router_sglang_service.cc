@@ -16,6 +16,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/client_callback.h"
 #include "services/router/generate_reactor.h"
+#include "services/router/sglang/sglang_readiness.h"
 
 namespace rl::router {
 namespace {
@@ -258,7 +259,8 @@ RouterSglangService::RouterSglangService(WorkerPool* pool, RouterService* router
                                          const tokenizer::Tokenizer* tokenizer,
                                          std::string tokenizer_dir,
                                          std::optional<std::string> authorization,
-                                         const BearerAuth* auth, int32_t max_n)
+                                         const BearerAuth* auth, int32_t max_n,
+                                         const DrainGate* drain)
     : pool_(pool),
       router_service_(router_service),
       tokenizer_(tokenizer),
@@ -266,6 +268,7 @@ RouterSglangService::RouterSglangService(WorkerPool* pool, RouterService* router
       authorization_(std::move(authorization)),
       auth_(auth),
       max_n_(max_n),
+      drain_(drain),
       tokenizer_bundle_(tokenizer_dir_) {}
 
 void RouterSglangService::Connect(std::shared_ptr<grpc::Channel> router) {
@@ -306,10 +309,9 @@ grpc::ServerUnaryReactor* RouterSglangService::HealthCheck(grpc::CallbackServerC
                                                            const sgl::HealthCheckRequest*,
                                                            sgl::HealthCheckResponse* response) {
   if (absl::Status s = auth_->Check(*context); !s.ok()) return FinishUnary(context, s);
-  const size_t live = pool_->LiveWorkers().size();
-  response->set_healthy(live > 0);
-  response->set_message(live > 0 ? absl::StrCat("rl-router: ", live, " live workers")
-                                 : "rl-router: no live worker");
+  SglangReadiness r = SglangReadinessOf(*pool_, drain_ != nullptr && drain_->draining());
+  response->set_healthy(r.ready);
+  response->set_message(std::move(r.message));
   return FinishUnary(context, absl::OkStatus());
 }
 

@@ -12,10 +12,10 @@
 // (common/sglang/sglang_request.h), and the request id's `episode=ID` token names the episode.
 // The router's chunks and finals go back as SGLang chunks and completes (usage counts are the
 // router's prompt). GetModelInfo, GetServerInfo and GetLoads are answered by a live worker's
-// own SglangScheduler (the tokenizer path is the router's); HealthCheck is healthy while a
-// worker is live; GetTokenizer streams the router's --tokenizer folder; Abort reaches
-// Router.Abort. Input logprobs, embeddings, LoRA, profiling and KV events are not served
-// (INVALID_ARGUMENT or UNIMPLEMENTED with a message).
+// own SglangScheduler (the tokenizer path is the router's); HealthCheck is the SGLang side's
+// readiness (sglang_readiness.h: not draining, a routable worker); GetTokenizer streams the
+// router's --tokenizer folder; Abort reaches Router.Abort. Input logprobs, embeddings, LoRA,
+// profiling and KV events are not served (INVALID_ARGUMENT or UNIMPLEMENTED with a message).
 //
 // Auth: `auth` guards every call (the router's data key on its main port; none on
 // --sglang-port, which is where the gateway belongs when the router has a key, as SMG 1.13
@@ -29,6 +29,7 @@
 #include <string>
 
 #include "common/auth.h"
+#include "common/drain_gate.h"
 #include "common/sglang/tokenizer_bundle.h"
 #include "common/tokenizer/tokenizer.h"
 #include "grpcpp/channel.h"
@@ -55,11 +56,11 @@ class RouterSglangService final : public sgl::SglangScheduler::CallbackService {
  public:
   // `authorization` is the header the calls to the router's own Router service carry (the
   // router's data key, when it has one); `tokenizer_dir` the --tokenizer folder. Everything
-  // referenced must outlive the service.
+  // referenced must outlive the service; `drain` (null: never draining) is the router's.
   RouterSglangService(WorkerPool* pool, RouterService* router_service,
                       const tokenizer::Tokenizer* tokenizer, std::string tokenizer_dir,
                       std::optional<std::string> authorization, const BearerAuth* auth,
-                      int32_t max_n);
+                      int32_t max_n, const DrainGate* drain = nullptr);
   // The in-process channel to the Router service (once the server that holds it has started);
   // Generate is UNAVAILABLE before. Call once.
   void Connect(std::shared_ptr<grpc::Channel> router);
@@ -98,6 +99,7 @@ class RouterSglangService final : public sgl::SglangScheduler::CallbackService {
   const std::optional<std::string> authorization_;
   const BearerAuth* const auth_;
   const int32_t max_n_;
+  const DrainGate* const drain_;
   sglang::TokenizerBundle tokenizer_bundle_;
 };
 

@@ -1,18 +1,29 @@
 #include "services/router/state/fleet_record.h"
 
+#include <algorithm>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::router {
 namespace {
 
-constexpr const char* kWeightsKey = "fleet.weights";  // "VERSION SOURCE PATH"
-constexpr const char* kPausedKey = "fleet.paused";    // "1" or "0"
+constexpr const char* kWeightsKey = "fleet.weights";          // "VERSION SOURCE PATH"
+constexpr const char* kPausedKey = "fleet.paused";            // "1" or "0"
+constexpr const char* kAddedKey = "fleet.workers.added";      // addresses, one per line
+constexpr const char* kRemovedKey = "fleet.workers.removed";  // addresses, one per line
+
+std::set<std::string> SplitLines(const std::string& v) {
+  std::set<std::string> out;
+  for (absl::string_view a : absl::StrSplit(v, '\n', absl::SkipEmpty())) out.emplace(a);
+  return out;
+}
 
 }  // namespace
 
@@ -31,7 +42,7 @@ absl::Status FleetRecord::Restore(WorkerPool* pool) {
     int source = 0;
     if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &fleet.version) ||
         !absl::SimpleAtoi(parts[1], &source) || source < 0 ||
-        source > static_cast<int>(FleetWeights::Source::kDistributed)) {
+        source > static_cast<int>(FleetWeights::Source::kAdopted)) {
       return bad(kWeightsKey, v);
     }
     fleet.source = static_cast<FleetWeights::Source>(source);
@@ -51,7 +62,59 @@ absl::Status FleetRecord::Restore(WorkerPool* pool) {
     }
     pool->SetFleetPaused(**paused == "1");
   }
+  absl::StatusOr<std::optional<std::string>> added = store_->GetMeta(kAddedKey);
+  if (!added.ok()) return added.status();
+  absl::StatusOr<std::optional<std::string>> removed = store_->GetMeta(kRemovedKey);
+  if (!removed.ok()) return removed.status();
+  absl::MutexLock lock(&mu_);
+  if (added->has_value()) added_ = SplitLines(**added);
+  if (removed->has_value()) removed_ = SplitLines(**removed);
+  if (!added_.empty() || !removed_.empty()) {
+    spdlog::info("fleet state restored: workers added at run time [{}], removed [{}]",
+                 absl::StrJoin(added_, ", "), absl::StrJoin(removed_, ", "));
+  }
   return absl::OkStatus();
+}
+
+std::vector<std::string> FleetRecord::StartWorkers(const std::vector<std::string>& flags) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  const auto push = [&out](const std::string& a) {
+    if (std::find(out.begin(), out.end(), a) == out.end()) out.push_back(a);
+  };
+  for (const std::string& a : flags) {
+    if (!removed_.contains(a)) push(a);
+  }
+  for (const std::string& a : added_) push(a);
+  return out;
+}
+
+absl::Status FleetRecord::PersistWorkersLocked() {
+  StoreBatch batch;
+  batch.meta.emplace_back(kAddedKey, absl::StrJoin(added_, "\n"));
+  batch.meta.emplace_back(kRemovedKey, absl::StrJoin(removed_, "\n"));
+  absl::Status s = store_->WaitDurable(store_->Enqueue(std::move(batch)));
+  if (!s.ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "the worker change is in effect but not yet persisted (the store writes it once it "
+        "recovers; a restart before that forgets it): ",
+        s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FleetRecord::RecordAdded(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  removed_.erase(address);
+  added_.insert(address);
+  return PersistWorkersLocked();
+}
+
+absl::Status FleetRecord::RecordRemoved(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  added_.erase(address);
+  removed_.insert(address);
+  return PersistWorkersLocked();
 }
 
 void FleetRecord::OnFleetWeights(const FleetWeights& /*before*/, const FleetWeights& after) {

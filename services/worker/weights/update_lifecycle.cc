@@ -85,6 +85,7 @@ absl::StatusOr<AdminOutcome> UpdateLifecycle::Run(const char* what, const Update
       if (policy.abort_all_requests) {
         out.num_aborted = ctx.AbortAll(absl::StrCat(what, " aborted it"));
       }
+      applies_.fetch_add(1);
       if (absl::Status s = apply(ctx.runner()); !s.ok()) {
         if (!options.failure_keeps_pause && resume_on_failure && !asleep()) ctx.Continue();
         return s;

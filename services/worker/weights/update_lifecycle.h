@@ -58,6 +58,10 @@ class UpdateLifecycle {
                                    Options options);
 
   bool updating() const { return in_progress_.load() > 0; }
+  // Applies started so far, every source (counted on the engine thread just before `apply`):
+  // a reader of the served weights across engine steps (peer_sender.h) sees any change as a
+  // new count.
+  uint64_t applies() const { return applies_.load(); }
   bool asleep() const { return deps_.sleep != nullptr && deps_.sleep->released(); }
   engine::Engine& engine() const { return *deps_.engine; }
   // Fills update_failed and last_error.
@@ -70,6 +74,7 @@ class UpdateLifecycle {
 
   const Deps deps_;
   std::atomic<int> in_progress_{0};
+  std::atomic<uint64_t> applies_{0};
   mutable absl::Mutex mu_;
   bool update_failed_ ABSL_GUARDED_BY(mu_) = false;
   std::string last_error_ ABSL_GUARDED_BY(mu_);

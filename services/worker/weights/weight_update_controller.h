@@ -60,6 +60,8 @@ class WeightUpdateController final : public WeightUpdates {
   void Shutdown() { groups_.CloseAll(); }
 
   bool updating() const override { return lifecycle_.updating(); }
+  // Weight applies started so far (update_lifecycle.h): the peer sender's change detector.
+  uint64_t applies() const { return lifecycle_.applies(); }
   WeightUpdateStatus status() const override;
   const WeightShapes& served_shapes() const override { return served_shapes_; }
   // The served weights as read at Create (fixed for the life of the process).

@@ -10,17 +10,20 @@
 
 namespace rl::worker {
 
-std::string TensorDigest(const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
-  Sha256 h;
+TensorHasher::TensorHasher(const model::TensorInfo& info) {
   const char zero = '\0';
-  h.Update(info.name);
-  h.Update(&zero, 1);
-  h.Update(info.dtype);
-  h.Update(&zero, 1);
-  h.Update(absl::StrJoin(info.shape, ","));
-  h.Update(&zero, 1);
-  h.Update(bytes.data(), bytes.size());
-  return ToHex(h.Final());
+  h_.Update(info.name);
+  h_.Update(&zero, 1);
+  h_.Update(info.dtype);
+  h_.Update(&zero, 1);
+  h_.Update(absl::StrJoin(info.shape, ","));
+  h_.Update(&zero, 1);
+}
+
+std::string TensorDigest(const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
+  TensorHasher h(info);
+  h.Update(bytes);
+  return h.Finish();
 }
 
 std::string RankDigest(const std::map<std::string, std::string>& tensor_digests) {

@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/sha256.h"
 #include "services/worker/model/model_runner.h"
 
 namespace rl::worker {
@@ -36,6 +37,16 @@ struct CheckerResult {
 
 // Hex SHA256 of one tensor as described above.
 std::string TensorDigest(const model::TensorInfo& info, absl::Span<const uint8_t> bytes);
+// The same digest over bytes that arrive in pieces, in order (a peer send hashes slices).
+class TensorHasher {
+ public:
+  explicit TensorHasher(const model::TensorInfo& info);
+  void Update(absl::Span<const uint8_t> bytes) { h_.Update(bytes.data(), bytes.size()); }
+  std::string Finish() { return ToHex(h_.Final()); }
+
+ private:
+  Sha256 h_;
+};
 // Hex SHA256 over the sorted "name:digest" lines.
 std::string RankDigest(const std::map<std::string, std::string>& tensor_digests);
 

@@ -12,7 +12,9 @@ def test_abort_one_request_through_the_router(start_worker):
     router = start_router([w])
     try:
         worker, fleet = Client(w.address, via="worker"), Client(router.address)
-        worker.pause("in_place")  # the request waits in the worker's queue
+        # Paused through the router (a worker paused behind its back refuses the router's
+        # requests): the request waits in the worker's queue.
+        fleet.pause("in_place")
         out = {}
 
         def run():
@@ -27,7 +29,7 @@ def test_abort_one_request_through_the_router(start_worker):
         t.join(timeout=60)
         assert out["final"].finish_reason == "abort"
         assert out["final"].attempts == 1
-        worker.continue_generation()
+        fleet.continue_generation()
         # The fleet still serves.
         assert fleet.generate(text="Once upon a time",
                               max_new_tokens=4).one().completion_tokens == 4

@@ -45,7 +45,9 @@ def test_router_fair_admission_keys_on_client_id(start_worker):
     try:
         worker = Client(w.address, via="worker")
         fleet = Client(router.address)
-        worker.pause("in_place")  # the one admitted generation waits in the worker's queue
+        # The fleet paused through the router (a worker paused behind its back refuses the
+        # router's requests): the one admitted generation waits in the worker's queue.
+        fleet.pause("in_place")
         flood = Client(router.address, client_id="flood")
         start("flood-0", flood)
         wait_for(lambda: worker.server_info().num_waiting == 1, "the first request to run",
@@ -70,7 +72,7 @@ def test_router_fair_admission_keys_on_client_id(start_worker):
         assert results["flood-2"].code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "gave its place to another client" in results["flood-2"].details()
 
-        worker.continue_generation()
+        fleet.continue_generation()
         for t in threads:
             t.join(timeout=60)
         for name in ("flood-0", "flood-1", "other"):

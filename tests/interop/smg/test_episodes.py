@@ -2,21 +2,21 @@
 agent on the official `openai` and `anthropic` clients (only the base URL changes) runs
 multi-turn episodes with tool calls, streaming and not; Router.GetEpisode exports every branch
 with the exact tokens the worker received and generated (checked against the worker itself),
-loss mask 1 on exactly the generated tokens of every turn. docs/episodes.md."""
+loss mask 1 on exactly the generated tokens of every turn (checked against the worker's own
+record: worker_proxy.py between the router and the worker). docs/episodes.md."""
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
-import anthropic
 import grpc
 import openai
 import pytest
 
-from conftest import MODEL, SMG, START_TIMEOUT_S, rlctl_json
-from rlfleet._stubs import router_pb2, router_pb2_grpc
-from rltest import free_port, start_router, start_worker, stop_process, wait_for
+from agent_fleet import (AgentFleet, check_sample_against_worker, episode_header, index_calls,
+                         mask_runs)
+from conftest import MODEL, SMG, rlctl, rlctl_json
+from rlfleet._stubs import router_pb2
 
 TEMPLATE = Path(__file__).resolve().parent / "episode_template.jinja"
 TOOLS = [{"type": "function", "function": {
@@ -25,77 +25,14 @@ TOOLS = [{"type": "function", "function": {
                    "required": ["q"]}}}]
 
 
-class AgentFleet:
-    """rl-worker, rl-router (its key-free --sglang-port) and SMG in front of the router."""
-
-    def __init__(self, logs):
-        self.worker = self.router = self.smg = None
-        try:
-            self.worker = start_worker(log_path=logs / "worker.log")
-            self.router = start_router([self.worker], "--sglang-port", "0",
-                                       log_path=logs / "router.log")
-            line = self.router.proc.stdout.readline()
-            if not line.startswith("sglang listening on "):
-                raise RuntimeError(f"rl-router printed no sglang listener: {line!r}")
-            sglang = line.split()[-1]
-            port = free_port()
-            self.smg_log = logs / "smg.log"
-            self.smg = subprocess.Popen(
-                [str(SMG), "launch", "--host", "127.0.0.1", "--port", str(port),
-                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()),
-                 "--worker-urls", f"grpc://{sglang}", "--model-path", str(MODEL),
-                 "--chat-template", str(TEMPLATE)],
-                stdout=open(self.smg_log, "w"), stderr=subprocess.STDOUT)
-            self.url = f"http://127.0.0.1:{port}"
-            self.openai = openai.OpenAI(base_url=self.url + "/v1", api_key="unused",
-                                        max_retries=0, timeout=60)
-            self.anthropic = anthropic.Anthropic(base_url=self.url, api_key="unused",
-                                                 max_retries=0, timeout=60)
-            self.channel = grpc.insecure_channel(self.router.address)
-            self.stub = router_pb2_grpc.RouterStub(self.channel)
-
-            def ready():
-                assert self.smg.poll() is None, self.smg_log.read_text()[-4000:]
-                try:
-                    self.openai.chat.completions.create(
-                        model=str(MODEL), messages=[{"role": "user", "content": "hi"}],
-                        max_tokens=1)
-                    return True
-                except (openai.APIConnectionError, openai.APIStatusError):
-                    return False
-
-            wait_for(ready, "smg in front of rl-router", timeout_s=START_TIMEOUT_S,
-                     interval_s=0.25, detail=lambda: self.smg_log.read_text()[-4000:])
-        except BaseException:
-            self.stop()
-            raise
-
-    def episode(self, episode_id):
-        return self.stub.GetEpisode(router_pb2.GetEpisodeRequest(episode_id=episode_id),
-                                    timeout=30)
-
-    def stop(self):
-        if self.smg is not None:
-            stop_process(self.smg)
-        for s in (self.router, self.worker):
-            if s is not None:
-                s.stop()
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     assert SMG.exists(), f"{SMG} missing: run scripts/venv (smg is pinned in requirements.txt)"
-    f = AgentFleet(tmp_path_factory.mktemp("episodes"))
+    f = AgentFleet(tmp_path_factory.mktemp("episodes"), MODEL, TEMPLATE)
     try:
         yield f
     finally:
         f.stop()
-
-
-def episode_header(episode_id):
-    # SMG forwards x-request-id as the request id (with "-<uuid>" appended): the router reads
-    # the episode from its `episode=` token.
-    return {"x-request-id": f"episode={episode_id}"}
 
 
 def openai_turn(fleet, episode_id, messages, stream, max_tokens=8):
@@ -129,24 +66,10 @@ def agent_tool_step(messages, i):
     messages.append({"role": "user", "content": "Go on."})
 
 
-def mask_runs(mask):
-    """Lengths of the runs of 1s in `mask`."""
-    runs, n = [], 0
-    for m in list(mask) + [0]:
-        if m:
-            n += 1
-        elif n:
-            runs.append(n)
-            n = 0
-    return runs
-
-
-def check_against_worker(fleet, tokens, prompt_len, n):
-    """The worker, given tokens[:prompt_len] greedily, generates exactly tokens[prompt_len:+n]."""
-    out = rlctl_json("--target", fleet.worker.address, "generate", "--ids",
-                     ",".join(map(str, tokens[:prompt_len])), "--max-new-tokens", str(n),
-                     "--temperature", "0")["final"]
-    assert out["output_ids"] == tokens[prompt_len:prompt_len + n]
+def check_against_worker(fleet, e, sample):
+    """The sample is byte for byte what the worker received and generated (its own record)."""
+    calls = fleet.proxy.calls()
+    check_sample_against_worker(e, sample, calls, index_calls(calls), stop_ids={2})
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
@@ -177,7 +100,7 @@ def test_openai_five_turn_episode_with_tool_calls_exports_exact_tokens(fleet, st
         assert mask[t.prompt_tokens:t.prompt_tokens + t.completion_tokens] == \
             [1] * t.completion_tokens
         assert mask[t.prompt_tokens - 1] == 0
-        check_against_worker(fleet, tokens, t.prompt_tokens, t.completion_tokens)
+    check_against_worker(fleet, e, sample)
     for m, lp in zip(mask, lps):
         assert (m == 1) == (not math.isnan(lp))
         assert m == 0 or lp <= 0
@@ -214,6 +137,7 @@ def test_history_edited_at_turn_three_forks_into_two_samples(fleet):
     assert t0.prompt_tokens + t0.completion_tokens < common <= e.turns[1].prompt_tokens
     # The edited answer is prompt (mask 0) in the second branch; turn 1's output is 1 in both.
     for s in e.samples:
+        check_against_worker(fleet, e, s)
         mask = list(s.trajectory.loss_mask)
         t0 = e.turns[0]
         assert mask[t0.prompt_tokens:t0.prompt_tokens + t0.completion_tokens] == \
@@ -228,6 +152,14 @@ def test_history_edited_at_turn_three_forks_into_two_samples(fleet):
     with pytest.raises(grpc.RpcError) as err:
         fleet.episode(episode_id)
     assert err.value.code() == grpc.StatusCode.NOT_FOUND
+    # The router's metrics count it (the Prometheus text of GetMetrics, as /metrics serves it).
+    text = rlctl("--target", fleet.router.address, "metrics")
+    assert "rl_router_episodes_removed_total 1\n" in text
+    live = int(next(line.split()[1] for line in text.splitlines()
+                    if line.startswith("rl_router_episodes_live ")))
+    recorded = int(next(line.split()[1] for line in text.splitlines()
+                        if line.startswith("rl_router_episodes_turns_recorded_total ")))
+    assert live >= 2 and recorded >= 4 + 2 * 5  # the two 5-turn episodes and this one
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
@@ -253,10 +185,8 @@ def test_anthropic_messages_episode_exports_exact_tokens(fleet, stream):
     assert [t.parent for t in e.turns] == [-1, 0, 1]
     assert len(e.samples) == 1
     sample = e.samples[0]
-    tokens = list(sample.trajectory.tokens)
     assert mask_runs(sample.trajectory.loss_mask) == completions
-    for t in e.turns:
-        check_against_worker(fleet, tokens, t.prompt_tokens, t.completion_tokens)
+    check_against_worker(fleet, e, sample)
 
 
 def test_unknown_episode_is_not_found_and_a_bad_id_is_refused(fleet):

@@ -1,9 +1,9 @@
 // Catch-up of workers that join behind the fleet (services/router/admin/catch_up.h) through a
 // router over in-process rl-workers (stories260K): a worker joining behind a disk update is
 // caught up from the fleet's folder before it is routed; after a tensor update (not replayable)
-// it is STALE, never routed, until resynced; a worker whose weights may be partial (failed group
-// init) stays out of routing until a resync. Processes killed / stopped for real:
-// tests/reliability.
+// with no peer at its version it is STALE, never routed, until resynced; a worker whose weights
+// may be partial (failed group init) stays out of routing until a resync. Processes killed /
+// stopped for real: tests/reliability.
 #include <set>
 #include <string>
 
@@ -54,8 +54,10 @@ TEST_F(CatchUpTest, JoiningWorkerIsCaughtUpFromTheFleetsDiskSource) {
   late->Shutdown();
 }
 
-// After an update from a tensor stream (not replayable) a worker joining behind it is STALE,
-// never routed, until the documented resync (UpdateWeightsFromDisk with `workers`).
+// After an update from a tensor stream (not replayable from disk) a worker joining behind it,
+// with no live peer at that version to send it (the only one is disabled), is STALE, never
+// routed, until the documented resync (UpdateWeightsFromDisk with `workers`). With a peer it is
+// caught up from the peer: peer_catch_up_test.cc.
 TEST_F(CatchUpTest, StaleAfterATensorUpdateUntilResynced) {
   StartFleet(1);
   rl::v1::AdminResponse resp;
@@ -71,16 +73,24 @@ TEST_F(CatchUpTest, StaleAfterATensorUpdateUntilResynced) {
   }
   ASSERT_TRUE(resp.success()) << resp.message();
   EXPECT_EQ(ListWorkers().fleet_weight_source(), "tensor");
+  auto set_enabled = [&](bool enabled) {
+    rl::v1::SetWorkerEnabledRequest req;
+    req.set_address(workers_[0]->address());
+    req.set_enabled(enabled);
+    rl::v1::WorkerListResponse listing;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->SetWorkerEnabled(&ctx, req, &listing).ok());
+  };
+  set_enabled(false);  // no peer holds the fleet's version now
   auto late = StartWorker();
   ASSERT_NE(late, nullptr);
   AddWorker(late->address());
   const auto stale = Status(late->address());
   EXPECT_EQ(stale.state(), rl::v1::WORKER_STATE_STALE);
   EXPECT_NE(stale.reason().find("resync"), std::string::npos) << stale.reason();
-  for (int i = 0; i < 4; ++i) {
-    rl::v1::GenerateFinal f;
-    ASSERT_TRUE(Generate(TextRequest("Once", 2), &f).ok());
-    EXPECT_EQ(f.worker(), workers_[0]->address());
+  {
+    rl::v1::GenerateFinal f;  // nothing routable: the stale worker is never picked
+    EXPECT_EQ(Generate(TextRequest("Once", 2), &f).error_code(), grpc::StatusCode::UNAVAILABLE);
   }
   rl::v1::UpdateWeightsFromDiskRequest resync;
   resync.set_model_path(Stories());
@@ -96,6 +106,7 @@ TEST_F(CatchUpTest, StaleAfterATensorUpdateUntilResynced) {
   EXPECT_EQ(listing.fleet_weight_version(), 1);
   EXPECT_EQ(listing.fleet_weight_source(), "disk:" + Stories());
   EXPECT_EQ(Status(late->address()).state(), rl::v1::WORKER_STATE_LIVE);
+  set_enabled(true);
   // An unknown address is refused.
   resync.set_workers(0, "127.0.0.1:1");
   grpc::ClientContext ctx;

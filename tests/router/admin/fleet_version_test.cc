@@ -190,8 +190,9 @@ TEST_F(FleetVersionTest, AWorkerAtAnotherVersionIsNeverRouted) {
       << Status(w1).DebugString();
   const rl::v1::WorkerStatus st = Status(w1);
   EXPECT_TRUE(st.version_mismatch());
-  EXPECT_THAT(st.reason(), HasSubstr("weight_version 4 differs from the fleet's 3"));
+  EXPECT_THAT(st.reason(), HasSubstr("weight_version 4 is ahead of the fleet's 3"));
   EXPECT_THAT(st.reason(), HasSubstr("rlctl workers resync " + w1));
+  EXPECT_THAT(st.reason(), HasSubstr("rlctl workers adopt " + w1));
   // Logged once, however many health checks see it.
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   ExpectOneVersion(FourGreedy(), 3);

@@ -1,17 +1,23 @@
 // The durable text cache: what a cache with a CacheStore changed is recovered exactly by a new
 // cache over the same folder (tokens, masks, logprob bits, per-token versions, the tree's
 // counters and versions), through splits, conflicts, version bumps and GC; GC removes from the
-// store; a corrupt store refuses to start; tickets and WhenDurable keep their order.
+// store; a corrupt store refuses to start; tickets and WhenDurable keep their order; a write that
+// fails (the files may not grow, as on a full disk) is reported, acknowledges nothing, and the
+// store recovers the whole cache once writes succeed again.
 #include "services/router/cache/cache_store.h"
 
+#include <signal.h>
 #include <sqlite3.h>
+#include <sys/resource.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <limits>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -63,10 +69,12 @@ struct Opened {
   std::unique_ptr<TextCache> cache;
 };
 
-Opened Open(const std::string& dir, int64_t max_cache_size = 1 << 20, int64_t gc_k = 1) {
+Opened Open(const std::string& dir, int64_t max_cache_size = 1 << 20, int64_t gc_k = 1,
+            std::chrono::milliseconds retry = std::chrono::milliseconds(2000)) {
   CacheStoreOptions so;
   so.dir = dir;
   so.max_disk_bytes = 64 << 20;
+  so.retry_interval = retry;
   Opened o;
   auto store = CacheStore::Open(so);
   EXPECT_TRUE(store.ok()) << store.status();
@@ -258,6 +266,97 @@ TEST(CacheStoreTest, WhenDurableFiresInOrderAfterCommit) {
   ASSERT_TRUE(v.ok());
   ASSERT_TRUE(v->has_value());
   EXPECT_EQ(**v, "v");
+}
+
+// The files may not grow past `limit` bytes while it lives (RLIMIT_FSIZE, SIGXFSZ ignored: a
+// write past it fails with EFBIG, as one fails on a full disk): a real failed write, no seam.
+class FileSizeLimit {
+ public:
+  explicit FileSizeLimit(rlim_t limit) {
+    old_handler_ = signal(SIGXFSZ, SIG_IGN);
+    getrlimit(RLIMIT_FSIZE, &old_);
+    rlimit lim = old_;
+    lim.rlim_cur = limit;
+    ok_ = setrlimit(RLIMIT_FSIZE, &lim) == 0;
+  }
+  ~FileSizeLimit() { Lift(); }
+  bool ok() const { return ok_; }
+  void Lift() {
+    if (lifted_) return;
+    lifted_ = true;
+    setrlimit(RLIMIT_FSIZE, &old_);
+    signal(SIGXFSZ, old_handler_);
+  }
+
+ private:
+  rlimit old_{};
+  sighandler_t old_handler_ = SIG_DFL;
+  bool ok_ = false;
+  bool lifted_ = false;
+};
+
+TEST(CacheStoreTest, AFailedWriteIsReportedAndTheStoreRecoversWhenSpaceReturns) {
+  testing::TempDir dir;
+  Opened o = Open(dir.path(), 1 << 20, 1, std::chrono::milliseconds(50));
+  ASSERT_NE(o.cache, nullptr);
+  std::vector<Traj> trajs(4);
+  const auto insert = [&](int i) {
+    Traj& t = trajs[i];
+    t.Words("system: be brief. ", 0, 1).Words("user " + std::to_string(i) + " asks ", 0, 1);
+    for (int k = 0; k < 200; ++k) t.Words("answer" + std::to_string(i * 1000 + k) + " ", 1, 1);
+    return o.cache->Insert(t.text, t.tokens, t.ends, t.mask, t.logp, 1, t.versions);
+  };
+  ASSERT_TRUE(insert(0).ok());
+  ASSERT_TRUE(o.store->WaitDurable(o.store->last_ticket()).ok());
+  const std::string db = dir.path() + "/router-state.sqlite3";
+  const auto size = [](const std::string& p) {
+    std::error_code ec;
+    const auto n = std::filesystem::file_size(p, ec);
+    return ec ? uintmax_t{0} : n;
+  };
+  {
+    FileSizeLimit full(std::max(size(db), size(db + "-wal")));
+    ASSERT_TRUE(full.ok());
+    ASSERT_TRUE(insert(1).ok());  // in memory; its batch cannot be written
+    const absl::Status lost = o.store->WaitDurable(o.store->last_ticket());
+    ASSERT_FALSE(lost.ok());
+    EXPECT_EQ(lost.code(), absl::StatusCode::kUnavailable);
+    EXPECT_NE(lost.message().find(db), std::string::npos) << lost;
+    CacheStoreStats st = o.store->GetStats();
+    EXPECT_TRUE(st.failed);
+    EXPECT_GE(st.failures, 1);
+    // While it has failed nothing is acknowledged, also after a retry interval or two (the
+    // resyncs fail too while the files may not grow).
+    ASSERT_TRUE(insert(2).ok());
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    EXPECT_FALSE(o.store->WaitDurable(o.store->last_ticket()).ok());
+    EXPECT_TRUE(o.store->GetStats().failed);
+    full.Lift();  // space returns
+    for (int i = 0; i < 200 && o.store->GetStats().failed; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    st = o.store->GetStats();
+    EXPECT_FALSE(st.failed) << st.failure;
+    EXPECT_EQ(st.recoveries, 1);
+  }
+  ASSERT_TRUE(insert(3).ok());
+  ASSERT_TRUE(o.store->WaitDurable(o.store->last_ticket()).ok());
+  o.cache.reset();
+  o.store.reset();
+  // Every trajectory, those whose batches were lost included, is on disk: the resync wrote the
+  // whole cache.
+  Opened r = Open(dir.path());
+  ASSERT_NE(r.cache, nullptr);
+  for (const Traj& t : trajs) {
+    const CacheRetrieval got = r.cache->Retrieve(t.text);
+    ASSERT_EQ(got.matched_bytes, t.text.size());
+    EXPECT_EQ(got.tokens, t.tokens);
+    EXPECT_EQ(got.loss_mask, t.mask);
+    EXPECT_EQ(Bits(got.rollout_logp), Bits(t.logp));
+    EXPECT_EQ(got.token_versions, t.versions);
+  }
+  EXPECT_TRUE(r.cache->ValidateForTesting().ok());
+  EXPECT_EQ(StoredNodes(dir.path()), r.cache->GetStats().entries);
 }
 
 TEST(CacheStoreTest, OneRouterPerFolder) {

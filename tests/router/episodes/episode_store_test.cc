@@ -4,7 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "common/metrics.h"
 #include "gtest/gtest.h"
+#include "services/router/episodes/episode_metrics.h"
 
 namespace rl::router {
 namespace {
@@ -170,6 +172,43 @@ TEST(EpisodeStoreTest, RemoveAgeAndVersionCollectEpisodes) {
   EXPECT_FALSE(store.Export("new", false).ok());
   EXPECT_EQ(store.GetStats().episodes, 0);
   EXPECT_EQ(store.GetStats().tokens, 0);
+}
+
+TEST(EpisodeStoreTest, StatsAndMetricsCountTurnsExportsAndCollection) {
+  std::chrono::steady_clock::time_point now{};
+  EpisodeOptions o;
+  o.ttl = seconds(10);
+  EpisodeStore store(o, [&] { return now; });
+  MetricsRegistry registry;
+  RegisterEpisodeMetrics(&registry, &store);
+  ASSERT_TRUE(store.Record("a", MakeTurn({1}, {}, {2})).ok());
+  ASSERT_TRUE(store.Record("a", MakeTurn({1, 2, 3}, {0, 1}, {4, 5})).ok());
+  ASSERT_TRUE(store.Record("a", MakeTurn({1}, {}, {6})).ok());  // a second root: two samples
+  ASSERT_TRUE(store.Record("b", MakeTurn({7}, {}, {8})).ok());
+  EpisodeStats s = store.GetStats();
+  EXPECT_EQ(s.episodes, 2);
+  EXPECT_EQ(s.turns, 4);
+  EXPECT_EQ(s.tokens, 2 + 5 + 2 + 2);
+  EXPECT_EQ(s.recorded_turns, 4);
+  ASSERT_TRUE(store.Export("a", false).ok());
+  ASSERT_TRUE(store.Export("a", /*remove=*/true).ok());
+  EXPECT_FALSE(store.Export("a", false).ok());  // NOT_FOUND is no export
+  now += seconds(11);                           // "b" idle past the ttl
+  s = store.GetStats();
+  EXPECT_EQ(s.exports, 2);
+  EXPECT_EQ(s.exported_samples, 4);
+  EXPECT_EQ(s.removed, 1);
+  EXPECT_EQ(s.recorded_turns, 4);
+  EXPECT_EQ(s.turns, 1);  // "b" is collected on the next Record or Export
+  EXPECT_FALSE(store.Export("b", false).ok());
+  const std::string text = registry.RenderPrometheus();
+  for (const char* line :
+       {"rl_router_episodes_live 0", "rl_router_episodes_turns 0", "rl_router_episodes_tokens 0",
+        "rl_router_episodes_turns_recorded_total 4", "rl_router_episodes_turns_refused_total 0",
+        "rl_router_episodes_exports_total 2", "rl_router_episodes_exported_samples_total 4",
+        "rl_router_episodes_removed_total 1", "rl_router_episodes_collected_total 1"}) {
+    EXPECT_NE(text.find(std::string(line) + "\n"), std::string::npos) << line << "\n" << text;
+  }
 }
 
 }  // namespace

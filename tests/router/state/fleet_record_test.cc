@@ -2,11 +2,13 @@
 // pause rule (worker_pool.h SetFleetPaused): a worker paused while the fleet is not is never
 // picked, with the reason; the fleet's weights and pause state written through the pool's
 // observer come back into a new pool over the same folder, where a worker behind the restored
-// version is not routed.
+// version is not routed, one ahead of it only once an operator adopted its version, and the
+// workers added or removed at run time are the registry to start with.
 #include "services/router/state/fleet_record.h"
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/testing/fake_pool_worker.h"
@@ -104,9 +106,18 @@ TEST(FleetRecordTest, WeightsAndPauseSurviveARestartAndOldWorkersStayOut) {
     ASSERT_TRUE(l);
     EXPECT_EQ(l->address(), current.address());
   }
-  const rl::v1::WorkerStatus s = StatusOf(pool, old.address());
-  EXPECT_EQ(s.state(), rl::v1::WORKER_STATE_STALE);
+  // Behind the restored in-memory version, which `current` still serves: it can be caught up from
+  // that peer (SYNCING; the pool here has no catch-up handler), never routed meanwhile.
+  rl::v1::WorkerStatus s = StatusOf(pool, old.address());
+  EXPECT_EQ(s.state(), rl::v1::WORKER_STATE_SYNCING);
   EXPECT_NE(s.reason().find("behind the fleet's 5"), std::string::npos) << s.reason();
+  EXPECT_NE(s.reason().find("from a live peer"), std::string::npos) << s.reason();
+  // With no peer at version 5 left it is STALE, and only a resync brings it back.
+  current.Stop();
+  for (int i = 0; i < 3; ++i) pool.CheckAll();
+  s = StatusOf(pool, old.address());
+  EXPECT_EQ(s.state(), rl::v1::WORKER_STATE_STALE);
+  EXPECT_NE(s.reason().find("rlctl workers resync"), std::string::npos) << s.reason();
 }
 
 TEST(FleetRecordTest, AnUnreadableRecordRefusesToStart) {
@@ -119,6 +130,104 @@ TEST(FleetRecordTest, AnUnreadableRecordRefusesToStart) {
   const absl::Status s = record.Restore(&pool);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("fleet.weights"), std::string::npos);
+}
+
+TEST(FleetRecordTest, WorkersAddedAndRemovedAtRunTimeSurviveARestart) {
+  ::rl::testing::TempDir dir;
+  {
+    std::unique_ptr<CacheStore> store = OpenStore(dir.path());
+    ASSERT_NE(store, nullptr);
+    FleetRecord record(store.get());
+    WorkerPool pool(Manual());
+    ASSERT_TRUE(record.Restore(&pool).ok());
+    EXPECT_EQ(record.StartWorkers({"a:1", "b:2"}), (std::vector<std::string>{"a:1", "b:2"}));
+    ASSERT_TRUE(record.RecordAdded("c:3").ok());
+    ASSERT_TRUE(record.RecordRemoved("b:2").ok());  // a --worker flag
+    ASSERT_TRUE(record.RecordAdded("d:4").ok());
+    ASSERT_TRUE(record.RecordRemoved("d:4").ok());  // added, then removed: gone
+    ASSERT_TRUE(record.RecordRemoved("e:5").ok());
+    ASSERT_TRUE(record.RecordAdded("e:5").ok());  // removed, then added back: kept
+  }
+  std::unique_ptr<CacheStore> store = OpenStore(dir.path());
+  ASSERT_NE(store, nullptr);
+  FleetRecord record(store.get());
+  WorkerPool pool(Manual());
+  ASSERT_TRUE(record.Restore(&pool).ok());
+  EXPECT_EQ(record.StartWorkers({"a:1", "b:2", "e:5"}),
+            (std::vector<std::string>{"a:1", "e:5", "c:3"}));
+}
+
+// A worker ahead of the recorded version (the router died in the middle of an update) is never
+// routed, with the reason, until the operator adopts its version; the adopted version is the
+// fleet's (persisted), and the workers now behind it are caught up from the named folder or,
+// without one, listed STALE.
+TEST(FleetRecordTest, AWorkerAheadIsKeptOutUntilItsVersionIsAdopted) {
+  ::rl::testing::TempDir dir;
+  FakePoolWorker current, ahead;
+  current.SetVersion(5);
+  ahead.SetVersion(6);
+  {
+    std::unique_ptr<CacheStore> store = OpenStore(dir.path());
+    ASSERT_NE(store, nullptr);
+    FleetRecord record(store.get());
+    WorkerPool pool(Manual());
+    ASSERT_TRUE(record.Restore(&pool).ok());
+    pool.AddObserver(&record);
+    FleetWeights fleet;
+    fleet.version = 5;
+    fleet.source = FleetWeights::Source::kDisk;
+    fleet.path = "/ckpt/step-5";
+    pool.SetFleetWeights(fleet);
+    pool.RemoveObserver(&record);
+  }
+  std::unique_ptr<CacheStore> store = OpenStore(dir.path());
+  ASSERT_NE(store, nullptr);
+  {
+    FleetRecord record(store.get());
+    WorkerPool pool(Manual());
+    ASSERT_TRUE(record.Restore(&pool).ok());
+    pool.AddObserver(&record);
+    ASSERT_TRUE(pool.Add(current.address()).ok());
+    ASSERT_TRUE(pool.Add(ahead.address()).ok());
+    for (int i = 0; i < 6; ++i) {
+      Lease l = pool.Pick();
+      ASSERT_TRUE(l);
+      EXPECT_EQ(l->address(), current.address());
+    }
+    rl::v1::WorkerStatus s = StatusOf(pool, ahead.address());
+    EXPECT_EQ(s.state(), rl::v1::WORKER_STATE_VERSION_MISMATCH);
+    EXPECT_NE(s.reason().find("ahead of the fleet's 5"), std::string::npos) << s.reason();
+    EXPECT_NE(s.reason().find("rlctl workers adopt"), std::string::npos) << s.reason();
+    // Only a live worker ahead of the fleet can be adopted.
+    EXPECT_EQ(pool.AdoptWorkerVersion(current.address(), "").status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(pool.AdoptWorkerVersion("nowhere:1", "").status().code(),
+              absl::StatusCode::kNotFound);
+    pool.BeginHold();  // an admin broadcast moves versions: not now
+    EXPECT_EQ(pool.AdoptWorkerVersion(ahead.address(), "").status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    pool.EndHold();
+    absl::StatusOr<FleetWeights> adopted = pool.AdoptWorkerVersion(ahead.address(), "");
+    ASSERT_TRUE(adopted.ok()) << adopted.status();
+    EXPECT_EQ(adopted->version, 6);
+    EXPECT_EQ(pool.fleet_weights().Describe(), "adopted:" + ahead.address());
+    for (int i = 0; i < 6; ++i) {
+      Lease l = pool.Pick();
+      ASSERT_TRUE(l);
+      EXPECT_EQ(l->address(), ahead.address());
+    }
+    // No folder named: the worker now behind cannot be caught up by the router.
+    s = StatusOf(pool, current.address());
+    EXPECT_EQ(s.state(), rl::v1::WORKER_STATE_STALE);
+    EXPECT_NE(s.reason().find("adopted without its folder"), std::string::npos) << s.reason();
+    pool.RemoveObserver(&record);
+  }
+  // The adoption is the fleet's record after the next restart.
+  FleetRecord record(store.get());
+  WorkerPool pool(Manual());
+  ASSERT_TRUE(record.Restore(&pool).ok());
+  EXPECT_EQ(pool.fleet_version(), 6);
+  EXPECT_EQ(pool.fleet_weights().source, FleetWeights::Source::kAdopted);
 }
 
 }  // namespace

@@ -153,6 +153,14 @@ def test_tokenize_empty_text_and_file(tmp_path):
     assert one_json_object(r) == {"ids": [[1, 403], [1, 407]]} or len(one_json_object(r)["ids"]) == 2
     r = rlctl("--json", "detokenize", "--tokenizer", STORIES, stdin="[403]\n[407]\n")
     assert len(one_json_object(r)["texts"]) == 2
+    # --jsonl: one JSON string per stdin line, so a text may hold newlines (batch encoding of
+    # rendered conversations); a line that is not a JSON string is an error naming it.
+    r = rlctl("--json", "tokenize", "--tokenizer", STORIES, "--jsonl",
+              stdin=json.dumps(text) + "\n" + json.dumps("Once") + "\n")
+    assert r.returncode == 0, r.stderr
+    assert one_json_object(r) == {"ids": [whole, [1, 403]]}
+    r = rlctl("tokenize", "--tokenizer", STORIES, "--jsonl", stdin='"Once"\n[1]\n')
+    assert r.returncode == 1 and "line 2" in r.stderr and "JSON string" in r.stderr, r.stderr
 
 
 BENCHES = ["engine_bench", "runner_bench", "tokenizer_bench", "update_bench", "router_bench",
