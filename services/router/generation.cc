@@ -237,6 +237,10 @@ rl::v1::GenerateRequest Generation::WorkerRequest() {
   req.set_stream(true);
   req.set_skip_detokenize(true);  // the router decodes the ids itself (OnMessage)
   req.clear_return_trajectory();
+  // Issue 34: the fleet's staleness bound for a request that sets none.
+  if (!req.has_max_version_lag() && env_->max_version_lag >= 0) {
+    req.set_max_version_lag(env_->max_version_lag);
+  }
   req.clear_routing_key();  // the router's business only
   req.clear_group_id();
   req.set_request_id(request_id_);
@@ -279,7 +283,8 @@ bool Generation::OnMessage(rl::v1::GenerateResponse msg,
   if (!msg.has_final()) return true;
   rl::v1::GenerateFinal* f = msg.mutable_final();
   // An abort the worker chose is retried (unless this was the last attempt, whose final is
-  // returned as is); one asked for through Router.Abort is final.
+  // returned as is); one asked for through Router.Abort is final. FINISH_REASON_STALE (the
+  // request's max_version_lag was crossed) is final too: never retried.
   if (f->finish_reason() == rl::v1::FINISH_REASON_ABORT && !sent_any_ &&
       attempt_ < env_->retry.max_attempts && !request_handle_.aborted()) {
     aborted_before_output_ = true;

@@ -75,6 +75,8 @@ struct GenerationEnv {
   // Where completions of requests that name an episode are recorded (null: not recorded).
   EpisodeStore* episodes = nullptr;
   Counter* history_unknown_total = nullptr;  // answers with cache_history_unknown; may be null
+  // The fleet's staleness bound (--max-version-lag), sent with requests that set none; -1: none.
+  int32_t max_version_lag = -1;
 };
 
 // The prompt as the model will see it: cached tokens reused exactly plus the new ones.

@@ -41,6 +41,10 @@ int main(int argc, char** argv) {
   flags.Int("retry-backoff-ms", &c.retry_backoff_ms, "first retry backoff, doubled per retry");
   flags.Int("hold-wait-ms", &c.hold_wait_ms,
             "how long a generation waits for workers that an admin broadcast took out of routing");
+  flags.Int("max-version-lag", &c.max_version_lag,
+            "staleness bound sent with requests that set no max_version_lag: a request the weight "
+            "version moved more than this past its dispatch version ends with finish reason "
+            "stale and its partial output, never retried (-1: none)");
   flags.Int("admin-lock-timeout-ms", &c.admin_lock_timeout_ms,
             "wait for the admin lock before UNAVAILABLE");
   flags.Int("admin-call-timeout-ms", &c.admin_call_timeout_ms,

@@ -66,6 +66,7 @@ absl::Status Validate(const RouterConfig& c) {
   if (c.max_attempts < 1 || c.max_attempts > 100) return bad("max-attempts", "must be in [1, 100]");
   if (c.retry_backoff_ms < 0) return bad("retry-backoff-ms", "must be >= 0");
   if (c.hold_wait_ms < 0) return bad("hold-wait-ms", "must be >= 0");
+  if (c.max_version_lag < -1) return bad("max-version-lag", "must be >= 0, or -1 for none");
   if (c.admin_lock_timeout_ms < 1) return bad("admin-lock-timeout-ms", "must be >= 1");
   if (c.admin_call_timeout_ms < 1) return bad("admin-call-timeout-ms", "must be >= 1");
   if (c.admin_load_timeout_ms < 1) return bad("admin-load-timeout-ms", "must be >= 1");
@@ -222,6 +223,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   service.admin = s->admin_executor_.get();
   service.drain = &s->drain_;
   service.episodes = s->episodes_.get();
+  service.max_version_lag = config.max_version_lag;
   service.fleet_record = s->fleet_record_.get();
   service.refuse_when_store_failed = config.cache_store_failure == "refuse";
   s->router_service_ = std::make_unique<RouterService>(s->pool_.get(), s->cache_.get(),

@@ -66,6 +66,8 @@ struct RouterConfig {
   int max_attempts = 3;
   int retry_backoff_ms = 50;
   int hold_wait_ms = 300000;
+  // Staleness bound for requests that set no max_version_lag (-1: none).
+  int max_version_lag = -1;
   int admin_lock_timeout_ms = 30000;
   int admin_call_timeout_ms = 10000;
   int admin_load_timeout_ms = 600000;

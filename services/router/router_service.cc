@@ -92,6 +92,7 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
     metrics_.RecordPrefix(worker, prompt, cached);
   };
   env_.episodes = options.episodes;
+  env_.max_version_lag = options.max_version_lag;
   env_.history_unknown_total = metrics_.history_unknown_total();
   generate_.env = &env_;
   generate_.pool = pool;

@@ -51,6 +51,8 @@ struct RouterServiceOptions {
   // RemoveWorker, SetWorkerEnabled) are refused UNAVAILABLE; streams in flight go on. May be null.
   const DrainGate* drain = nullptr;
   EpisodeStore* episodes = nullptr;  // agent episodes (null: none recorded, GetEpisode fails)
+  // --max-version-lag: the staleness bound sent with requests that set none (-1: none).
+  int32_t max_version_lag = -1;
   // Persists AddWorker / RemoveWorker (with --cache-dir; null: not kept across restarts).
   FleetRecord* fleet_record = nullptr;
   // --cache-store-failure refuse (generate_reactor.h).

@@ -11,12 +11,26 @@ void ToProto(const AdminOutcome& o, rl::v1::AdminResponse* out) {
   out->set_weight_version(o.weight_version);
   out->set_duration_us(o.duration_us);
   out->set_ready(o.ready);
+  out->set_drained(o.drained);
+  out->set_num_still_active(o.num_still_active);
+  for (const std::string& id : o.still_active_ids) out->add_still_active_ids(id);
+  out->set_num_held(o.num_held);
 }
 
 absl::Status FillFrom(const absl::StatusOr<AdminOutcome>& outcome, rl::v1::AdminResponse* out) {
   if (!outcome.ok()) return outcome.status();
   ToProto(*outcome, out);
   return absl::OkStatus();
+}
+
+absl::StatusOr<absl::Duration> DrainTimeoutFrom(const rl::v1::PauseGenerationRequest& req) {
+  if (!req.has_drain_timeout_ms()) return absl::Milliseconds(kDefaultDrainTimeoutMs);
+  if (req.drain_timeout_ms() < 0 || req.drain_timeout_ms() > kMaxDrainTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat("drain_timeout_ms: must be in [0, ",
+                                                   kMaxDrainTimeoutMs, "], got ",
+                                                   req.drain_timeout_ms()));
+  }
+  return absl::Milliseconds(req.drain_timeout_ms());
 }
 
 GroupRequest GroupRequestFrom(const rl::v1::InitWeightsUpdateGroupRequest& req,
@@ -113,9 +127,10 @@ void ToProto(const std::vector<model::TensorInfo>& weights, rl::v1::ListWeightsR
 }
 
 absl::Status CheckStagePolicy(const UpdatePolicy& policy) {
-  if (policy.abort_all_requests || policy.keep_pause) {
+  if (policy.abort_all_requests || policy.keep_pause || policy.keep_kv) {
     return absl::InvalidArgumentError(
-        "stage: abort_all_requests and keep_pause belong to ActivateWeights, not to a stage");
+        "stage: abort_all_requests, keep_pause and keep_kv belong to ActivateWeights, not to a "
+        "stage");
   }
   return absl::OkStatus();
 }

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "rl/v1/admin.pb.h"
 #include "services/worker/control/worker_control.h"
 #include "services/worker/model/model_runner.h"
@@ -30,12 +31,18 @@ UpdatePolicy PolicyFrom(const Request& req) {
   if (req.has_weight_version()) policy.weight_version = req.weight_version();
   policy.abort_all_requests = req.abort_all_requests();
   if constexpr (requires { req.keep_pause(); }) policy.keep_pause = req.keep_pause();
+  if constexpr (requires { req.keep_kv(); }) policy.keep_kv = req.keep_kv();
   return policy;
 }
 
-// A staged receive or stream (`stage`) takes no engine options: abort_all_requests and
-// keep_pause belong to ActivateWeights (INVALID_ARGUMENT naming them).
+// A staged receive or stream (`stage`) takes no engine options: abort_all_requests,
+// keep_pause and keep_kv belong to ActivateWeights (INVALID_ARGUMENT naming them).
 absl::Status CheckStagePolicy(const UpdatePolicy& policy);
+// PauseGeneration(drain)'s wait: drain_timeout_ms (default kDefaultDrainTimeout, at most
+// kMaxDrainTimeout; negative or larger is INVALID_ARGUMENT).
+inline constexpr int32_t kDefaultDrainTimeoutMs = 60000;
+inline constexpr int32_t kMaxDrainTimeoutMs = 600000;
+absl::StatusOr<absl::Duration> DrainTimeoutFrom(const rl::v1::PauseGenerationRequest& req);
 
 // An InitWeightsUpdateGroup request; an unspecified backend is `default_backend`.
 GroupRequest GroupRequestFrom(const rl::v1::InitWeightsUpdateGroupRequest& req,

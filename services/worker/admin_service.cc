@@ -70,6 +70,10 @@ grpc::ServerUnaryReactor* AdminService::PauseGeneration(Ctx* c,
                                                         rl::v1::AdminResponse* resp) {
   return RunAsync(c, "PauseGeneration", [this, req, resp]() -> absl::Status {
     ASSIGN_OR_RETURN(engine::PauseMode mode, FromProto(req->mode()));
+    if (mode == engine::PauseMode::kDrain) {
+      ASSIGN_OR_RETURN(absl::Duration timeout, DrainTimeoutFrom(*req));
+      return FillFrom(control_.Drain(timeout), resp);
+    }
     return FillFrom(control_.Pause(mode), resp);
   });
 }

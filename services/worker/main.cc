@@ -79,6 +79,10 @@ int main(int argc, char** argv) {
   flags.Int("max-running-requests", &config.max_running_requests, "running batch limit");
   flags.Int("chunked-prefill-tokens", &config.chunked_prefill_tokens, "prefill tokens per step");
   flags.Int("weight-version", &config.weight_version, "initial weight version");
+  flags.Int("max-version-lag", &config.max_version_lag,
+            "staleness bound for requests that set no max_version_lag: a request the weight "
+            "version moved more than this past its dispatch version ends with finish reason "
+            "stale and its partial output (-1: none)");
   rl::MainOptions options{
       .program = "rl-worker", .flags = &flags, .log_level = &config.log_level, .keys = keys};
   auto start = [&] {

@@ -41,6 +41,7 @@ absl::StatusOr<engine::GenerateRequest> ToEngineRequest(const rl::v1::GenerateRe
   }
   r.versions = VersionConstraintOf(proto);
   RETURN_IF_ERROR(r.versions.Validate());
+  if (proto.has_max_version_lag()) r.max_version_lag = proto.max_version_lag();
   r.return_routed_experts = proto.return_routed_experts();
   r.return_expert_weights = proto.return_expert_weights();
   r.routed_experts_start_len =
@@ -69,6 +70,8 @@ rl::v1::FinishReason ToProto(engine::FinishKind kind) {
       return rl::v1::FINISH_REASON_LENGTH;
     case engine::FinishKind::kAbort:
       return rl::v1::FINISH_REASON_ABORT;
+    case engine::FinishKind::kStale:
+      return rl::v1::FINISH_REASON_STALE;
   }
   return rl::v1::FINISH_REASON_UNSPECIFIED;
 }
@@ -77,7 +80,8 @@ void ToProto(const engine::GenerateResult& in, rl::v1::GenerateFinal* out) {
   out->set_finish_reason(ToProto(in.finish_reason.kind));
   out->set_matched_token_id(in.finish_reason.matched_token_id);
   out->set_matched_stop(in.finish_reason.matched_stop);
-  if (in.finish_reason.kind == engine::FinishKind::kAbort) {
+  if (in.finish_reason.kind == engine::FinishKind::kAbort ||
+      in.finish_reason.kind == engine::FinishKind::kStale) {
     out->set_abort_message(in.finish_reason.message);
   }
   out->mutable_output_ids()->Assign(in.output_ids.begin(), in.output_ids.end());
@@ -93,6 +97,8 @@ void ToProto(const engine::GenerateResult& in, rl::v1::GenerateFinal* out) {
     v->set_weight_version(seg.weight_version);
     v->set_num_tokens(seg.num_tokens);
   }
+  out->set_kv_from_older_version(in.kv_from_older_version);
+  out->set_oldest_kv_weight_version(in.oldest_kv_weight_version);
   if (in.routed_top_k > 0) ToProto(in, out->mutable_routed_experts());
   out->mutable_timings()->set_queue_us(in.timings.queue_us);
   out->mutable_timings()->set_ttft_us(in.timings.ttft_us);
@@ -119,6 +125,7 @@ void ToProto(const engine::ServerInfo& in, rl::v1::GetServerInfoResponse* out) {
   out->set_num_running(in.scheduler.num_running);
   for (const auto& id : in.running_ids) out->add_running_ids(id);
   out->set_num_waiting(in.scheduler.num_waiting);
+  out->set_num_held(in.scheduler.num_held);
   out->set_kv_tokens_total(in.scheduler.total_kv_tokens);
   out->set_kv_tokens_available(in.scheduler.available_kv_tokens);
   out->set_tree_cache_tokens(in.scheduler.tree_cache_tokens);
@@ -139,10 +146,13 @@ absl::StatusOr<engine::PauseMode> FromProto(rl::v1::PauseMode mode) {
       return engine::PauseMode::kInPlace;
     case rl::v1::PAUSE_MODE_RETRACT:
       return engine::PauseMode::kRetract;
+    case rl::v1::PAUSE_MODE_DRAIN:
+      return engine::PauseMode::kDrain;
     default:
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mode: must be PAUSE_MODE_ABORT, PAUSE_MODE_IN_PLACE or PAUSE_MODE_RETRACT (got ",
-          static_cast<int>(mode), ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mode: must be PAUSE_MODE_ABORT, PAUSE_MODE_IN_PLACE, PAUSE_MODE_RETRACT or "
+                       "PAUSE_MODE_DRAIN (got ",
+                       static_cast<int>(mode), ")"));
   }
 }
 
@@ -154,6 +164,8 @@ rl::v1::PauseMode ToProto(engine::PauseMode mode) {
       return rl::v1::PAUSE_MODE_IN_PLACE;
     case engine::PauseMode::kRetract:
       return rl::v1::PAUSE_MODE_RETRACT;
+    case engine::PauseMode::kDrain:
+      return rl::v1::PAUSE_MODE_DRAIN;
     case engine::PauseMode::kNone:
       break;
   }

@@ -65,6 +65,7 @@ absl::Status Validate(const WorkerConfig& c) {
   if (c.max_running_requests < 1) return bad("max-running-requests", "must be >= 1");
   if (c.chunked_prefill_tokens < 16) return bad("chunked-prefill-tokens", "must be >= 16");
   if (c.weight_version < 0) return bad("weight-version", "must be >= 0");
+  if (c.max_version_lag < -1) return bad("max-version-lag", "must be >= 0, or -1 for none");
   if (!c.rl_on_policy_target.empty() && c.rl_on_policy_target != "xorl" &&
       c.rl_on_policy_target != "xorl-batch-invariant") {
     return bad("rl-on-policy-target",

@@ -45,6 +45,8 @@ struct WorkerConfig {
   int max_running_requests = 256;
   int chunked_prefill_tokens = 2048;
   int64_t weight_version = 0;
+  // Staleness bound for requests that set no max_version_lag (-1: none).
+  int max_version_lag = -1;
   std::string log_level = "info";
   // SGLang's scheduler protocol (the SMG gateway). The served model name reported to SGLang
   // clients ("": model_path).

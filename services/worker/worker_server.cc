@@ -116,6 +116,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   model::SleepableRunner* const sleepable = runner.get();  // owned by the engine
   engine::EngineOptions engine_options;
   engine_options.scheduler.max_running_requests = config.max_running_requests;
+  engine_options.scheduler.default_max_version_lag = config.max_version_lag;
   engine_options.scheduler.chunked_prefill_size = config.chunked_prefill_tokens;
   engine_options.initial_weight_version = config.weight_version;
   engine_options.enable_return_routed_experts = config.enable_return_routed_experts;

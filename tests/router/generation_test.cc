@@ -431,5 +431,44 @@ TEST_F(GenerationTest, AVersionAbortBeforeOutputIsRetriedOnAQualifyingWorker) {
   EXPECT_EQ(step.worker->address(), "10.0.0.2:1");
 }
 
+// Issue 34: a stale final (the request's max_version_lag was crossed) is never retried, even
+// with no output and attempts left; the fleet's default bound (--max-version-lag) is sent with
+// a request that sets none, and a request's own bound (or -1) is kept.
+TEST_F(GenerationTest, AStaleFinalIsNeverRetriedAndTheFleetBoundIsSent) {
+  env_.max_version_lag = 2;
+  auto g = Make(IdsRequest());
+  ASSERT_NE(g, nullptr);
+  Generation::Step step = g->Next();
+  ASSERT_EQ(step.kind, Kind::kCall);
+  const rl::v1::GenerateRequest wreq = g->WorkerRequest();
+  ASSERT_TRUE(wreq.has_max_version_lag());
+  EXPECT_EQ(wreq.max_version_lag(), 2);
+  std::vector<rl::v1::GenerateResponse> sent;
+  rl::v1::GenerateResponse stale = Final({}, rl::v1::FINISH_REASON_STALE);
+  stale.mutable_final()->set_abort_message("stale: the weight version moved from 4 to 7");
+  EXPECT_TRUE(g->OnMessage(stale, &sent));
+  g->EndAttempt(absl::OkStatus(), std::nullopt);
+  step = g->Next();
+  ASSERT_EQ(step.kind, Kind::kDone);
+  EXPECT_TRUE(step.status.ok()) << step.status;
+  ASSERT_EQ(sent.size(), 1u);
+  EXPECT_EQ(sent[0].final().finish_reason(), rl::v1::FINISH_REASON_STALE);
+  EXPECT_EQ(sent[0].final().attempts(), 1);
+
+  for (int32_t own : {-1, 0, 5}) {
+    rl::v1::GenerateRequest req = IdsRequest();
+    req.set_max_version_lag(own);
+    auto h = Make(req);
+    ASSERT_NE(h, nullptr);
+    ASSERT_EQ(h->Next().kind, Kind::kCall);
+    EXPECT_EQ(h->WorkerRequest().max_version_lag(), own);
+  }
+  env_.max_version_lag = -1;
+  auto none = Make(IdsRequest());
+  ASSERT_NE(none, nullptr);
+  ASSERT_EQ(none->Next().kind, Kind::kCall);
+  EXPECT_FALSE(none->WorkerRequest().has_max_version_lag());
+}
+
 }  // namespace
 }  // namespace rl::router

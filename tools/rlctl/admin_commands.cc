@@ -11,11 +11,15 @@ int Pause(const Options& o, const Client& c) {
   static const std::map<std::string, rl::v1::PauseMode> kModes = {
       {"abort", rl::v1::PAUSE_MODE_ABORT},
       {"in_place", rl::v1::PAUSE_MODE_IN_PLACE},
-      {"retract", rl::v1::PAUSE_MODE_RETRACT}};
+      {"retract", rl::v1::PAUSE_MODE_RETRACT},
+      {"drain", rl::v1::PAUSE_MODE_DRAIN}};
   auto it = kModes.find(o.mode);
-  if (it == kModes.end()) return Fail(o, Usage("pause --mode abort|in_place|retract"));
+  if (it == kModes.end()) {
+    return Fail(o, Usage("pause --mode abort|in_place|retract|drain [--drain-timeout-ms T]"));
+  }
   rl::v1::PauseGenerationRequest req;
   req.set_mode(it->second);
+  if (o.drain_timeout_ms >= 0) req.set_drain_timeout_ms(o.drain_timeout_ms);
   return AdminCall(o, c, req, &rl::v1::Admin::Stub::PauseGeneration);
 }
 
@@ -44,6 +48,7 @@ int UpdateWeights(const Options& o, const Client& c) {
   if (o.version >= 0) req.set_weight_version(o.version);
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);
+  req.set_keep_kv(o.keep_kv);
   req.set_flush_cache(!o.no_flush);
   return AdminCall(o, c, req, &rl::v1::Admin::Stub::UpdateWeightsFromDisk);
 }
@@ -61,6 +66,7 @@ int ActivateWeights(const Options& o, const Client& c) {
   if (o.version >= 0) req.set_weight_version(o.version);
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);
+  req.set_keep_kv(o.keep_kv);
   return AdminCall(o, c, req, &rl::v1::Admin::Stub::ActivateWeights);
 }
 
@@ -76,6 +82,7 @@ int RefitWeights(const Options& o, const Client& c) {
   if (o.version >= 0) req.set_weight_version(o.version);
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);
+  req.set_keep_kv(o.keep_kv);
   return AdminCall(o, c, req, &rl::v1::Admin::Stub::RefitWeights);
 }
 

@@ -38,6 +38,7 @@ int GenerateVia(const Options& o, const Client& c, bool via_router) {
   req.set_return_trajectory(via_router && o.logprobs);
   if (o.min_weight_version >= 0) req.set_min_weight_version(o.min_weight_version);
   if (o.exact_weight_version >= 0) req.set_exact_weight_version(o.exact_weight_version);
+  if (o.max_version_lag != kUnsetVersionLag) req.set_max_version_lag(o.max_version_lag);
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   std::unique_ptr<grpc::ClientReader<rl::v1::GenerateResponse>> reader =

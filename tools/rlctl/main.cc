@@ -17,25 +17,28 @@ constexpr char kCommands[] = R"(Commands:
   generate --text T | --ids 1,2,3 [--max-new-tokens N] [--temperature F] [--top-p F]
            [--top-k N] [--seed N] [--logprobs] [--stop S]... [--top-logprobs-num N]
            [--logprob-start-len N] [--logprobs-at-temperature-one] [--ignore-eos]
-           [--min-weight-version N] [--exact-weight-version N]
+           [--min-weight-version N] [--exact-weight-version N] [--max-version-lag N]
   retrieve --text T
   episode --episode-id ID [--remove]   (router: the episode's turns and one sample per branch)
   abort --request-id ID | --all    (router: forwarded to the worker holding the request;
                                     --all needs the admin key)
-  pause --mode abort|in_place|retract      continue      flush
-  update-weights --from-disk DIR [--version N] [--abort-all] [--keep-pause] [--no-flush]
+  pause --mode abort|in_place|retract|drain [--drain-timeout-ms T]      continue      flush
+  update-weights --from-disk DIR [--version N] [--abort-all] [--keep-pause] [--keep-kv]
+                 [--no-flush]
   stage-weights --from-disk DIR [--version N]   (read while serving; one staged version)
-  activate-weights [--version N] [--abort-all] [--keep-pause]   (swap + flush)
+  activate-weights [--version N] [--abort-all] [--keep-pause] [--keep-kv]   (swap + flush)
   drop-staged-weights
-  refit --from-disk DIR [--version N] [--abort-all] [--keep-pause]   (router: stage on every
+  refit --from-disk DIR [--version N] [--abort-all] [--keep-pause] [--keep-kv]   (router: stage on every
         live worker, activate on all or on none)
   update-weights --distributed --group-name G [--bucket-json LINE]   (else one bucket JSON line
                  per stdin line, as rl-weight-sender prints them)
   init-group --master-address A --master-port P --world-size N --group-name G [--rank-offset R]
              [--backend tcp|nccl] [--group-timeout-ms T]      destroy-group --group-name G
   prepare-weights --group-name G   (bucket JSON lines on stdin, e.g. rl-weight-sender --plan-only)
-  complete-weights --group-name G [--version N] [--abort-all] [--keep-pause] [--stage]
-  receive-weights --group-name G [--version N] [--abort-all] [--keep-pause] [--stage]
+  complete-weights --group-name G [--version N] [--abort-all] [--keep-pause] [--keep-kv]
+                   [--stage]
+  receive-weights --group-name G [--version N] [--abort-all] [--keep-pause] [--keep-kv]
+                  [--stage]
                   (buckets on stdin; --stage: received while serving, kept as the staged
                   version for activate-weights)
   weights-checker --action snapshot|reset_tensors|compare|checksum
@@ -95,7 +98,16 @@ int main(int argc, char** argv) {
   flags.Int("exact-weight-version", &o.exact_weight_version,
             "generate: accept only weight version N (-1: any)");
   flags.StringList("stop", &o.stop, "generate: stop string (repeatable)");
-  flags.String("mode", &o.mode, "pause: abort | in_place | retract");
+  flags.String("mode", &o.mode, "pause: abort | in_place | retract | drain");
+  flags.Int("drain-timeout-ms", &o.drain_timeout_ms,
+            "pause --mode drain: how long the call waits for running requests to finish (-1: the "
+            "server's default, 60000)");
+  flags.Int("max-version-lag", &o.max_version_lag,
+            "generate: end the request with finish reason stale once the weight version moved "
+            "more than N past its dispatch version (-1: no bound; unset: the fleet's default)");
+  flags.Bool("keep-kv", &o.keep_kv,
+             "update-weights / activate-weights / refit / complete-weights / receive-weights: "
+             "in-flight update, running requests keep their KV (no recompute)");
   flags.String("from-disk", &o.from_disk,
                "update-weights / stage-weights / refit / publish / publish-delta: model folder");
   flags.Int("version", &o.version,

@@ -8,6 +8,9 @@
 
 namespace rl::rlctl {
 
+// generate --max-version-lag not given (the server checks every value that is).
+inline constexpr int kUnsetVersionLag = -1000000;
+
 struct Options {
   std::string target = "127.0.0.1:50051";
   std::string api_key;
@@ -32,15 +35,18 @@ struct Options {
   int logprob_start_len = -1;
   bool logprobs_at_temperature_one = false;
   bool ignore_eos = false;
-  int64_t min_weight_version = -1;    // generate: -1 unset
-  int64_t exact_weight_version = -1;  // generate: -1 unset
+  int64_t min_weight_version = -1;         // generate: -1 unset
+  int64_t exact_weight_version = -1;       // generate: -1 unset
+  int max_version_lag = kUnsetVersionLag;  // generate: -1 no bound; others sent as given
   std::vector<std::string> stop;
   std::string mode;
   std::string from_disk;
   int64_t version = -1;
   bool abort_all = false;
   bool keep_pause = false;
-  bool stage = false;  // complete-weights / receive-weights: stage instead of apply
+  bool stage = false;         // complete-weights / receive-weights: stage instead of apply
+  bool keep_kv = false;       // updates: in-flight update keeping the running requests' KV
+  int drain_timeout_ms = -1;  // pause --mode drain: -1 the server's default
   bool no_flush = false;
   std::string action;
   std::string tokenizer;

@@ -125,6 +125,7 @@ int CompleteWeights(const Options& o, const Client& c) {
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);
   req.set_stage(o.stage);
+  req.set_keep_kv(o.keep_kv);
   return AdminCall(o, c, req, &rl::v1::Admin::Stub::CompleteWeightsUpdate);
 }
 
@@ -137,6 +138,7 @@ int ReceiveWeights(const Options& o, const Client& c) {
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);
   req.set_stage(o.stage);
+  req.set_keep_kv(o.keep_kv);
   return AdminCall(o, c, req, &rl::v1::Admin::Stub::ReceiveWeights);
 }
 

@@ -25,7 +25,7 @@ MAX_CLIENT_ID_BYTES = 128
 MAX_CHUNK_BYTES = 256 << 20
 
 PAUSE_MODES = {"abort": admin_pb2.PAUSE_MODE_ABORT, "in_place": admin_pb2.PAUSE_MODE_IN_PLACE,
-               "retract": admin_pb2.PAUSE_MODE_RETRACT}
+               "retract": admin_pb2.PAUSE_MODE_RETRACT, "drain": admin_pb2.PAUSE_MODE_DRAIN}
 CHECKER_ACTIONS = {"snapshot": admin_pb2.WEIGHTS_CHECKER_ACTION_SNAPSHOT,
                    "reset_tensors": admin_pb2.WEIGHTS_CHECKER_ACTION_RESET_TENSORS,
                    "compare": admin_pb2.WEIGHTS_CHECKER_ACTION_COMPARE,
@@ -137,14 +137,24 @@ def set_optional(message: Message, **fields: Any) -> None:
             setattr(message, name, value)
 
 
+def pause_request(mode: str, drain_timeout_ms: Optional[int]
+                  ) -> admin_pb2.PauseGenerationRequest:
+    req = admin_pb2.PauseGenerationRequest(mode=pick(PAUSE_MODES, mode, "mode"))
+    if drain_timeout_ms is not None:
+        if mode != "drain":
+            raise ValueError("drain_timeout_ms: only with mode='drain'")
+        req.drain_timeout_ms = int(drain_timeout_ms)
+    return req
+
+
 def update_from_disk_request(model_path: str, weight_version: Optional[int],
                              abort_all_requests: bool, keep_pause: bool,
                              flush_cache: Optional[bool],
-                             workers: Optional[Sequence[str]]
+                             workers: Optional[Sequence[str]], keep_kv: bool = False
                              ) -> admin_pb2.UpdateWeightsFromDiskRequest:
     req = admin_pb2.UpdateWeightsFromDiskRequest(model_path=str(model_path),
                                                  abort_all_requests=abort_all_requests,
-                                                 keep_pause=keep_pause,
+                                                 keep_pause=keep_pause, keep_kv=keep_kv,
                                                  workers=list(workers or []))
     set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
     return req
@@ -214,7 +224,8 @@ class StreamSource:
 
     def __init__(self, named_tensors: NamedTensors, reporter: Reporter, chunk_bytes: int,
                  weight_version: Optional[int], flush_cache: Optional[bool],
-                 abort_all_requests: bool, keep_pause: bool, stage: bool = False) -> None:
+                 abort_all_requests: bool, keep_pause: bool, keep_kv: bool = False,
+                 stage: bool = False) -> None:
         if not 0 < chunk_bytes <= MAX_CHUNK_BYTES:
             raise ValueError(f"chunk_bytes must be in (0, {MAX_CHUNK_BYTES}], not {chunk_bytes}")
         if isinstance(named_tensors, SafetensorsFile):
@@ -235,6 +246,7 @@ class StreamSource:
         self._options = dict(weight_version=weight_version, flush_cache=flush_cache)
         self._abort_all_requests = abort_all_requests
         self._keep_pause = keep_pause
+        self._keep_kv = keep_kv
         self._stage = stage
         self.error: Optional[BaseException] = None
 
@@ -249,7 +261,7 @@ class StreamSource:
     def _messages(self) -> Iterator[bytes]:
         first = admin_pb2.UpdateWeightsFromTensorRequest(
             abort_all_requests=self._abort_all_requests, keep_pause=self._keep_pause,
-            stage=self._stage)
+            keep_kv=self._keep_kv, stage=self._stage)
         set_optional(first, **self._options)
         options: Optional[admin_pb2.UpdateWeightsFromTensorRequest] = first
         names: set[str] = set()  # the end counts distinct names, as the receiver does
@@ -285,17 +297,17 @@ def stage_request(model_path: str, weight_version: Optional[int]) -> admin_pb2.S
 
 
 def activate_request(weight_version: Optional[int], abort_all_requests: bool,
-                     keep_pause: bool) -> admin_pb2.ActivateWeightsRequest:
+                     keep_pause: bool, keep_kv: bool = False) -> admin_pb2.ActivateWeightsRequest:
     req = admin_pb2.ActivateWeightsRequest(abort_all_requests=abort_all_requests,
-                                           keep_pause=keep_pause)
+                                           keep_pause=keep_pause, keep_kv=keep_kv)
     set_optional(req, weight_version=weight_version)
     return req
 
 
 def refit_request(model_path: str, weight_version: Optional[int], abort_all_requests: bool,
-                  keep_pause: bool) -> admin_pb2.RefitWeightsRequest:
+                  keep_pause: bool, keep_kv: bool = False) -> admin_pb2.RefitWeightsRequest:
     req = admin_pb2.RefitWeightsRequest(model_path=model_path,
                                         abort_all_requests=abort_all_requests,
-                                        keep_pause=keep_pause)
+                                        keep_pause=keep_pause, keep_kv=keep_kv)
     set_optional(req, weight_version=weight_version)
     return req

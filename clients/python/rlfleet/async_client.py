@@ -144,9 +144,14 @@ class AsyncClient:
 
     # Pause, continue, flush -------------------------------------------------------------
 
-    async def pause_generation(self, mode: str = "retract") -> admin_pb2.AdminResponse:
-        req = admin_pb2.PauseGenerationRequest(mode=_rpc.pick(_rpc.PAUSE_MODES, mode, "mode"))
-        return await self._admin("PauseGeneration", req)
+    async def pause_generation(self, mode: str = "retract",
+                               drain_timeout_ms: Optional[int] = None
+                               ) -> admin_pb2.AdminResponse:
+        req = _rpc.pause_request(mode, drain_timeout_ms)
+        timeout = None if drain_timeout_ms is None else self.timeout + drain_timeout_ms / 1000
+        if mode == "drain" and drain_timeout_ms is None:
+            timeout = self.timeout + 60
+        return await self._admin("PauseGeneration", req, timeout)
 
     pause = pause_generation
 
@@ -164,17 +169,18 @@ class AsyncClient:
                                        keep_pause: bool = False,
                                        flush_cache: Optional[bool] = None,
                                        workers: Optional[Sequence[str]] = None,
-                                       timeout: Optional[float] = None
+                                       timeout: Optional[float] = None,
+                                       keep_kv: bool = False
                                        ) -> admin_pb2.AdminResponse:
         req = _rpc.update_from_disk_request(model_path, weight_version, abort_all_requests,
-                                            keep_pause, flush_cache, workers)
+                                            keep_pause, flush_cache, workers, keep_kv)
         return await self._admin("UpdateWeightsFromDisk", req, timeout, load=True)
 
     async def update_weights_from_tensor(self, named_tensors: NamedTensors, *,
                                          weight_version: Optional[int] = None,
                                          flush_cache: Optional[bool] = None,
                                          abort_all_requests: bool = False,
-                                         keep_pause: bool = False,
+                                         keep_pause: bool = False, keep_kv: bool = False,
                                          chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                                          progress: Progress = None, stage: bool = False,
                                          timeout: Optional[float] = None
@@ -182,7 +188,7 @@ class AsyncClient:
         with Reporter(progress, "update_weights_from_tensor", total_bytes(named_tensors)) as rep:
             source = await asyncio.to_thread(
                 _rpc.StreamSource, named_tensors, rep, chunk_bytes, weight_version, flush_cache,
-                abort_all_requests, keep_pause, stage)
+                abort_all_requests, keep_pause, keep_kv, stage)
             messages = source.messages()
 
             async def requests() -> AsyncIterator[bytes]:
@@ -218,10 +224,11 @@ class AsyncClient:
 
     async def activate_weights(self, weight_version: Optional[int] = None,
                                abort_all_requests: bool = False, keep_pause: bool = False,
+                               keep_kv: bool = False,
                                timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         return await self._admin("ActivateWeights",
                                  _rpc.activate_request(weight_version, abort_all_requests,
-                                                       keep_pause), timeout, load=True)
+                                                       keep_pause, keep_kv), timeout, load=True)
 
     async def drop_staged_weights(self,
                                   timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
@@ -230,10 +237,11 @@ class AsyncClient:
 
     async def refit_weights(self, model_path: str, weight_version: Optional[int] = None,
                             abort_all_requests: bool = False, keep_pause: bool = False,
+                            keep_kv: bool = False,
                             timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         return await self._admin("RefitWeights",
                                  _rpc.refit_request(model_path, weight_version,
-                                                    abort_all_requests, keep_pause),
+                                                    abort_all_requests, keep_pause, keep_kv),
                                  timeout, load=True)
 
     async def push_weights(self, named_tensors: NamedTensors, *, stage: bool = False,
@@ -277,11 +285,13 @@ class AsyncClient:
                                       weight_version: Optional[int] = None,
                                       flush_cache: Optional[bool] = None,
                                       abort_all_requests: bool = False, keep_pause: bool = False,
-                                      stage: bool = False, timeout: Optional[float] = None
+                                      keep_kv: bool = False, stage: bool = False,
+                                      timeout: Optional[float] = None
                                       ) -> admin_pb2.AdminResponse:
         req = admin_pb2.CompleteWeightsUpdateRequest(group_name=group_name,
                                                      abort_all_requests=abort_all_requests,
-                                                     keep_pause=keep_pause, stage=stage)
+                                                     keep_pause=keep_pause, keep_kv=keep_kv,
+                                              stage=stage)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
         return await self._admin("CompleteWeightsUpdate", req, timeout, load=True)
 
@@ -289,12 +299,13 @@ class AsyncClient:
                               weight_version: Optional[int] = None,
                               flush_cache: Optional[bool] = None,
                               abort_all_requests: bool = False, keep_pause: bool = False,
-                              stage: bool = False,
+                              keep_kv: bool = False, stage: bool = False,
                               timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         req = admin_pb2.ReceiveWeightsRequest(group_name=group_name,
                                               buckets=_rpc.buckets_proto(buckets),
                                               abort_all_requests=abort_all_requests,
-                                              keep_pause=keep_pause, stage=stage)
+                                              keep_pause=keep_pause, keep_kv=keep_kv,
+                                              stage=stage)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
         return await self._admin("ReceiveWeights", req, timeout, load=True)
 

@@ -141,7 +141,8 @@ class Client:
         Options: every GenerateRequest field (request_id, return_logprob, top_logprobs_num,
         logprob_start_len, logprobs_at_temperature_one, stream, return_trajectory,
         return_routed_experts, return_expert_weights, routed_experts_start_len,
-        min_weight_version, exact_weight_version; routing_key, group_id, episode_id for the
+        min_weight_version, exact_weight_version, max_version_lag; routing_key, group_id,
+        episode_id for the
         router) and every
         sampling field (`sampling=SamplingParams(...)` or keywords: max_new_tokens,
         temperature, top_p, top_k, min_p, seed, n, stop, stop_token_ids, ignore_eos, ...)."""
@@ -186,12 +187,19 @@ class Client:
 
     # Pause, continue, flush -------------------------------------------------------------
 
-    def pause_generation(self, mode: str = "retract") -> admin_pb2.AdminResponse:
+    def pause_generation(self, mode: str = "retract",
+                         drain_timeout_ms: Optional[int] = None) -> admin_pb2.AdminResponse:
         """Pauses scheduling: "abort" (every request ends now, finish reason abort),
-        "in_place" (running requests keep their KV) or "retract" (running requests go back to
-        waiting, their KV freed; resumed from where they were)."""
-        req = admin_pb2.PauseGenerationRequest(mode=_rpc.pick(_rpc.PAUSE_MODES, mode, "mode"))
-        return self._admin("PauseGeneration", req)
+        "in_place" (running requests keep their KV), "retract" (running requests go back to
+        waiting, their KV freed; resumed from where they were) or "drain" (running and queued
+        requests finish, new ones wait for the continue; returns once drained, or after
+        `drain_timeout_ms` (server default 60000) with `drained` false and what still runs in
+        `num_still_active` / `still_active_ids`; `num_held`: arrivals waiting)."""
+        req = _rpc.pause_request(mode, drain_timeout_ms)
+        timeout = None if drain_timeout_ms is None else self.timeout + drain_timeout_ms / 1000
+        if mode == "drain" and drain_timeout_ms is None:
+            timeout = self.timeout + 60
+        return self._admin("PauseGeneration", req, timeout)
 
     pause = pause_generation
 
@@ -210,21 +218,25 @@ class Client:
                                  abort_all_requests: bool = False, keep_pause: bool = False,
                                  flush_cache: Optional[bool] = None,
                                  workers: Optional[Sequence[str]] = None,
-                                 timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+                                 timeout: Optional[float] = None,
+                                 keep_kv: bool = False) -> admin_pb2.AdminResponse:
         """Loads a checkpoint folder (config.json + *.safetensors of the served architecture):
         pause → load → atomic swap → flush → version = `weight_version` (default current+1)
         → resume unless `keep_pause`. Refused while requests are active unless
         `abort_all_requests` or paused with retract; a failed load leaves the old weights
         serving. `workers` (router only): only those workers, the resync call (see
-        resync_workers)."""
+        resync_workers). `keep_kv`: an in-flight update, the running requests keep their KV
+        (computed by the old weights) and go on decoding with the new ones, no retract or
+        recompute; their results say kv_from_older_version (docs/weight-updates.md)."""
         req = _rpc.update_from_disk_request(model_path, weight_version, abort_all_requests,
-                                            keep_pause, flush_cache, workers)
+                                            keep_pause, flush_cache, workers, keep_kv)
         return self._admin("UpdateWeightsFromDisk", req, timeout, load=True)
 
     def update_weights_from_tensor(self, named_tensors: NamedTensors, *,
                                    weight_version: Optional[int] = None,
                                    flush_cache: Optional[bool] = None,
                                    abort_all_requests: bool = False, keep_pause: bool = False,
+                                   keep_kv: bool = False,
                                    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                                    progress: Progress = None, stage: bool = False,
                                    timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
@@ -244,7 +256,7 @@ class Client:
         activate_weights); through the router all or none."""
         with Reporter(progress, "update_weights_from_tensor", total_bytes(named_tensors)) as rep:
             source = _rpc.StreamSource(named_tensors, rep, chunk_bytes, weight_version,
-                                       flush_cache, abort_all_requests, keep_pause, stage)
+                                       flush_cache, abort_all_requests, keep_pause, keep_kv, stage)
             fn = self._callable("stream_unary", ADMIN, "UpdateWeightsFromTensor",
                                 admin_pb2.AdminResponse, _rpc.identity)
             try:
@@ -269,14 +281,17 @@ class Client:
 
     def activate_weights(self, weight_version: Optional[int] = None,
                          abort_all_requests: bool = False, keep_pause: bool = False,
+                         keep_kv: bool = False,
                          timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Serves the staged version (from disk, a staged tensor push or a staged group
         receive): the pause is the swap and the prefix-cache flush; running requests are
         retracted and go on with the new weights (or aborted with abort_all_requests).
         `weight_version`, when given, must be the staged one. Through the router: all or none
-        (every live worker must have the same version staged)."""
+        (every live worker must have the same version staged). `keep_kv`: an in-flight update,
+        the running requests keep their KV (no recompute)."""
         return self._admin("ActivateWeights",
-                           _rpc.activate_request(weight_version, abort_all_requests, keep_pause),
+                           _rpc.activate_request(weight_version, abort_all_requests, keep_pause,
+                                                 keep_kv),
                            timeout, load=True)
 
     def drop_staged_weights(self, timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
@@ -285,6 +300,7 @@ class Client:
 
     def refit_weights(self, model_path: str, weight_version: Optional[int] = None,
                       abort_all_requests: bool = False, keep_pause: bool = False,
+                      keep_kv: bool = False,
                       timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Router only: the transactional fleet refit from a checkpoint folder. Stages on every
         live worker, then activates them all; if any fails to stage none activates, the staged
@@ -292,7 +308,7 @@ class Client:
         reason). For in-memory tensors: push_weights(..., stage=True), then activate_weights."""
         return self._admin("RefitWeights",
                            _rpc.refit_request(model_path, weight_version, abort_all_requests,
-                                              keep_pause), timeout, load=True)
+                                              keep_pause, keep_kv), timeout, load=True)
 
     def push_weights(self, named_tensors: NamedTensors, *, stage: bool = False,
                      group: Optional["WeightsGroup"] = None,
@@ -351,21 +367,22 @@ class Client:
     def complete_weights_update(self, group_name: str, weight_version: Optional[int] = None,
                                 flush_cache: Optional[bool] = None,
                                 abort_all_requests: bool = False, keep_pause: bool = False,
-                                stage: bool = False,
+                                keep_kv: bool = False, stage: bool = False,
                                 timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Two-phase receive, second half: waits for the data, then pause (retract) → apply
         every tensor atomically → flush → bump → resume unless keep_pause. `stage`: keep the
         received tensors as the staged version instead (no pause; activate_weights serves it)."""
         req = admin_pb2.CompleteWeightsUpdateRequest(group_name=group_name,
                                                      abort_all_requests=abort_all_requests,
-                                                     keep_pause=keep_pause, stage=stage)
+                                                     keep_pause=keep_pause, keep_kv=keep_kv,
+                                              stage=stage)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
         return self._admin("CompleteWeightsUpdate", req, timeout, load=True)
 
     def receive_weights(self, group_name: str, buckets: Sequence[Any],
                         weight_version: Optional[int] = None,
                         flush_cache: Optional[bool] = None, abort_all_requests: bool = False,
-                        keep_pause: bool = False, stage: bool = False,
+                        keep_pause: bool = False, keep_kv: bool = False, stage: bool = False,
                         timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Single-call receive: pause (retract) → receive every listed bucket → apply atomically
         → flush → bump → resume unless keep_pause. The broadcast runs while the call waits.
@@ -374,7 +391,8 @@ class Client:
         req = admin_pb2.ReceiveWeightsRequest(group_name=group_name,
                                               buckets=_rpc.buckets_proto(buckets),
                                               abort_all_requests=abort_all_requests,
-                                              keep_pause=keep_pause, stage=stage)
+                                              keep_pause=keep_pause, keep_kv=keep_kv,
+                                              stage=stage)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
         return self._admin("ReceiveWeights", req, timeout, load=True)
 

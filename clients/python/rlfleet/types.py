@@ -56,6 +56,7 @@ def build_generate_request(text: Optional[str] = None,
                            routed_experts_start_len: Optional[int] = None,
                            min_weight_version: Optional[int] = None,
                            exact_weight_version: Optional[int] = None,
+                           max_version_lag: Optional[int] = None,
                            routing_key: str = "", group_id: str = "", episode_id: str = "",
                            **sampling_kwargs: Any) -> "generate_pb2.GenerateRequest":
     """Every rl.v1.GenerateRequest field; sampling fields as `sampling=` or keyword arguments.
@@ -63,7 +64,9 @@ def build_generate_request(text: Optional[str] = None,
     --policy affinity (docs/routing.md); `episode_id` records the turn in an agent episode
     (docs/episodes.md). `min_weight_version` / `exact_weight_version`: the weight versions the
     request accepts (the fleet never serves it with others; UNAVAILABLE when none serves one
-    within the deadline)."""
+    within the deadline). `max_version_lag`: the staleness bound, the request ends with
+    finish_reason "stale" and its partial output once the weight version moved more than this
+    past its dispatch version (-1: no bound; None: the fleet's default)."""
     if (text is None) == (input_ids is None):
         raise ValueError("exactly one of text or input_ids is required")
     if sampling is None:
@@ -94,6 +97,8 @@ def build_generate_request(text: Optional[str] = None,
         req.min_weight_version = min_weight_version
     if exact_weight_version is not None:
         req.exact_weight_version = exact_weight_version
+    if max_version_lag is not None:
+        req.max_version_lag = max_version_lag
     return req
 
 
@@ -189,6 +194,9 @@ class GenerateResult:
     total_us: int
     trajectory: Optional[Trajectory]
     routed_experts: Optional[RoutedExperts] = None
+    # An in-flight update (keep_kv) crossed it: the prefix KV came from an older version.
+    kv_from_older_version: bool = False
+    oldest_kv_weight_version: int = 0
 
     def token_weight_versions(self) -> list[int]:
         """The weight version of every output token (segments expanded; weight_version for
@@ -219,7 +227,9 @@ class GenerateResult:
             queue_us=f.timings.queue_us, ttft_us=f.timings.ttft_us, total_us=f.timings.total_us,
             trajectory=Trajectory.from_proto(f.trajectory) if f.HasField("trajectory") else None,
             routed_experts=(RoutedExperts.from_proto(f.routed_experts)
-                            if f.HasField("routed_experts") else None))
+                            if f.HasField("routed_experts") else None),
+            kv_from_older_version=f.kv_from_older_version,
+            oldest_kv_weight_version=f.oldest_kv_weight_version)
 
 
 def chunk_from_proto(msg: Any) -> Chunk:

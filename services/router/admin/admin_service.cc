@@ -87,8 +87,21 @@ grpc::ServerUnaryReactor* AdminService::ForwardStage(
 grpc::ServerUnaryReactor* AdminService::PauseGeneration(Ctx* c,
                                                         const rl::v1::PauseGenerationRequest* req,
                                                         rl::v1::AdminResponse* resp) {
-  return Forward(c, req, resp, {.what = "PauseGeneration", .hold = true, .sets_paused = true},
-                 &AsyncAdmin::PauseGeneration);
+  Plan plan{.what = "PauseGeneration", .hold = true, .sets_paused = true};
+  if (req->mode() == rl::v1::PAUSE_MODE_DRAIN) {
+    // The workers answer once drained or after drain_timeout_ms: their deadline covers it.
+    // Requests arriving meanwhile wait for the hold like in any pause (bounded by their own
+    // deadline and --hold-wait-ms), then queue on the paused workers until the continue.
+    constexpr int32_t kDefaultDrainMs = 60000, kMaxDrainMs = 600000;
+    const int32_t ms = req->has_drain_timeout_ms() ? req->drain_timeout_ms() : kDefaultDrainMs;
+    if (ms < 0 || ms > kMaxDrainMs) {
+      if (absl::Status s = auth_->Check(*c); !s.ok()) return FinishUnary(c, s);
+      return FinishUnary(c, absl::InvalidArgumentError(absl::StrCat(
+                                "drain_timeout_ms: must be in [0, ", kMaxDrainMs, "], got ", ms)));
+    }
+    plan.extra_timeout = std::chrono::milliseconds(ms);
+  }
+  return Forward(c, req, resp, std::move(plan), &AsyncAdmin::PauseGeneration);
 }
 
 grpc::ServerUnaryReactor* AdminService::ContinueGeneration(
@@ -602,6 +615,7 @@ absl::Status AdminService::RefitLocked(Ctx* c, const rl::v1::RefitWeightsRequest
   activate.set_weight_version(version);
   activate.set_abort_all_requests(req.abort_all_requests());
   activate.set_keep_pause(req.keep_pause());
+  activate.set_keep_kv(req.keep_kv());
   Plan plan{.what = "RefitWeights (activate)",
             .deadline = Deadline::kLoad,
             .hold = true,

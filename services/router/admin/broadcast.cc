@@ -11,6 +11,9 @@
 namespace rl::router::admin {
 namespace {
 
+// Ids of requests still active after a drain listed in the router's answer, at most.
+constexpr int kMaxListedIds = 64;
+
 std::string CodeName(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
 }
@@ -77,7 +80,7 @@ void Broadcaster::Prepare(Ctx* caller, grpc::ClientContext* ctx,
 void Broadcaster::StartOne(const Plan& plan, Ctx* caller, const std::shared_ptr<Worker>& w,
                            size_t index, const WorkerCall& call, WorkerCallState* c,
                            std::function<void()> finished) {
-  const std::chrono::milliseconds timeout = Timeout(plan.deadline);
+  const std::chrono::milliseconds timeout = Timeout(plan.deadline) + plan.extra_timeout;
   c->deadline = std::chrono::system_clock::now() + timeout;
   Prepare(caller, &c->ctx, timeout);
   c->guard.emplace(&w->calls(), &c->ctx);
@@ -212,6 +215,7 @@ absl::Status Broadcaster::BroadcastTo(const Plan& plan, Ctx* caller, const Worke
   bool all_ok = !targets.empty();
   bool all_ready = !targets.empty();  // PrepareWeightsUpdate: posted everywhere
   bool any_ok = false;
+  bool all_drained = !targets.empty();  // PauseGeneration(drain): drained everywhere
   int64_t version = -1;
   for (size_t i = 0; i < targets.size(); ++i) {
     const Result& r = calls[i].result;
@@ -225,6 +229,13 @@ absl::Status Broadcaster::BroadcastTo(const Plan& plan, Ctx* caller, const Worke
     resp->set_num_aborted(resp->num_aborted() + r.resp.num_aborted());
     all_ok = all_ok && r.status.ok();
     all_ready = all_ready && r.status.ok() && r.resp.ready();
+    all_drained = all_drained && r.status.ok() && r.resp.drained();
+    resp->set_num_still_active(resp->num_still_active() + r.resp.num_still_active());
+    resp->set_num_held(resp->num_held() + r.resp.num_held());
+    for (const std::string& id : r.resp.still_active_ids()) {
+      if (resp->still_active_ids_size() >= kMaxListedIds) break;
+      resp->add_still_active_ids(absl::StrCat(targets[i]->address(), "/", id));
+    }
     if (r.status.ok()) {
       any_ok = true;
       version = std::max(version, r.resp.weight_version());
@@ -239,6 +250,7 @@ absl::Status Broadcaster::BroadcastTo(const Plan& plan, Ctx* caller, const Worke
   for (size_t i = 0; i < targets.size(); ++i) num_failed += calls[i].result.status.ok() ? 0 : 1;
   resp->set_success(all_ok);
   resp->set_ready(all_ready);
+  resp->set_drained(all_drained);
   resp->set_weight_version(version);
   resp->set_message(targets.empty() ? std::string("no live worker")
                     : num_failed == 0

@@ -65,6 +65,9 @@ enum class Partial { kNever, kTensor, kDistributed, kGroup };
 struct Plan {
   const char* what = "";
   Deadline deadline = Deadline::kControl;
+  // Added to each worker's deadline: the time the call may legitimately wait on the worker
+  // (PauseGeneration(drain)'s drain_timeout_ms).
+  std::chrono::milliseconds extra_timeout{0};
   bool hold = false;   // hold each target out of routing during its call, probe it after
   bool probe = false;  // probe each target after a successful call (wake)
   Partial partial = Partial::kNever;

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/weights/weight_updates.h"
 #include "services/worker/weights/weights_checker.h"
@@ -62,6 +63,11 @@ class WorkerControl {
 
   // ---- scheduling (engine.h has the pause modes' semantics) ----
   virtual absl::StatusOr<AdminOutcome> Pause(engine::PauseMode mode) = 0;
+  // Drain pause (Engine::Drain): running and queued requests finish, new ones wait for the
+  // continue; returns once drained or after `timeout` with what is still active.
+  virtual absl::StatusOr<AdminOutcome> Drain(absl::Duration timeout) {
+    return absl::UnimplementedError("drain pause");
+  }
   // FAILED_PRECONDITION while asleep.
   virtual absl::StatusOr<AdminOutcome> Continue() = 0;
   // FAILED_PRECONDITION while requests are active (see Engine::FlushCache).

@@ -75,6 +75,26 @@ absl::StatusOr<AdminOutcome> WorkerController::Pause(engine::PauseMode mode) {
   return out;
 }
 
+absl::StatusOr<AdminOutcome> WorkerController::Drain(absl::Duration timeout) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(engine::DrainResult r, deps_.engine->Drain(timeout));
+  AdminOutcome out;
+  out.drained = r.drained;
+  out.num_still_active = r.num_still_active;
+  out.still_active_ids = std::move(r.still_active_ids);
+  out.num_held = r.num_held;
+  const engine::ServerInfo info = deps_.engine->GetServerInfo();
+  const char* mode = engine::PauseModeName(info.pause_mode);
+  out.message =
+      r.drained ? absl::StrCat("paused (drain): drained; ", r.num_held,
+                               " requests that arrived meanwhile wait for the continue")
+                : absl::StrCat("paused (", mode, "): not drained, ", r.num_still_active,
+                               " requests still active (", r.num_held, " held for the continue)");
+  out.weight_version = deps_.engine->weight_version();
+  out.duration_us = MicrosSince(start);
+  return out;
+}
+
 absl::StatusOr<AdminOutcome> WorkerController::Continue() {
   const auto start = std::chrono::steady_clock::now();
   if (asleep()) {

@@ -39,6 +39,7 @@ class WorkerController final : public WorkerControl {
   explicit WorkerController(Deps deps);
 
   absl::StatusOr<AdminOutcome> Pause(engine::PauseMode mode) override;
+  absl::StatusOr<AdminOutcome> Drain(absl::Duration timeout) override;
   absl::StatusOr<AdminOutcome> Continue() override;
   absl::StatusOr<AdminOutcome> FlushCache() override;
   absl::StatusOr<AdminOutcome> ReleaseMemory() override;

@@ -23,6 +23,8 @@ const char* PauseModeName(PauseMode mode) {
   switch (mode) {
     case PauseMode::kNone:
       return "none";
+    case PauseMode::kDrain:
+      return "drain";
     case PauseMode::kInPlace:
       return "in_place";
     case PauseMode::kRetract:
@@ -44,12 +46,11 @@ absl::Status EngineContext::ReplaceRunner(std::unique_ptr<model::ModelRunner> ru
 
 void EngineContext::Pause(PauseMode mode) { engine_->ApplyPause(mode); }
 
-void EngineContext::Continue() {
-  engine_->paused_ = false;
-  engine_->pause_mode_ = PauseMode::kNone;
-}
+void EngineContext::Continue() { engine_->ApplyContinue(); }
 
 absl::Status EngineContext::FlushCache() { return engine_->ApplyFlush(); }
+
+int32_t EngineContext::KeepKvThroughUpdate() { return engine_->scheduler_->KeepKvThroughUpdate(); }
 
 int32_t EngineContext::AbortAll(const std::string& message) {
   return engine_->scheduler_->AbortAll(message, NowUs());
@@ -268,10 +269,36 @@ absl::Status Engine::Pause(PauseMode mode) {
 
 absl::Status Engine::Continue() {
   return Call([&] {
-    paused_ = false;
-    pause_mode_ = PauseMode::kNone;
+    ApplyContinue();
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<DrainResult> Engine::Drain(absl::Duration timeout) {
+  bool drains = false;
+  RETURN_IF_ERROR(Call([&] {
+    ApplyPause(PauseMode::kDrain);
+    drains = pause_mode_ == PauseMode::kDrain;
+    return absl::OkStatus();
+  }));
+  // The snapshot is published under mu_ after every step and command, so the condition is
+  // re-checked whenever it may have changed; no polling.
+  auto settled = [this, drains]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const SchedulerStats& st = snapshot_.scheduler;
+    return !drains || stopping_ || (st.num_running == 0 && st.num_waiting == 0) ||
+           !snapshot_.paused || snapshot_.pause_mode != PauseMode::kDrain;
+  };
+  DrainResult out;
+  mu_.LockWhenWithDeadline(absl::Condition(&settled), absl::Now() + timeout);
+  const ServerInfo& info = snapshot_;
+  out.num_still_active = info.scheduler.num_running + info.scheduler.num_waiting;
+  out.drained = out.num_still_active == 0;
+  out.num_held = info.scheduler.num_held;
+  for (size_t i = 0; i < info.running_ids.size() && i < DrainResult::kMaxDrainIds; ++i) {
+    out.still_active_ids.push_back(info.running_ids[i]);
+  }
+  mu_.Unlock();
+  return out;
 }
 
 absl::Status Engine::FlushCache() {
@@ -307,6 +334,15 @@ void Engine::ApplyPause(PauseMode mode) {
   }
   pause_mode_ = paused_ ? std::max(pause_mode_, mode) : mode;
   paused_ = true;
+  // Arrivals wait for the continue in every pause; a drain keeps them apart from what it
+  // finishes (a stronger pause keeps the held ones held).
+  if (mode == PauseMode::kDrain) scheduler_->Hold(true);
+}
+
+void Engine::ApplyContinue() {
+  paused_ = false;
+  pause_mode_ = PauseMode::kNone;
+  scheduler_->Hold(false);
 }
 
 absl::Status Engine::ApplyFlush() {
@@ -343,7 +379,9 @@ absl::Status Engine::ApplyReplaceRunner(std::unique_ptr<model::ModelRunner> runn
   return scheduler_->Flush();
 }
 
-bool Engine::CanStep() const { return !paused_ && scheduler_->HasWork(); }
+bool Engine::CanStep() const {
+  return (!paused_ || pause_mode_ == PauseMode::kDrain) && scheduler_->HasWork();
+}
 
 void Engine::Loop() {
   while (true) {

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/model_io/model_config.h"
 #include "services/worker/engine/kv_events.h"
 #include "services/worker/engine/request.h"
@@ -38,8 +39,9 @@
 
 namespace rl::engine {
 
-// Ordered by strength: a pause with a stronger mode overrides a weaker one.
-enum class PauseMode { kNone = 0, kInPlace = 1, kRetract = 2, kAbort = 3 };
+// Ordered by strength: a pause with a stronger mode overrides a weaker one. kDrain keeps
+// stepping what was admitted before it and holds what arrives after it.
+enum class PauseMode { kNone = 0, kDrain = 1, kInPlace = 2, kRetract = 3, kAbort = 4 };
 
 const char* PauseModeName(PauseMode mode);
 
@@ -60,6 +62,16 @@ struct EngineOptions {
   // subscribe at once.
   int64_t kv_event_buffer_units = int64_t{1} << 22;
   int32_t max_kv_event_subscribers = 16;
+};
+
+// What a drain pause left (Engine::Drain).
+struct DrainResult {
+  // Nothing admitted before the pause runs or waits any more.
+  bool drained = false;
+  int32_t num_still_active = 0;               // running + waiting when the call returned
+  std::vector<std::string> still_active_ids;  // the running ones' ids, at most kMaxDrainIds
+  int32_t num_held = 0;                       // arrived during the drain; wait for Continue
+  static constexpr size_t kMaxDrainIds = 64;
 };
 
 // A snapshot of the engine, published by the engine thread after every step and command.
@@ -90,6 +102,9 @@ class EngineContext {
   void Pause(PauseMode mode);
   void Continue();
   absl::Status FlushCache();
+  // In-flight update (keep_kv): after the weights changed under running sequences, keep their
+  // KV instead of a flush (Scheduler::KeepKvThroughUpdate). Returns how many kept KV.
+  int32_t KeepKvThroughUpdate();
   int32_t AbortAll(const std::string& message);
   bool paused() const;
   PauseMode pause_mode() const;
@@ -131,8 +146,15 @@ class Engine {
   // kAbort finishes every waiting and running request with kAbort; kInPlace stops scheduling
   // and keeps the KV; kRetract moves running requests back to the waiting queue and frees their
   // KV (prefilled again on Continue). A paused engine keeps the stronger mode (in_place <
-  // retract < abort); requests submitted while paused wait.
+  // retract < abort); requests submitted while paused wait. kDrain keeps stepping what was
+  // submitted before it (running and waiting) and holds what is submitted after it (bounded by
+  // max_queued_requests; an abort or a cancel ends a held request like any other) until
+  // Continue; use Drain to wait for it.
   absl::Status Pause(PauseMode mode);
+  // Pause(kDrain), then waits until nothing admitted before it runs or waits, the engine
+  // leaves the drain (Continue, a stronger pause) or `timeout` passed. Never waits when a
+  // stronger pause was in force already (nothing would drain).
+  absl::StatusOr<DrainResult> Drain(absl::Duration timeout);
   absl::Status Continue();
   // FAILED_PRECONDITION while a request runs or waits, unless paused with retract (or abort):
   // then the waiting requests survive and are recomputed.
@@ -182,6 +204,7 @@ class Engine {
   // Hands this step's KV events to the log; stops recording once nobody subscribes.
   void PublishKvEvents();
   void ApplyPause(PauseMode mode);
+  void ApplyContinue();
   absl::Status ApplyFlush();
   absl::Status ApplyReplaceRunner(std::unique_ptr<model::ModelRunner> runner);
 

@@ -129,6 +129,12 @@ void KvCacheManager::InsertComputed(const Sequence& seq, int64_t n) {
   pool_.Free(duplicates);
 }
 
+void KvCacheManager::EvictUnlocked() {
+  std::vector<int32_t> evicted;
+  tree_.Evict(tree_.cached_tokens() / page_size_ + 1, &evicted);
+  pool_.Free(evicted);
+}
+
 void KvCacheManager::Reset() {
   std::vector<int32_t> pages;
   tree_.Reset(&pages);

@@ -51,6 +51,9 @@ class KvCacheManager {
   absl::Span<const int32_t> row(const Sequence& seq) const { return req_to_token_.row(seq.row); }
   // Empties the cache, the pool and the table. No sequence may hold a row.
   void Reset();
+  // Evicts every cached page no sequence pins (an in-flight update: stale KV is never reused
+  // while running sequences keep theirs).
+  void EvictUnlocked();
 
   int64_t num_free_rows() const { return req_to_token_.num_free(); }
   int32_t num_used_rows() const { return req_to_token_.num_used(); }

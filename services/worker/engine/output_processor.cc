@@ -111,9 +111,8 @@ void OutputProcessor::RecordRouting(const BatchEntry& e, const SampledBatch& out
 }
 void OutputProcessor::Finish(Sequence* seq, FinishReason reason, int64_t weight_version,
                              int64_t now_us) {
-  if (reason.kind == FinishKind::kAbort) {
-    ++num_aborted_;
-  }
+  if (reason.kind == FinishKind::kAbort) ++num_aborted_;
+  if (reason.kind == FinishKind::kStale) ++num_stale_;
   ++num_finished_;
 
   GenerateResult result;
@@ -132,6 +131,8 @@ void OutputProcessor::Finish(Sequence* seq, FinishReason reason, int64_t weight_
       seq->version_segments.empty() ? weight_version : seq->version_segments.back().weight_version;
   result.dispatch_weight_version = seq->dispatch_version;
   result.weight_version_segments = std::move(seq->version_segments);
+  result.kv_from_older_version = seq->kv_from_older_version;
+  result.oldest_kv_weight_version = seq->kv_from_older_version ? seq->oldest_kv_version : 0;
   if (seq->request().return_routed_experts) {
     result.routed_experts = std::move(seq->routed_experts);
     result.expert_weights = std::move(seq->expert_weights);

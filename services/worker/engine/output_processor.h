@@ -53,6 +53,7 @@ class OutputProcessor {
   int64_t generated_tokens() const { return generated_tokens_; }
   int64_t num_finished() const { return num_finished_; }
   int64_t num_aborted() const { return num_aborted_; }
+  int64_t num_stale() const { return num_stale_; }
 
  private:
   // Stop strings: feeds `token` to the sequence's text stream and appends the text it made
@@ -65,6 +66,7 @@ class OutputProcessor {
   int64_t generated_tokens_ = 0;
   int64_t num_finished_ = 0;
   int64_t num_aborted_ = 0;
+  int64_t num_stale_ = 0;
 };
 
 }  // namespace rl::engine

@@ -20,6 +20,9 @@ absl::Status ValidateRequest(const GenerateRequest& r, const EngineLimits& limit
   if (r.id.empty()) return Invalid("id", "must not be empty");
   if (r.input_ids.empty()) return Invalid("input_ids", "the prompt must not be empty");
   if (absl::Status s = r.versions.Validate(); !s.ok()) return s;
+  if (r.max_version_lag.has_value() && *r.max_version_lag < -1) {
+    return Invalid("max_version_lag", "must be >= 0, or -1 for no bound");
+  }
   for (size_t i = 0; i < r.input_ids.size(); ++i) {
     const int32_t t = r.input_ids[i];
     if (t < 0 || t >= limits.vocab_size) {

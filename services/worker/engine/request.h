@@ -72,6 +72,10 @@ struct GenerateRequest {
   // both versions) rather than run it on another version, e.g. after retract -> update ->
   // continue. Validated (VersionConstraint::Validate) by ValidateRequest.
   VersionConstraint versions;
+  // Staleness bound: when the engine's version moves more than this past the version the
+  // request was dispatched at, it finishes with kStale and its partial output. Unset: the
+  // engine's default (EngineOptions::default_max_version_lag); -1: no bound.
+  std::optional<int32_t> max_version_lag;
 };
 
 inline constexpr int32_t kMaxTopLogprobs = 20;
@@ -98,7 +102,9 @@ struct OutputChunk {
   std::vector<TokenLogprob> logprobs;  // one per token when return_logprob
 };
 
-enum class FinishKind { kStop, kLength, kAbort };
+// kStale: the weight version moved more than the request's max_version_lag past its dispatch
+// version (issue 34); the result carries the partial output like kAbort.
+enum class FinishKind { kStop, kLength, kAbort, kStale };
 
 struct FinishReason {
   FinishKind kind = FinishKind::kLength;
@@ -106,7 +112,7 @@ struct FinishReason {
   int32_t matched_token_id = -1;
   // kStop: the stop string that matched, empty otherwise.
   std::string matched_stop;
-  // kAbort: why.
+  // kAbort, kStale: why.
   std::string message;
 };
 
@@ -146,6 +152,11 @@ struct GenerateResult {
   // More than one segment only when the request crossed a weight update (retract -> update ->
   // continue).
   std::vector<VersionSegment> weight_version_segments;
+  // An in-flight update (keep_kv) crossed the request while it held KV: the tokens sampled
+  // after it attended to KV computed by weights of oldest_kv_weight_version (no recompute;
+  // 0 when not set).
+  bool kv_from_older_version = false;
+  int64_t oldest_kv_weight_version = 0;
   // With return_routed_experts: for every token the model processed from position
   // routed_experts_start on (prompt tokens, then every output token but the last, which was
   // never fed back), per MoE layer, per top-k slot, row-major [tokens, moe layers, top_k]; the

@@ -48,7 +48,8 @@ void Scheduler::Add(std::shared_ptr<RequestGroup> group, uint64_t seed) {
     seq->prompt_logprobs_done = !(r.return_logprob && r.logprob_start_len >= 0);
     seq->routing_next = r.routed_experts_start_len;
     seq->dispatch_version = weight_version_;
-    waiting_.push_back(std::move(seq));
+    seq->max_version_lag = r.max_version_lag.value_or(options_.default_max_version_lag);
+    (hold_new_ ? held_ : waiting_).push_back(std::move(seq));
   }
   if (!r.versions.any()) versions_unchecked_ = true;
   prompt_tokens_ += static_cast<int64_t>(r.input_ids.size());
@@ -90,6 +91,29 @@ void Scheduler::RetractAll() {
     ++running_epoch_;
     Retract(std::move(seq));
   }
+}
+
+void Scheduler::Hold(bool hold) {
+  hold_new_ = hold;
+  if (hold) return;
+  while (!held_.empty()) {
+    waiting_.push_back(std::move(held_.front()));
+    held_.pop_front();
+  }
+}
+
+int32_t Scheduler::KeepKvThroughUpdate() {
+  int32_t kept = 0;
+  for (const auto& s : running_) {
+    if (s->num_computed == 0) continue;  // no KV written yet: computed with the new weights
+    if (!s->kv_from_older_version) {
+      s->kv_from_older_version = true;
+      s->oldest_kv_version = s->kv_version;
+    }
+    ++kept;
+  }
+  kv_.EvictUnlocked();
+  return kept;
 }
 
 absl::Status Scheduler::Flush() {
@@ -261,17 +285,31 @@ void Scheduler::EnforceVersions(int64_t now_us) {
   versions_unchecked_ = false;
   versions_checked_ = weight_version_;
   auto visit = [&](const std::unique_ptr<Sequence>& s) {
+    if (s->finished) return;
     const VersionConstraint& c = s->request().versions;
-    if (s->finished || c.Accepts(weight_version_)) return;
-    Finish(s.get(),
-           FinishReason{FinishKind::kAbort, -1, "",
-                        absl::StrCat("weight version: this worker now serves version ",
-                                     weight_version_, "; the request accepts ", c.Describe(),
-                                     " (retry: the router routes it to a worker that does)")},
-           /*cache_kv=*/false, now_us);
+    if (!c.Accepts(weight_version_)) {
+      Finish(s.get(),
+             FinishReason{FinishKind::kAbort, -1, "",
+                          absl::StrCat("weight version: this worker now serves version ",
+                                       weight_version_, "; the request accepts ", c.Describe(),
+                                       " (retry: the router routes it to a worker that does)")},
+             /*cache_kv=*/false, now_us);
+      return;
+    }
+    const int64_t lag = weight_version_ - s->dispatch_version;
+    if (s->max_version_lag >= 0 && lag > s->max_version_lag) {
+      Finish(s.get(),
+             FinishReason{
+                 FinishKind::kStale, -1, "",
+                 absl::StrCat("stale: the weight version moved from ", s->dispatch_version,
+                              " (dispatch) to ", weight_version_, ", more than max_version_lag ",
+                              s->max_version_lag, " past it; the partial output is returned")},
+             /*cache_kv=*/false, now_us);
+    }
   };
   for (const auto& s : running_) visit(s);
   for (const auto& s : waiting_) visit(s);
+  for (const auto& s : held_) visit(s);
   RemoveFinished(/*include_waiting=*/true);
 }
 
@@ -313,7 +351,7 @@ void Scheduler::ProcessEntry(const BatchEntry& entry, SampledEntry* sampled, int
   seq->num_computed = entry.start + entry.count;
   for (TokenLogprob& lp : sampled->prompt_logprobs) seq->prompt_logprobs.push_back(std::move(lp));
   if (seq->num_computed >= seq->prompt_len) seq->prompt_logprobs_done = true;
-  if (entry.count > 1) kv_.CacheUnfinished(seq);
+  if (entry.count > 1 && !seq->kv_from_older_version) kv_.CacheUnfinished(seq);
   if (seq->remaining() > 0) return;  // more prefill chunks to go
 
   if (seq->output_len() >= p.max_new_tokens) {
@@ -367,7 +405,8 @@ void Scheduler::FailBatch(const ScheduledBatch& batch, const absl::Status& error
 }
 
 void Scheduler::Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_t now_us) {
-  kv_.Release(seq, cache_kv);
+  // KV of mixed versions (an in-flight update kept it) is never cached.
+  kv_.Release(seq, cache_kv && !seq->kv_from_older_version);
   seq->finished = true;
   finished_.push_back(seq);
   output_.Finish(seq, std::move(reason), weight_version_, now_us);
@@ -381,6 +420,7 @@ void Scheduler::RemoveFinished(bool include_waiting) {
   if (running_.size() != before) ++running_epoch_;
   if (include_waiting) {
     waiting_.erase(std::remove_if(waiting_.begin(), waiting_.end(), done), waiting_.end());
+    held_.erase(std::remove_if(held_.begin(), held_.end(), done), held_.end());
   }
   finished_.clear();
 }
@@ -394,6 +434,7 @@ int32_t Scheduler::Abort(const std::string& id, const std::string& message, int6
   };
   for (const auto& s : running_) visit(s);
   for (const auto& s : waiting_) visit(s);
+  for (const auto& s : held_) visit(s);
   RemoveFinished(/*include_waiting=*/true);
   return count;
 }
@@ -407,6 +448,7 @@ int32_t Scheduler::AbortAll(const std::string& message, int64_t now_us) {
   };
   for (const auto& s : running_) visit(s);
   for (const auto& s : waiting_) visit(s);
+  for (const auto& s : held_) visit(s);
   RemoveFinished(/*include_waiting=*/true);
   return count;
 }
@@ -425,6 +467,7 @@ SchedulerStats Scheduler::Stats() const {
   st.num_running = static_cast<int32_t>(running_.size());
   for (const auto& s : running_) st.has_chunked_prefill |= s->remaining() > 1;
   st.num_waiting = static_cast<int32_t>(waiting_.size());
+  st.num_held = static_cast<int32_t>(held_.size());
   st.total_kv_tokens = kv_.total_tokens();
   st.available_kv_tokens = kv_.available_tokens();
   st.evictable_kv_tokens = kv_.evictable_tokens();
@@ -436,6 +479,7 @@ SchedulerStats Scheduler::Stats() const {
   st.new_token_ratio = new_token_ratio_;
   st.num_finished = output_.num_finished();
   st.num_aborted = output_.num_aborted();
+  st.num_stale = output_.num_stale();
   st.num_retractions = num_retractions_;
   st.cache_hit_tokens = cache_hit_tokens_;
   st.prompt_tokens = prompt_tokens_;
@@ -444,9 +488,11 @@ SchedulerStats Scheduler::Stats() const {
 }
 
 absl::Status Scheduler::CheckInvariants() const {
-  for (const auto& s : waiting_) {
-    if (s->row >= 0 || s->last_node != nullptr) {
-      return absl::InternalError(absl::StrCat(s->request().id, " waits while holding KV"));
+  for (const auto* queue : {&waiting_, &held_}) {
+    for (const auto& s : *queue) {
+      if (s->row >= 0 || s->last_node != nullptr) {
+        return absl::InternalError(absl::StrCat(s->request().id, " waits while holding KV"));
+      }
     }
   }
   std::vector<const Sequence*> running;

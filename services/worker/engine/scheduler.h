@@ -14,7 +14,10 @@
 // A waiting sequence whose prefix is being prefilled by another sequence right now waits one
 // step so it reuses that prefix from the cache (this is how n > 1 forks the prompt's KV).
 // Before any of that, a request whose accepted weight versions (GenerateRequest::versions) do
-// not include the current one finishes with kAbort: no step runs it on other weights.
+// not include the current one finishes with kAbort: no step runs it on other weights; one the
+// version moved more than its max_version_lag past its dispatch version finishes with kStale.
+// While held (a drain pause), new requests wait in a held queue the scheduler never admits
+// from; Release moves them behind the waiting ones.
 // Update() applies the sampled tokens, streams outputs, and finishes sequences on EOS / stop
 // ids / stop strings / max_new_tokens, returning their KV to the radix cache.
 //
@@ -60,12 +63,15 @@ struct SchedulerOptions {
   int64_t routing_width = 0;
   int64_t routing_layers = 0;  // routing_width = routing_layers · routing_top_k
   int64_t routing_top_k = 0;
+  // Staleness bound for requests that set none (-1: none).
+  int64_t default_max_version_lag = -1;
 };
 
 // Counters only: O(1) to copy whatever the batch size (the running ids are RunningIds()).
 struct SchedulerStats {
   int32_t num_running = 0;
   int32_t num_waiting = 0;
+  int32_t num_held = 0;  // arrived during a drain pause; not in num_waiting
   int64_t total_kv_tokens = 0;
   int64_t available_kv_tokens = 0;  // free pages * page_size
   int64_t evictable_kv_tokens = 0;  // cached and not locked
@@ -78,6 +84,7 @@ struct SchedulerStats {
   double new_token_ratio = 0;
   int64_t num_finished = 0;
   int64_t num_aborted = 0;
+  int64_t num_stale = 0;
   int64_t num_retractions = 0;
   int64_t cache_hit_tokens = 0;
   int64_t prompt_tokens = 0;
@@ -95,6 +102,13 @@ class Scheduler {
   bool HasWork() const { return !running_.empty() || !waiting_.empty(); }
   bool HasRunning() const { return !running_.empty(); }
   bool HasWaiting() const { return !waiting_.empty(); }
+  bool HasHeld() const { return !held_.empty(); }
+
+  // Drain pause: while held, Add queues new requests in the held queue (never admitted, not
+  // counted as waiting: an update or a flush does not wait for them); Hold(false) moves them
+  // behind the waiting queue, in arrival order.
+  void Hold(bool hold);
+  bool holding() const { return hold_new_; }
 
   // Picks the next step's work and allocates its KV. Empty only when there is no work.
   ScheduledBatch Schedule(int64_t now_us);
@@ -115,6 +129,12 @@ class Scheduler {
   // Empties the radix cache, KV pool and req_to_token table and resets counters. Requires no
   // running sequence (waiting ones survive and are recomputed).
   absl::Status Flush();
+  // An in-flight update (keep_kv) replaced the weights under the running sequences: they keep
+  // their KV (computed by older weights) and go on with the new ones. Marks every running
+  // sequence that holds KV (its result says so; its KV, of mixed versions, is never cached)
+  // and evicts every unlocked prefix of the cache (stale KV is never reused). Returns how many
+  // sequences kept their KV. Call after set_weight_version.
+  int32_t KeepKvThroughUpdate();
 
   void set_weight_version(int64_t version) { weight_version_ = version; }
   int64_t weight_version() const { return weight_version_; }
@@ -131,7 +151,8 @@ class Scheduler {
   absl::Status CheckInvariants() const;
 
  private:
-  // Finishes with kAbort every sequence whose request does not accept weight_version_.
+  // Finishes with kAbort every sequence whose request does not accept weight_version_, and with
+  // kStale every one the version moved more than its max_version_lag past.
   void EnforceVersions(int64_t now_us);
 
   // Retraction.
@@ -150,7 +171,8 @@ class Scheduler {
   // Output helpers.
   void ProcessEntry(const BatchEntry& entry, SampledEntry* sampled, int64_t now_us);
   void Finish(Sequence* seq, FinishReason reason, bool cache_kv, int64_t now_us);
-  // Drops finished sequences from the running batch (and the waiting queue when asked).
+  // Drops finished sequences from the running batch (and the waiting and held queues when
+  // asked).
   void RemoveFinished(bool include_waiting);
 
   SchedulerOptions options_;
@@ -158,6 +180,8 @@ class Scheduler {
   OutputProcessor output_;
 
   std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::deque<std::unique_ptr<Sequence>> held_;  // arrived while hold_new_ (drain pause)
+  bool hold_new_ = false;
   std::vector<std::unique_ptr<Sequence>> running_;  // admission order: newest last
   std::vector<Sequence*> finished_;                 // finished during the current call
   int64_t running_epoch_ = 0;

@@ -56,6 +56,12 @@ struct Sequence {
   int64_t num_allocated = 0;
   RadixCache::Node* last_node = nullptr;
   int64_t kv_version = 0;
+  // An in-flight update kept this sequence's KV (Scheduler::KeepKvThroughUpdate): the KV it
+  // holds mixes versions, so it is never inserted into the prefix cache.
+  bool kv_from_older_version = false;
+  int64_t oldest_kv_version = 0;
+  // Resolved staleness bound (-1: none) and whether the version moved past it.
+  int64_t max_version_lag = -1;
 
   // Bookkeeping.
   int32_t cached_tokens = -1;  // prefix-cache hit at first admission; -1 before

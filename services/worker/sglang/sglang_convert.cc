@@ -84,6 +84,7 @@ const char* SglangFinishReason(engine::FinishKind kind) {
     case engine::FinishKind::kLength:
       return "length";
     case engine::FinishKind::kAbort:
+    case engine::FinishKind::kStale:  // SGLang has no "stale": the text says it
       return "abort";
   }
   return "abort";

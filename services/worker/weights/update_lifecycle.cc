@@ -20,6 +20,12 @@ bool Retracted(const engine::EngineContext& ctx) {
   return ctx.paused() && ctx.pause_mode() >= engine::PauseMode::kRetract;
 }
 
+// The pause an update holds the engine in: retract (the running requests give up their KV and
+// are recomputed on the new weights), or in place for an in-flight update that keeps the KV.
+engine::PauseMode UpdatePause(const UpdatePolicy& policy) {
+  return policy.keep_kv ? engine::PauseMode::kInPlace : engine::PauseMode::kRetract;
+}
+
 }  // namespace
 
 void UpdateLifecycle::NotifyUpdating() const {
@@ -56,7 +62,7 @@ absl::StatusOr<AdminOutcome> UpdateLifecycle::Run(const char* what, const Update
   if (options.self_pause) {
     status = engine.RunOnEngineThread([&](engine::EngineContext& ctx) {
       resume_on_failure = !ctx.paused();
-      if (!Retracted(ctx)) ctx.Pause(engine::PauseMode::kRetract);
+      if (!Retracted(ctx)) ctx.Pause(UpdatePause(policy));
       return absl::OkStatus();
     });
   }
@@ -65,15 +71,17 @@ absl::StatusOr<AdminOutcome> UpdateLifecycle::Run(const char* what, const Update
       const bool active = ctx.has_running() || ctx.has_waiting();
       const bool retracted = Retracted(ctx);
       // Decided here, on the engine thread: nothing can start or pause between the check and
-      // the pause below. A self-pausing update retracts whatever a Continue let run meanwhile.
-      if (active && !policy.abort_all_requests && !retracted && !options.self_pause) {
+      // the pause below. A self-pausing update retracts whatever a Continue let run meanwhile;
+      // an in-flight update (keep_kv) keeps whatever runs or is paused in place.
+      if (active && !policy.abort_all_requests && !retracted && !options.self_pause &&
+          !policy.keep_kv) {
         const engine::ServerInfo info = ctx.info();
         return absl::FailedPreconditionError(absl::StrCat(
             what, ": ", info.scheduler.num_running, " running and ", info.scheduler.num_waiting,
             " waiting requests; pass abort_all_requests or pause with retract first"));
       }
       if (!options.self_pause) resume_on_failure = !ctx.paused();
-      if (!retracted) ctx.Pause(engine::PauseMode::kRetract);
+      if (!retracted) ctx.Pause(UpdatePause(policy));
       if (policy.abort_all_requests) {
         out.num_aborted = ctx.AbortAll(absl::StrCat(what, " aborted it"));
       }
@@ -82,9 +90,16 @@ absl::StatusOr<AdminOutcome> UpdateLifecycle::Run(const char* what, const Update
         if (!options.failure_keeps_pause && resume_on_failure && !asleep()) ctx.Continue();
         return s;
       }
-      RETURN_IF_ERROR(ctx.FlushCache());
       const int64_t version = policy.weight_version.value_or(ctx.weight_version() + 1);
-      ctx.set_weight_version(version);
+      if (policy.keep_kv) {
+        // The running requests keep their KV; nothing else computed by the old weights stays
+        // (with nothing running this empties the prefix cache, like the flush).
+        ctx.set_weight_version(version);
+        out.num_kept_kv = ctx.KeepKvThroughUpdate();
+      } else {
+        RETURN_IF_ERROR(ctx.FlushCache());
+        ctx.set_weight_version(version);
+      }
       // Asleep: the runner staged the weights (model/sleepable_runner.h); they serve on wake,
       // which resumes the engine.
       if (!policy.keep_pause && !asleep()) ctx.Continue();
@@ -111,8 +126,11 @@ absl::StatusOr<AdminOutcome> UpdateLifecycle::Run(const char* what, const Update
     spdlog::warn("{} failed: {}", what, std::string(status.message()));
     return status;
   }
-  out.message = absl::StrCat(what, ": weight_version ", out.weight_version,
-                             policy.keep_pause ? " (kept paused)" : "");
+  out.message = absl::StrCat(
+      what, ": weight_version ", out.weight_version,
+      policy.keep_kv ? absl::StrCat(" (in flight: ", out.num_kept_kv, " requests kept their KV)")
+                     : "",
+      policy.keep_pause ? " (kept paused)" : "");
   spdlog::info("{} in {} ms", out.message, out.duration_us / 1000.0);
   return out;
 }

@@ -5,8 +5,9 @@
 // Design: two engine-thread steps between engine steps. A self-pausing update first pauses
 // with retract in a step of its own (so the pause is visible while `apply` holds the engine);
 // then one step decides and acts: refuse while requests are active (unless abort_all_requests,
-// an engine paused with retract, or a self-pausing update), pause (retract), abort if asked,
-// apply, flush the prefix cache, bump weight_version, resume unless keep_pause or asleep.
+// an engine paused with retract, a self-pausing update, or keep_kv), pause (retract; in place
+// with keep_kv), abort if asked, apply, flush the prefix cache (keep_kv with running requests:
+// keep their KV and evict the rest), bump weight_version, resume unless keep_pause or asleep.
 // Full semantics: docs/weight-updates.md.
 // Cost: holds the engine thread for the whole `apply` (a swap of weights read ahead, a receive or
 // a copy).

@@ -33,6 +33,13 @@ struct AdminOutcome {
   int64_t weight_version = 0;
   int64_t duration_us = 0;
   bool ready = false;  // PrepareWeightsUpdate: the receive is posted
+  // PauseGeneration(drain): engine/engine.h DrainResult.
+  bool drained = false;
+  int32_t num_still_active = 0;
+  std::vector<std::string> still_active_ids;
+  int32_t num_held = 0;
+  // An update with keep_kv: the running requests that kept their KV.
+  int32_t num_kept_kv = 0;
 };
 
 // How an update treats the engine. There is no flush_cache: every update flushes the prefix
@@ -42,6 +49,10 @@ struct UpdatePolicy {
   std::optional<int64_t> weight_version;  // unset: current + 1
   bool abort_all_requests = false;
   bool keep_pause = false;
+  // In-flight update (issue 34): running requests keep their KV (computed by the old weights)
+  // and go on with the new ones; no retract, no recompute. Allowed while requests run or the
+  // engine is paused in place. Unlocked prefix-cache entries are evicted instead of a flush.
+  bool keep_kv = false;
 };
 
 // One tensor of an UpdateWeightsFromTensor stream, assembled.

@@ -48,3 +48,29 @@ def test_errors_are_json_and_exit_codes():
     assert rlctl("--bogus-flag").returncode == 2
     r = rlctl("--json", "tokenize", "--tokenizer", "/nonexistent")
     assert r.returncode == 1 and "error" in json.loads(r.stdout)
+
+
+def test_async_rl_flags(start_worker):
+    """Issue 34: pause --mode drain [--drain-timeout-ms], generate --max-version-lag, and
+    update-weights --keep-kv reach the worker."""
+    w = start_worker()
+    r = rlctl("--target", w.address, "--json", "pause", "--mode", "drain",
+              "--drain-timeout-ms", "5000")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout).get("drained") is True
+    r = rlctl("--target", w.address, "--json", "server-info")
+    assert json.loads(r.stdout)["pause_mode"] == "PAUSE_MODE_DRAIN"
+    r = rlctl("--target", w.address, "--json", "pause", "--mode", "drain",
+              "--drain-timeout-ms", "700000")
+    assert r.returncode == 1 and "drain_timeout_ms" in r.stdout
+    r = rlctl("--target", w.address, "--json", "update-weights", "--from-disk",
+              str(DATA / "stories260K"), "--keep-kv", "--keep-pause")
+    assert r.returncode == 0, r.stderr
+    assert "kept their KV" in json.loads(r.stdout)["message"]
+    assert rlctl("--target", w.address, "continue").returncode == 0
+    r = rlctl("--target", w.address, "--json", "generate", "--ids", "1,403,407",
+              "--max-new-tokens", "3", "--max-version-lag", "-1")
+    assert r.returncode == 0, r.stderr
+    r = rlctl("--target", w.address, "--json", "generate", "--ids", "1,403,407",
+              "--max-new-tokens", "3", "--max-version-lag", "-5")
+    assert r.returncode == 1 and "max_version_lag" in r.stdout

@@ -163,7 +163,8 @@ def test_tokenize_empty_text_and_file(tmp_path):
     assert r.returncode == 1 and "line 2" in r.stderr and "JSON string" in r.stderr, r.stderr
 
 
-BENCHES = ["engine_bench", "runner_bench", "tokenizer_bench", "update_bench", "router_bench"]
+BENCHES = ["engine_bench", "runner_bench", "tokenizer_bench", "update_bench", "router_bench",
+           "inflight_update_bench"]
 
 
 @pytest.mark.parametrize("bench", BENCHES)

@@ -1,0 +1,88 @@
+"""Issue 34's controls through the rlfleet client and a real router over one worker: the drain
+pause (requests sent while the fleet is drained wait for the continue, the answer says drained),
+the staleness bound `max_version_lag` (a request crossed by an update ends "stale" with its
+partial output, never retried), and `keep_kv` reaching the workers' update (their answers say how
+many requests kept their KV). Bounded waits only, no timed assertion."""
+
+import threading
+
+import pytest
+
+import rltest
+
+
+def test_request_building():
+    from rlfleet import _rpc
+    from rlfleet.types import build_generate_request
+    assert build_generate_request(text="Hi", max_version_lag=2).max_version_lag == 2
+    assert build_generate_request(text="Hi", max_version_lag=-1).HasField("max_version_lag")
+    assert not build_generate_request(text="Hi").HasField("max_version_lag")
+    req = _rpc.pause_request("drain", 1500)
+    assert req.drain_timeout_ms == 1500
+    assert not _rpc.pause_request("drain", None).HasField("drain_timeout_ms")
+    with pytest.raises(ValueError):
+        _rpc.pause_request("retract", 10)
+    assert _rpc.update_from_disk_request("d", None, False, False, None, None, True).keep_kv
+
+
+def test_drain_holds_arrivals_until_continue(fleet):
+    from rlfleet import Client
+    with Client(fleet["router"].address, timeout=60.0) as c:
+        c.wait_ready()
+        r = c.pause("drain", drain_timeout_ms=30000)
+        assert r.drained and r.num_still_active == 0
+        out = {}
+
+        def run():
+            out["r"] = c.generate(text="Once upon a time", max_new_tokens=6,
+                                  temperature=0.0).one()
+
+        t = threading.Thread(target=run)
+        t.start()
+        # Held by the paused (drained) worker: it cannot finish before the continue.
+        rltest.wait_for(lambda: sum(w.info.num_held for w in c.get_server_info().workers) == 1,
+                        what="the request held by the drained worker")
+        assert t.is_alive()
+        c.continue_generation()
+        t.join(60)
+        assert not t.is_alive()
+        assert out["r"].finish_reason == "length" and len(out["r"].output_ids) == 6
+
+
+def test_stale_request_returns_its_partial_output(fleet):
+    from rlfleet import Client
+    with Client(fleet["router"].address, timeout=60.0) as c:
+        c.wait_ready()
+        # Caught running by an in-place pause; a request can finish before the pause lands
+        # (stories260K is fast): then it is started again (a precondition, not a timing check).
+        for _ in range(20):
+            first = []
+
+            def run():
+                stream = c.generate_stream(text="Once upon a time", max_new_tokens=400,
+                                           ignore_eos=True, temperature=0.0, max_version_lag=0)
+                for msg in stream:
+                    first.append(msg)
+
+            t = threading.Thread(target=run)
+            t.start()
+            rltest.wait_for(lambda: len(first) > 0, what="the first chunk")
+            c.pause("in_place")
+            running = sum(w.info.num_running for w in c.get_server_info().workers)
+            if running == 1 and t.is_alive():
+                break
+            c.continue_generation()
+            t.join(60)
+        else:
+            pytest.fail("never caught the request running")
+        c.pause("retract")
+        r = c.update_weights_from_disk(str(rltest.STORIES), keep_kv=True)
+        assert all("kept their KV" in w.message for w in r.results), r
+        t.join(60)
+        assert not t.is_alive()
+        final = first[-1]
+        assert final.finish_reason == "stale", final.abort_message
+        assert "max_version_lag 0" in final.abort_message
+        assert 0 < len(final.output_ids) < 400
+        assert final.attempts == 1
+        assert not final.kv_from_older_version
