@@ -212,15 +212,31 @@ def run(duration_s=40.0, num_clients=4, kill_every_s=2.5, admin_every_s=1.5, ver
         workers[0].start(tries=50)
         converged = False
         listing = None
+        direct_clients = [Client(w.address, timeout=5, via="worker") for w in workers]
+
+        def served_versions():
+            # Each worker's own answer: the router's listing can still show the killed process's
+            # version when the restart came back before a health check saw it down.
+            versions = []
+            for d in direct_clients:
+                try:
+                    versions.append(d.get_load().weight_version)
+                except Exception:  # noqa: BLE001 - still starting
+                    versions.append(None)
+            return versions
+
         for _ in range(300):
             listing = client.list_workers()
             if (listing.fleet_weight_version == final and listing.fleet_weight_source == "tensor"
                     and all(w.state == router_pb2.WORKER_STATE_LIVE and w.enabled and
                             w.weight_version == final and not w.reason
-                            for w in listing.workers)):
+                            for w in listing.workers)
+                    and all(v == final for v in served_versions())):
                 converged = True
                 break
             time.sleep(0.1)
+        for d in direct_clients:
+            d.close()
         if not converged:
             record(f"fleet did not converge to v{final}: {listing}")
         sums = {}

@@ -101,7 +101,11 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
   // Stage + activate in one call: the read (a checkpoint, or a delta applied to a copy of the
   // served weights; verified against its manifest) runs here, off the engine thread, while it
   // keeps generating; the engine pauses only for the swap and the flush. The staged slot is not
-  // touched (a version staged by StageWeights stays staged).
+  // touched (a version staged by StageWeights stays staged). The folder is checked (path length
+  // and shape) before it is read or named in an answer, as for a stage.
+  if (!IsDeltaOnlyFolder(model_path)) {
+    RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
+  }
   absl::StatusOr<ReadVersion> fresh = ReadFolder(model_path, policy.weight_version);
   if (!fresh.ok()) {
     return Annotate(fresh.status(),

@@ -55,18 +55,22 @@ def test_stale_request_returns_its_partial_output(fleet):
         c.wait_ready()
         # Caught running by an in-place pause; a request can finish before the pause lands
         # (stories260K is fast): then it is started again (a precondition, not a timing check).
+        # The pause follows the first chunk at once (an event, not a poll: on a quiet machine
+        # stories260K generates the 400 tokens within one poll interval).
         for _ in range(20):
             first = []
+            seen = threading.Event()
 
             def run():
                 stream = c.generate_stream(text="Once upon a time", max_new_tokens=400,
                                            ignore_eos=True, temperature=0.0, max_version_lag=0)
                 for msg in stream:
                     first.append(msg)
+                    seen.set()
 
             t = threading.Thread(target=run)
             t.start()
-            rltest.wait_for(lambda: len(first) > 0, what="the first chunk")
+            assert seen.wait(60), "no first chunk"
             c.pause("in_place")
             running = sum(w.info.num_running for w in c.get_server_info().workers)
             if running == 1 and t.is_alive():

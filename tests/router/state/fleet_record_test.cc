@@ -216,10 +216,12 @@ TEST(FleetRecordTest, AWorkerAheadIsKeptOutUntilItsVersionIsAdopted) {
       ASSERT_TRUE(l);
       EXPECT_EQ(l->address(), ahead.address());
     }
-    // No folder named: the worker now behind cannot be caught up by the router.
+    // No folder named: the worker now behind is caught up from a live peer at the adopted
+    // version (the adopted worker), not from disk.
     s = StatusOf(pool, current.address());
-    EXPECT_EQ(s.state(), rl::v1::WORKER_STATE_STALE);
+    EXPECT_EQ(s.state(), rl::v1::WORKER_STATE_SYNCING);
     EXPECT_NE(s.reason().find("adopted without its folder"), std::string::npos) << s.reason();
+    EXPECT_NE(s.reason().find("catching up from a live peer"), std::string::npos) << s.reason();
     pool.RemoveObserver(&record);
   }
   // The adoption is the fleet's record after the next restart.
