@@ -387,8 +387,18 @@ TEST_F(RouterTest, MarkingAWorkerDeadCancelsItsStreamsAndRetriesThem) {
   WorkerPool& pool = router_->pool();
   const std::string stuck = workers_[0]->address();
   const std::string good = workers_[1]->address();
-  // The stuck worker holds requests (paused in place); the good one is out of routing for now.
-  ASSERT_TRUE(workers_[0]->control().Pause(rl::engine::PauseMode::kInPlace).ok());
+  // The stuck worker holds requests: the fleet is paused in place through the router (a worker
+  // paused behind the router's back refuses requests the router sends while its fleet runs);
+  // the good one is continued directly and is out of routing for now.
+  {
+    rl::v1::PauseGenerationRequest pause;
+    pause.set_mode(rl::v1::PAUSE_MODE_IN_PLACE);
+    rl::v1::AdminResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->PauseGeneration(&ctx, pause, &resp).ok());
+    ASSERT_TRUE(resp.success()) << resp.message();
+  }
+  ASSERT_TRUE(workers_[1]->control().Continue().ok());
   ASSERT_TRUE(pool.SetEnabled(good, false).ok());
   grpc::Status status;
   rl::v1::GenerateFinal f;
