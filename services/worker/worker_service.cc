@@ -56,7 +56,7 @@ absl::Status CheckFleetRunning(const grpc::CallbackServerContext& context,
                                const engine::Engine& engine) {
   const auto& md = context.client_metadata();
   if (md.find("rl-fleet-running") == md.end()) return absl::OkStatus();
-  if (!engine.GetServerInfo().paused) return absl::OkStatus();  // the published snapshot
+  if (!engine.published_paused()) return absl::OkStatus();
   return absl::UnavailableError(
       "this worker is paused while the router's fleet is running (paused directly, or by a "
       "pause the router did not record): route elsewhere; `continue` resumes it");

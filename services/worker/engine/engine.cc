@@ -145,6 +145,7 @@ Engine::Engine(std::unique_ptr<model::ModelRunner> runner, const EngineOptions& 
   {
     absl::MutexLock lock(&mu_);
     snapshot_ = BuildInfo();
+    published_paused_.store(snapshot_.paused, std::memory_order_release);
     published_running_epoch_ = scheduler_->running_epoch();
   }
   thread_ = std::thread([this] { Loop(); });
@@ -479,6 +480,7 @@ void Engine::PublishSnapshot() {
     absl::MutexLock lock(&mu_);
     if (!ids_changed) info.running_ids.swap(snapshot_.running_ids);
     snapshot_ = std::move(info);
+    published_paused_.store(snapshot_.paused, std::memory_order_release);
   }
   while (!deferred_finishes_.empty()) {
     std::vector<std::function<void()>> ready;

@@ -169,6 +169,8 @@ class Engine {
   absl::Status SetWeightVersion(int64_t version);
   // Non-blocking: the snapshot published after the latest step or command.
   ServerInfo GetServerInfo() const;
+  // The snapshot's `paused`, without copying the snapshot (a per-request door check).
+  bool published_paused() const { return published_paused_.load(std::memory_order_acquire); }
   // Requests accepted by Submit whose last completion has not been delivered yet: queued in the
   // inbox, waiting, running or finishing. Exact at the call, unlike the snapshot's counts.
   int64_t NumLive() const;
@@ -212,6 +214,7 @@ class Engine {
   const model_io::ModelConfig config_;
   EngineLimits limits_;
   std::atomic<int64_t> weight_version_;
+  std::atomic<bool> published_paused_{false};  // snapshot_.paused, set with it
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;

@@ -3,6 +3,7 @@ between it and rl-router, rl-router with its key-free --sglang-port, and the rea
 front of the router with a chat template; the pinned `openai` and `anthropic` clients on the
 gateway, and a Router stub for GetEpisode. docs/episodes.md."""
 
+import json
 import subprocess
 
 import anthropic
@@ -154,3 +155,41 @@ def check_sample_against_worker(episode, sample, calls, by_prompt, stop_ids):
                             f"token {a + j}: logprob {lps[a + j]} != the worker's {want}"
         assert best > 0, f"token {a} is masked 1 but the worker never generated it there"
         a += best
+
+
+# The test's agent: one tool it declares, one chat turn, its own tool step after each answer.
+TOOLS = [{"type": "function", "function": {
+    "name": "lookup", "description": "Looks a word up.",
+    "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
+                   "required": ["q"]}}}]
+
+
+def openai_turn(fleet, episode_id, messages, stream, max_tokens=8):
+    """(content, completion tokens, per-token logprobs or None) of one chat completion."""
+    args = dict(model=fleet.model, messages=messages, max_tokens=max_tokens, temperature=0,
+                tools=TOOLS, extra_headers=episode_header(episode_id))
+    if not stream:
+        r = fleet.openai.chat.completions.create(logprobs=True, top_logprobs=2, **args)
+        choice = r.choices[0]
+        assert choice.message.tool_calls in (None, [])
+        lps = [c.logprob for c in choice.logprobs.content]
+        return choice.message.content or "", r.usage.completion_tokens, lps
+    text, usage = [], None
+    for event in fleet.openai.chat.completions.create(
+            stream=True, stream_options={"include_usage": True}, **args):
+        if event.choices and event.choices[0].delta.content:
+            text.append(event.choices[0].delta.content)
+        if event.usage is not None:
+            usage = event.usage
+    assert usage is not None
+    return "".join(text), usage.completion_tokens, None
+
+
+def agent_tool_step(messages, i):
+    """What the test's agent adds after a model turn: a tool call of its own and the result."""
+    call_id = f"call_{i}"
+    messages.append({"role": "assistant", "content": None, "tool_calls": [{
+        "id": call_id, "type": "function",
+        "function": {"name": "lookup", "arguments": json.dumps({"q": f"word{i}"})}}]})
+    messages.append({"role": "tool", "tool_call_id": call_id, "content": f"found {i}"})
+    messages.append({"role": "user", "content": "Go on."})

@@ -5,7 +5,6 @@ with the exact tokens the worker received and generated (checked against the wor
 loss mask 1 on exactly the generated tokens of every turn (checked against the worker's own
 record: worker_proxy.py between the router and the worker). docs/episodes.md."""
 
-import json
 import math
 from pathlib import Path
 
@@ -13,16 +12,12 @@ import grpc
 import openai
 import pytest
 
-from agent_fleet import (AgentFleet, check_sample_against_worker, episode_header, index_calls,
-                         mask_runs)
+from agent_fleet import (TOOLS, AgentFleet, agent_tool_step, check_sample_against_worker,
+                         episode_header, index_calls, mask_runs, openai_turn)
 from conftest import MODEL, SMG, rlctl, rlctl_json
 from rlfleet._stubs import router_pb2
 
 TEMPLATE = Path(__file__).resolve().parent / "episode_template.jinja"
-TOOLS = [{"type": "function", "function": {
-    "name": "lookup", "description": "Looks a word up.",
-    "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
-                   "required": ["q"]}}}]
 
 
 @pytest.fixture(scope="module")
@@ -33,37 +28,6 @@ def fleet(tmp_path_factory):
         yield f
     finally:
         f.stop()
-
-
-def openai_turn(fleet, episode_id, messages, stream, max_tokens=8):
-    """(content, completion tokens, per-token logprobs or None) of one chat completion."""
-    args = dict(model=str(MODEL), messages=messages, max_tokens=max_tokens, temperature=0,
-                tools=TOOLS, extra_headers=episode_header(episode_id))
-    if not stream:
-        r = fleet.openai.chat.completions.create(logprobs=True, top_logprobs=2, **args)
-        choice = r.choices[0]
-        assert choice.message.tool_calls in (None, [])
-        lps = [c.logprob for c in choice.logprobs.content]
-        return choice.message.content or "", r.usage.completion_tokens, lps
-    text, usage = [], None
-    for event in fleet.openai.chat.completions.create(
-            stream=True, stream_options={"include_usage": True}, **args):
-        if event.choices and event.choices[0].delta.content:
-            text.append(event.choices[0].delta.content)
-        if event.usage is not None:
-            usage = event.usage
-    assert usage is not None
-    return "".join(text), usage.completion_tokens, None
-
-
-def agent_tool_step(messages, i):
-    """What the test's agent adds after a model turn: a tool call of its own and the result."""
-    call_id = f"call_{i}"
-    messages.append({"role": "assistant", "content": None, "tool_calls": [{
-        "id": call_id, "type": "function",
-        "function": {"name": "lookup", "arguments": json.dumps({"q": f"word{i}"})}}]})
-    messages.append({"role": "tool", "tool_call_id": call_id, "content": f"found {i}"})
-    messages.append({"role": "user", "content": "Go on."})
 
 
 def check_against_worker(fleet, e, sample):

@@ -6,21 +6,16 @@ the tool's result after each answer. The export is one chain, byte for byte what
 received and generated (worker_proxy.py's record), the loss mask exactly every turn's
 generated tokens, the last turn's logprobs those the agent received. docs/episodes.md."""
 
-import json
 import math
 
 import pytest
 
-from agent_fleet import (AgentFleet, check_sample_against_worker, episode_header, index_calls,
-                         mask_runs)
+from agent_fleet import (TOOLS, AgentFleet, agent_tool_step, check_sample_against_worker,
+                         index_calls, mask_runs, openai_turn)
 from conftest import SMG, rlctl_json
 from made_qwen import QWEN_TEMPLATE, make_qwen3_model
 from rlfleet.prompts import ChatTemplate
 
-TOOLS = [{"type": "function", "function": {
-    "name": "lookup", "description": "Looks a word up.",
-    "parameters": {"type": "object", "properties": {"q": {"type": "string"}},
-                   "required": ["q"]}}}]
 
 
 @pytest.fixture(scope="module")
@@ -35,37 +30,6 @@ def qwen_fleet(tmp_path_factory):
         f.stop()
 
 
-def turn(fleet, episode_id, messages, stream):
-    """(content, completion tokens, per-token logprobs or None) of one chat completion."""
-    args = dict(model=fleet.model, messages=messages, max_tokens=8, temperature=0, tools=TOOLS,
-                extra_headers=episode_header(episode_id))
-    if not stream:
-        r = fleet.openai.chat.completions.create(logprobs=True, top_logprobs=2, **args)
-        choice = r.choices[0]
-        assert not choice.message.tool_calls
-        return (choice.message.content or "", r.usage.completion_tokens,
-                [c.logprob for c in choice.logprobs.content])
-    text, usage = [], None
-    for event in fleet.openai.chat.completions.create(
-            stream=True, stream_options={"include_usage": True}, **args):
-        if event.choices and event.choices[0].delta.content:
-            text.append(event.choices[0].delta.content)
-        if event.usage is not None:
-            usage = event.usage
-    assert usage is not None
-    return "".join(text), usage.completion_tokens, None
-
-
-def agent_tool_step(messages, i):
-    """What the test's agent adds after a model turn: a tool call of its own and the result."""
-    call_id = f"call_{i}"
-    messages.append({"role": "assistant", "content": None, "tool_calls": [{
-        "id": call_id, "type": "function",
-        "function": {"name": "lookup", "arguments": json.dumps({"q": f"word{i}"})}}]})
-    messages.append({"role": "tool", "tool_call_id": call_id, "content": f"found {i}"})
-    messages.append({"role": "user", "content": "Go on."})
-
-
 @pytest.mark.parametrize("stream", [False, True], ids=["unary", "stream"])
 def test_qwen_five_turn_tool_episode_exports_exact_tokens(qwen_fleet, stream):
     fleet = qwen_fleet
@@ -74,7 +38,7 @@ def test_qwen_five_turn_tool_episode_exports_exact_tokens(qwen_fleet, stream):
                 {"role": "user", "content": "What does the cat say?"}]
     completions, logprobs = [], None
     for i in range(5):
-        content, n, logprobs = turn(fleet, episode_id, messages, stream)
+        content, n, logprobs = openai_turn(fleet, episode_id, messages, stream)
         assert n > 0
         completions.append(n)
         messages.append({"role": "assistant", "content": content})
