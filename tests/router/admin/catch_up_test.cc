@@ -250,5 +250,46 @@ TEST_F(CatchUpTest, AChainThatNoLongerAppliesFallsBackToALivePeer) {
   ExpectLateWorkerCaughtUp();
 }
 
+// AdoptWorkerVersion takes the admin lock: while a tensor stream through the router holds it
+// (the update's broadcast and its record of the fleet's version), an adopt waits for it and
+// then gives up, UNAVAILABLE, changing nothing; once the stream is gone it goes through.
+TEST_F(CatchUpTest, AdoptWaitsForTheAdminLock) {
+  RouterConfig config;
+  config.admin_lock_timeout_ms = 300;
+  StartFleet(1, config);
+  rl::v1::AdoptWorkerVersionRequest adopt;
+  adopt.set_address(workers_[0]->address());
+  {
+    grpc::ClientContext stream_ctx;
+    rl::v1::AdminResponse resp;
+    auto writer = admin_->UpdateWeightsFromTensor(&stream_ctx, &resp);
+    rl::v1::UpdateWeightsFromTensorRequest first;
+    const std::vector<float> ones(64, 1.0f);
+    *first.mutable_chunk() =
+        ::rl::testing::Chunk("model.norm.weight", {64}, "F32",
+                             std::string(reinterpret_cast<const char*>(ones.data()), 64 * 4));
+    ASSERT_TRUE(writer->Write(first));
+    // The relay's broadcast has the lock once it holds the worker out of routing.
+    ASSERT_TRUE(WaitFor([&] {
+      return Status(workers_[0]->address()).reason().find("held out of routing") !=
+             std::string::npos;
+    })) << Status(workers_[0]->address()).DebugString();
+    rl::v1::WorkerListResponse listing;
+    grpc::ClientContext ctx;
+    const grpc::Status s = stub_->AdoptWorkerVersion(&ctx, adopt, &listing);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE) << s.error_message();
+    EXPECT_NE(s.error_message().find("admin lock"), std::string::npos) << s.error_message();
+    EXPECT_EQ(ListWorkers().fleet_weight_version(), -1);  // nothing adopted
+    stream_ctx.TryCancel();
+    writer->Finish().IgnoreError();
+  }
+  ASSERT_TRUE(WaitFor([&] {
+    rl::v1::WorkerListResponse listing;
+    grpc::ClientContext ctx;
+    return stub_->AdoptWorkerVersion(&ctx, adopt, &listing).ok();
+  }));
+  EXPECT_EQ(ListWorkers().fleet_weight_version(), 0);
+}
+
 }  // namespace
 }  // namespace rl::router
