@@ -48,16 +48,15 @@ absl::Status CheckRouting(const rl::v1::RoutedExperts& r, size_t n) {
   if (static_cast<int64_t>(r.expert_ids().size()) != bytes ||
       (!r.expert_weights().empty() && static_cast<int64_t>(r.expert_weights().size()) != bytes)) {
     return absl::InvalidArgumentError(absl::StrCat(r.expert_ids().size(), " id bytes and ",
-                                                   r.expert_weights().size(),
-                                                   " weight bytes for ", bytes / 4, " entries"));
+                                                   r.expert_weights().size(), " weight bytes for ",
+                                                   bytes / 4, " entries"));
   }
   return absl::OkStatus();
 }
 
 int64_t RoutingBytes(const std::optional<rl::v1::RoutedExperts>& r) {
-  return r.has_value()
-             ? static_cast<int64_t>(r->expert_ids().size() + r->expert_weights().size())
-             : 0;
+  return r.has_value() ? static_cast<int64_t>(r->expert_ids().size() + r->expert_weights().size())
+                       : 0;
 }
 
 }  // namespace
@@ -106,7 +105,8 @@ absl::Status EpisodeStore::Record(absl::string_view episode_id, EpisodeTurnRecor
       turn.routing.reset();
     }
   }
-  const int64_t bytes = kEpisodeBytesPerToken * static_cast<int64_t>(n) + RoutingBytes(turn.routing);
+  const int64_t bytes =
+      kEpisodeBytesPerToken * static_cast<int64_t>(n) + RoutingBytes(turn.routing);
   const auto now = clock_();
   absl::MutexLock lock(&mu_);
   CollectLocked(now);
@@ -225,8 +225,8 @@ absl::StatusOr<rl::v1::GetEpisodeResponse> EpisodeStore::Export(
 }
 
 absl::Status EpisodeStore::AssembleRoutingLocked(absl::string_view episode_id, const Episode& e,
-                                                 const rl::v1::EpisodeSample& sample,
-                                                 bool weights, rl::v1::RoutedExperts* out) const {
+                                                 const rl::v1::EpisodeSample& sample, bool weights,
+                                                 rl::v1::RoutedExperts* out) const {
   // The branch's turns root first; each turn's routing is over its own trajectory, whose first
   // tokens are its parent's: a turn adds the rows from where the routing so far ends (the
   // tokens it re-sends keep the routing computed when they were first processed).
@@ -251,8 +251,9 @@ absl::Status EpisodeStore::AssembleRoutingLocked(absl::string_view episode_id, c
     const rl::v1::RoutedExperts& g = *r.routing;
     const int64_t w = int64_t{g.shape(1)} * g.shape(2);
     if (weights && g.expert_weights().empty() && g.shape(0) > 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          where(j, r), " was recorded without expert weights (sent without "
+      return absl::FailedPreconditionError(
+          absl::StrCat(where(j, r),
+                       " was recorded without expert weights (sent without "
                        "return_expert_weights): ask for the routed experts alone"));
     }
     if (k == 0) {
@@ -262,9 +263,9 @@ absl::Status EpisodeStore::AssembleRoutingLocked(absl::string_view episode_id, c
       out->add_shape(g.shape(2));
       width = w;
     } else if (g.shape(1) != out->shape(1) || g.shape(2) != out->shape(2)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(where(j, r), " has routing of ", g.shape(1), " MoE layers x top-", g.shape(2),
-                       ", the branch's earlier turns ", out->shape(1), " x top-", out->shape(2)));
+      return absl::FailedPreconditionError(absl::StrCat(
+          where(j, r), " has routing of ", g.shape(1), " MoE layers x top-", g.shape(2),
+          ", the branch's earlier turns ", out->shape(1), " x top-", out->shape(2)));
     }
     const int64_t first = g.start_pos(), last = first + g.shape(0);
     if (first > end) {

@@ -86,9 +86,9 @@ struct EpisodeTurnRecord {
 
 // What an export returns besides the turns and trajectories.
 struct EpisodeExportOptions {
-  bool remove = false;           // forget the episode once exported
-  bool routed_experts = false;   // each sample's routing (R3)
-  bool expert_weights = false;   // and its routing weights (needs routed_experts)
+  bool remove = false;          // forget the episode once exported
+  bool routed_experts = false;  // each sample's routing (R3)
+  bool expert_weights = false;  // and its routing weights (needs routed_experts)
 };
 
 // Live figures (episodes, turns, tokens held) and totals since the start.

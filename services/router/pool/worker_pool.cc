@@ -476,9 +476,10 @@ void WorkerPool::OnChange(Entry* e, WorkerState::Change change) {
       e->worker->calls().CancelAll(
           absl::StrCat("worker ", e->worker->address(), " restarted (a new instance_id)"));
       e->worker->calls().Reopen();
-      spdlog::warn("worker {} restarted since its last health check (instance {}; weight_version "
-                   "{}): rejoining",
-                   e->worker->address(), e->state.instance_id(), e->state.weight_version());
+      spdlog::warn(
+          "worker {} restarted since its last health check (instance {}; weight_version "
+          "{}): rejoining",
+          e->worker->address(), e->state.instance_id(), e->state.weight_version());
       break;
   }
 }
@@ -584,10 +585,11 @@ void WorkerPool::WarnVersionsLocked() {
     e.version_warned = differs;
     const bool digest = DigestDiffersLocked(e);
     if (digest && !e.digest_warned) {
-      spdlog::warn("worker {} is not routed: weights_sha256 {} at weight_version {} differs from "
-                   "the fleet's {}",
-                   e.worker->address(), e.state.weights_sha256(), e.state.weight_version(),
-                   reference_digest_);
+      spdlog::warn(
+          "worker {} is not routed: weights_sha256 {} at weight_version {} differs from "
+          "the fleet's {}",
+          e.worker->address(), e.state.weights_sha256(), e.state.weight_version(),
+          reference_digest_);
     }
     e.digest_warned = digest;
   }

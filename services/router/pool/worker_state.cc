@@ -74,8 +74,8 @@ WorkerState::Change WorkerState::OnHealthCheck(const HealthReport& report,
   if (liveness_ == Liveness::kSuspect) liveness_ = Liveness::kLive;
   // A new process behind the same address since the last check (restarted within one health
   // interval, so no check failed): what the old one reported no longer holds.
-  const bool restarted = !report.instance_id.empty() && !instance_id_.empty() &&
-                         report.instance_id != instance_id_;
+  const bool restarted =
+      !report.instance_id.empty() && !instance_id_.empty() && report.instance_id != instance_id_;
   if (!report.instance_id.empty()) instance_id_ = report.instance_id;
   if (restarted) {
     ++restarts_;

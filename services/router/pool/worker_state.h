@@ -127,11 +127,12 @@ class WorkerState {
   Change MarkDead(const std::string& reason, const HealthThresholds& t);
   // One health check. A failure counts toward `failure_threshold` (kDied when reached while
   // live). A live worker that reports another instance_id than before restarted: kRestarted
-  // (its version, serving and paused state are the new process's, from this report). A pass clears failures and suspicion, records serving and version, and readmits a
-  // dead worker after `success_threshold` passes in a row when its version may serve: any
-  // version when the fleet has one recorded (`fleet_version` >= 0: an older one is then caught
-  // up or listed stale, never routed), else only the newest live version (`newest_live` -1:
-  // none live). kRevived then (the caller reopens its calls; a rejoin is pending).
+  // (its version, serving and paused state are the new process's, from this report). A pass clears
+  // failures and suspicion, records serving and version, and readmits a dead worker after
+  // `success_threshold` passes in a row when its version may serve: any version when the fleet has
+  // one recorded (`fleet_version` >= 0: an older one is then caught up or listed stale, never
+  // routed), else only the newest live version (`newest_live` -1: none live). kRevived then (the
+  // caller reopens its calls; a rejoin is pending).
   Change OnHealthCheck(const HealthReport& report, const HealthThresholds& t, int64_t fleet_version,
                        int64_t newest_live);
 

@@ -117,9 +117,9 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
   absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
       "update_weights_from_disk", p,
       [&](model::ModelRunner& runner) {
-        RETURN_IF_ERROR(Annotate(
-            runner.ActivateWeights(&fresh->weights, fresh->reload_path, fresh->identity),
-            model_path));
+        RETURN_IF_ERROR(
+            Annotate(runner.ActivateWeights(&fresh->weights, fresh->reload_path, fresh->identity),
+                     model_path));
         NoteServedDigest(fresh->manifest_sha256);
         return absl::OkStatus();
       },
@@ -367,14 +367,13 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveWeightsStaged(
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
     std::vector<NamedTensor> tensors, const UpdatePolicy& policy) {
   if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
-  return lifecycle_.Run(
-      "update_weights_from_tensor", policy,
-      [&](model::ModelRunner& runner) {
-        RETURN_IF_ERROR(ApplyStaged(runner, tensors));
-        NoteServedDigest(policy.verified_sha256);
-        return absl::OkStatus();
-      },
-      {});
+  return lifecycle_.Run("update_weights_from_tensor", policy,
+                        [&](model::ModelRunner& runner) {
+                          RETURN_IF_ERROR(ApplyStaged(runner, tensors));
+                          NoteServedDigest(policy.verified_sha256);
+                          return absl::OkStatus();
+                        },
+                        {});
 }
 
 void WeightUpdateController::NoteServedDigest(const std::string& sha256) {

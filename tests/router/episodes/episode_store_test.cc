@@ -300,8 +300,8 @@ TEST(EpisodeStoreTest, RoutingOfEachBranchComesFromTheTurnThatFirstProcessedEach
   EpisodeTurnRecord t4 = MakeTurn(Concat(Concat(p2, {30, 31}), {15}), {}, {50});
   AddRouting(&t4, 4, 0, /*weights=*/false);
   ASSERT_TRUE(store.Record("ep", t4).ok());
-  auto no_w = store.Export("ep", EpisodeExportOptions{.routed_experts = true,
-                                                      .expert_weights = true});
+  auto no_w =
+      store.Export("ep", EpisodeExportOptions{.routed_experts = true, .expert_weights = true});
   EXPECT_EQ(no_w.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(no_w.status().message().find("turn 3 (request"), std::string::npos) << no_w.status();
   EXPECT_NE(no_w.status().message().find("return_expert_weights"), std::string::npos);
