@@ -27,6 +27,9 @@ bool Extends(const EpisodeTurnRecord& parent, const EpisodeTurnRecord& child) {
   return ends_on_stop_token && prefix_of_prompt(n - 1);
 }
 
+// Bounds on a routing's MoE layers and top-k (far above any model's), so sizes never overflow.
+constexpr int32_t kMaxRoutingDim = 1 << 16;
+
 // OK when `r` is a routing of `n` trajectory tokens: [tokens, layers, top_k] (layers and top_k at
 // least 1), int32 ids (and float32 weights, or none) of that shape, positions within the
 // trajectory.
@@ -35,7 +38,8 @@ absl::Status CheckRouting(const rl::v1::RoutedExperts& r, size_t n) {
     return absl::InvalidArgumentError(
         absl::StrCat("shape has ", r.shape_size(), " dims, expected [tokens, layers, top_k]"));
   }
-  if (r.shape(0) < 0 || r.shape(1) < 1 || r.shape(2) < 1 || r.start_pos() < 0) {
+  if (r.shape(0) < 0 || r.shape(1) < 1 || r.shape(2) < 1 || r.shape(1) > kMaxRoutingDim ||
+      r.shape(2) > kMaxRoutingDim || r.start_pos() < 0) {
     return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(r.shape(), ", "),
                                                    "] from start_pos ", r.start_pos()));
   }
@@ -123,14 +127,15 @@ absl::Status EpisodeStore::Record(absl::string_view episode_id, EpisodeTurnRecor
   Episode& e = it->second;
   if (static_cast<int64_t>(e.turns.size()) >= options_.max_turns ||
       e.tokens + static_cast<int64_t>(n) > options_.max_episode_tokens ||
-      e.bytes + bytes > options_.max_episode_tokens * kEpisodeBytesPerToken) {
+      (e.bytes + bytes + kEpisodeBytesPerToken - 1) / kEpisodeBytesPerToken >
+          options_.max_episode_tokens) {
     ++stats_.refused_turns;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "episode ", episode_id, " is full (", e.turns.size(), " turns, ", e.tokens, " tokens, ",
-        e.bytes, " bytes with routing; this turn ", n, " tokens, ", bytes,
-        " bytes; limits --max-episode-turns ", options_.max_turns, ", --max-episode-tokens ",
-        options_.max_episode_tokens, " = ", options_.max_episode_tokens * kEpisodeBytesPerToken,
-        " bytes): turn not recorded"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("episode ", episode_id, " is full (", e.turns.size(), " turns, ", e.tokens,
+                     " tokens, ", e.bytes, " bytes with routing; this turn ", n, " tokens, ", bytes,
+                     " bytes; limits --max-episode-turns ", options_.max_turns,
+                     ", --max-episode-tokens ", options_.max_episode_tokens, " (x ",
+                     kEpisodeBytesPerToken, " bytes, routing included)): turn not recorded"));
   }
   Turn t;
   for (int32_t i = static_cast<int32_t>(e.turns.size()) - 1; i >= 0; --i) {
