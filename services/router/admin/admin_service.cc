@@ -21,7 +21,8 @@ namespace {
 // FAILED_PRECONDITION naming every staged digest and the workers that staged it ("" shown as
 // "unknown"): two workers staged different contents, so none activates.
 absl::Status StagedDigestsDiffer(absl::string_view what,
-                                 const std::map<std::string, std::vector<std::string>>& digests) {
+                                 const std::map<std::string, std::vector<std::string>>& digests,
+                                 absl::string_view note = "") {
   std::vector<std::string> parts;
   for (const auto& [sha, workers] : digests) {
     parts.push_back(absl::StrCat(sha.empty() ? std::string("unknown") : sha, " on ",
@@ -29,7 +30,7 @@ absl::Status StagedDigestsDiffer(absl::string_view what,
   }
   return absl::FailedPreconditionError(
       absl::StrCat(what, ": the live workers staged different contents (staged_weights_sha256: ",
-                   absl::StrJoin(parts, "; "), "), so none activates"));
+                   absl::StrJoin(parts, "; "), "), so none activates", note));
 }
 
 std::string CodeName(grpc::StatusCode code) {
@@ -648,9 +649,10 @@ absl::Status AdminService::RefitLocked(Ctx* c, const rl::v1::RefitWeightsRequest
           w.admin_stub().async()->DropStagedWeights(ctx, &drop, r, std::move(done));
         },
         &dropped);
-    return Annotate(
-        StagedDigestsDiffer("RefitWeights", digests),
-        absl::StrCat("the staged copies were dropped; the fleet keeps serving version ", before));
+    return StagedDigestsDiffer(
+        "RefitWeights", digests,
+        absl::StrCat("; the staged copies were dropped and the fleet keeps serving version ",
+                     before));
   }
   // 2c. Activate them all (the short call: swap + flush). A worker that fails now (it died) is
   // behind the fleet's new version and is caught up from the folder.

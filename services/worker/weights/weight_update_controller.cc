@@ -351,7 +351,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CommitDeltaStage(
   staging_ = false;
   if (!read.ok()) {
     lifecycle_.RecordError(std::string(read.status().message()));
-    return Annotate(read.status(), "nothing is staged");
+    return WithNote(read.status(), "nothing is staged");
   }
   auto staged = std::make_unique<StagedVersion>();
   staged->version = read->version;
@@ -394,7 +394,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDelta(
   absl::StatusOr<ReadVersion> fresh = BuildDelta("update (delta)", update, policy.weight_version);
   if (!fresh.ok()) {
     lifecycle_.RecordError(std::string(fresh.status().message()));
-    return Annotate(fresh.status(), "nothing was applied; the old weights keep serving");
+    return WithNote(fresh.status(), "nothing was applied; the old weights keep serving");
   }
   UpdatePolicy p = policy;
   if (fresh->version.has_value()) p.weight_version = fresh->version;
@@ -453,7 +453,9 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveDeltaWeights(
                    CheckAndClaim(group_name, buckets, ClaimFor::kReceive));
   std::unique_ptr<StageTicket> ticket;
   const std::string source = absl::StrCat("group:", group_name);
-  if (stage) ASSIGN_OR_RETURN(ticket, BeginStage(source, policy.weight_version));
+  if (stage) {
+    ASSIGN_OR_RETURN(ticket, BeginStage(source, policy.weight_version));
+  }
   // Off the engine thread (this admin-executor thread): the engine keeps generating meanwhile.
   std::vector<NamedTensor> received;
   if (absl::Status s = ReceiveBuckets(claim.receiver(), buckets, &received, nullptr, &delta);
