@@ -32,6 +32,9 @@ constexpr char kCommands[] = R"(Commands:
   drop-staged-weights
   refit --from-disk DIR [--version N] [--abort-all] [--keep-pause] [--keep-kv]   (router: stage on every
         live worker, activate on all or on none)
+  push --from-disk DIR [--stage] [--version N]   (the folder's tensors over the tensor stream: a
+        delta publication (weights.rldelta) as a delta of its parent, a checkpoint whole; both
+        verified against their manifest; --stage: staged for activate-weights)
   update-weights --distributed --group-name G [--bucket-json LINE]   (else one bucket JSON line
                  per stdin line, as rl-weight-sender prints them)
   init-group --master-address A --master-port P --world-size N --group-name G [--rank-offset R]
@@ -123,8 +126,8 @@ int main(int argc, char** argv) {
   flags.Bool("abort-all", &o.abort_all, "update-weights: abort active requests");
   flags.Bool("keep-pause", &o.keep_pause, "update-weights: stay paused afterwards");
   flags.Bool("stage", &o.stage,
-             "complete-weights / receive-weights: stage the received tensors instead of applying "
-             "them (activate-weights serves them)");
+             "complete-weights / receive-weights / push: stage the received tensors instead of "
+             "applying them (activate-weights serves them)");
   flags.Bool("no-flush", &o.no_flush,
              "update-weights: send flush_cache=false (ignored: workers flush the prefix cache on "
              "every update, KV of the old weights is never reused)");

@@ -102,6 +102,12 @@ class WeightUpdateController final : public WeightUpdates {
   absl::StatusOr<AdminOutcome> ReceiveWeightsStaged(const std::string& group_name,
                                                     WeightBuckets buckets,
                                                     std::optional<int64_t> weight_version) override;
+  absl::Status CheckDeltaParent(int64_t parent_version) const override;
+  absl::StatusOr<AdminOutcome> UpdateWeightsFromDelta(DeltaUpdate update,
+                                                      const UpdatePolicy& policy) override;
+  absl::StatusOr<AdminOutcome> ReceiveDeltaWeights(const std::string& group_name,
+                                                   WeightBuckets buckets, GroupDelta delta,
+                                                   const UpdatePolicy& policy, bool stage) override;
 
  private:
   // A version read or received ahead into owned host memory, waiting for its activation: a
@@ -119,7 +125,21 @@ class WeightUpdateController final : public WeightUpdates {
     // folder the runner may reload the version from ("" when built from a delta).
     std::string manifest_sha256;
     std::string reload_path;
+    // A delta's parent (reported), and the version a stage built on a copy of the served weights
+    // was built on (activation refuses it unless that version is still served).
+    std::optional<int64_t> delta_parent;
+    std::optional<int64_t> built_on;
   };
+
+  // StageTicket::CommitDelta of BeginStage.
+  absl::StatusOr<AdminOutcome> CommitDeltaStage(const std::string& source,
+                                                std::optional<int64_t> weight_version,
+                                                std::chrono::steady_clock::time_point start,
+                                                DeltaUpdate update);
+  // A DeltaUpdate built on a copy of the served weights and verified (publication.h), with the
+  // version it will serve as (`weight_version` and the manifest's must agree).
+  absl::StatusOr<ReadVersion> BuildDelta(const std::string& what, const DeltaUpdate& update,
+                                         std::optional<int64_t> weight_version);
 
   // StageTicket::Commit of BeginStage.
   absl::StatusOr<AdminOutcome> CommitStage(const std::string& source,
