@@ -139,6 +139,13 @@ class FakeRunner : public model::ModelRunner {
     if (budget_ >= 0) budget_ += k;
     cv_.SignalAll();
   }
+  // Lets one more step run unless one is already allowed and not taken: released repeatedly
+  // (PauseGated), the budget never piles up while the engine thread is not scheduled.
+  void AllowOneStep() {
+    absl::MutexLock lock(&mu_);
+    if (budget_ == 0) budget_ = 1;
+    cv_.SignalAll();
+  }
   // Waits until at least `n` forward calls completed in total.
   void WaitForSteps(int64_t n) {
     absl::MutexLock lock(&mu_);

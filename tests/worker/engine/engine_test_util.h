@@ -171,6 +171,13 @@ class GatedRunner : public model::ModelRunner {
     if (budget_ >= 0) budget_ += k;
     cv_.SignalAll();
   }
+  // Lets one more step run unless one is already allowed and not taken: released repeatedly
+  // (PauseGated), the budget never piles up while the engine thread is not scheduled.
+  void AllowOneStep() {
+    absl::MutexLock lock(&mu_);
+    if (budget_ == 0) budget_ = 1;
+    cv_.SignalAll();
+  }
   void WaitForSteps(int64_t n) {
     absl::MutexLock lock(&mu_);
     while (steps_done_ < n) cv_.Wait(&mu_);
@@ -184,11 +191,12 @@ class GatedRunner : public model::ModelRunner {
   int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Pauses `engine` while `runner` gates it: releases one forward step at a time (one every
-// 10 ms) until the pause was applied, so requests advance only a few steps past the call. Steps
-// are released only once the pausing thread is in the call: on a loaded machine that thread can
-// start hundreds of milliseconds late, and releasing a step every few milliseconds meanwhile let
-// the requests run to their end before the pause.
+// Pauses `engine` while `runner` gates it: releases one forward step at a time until the pause
+// was applied, so requests advance only a few steps past the call. Steps are released only once
+// the pausing thread is in the call, and never more than one ahead: on a loaded machine that
+// thread, or the engine's, can be descheduled for hundreds of milliseconds, and a step added
+// every few milliseconds meanwhile piled up a budget that let the requests run to their end
+// (an Abort found nothing; a later WaitForSteps waited for steps no request was left to take).
 template <typename Runner>
 absl::Status PauseGated(Engine& engine, Runner& runner, PauseMode mode) {
   std::atomic<bool> calling{false};
@@ -196,8 +204,8 @@ absl::Status PauseGated(Engine& engine, Runner& runner, PauseMode mode) {
     calling.store(true);
     return engine.Pause(mode);
   });
-  while (pause.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
-    if (calling.load()) runner.AllowSteps(1);
+  while (pause.wait_for(std::chrono::milliseconds(2)) != std::future_status::ready) {
+    if (calling.load()) runner.AllowOneStep();
   }
   return pause.get();
 }
