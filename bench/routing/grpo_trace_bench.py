@@ -2,14 +2,22 @@
 affinity, cache_aware) and the pinned SMG gateway (--policy cache_aware, round_robin) in front of
 the same three real rl-workers, each replaying the same trace.
 
-The trace: `--groups` prompt groups of `--n` samples, each sample its own request (sharing the
-group's `group_id`), each sample an episode of `--turns` turns where a turn's prompt is the
-previous turn's prompt + its output + a new user message; every prompt starts with one shared
-system prompt, and a group's samples share its question. Sampling at temperature 1 with a seed per
-(group, sample, turn), `ignore_eos`, `--max-tokens` new tokens a turn. The episodes run
-`--concurrency` at a time, in trace order (a group's samples together). The skewed trace is the
-same with a routing key per group, 80% of the groups on 2 keys (affinity keys on it; the others
-ignore keys). Before each run the workers' prefix caches are flushed and each gateway is fresh.
+The trace is a multi-turn GRPO rollout as agentic RL runs it (Search-R1's search agent, which
+verl's SGLang multi-turn and SkyRL's SearchR1 recipes reproduce): `--groups` prompt groups of
+`--n` samples, each sample its own request (sharing the group's `group_id`), each sample an
+episode of `--turns` turns where a turn's prompt is the previous turn's prompt + its output + the
+tool's answer; every prompt starts with one shared system prompt (the tool protocol, ~60 words),
+a group's samples share its question (~16 words). The lengths follow those recipes: a turn
+generates `--max-tokens` 128 (Search-R1 and SkyRL cap a turn at 500 tokens,
+`max_response_length` / `max_generate_length=500`: a short <think> and a <search> query), the
+tool answers with 3 retrieved passages (`topk=3`) of `--followup-words` 120 words, about 300
+tokens (Search-R1 caps an observation at `max_obs_length=500`). So by turn 3 a sample's own
+history is ~80% of its prompt, as in agentic and multi-turn RL, and a turn is hundreds of
+tokens. Sampling at temperature 1 with a seed per (group, sample, turn), `ignore_eos`. The
+episodes run `--concurrency` at a time, in trace order (a group's samples together). The skewed
+trace is the same with a routing key per episode, 80% of the episodes on 2 keys (affinity keys
+on it; the others ignore keys). Before each run the workers' prefix caches are flushed and each
+gateway is fresh.
 
 Per run it prints output tokens/s (wall clock of the replay), the workers' prefix-cache hit rate
 (their rl_worker_cached_tokens_total / rl_worker_prompt_tokens_total over the run) and the
@@ -18,13 +26,18 @@ request latency, the load spread (max / mean of the workers' running + waiting r
 every 50 ms while any is busy, averaged) and the requests each worker served; with --rounds > 1
 the medians over rounds (runs interleaved: round 1 of every row, then round 2, ...).
 
-  .venv/bin/python bench/routing/grpo_trace_bench.py [--model DIR] [--groups 3] [--n 8]
-      [--turns 3] [--concurrency 16] [--max-tokens 16] [--rounds 1] [--no-smg] [--no-skewed]
+  .venv/bin/python bench/routing/grpo_trace_bench.py [--model DIR] [--layers 8] [--groups 2]
+      [--n 8] [--turns 3] [--concurrency 16] [--max-tokens 128] [--rounds 1] [--no-smg]
+      [--no-skewed] [--quick]
 
 Without --model it makes a Qwen3-0.6B-shaped model (`rlctl make-model --arch qwen3 --size 0.5b
---seed 1`) into BUILD/bench-models/qwen3-0.5b once: big enough that prefill shows in tokens/s on
-a CPU (stories260K's compute is trivial, so its cache effects hardly show). Costs: per run about
-groups * n * turns requests; at the defaults on 2 shared CPU cores a run takes ~1-3 minutes.
+--seed 1`) into BUILD/bench-models/qwen3-0.5b once, and runs its first `--layers` 8 of 28 layers
+(BUILD/bench-models/qwen3-0.5b-8l, cut once): the same hidden size, heads and vocabulary, so
+prefill and decode keep their proportions, at a third of the compute, so that a run stays at
+about a minute on 2 shared CPU cores (stories260K's compute is trivial, so its cache effects
+hardly show). Per run groups * n * turns requests (48 at the defaults); a round of all ten runs
+takes ~8-10 minutes on 2 shared cores. `--quick` is the smallest run (1 group of 2 samples,
+2 turns of 2 tokens), for the smoke test.
 Servers listen on 127.0.0.1 port 0 (SMG, which takes no port 0, on a port found free); every
 process is stopped at exit, on error, SIGINT and SIGTERM.
 """
@@ -403,7 +416,13 @@ def main():
                     help="rl-router policies to run (comma-separated)")
     ap.add_argument("--no-smg", action="store_true", help="skip the SMG gateway rows")
     ap.add_argument("--no-skewed", action="store_true", help="skip the skewed trace")
+    ap.add_argument("--quick", action="store_true",
+                    help="smallest sizes (1 group of 2, 2 turns of 2 tokens): a smoke run")
     args = ap.parse_args()
+    if args.quick:
+        args.groups, args.n, args.turns, args.concurrency, args.max_tokens = 1, 2, 2, 2, 2
+        args.system_words, args.question_words, args.followup_words = 4, 4, 3
+        args.kv_cache_gb = 0.05
     bounds = {"groups": (1, 256), "n": (1, 64), "turns": (1, 16), "concurrency": (1, 256),
               "max_tokens": (1, 1024), "system_words": (0, 4000), "question_words": (1, 4000),
               "followup_words": (1, 1000), "threads": (0, 64), "rounds": (1, 20),
