@@ -222,6 +222,7 @@ absl::Status TensorUpdateReactor::Apply() {
     RETURN_IF_ERROR(VerifyFullState(tensors, weights_.served_shapes(), expected_rank_sha256_));
   }
   if (stage_ != nullptr) return FillFrom(stage_->Commit(std::move(tensors)), response_);
+  policy_.verified_sha256 = expected_rank_sha256_;  // the served digest once applied (GetLoad)
   RETURN_IF_ERROR(
       FillFrom(weights_.UpdateWeightsFromTensors(std::move(tensors), policy_), response_));
   if (!expected_rank_sha256_.empty()) response_->set_weights_sha256(expected_rank_sha256_);

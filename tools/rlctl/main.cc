@@ -19,7 +19,9 @@ constexpr char kCommands[] = R"(Commands:
            [--logprob-start-len N] [--logprobs-at-temperature-one] [--ignore-eos]
            [--min-weight-version N] [--exact-weight-version N] [--max-version-lag N]
   retrieve --text T
-  episode --episode-id ID [--remove]   (router: the episode's turns and one sample per branch)
+  episode --episode-id ID [--remove] [--routed-experts [--expert-weights]]
+                                   (router: the episode's turns and one sample per branch;
+                                    R3: each branch's routed experts)
   abort --request-id ID | --all    (router: forwarded to the worker holding the request;
                                     --all needs the admin key)
   pause --mode abort|in_place|retract|drain [--drain-timeout-ms T]      continue      flush
@@ -79,6 +81,11 @@ int main(int argc, char** argv) {
              "does)");
   flags.String("episode-id", &o.episode_id, "episode: the agent episode's id");
   flags.Bool("remove", &o.remove, "episode: forget the episode once exported");
+  flags.Bool("routed-experts", &o.routed_experts,
+             "episode: each sample's routed experts (R3; every turn of the branch recorded with "
+             "routing)");
+  flags.Bool("expert-weights", &o.expert_weights,
+             "episode: with --routed-experts, their routing weights too");
   flags.Int("max-new-tokens", &o.max_new_tokens,
             "generate: tokens to generate (-1: server default)");
   flags.Double("temperature", &o.temperature, "generate: temperature (-1: server default)");

@@ -132,9 +132,14 @@ class AsyncClient:
                               router_pb2.RetrieveFromTextResponse)
         return Trajectory.from_proto(r.trajectory)
 
-    async def get_episode(self, episode_id: str, remove: bool = False) -> Episode:
+    async def get_episode(self, episode_id: str, remove: bool = False,
+                          return_routed_experts: bool = False,
+                          return_expert_weights: bool = False) -> Episode:
         r = await self._unary(ROUTER, "GetEpisode",
-                              router_pb2.GetEpisodeRequest(episode_id=episode_id, remove=remove),
+                              router_pb2.GetEpisodeRequest(
+                                  episode_id=episode_id, remove=remove,
+                                  return_routed_experts=return_routed_experts,
+                                  return_expert_weights=return_expert_weights),
                               router_pb2.GetEpisodeResponse)
         return Episode.from_proto(r)
 

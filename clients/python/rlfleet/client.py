@@ -172,11 +172,19 @@ class Client:
                         router_pb2.RetrieveFromTextResponse)
         return Trajectory.from_proto(r.trajectory)
 
-    def get_episode(self, episode_id: str, remove: bool = False) -> Episode:
+    def get_episode(self, episode_id: str, remove: bool = False,
+                    return_routed_experts: bool = False,
+                    return_expert_weights: bool = False) -> Episode:
         """Router.GetEpisode: the agent episode's turns and one sample per branch (remove:
-        forget it once exported). FleetError NOT_FOUND for an unknown episode. docs/episodes.md."""
+        forget it once exported). FleetError NOT_FOUND for an unknown episode. R3: with
+        return_routed_experts each sample carries its branch's routed experts (and with
+        return_expert_weights their weights); FAILED_PRECONDITION naming the turn when a turn of
+        a branch was recorded without routing. docs/episodes.md."""
         r = self._unary(ROUTER, "GetEpisode",
-                        router_pb2.GetEpisodeRequest(episode_id=episode_id, remove=remove),
+                        router_pb2.GetEpisodeRequest(
+                            episode_id=episode_id, remove=remove,
+                            return_routed_experts=return_routed_experts,
+                            return_expert_weights=return_expert_weights),
                         router_pb2.GetEpisodeResponse)
         return Episode.from_proto(r)
 

@@ -117,9 +117,11 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
   absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
       "update_weights_from_disk", p,
       [&](model::ModelRunner& runner) {
-        return Annotate(
-            runner.ActivateWeights(&fresh->weights, fresh->reload_path, fresh->identity),
-            model_path);
+        RETURN_IF_ERROR(
+            Annotate(runner.ActivateWeights(&fresh->weights, fresh->reload_path, fresh->identity),
+                     model_path));
+        NoteServedDigest(fresh->manifest_sha256);
+        return absl::OkStatus();
       },
       {});
   if (out.ok() && !fresh->manifest_sha256.empty()) {
@@ -220,9 +222,11 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
           // A version recorded since the stage (another publication) still wins.
           RETURN_IF_ERROR(ledger_.CheckSameContent(*staged->version, staged->manifest_sha256));
         }
-        return Annotate(
+        RETURN_IF_ERROR(Annotate(
             runner.ActivateWeights(&staged->weights, staged->reload_path, staged->identity),
-            staged->path);
+            staged->path));
+        NoteServedDigest(staged->manifest_sha256);
+        return absl::OkStatus();
       },
       {.self_pause = true});
   if (out.ok() && !staged->manifest_sha256.empty()) {
@@ -364,8 +368,23 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
     std::vector<NamedTensor> tensors, const UpdatePolicy& policy) {
   if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
   return lifecycle_.Run("update_weights_from_tensor", policy,
-                        [&](model::ModelRunner& runner) { return ApplyStaged(runner, tensors); },
+                        [&](model::ModelRunner& runner) {
+                          RETURN_IF_ERROR(ApplyStaged(runner, tensors));
+                          NoteServedDigest(policy.verified_sha256);
+                          return absl::OkStatus();
+                        },
                         {});
+}
+
+void WeightUpdateController::NoteServedDigest(const std::string& sha256) {
+  absl::MutexLock lock(&digest_mu_);
+  digest_applies_ = lifecycle_.applies();  // this apply's (counted before it ran)
+  digest_ = sha256;
+}
+
+std::string WeightUpdateController::served_sha256() const {
+  absl::MutexLock lock(&digest_mu_);
+  return digest_applies_ == lifecycle_.applies() ? digest_ : "";
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::InitWeightsUpdateGroup(const GroupRequest& r) {

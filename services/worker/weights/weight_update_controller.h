@@ -66,6 +66,7 @@ class WeightUpdateController final : public WeightUpdates {
   // Weight applies started so far (update_lifecycle.h): the peer sender's change detector.
   uint64_t applies() const { return lifecycle_.applies(); }
   WeightUpdateStatus status() const override;
+  std::string served_sha256() const override ABSL_LOCKS_EXCLUDED(digest_mu_);
   const WeightShapes& served_shapes() const override { return served_shapes_; }
   // The served weights as read at Create (fixed for the life of the process).
   const std::vector<model::TensorInfo>& served_weights() const { return served_; }
@@ -127,6 +128,9 @@ class WeightUpdateController final : public WeightUpdates {
                                            std::vector<NamedTensor> tensors);
 
   explicit WeightUpdateController(Deps deps);
+  // From an apply step (engine thread, after the apply succeeded): the weights it installed
+  // digest to `sha256` ("" unknown); valid until the next apply starts.
+  void NoteServedDigest(const std::string& sha256) ABSL_LOCKS_EXCLUDED(digest_mu_);
   // Checks every bucket against the served weights, then claims the group.
   absl::StatusOr<UpdateGroups::Claim> CheckAndClaim(const std::string& group_name,
                                                     const WeightBuckets& buckets,
@@ -142,6 +146,10 @@ class WeightUpdateController final : public WeightUpdates {
   UpdateLifecycle lifecycle_;
   UpdateGroups groups_;
   VersionLedger ledger_;  // version -> manifest digest of the versions served here
+  // The served weights' digest and the apply (UpdateLifecycle::applies) that installed them.
+  mutable absl::Mutex digest_mu_;
+  uint64_t digest_applies_ ABSL_GUARDED_BY(digest_mu_) = 0;
+  std::string digest_ ABSL_GUARDED_BY(digest_mu_);
   mutable absl::Mutex stage_mu_;
   bool staging_ ABSL_GUARDED_BY(stage_mu_) = false;
   std::unique_ptr<StagedVersion> staged_ ABSL_GUARDED_BY(stage_mu_);

@@ -53,6 +53,9 @@ struct UpdatePolicy {
   // and go on with the new ones; no retract, no recompute. Allowed while requests run or the
   // engine is paused in place. Unlocked prefix-cache entries are evicted instead of a flush.
   bool keep_kv = false;
+  // The tensors were verified to be the whole served state with this rank digest
+  // (TensorStreamEnd.rank_sha256): the served weights' digest once applied (GetLoad).
+  std::string verified_sha256;
 };
 
 // One tensor of an UpdateWeightsFromTensor stream, assembled.
@@ -137,6 +140,10 @@ class WeightUpdates {
   // An update holds (or is about to hold) the engine.
   virtual bool updating() const = 0;
   virtual WeightUpdateStatus status() const = 0;
+  // The SHA-256 rank digest (rl-manifest.json's `sha256`) of the weights served now when an
+  // update established it (a manifest-verified disk update, a verified full-state tensor
+  // stream) and no apply started since; "" otherwise. Never hashes anything.
+  virtual std::string served_sha256() const { return ""; }
   // The served weights' shapes as read at start (what every update is checked against).
   virtual const WeightShapes& served_shapes() const = 0;
 
