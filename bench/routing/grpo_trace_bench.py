@@ -2,14 +2,22 @@
 affinity, cache_aware) and the pinned SMG gateway (--policy cache_aware, round_robin) in front of
 the same three real rl-workers, each replaying the same trace.
 
-The trace: `--groups` prompt groups of `--n` samples, each sample its own request (sharing the
-group's `group_id`), each sample an episode of `--turns` turns where a turn's prompt is the
-previous turn's prompt + its output + a new user message; every prompt starts with one shared
-system prompt, and a group's samples share its question. Sampling at temperature 1 with a seed per
-(group, sample, turn), `ignore_eos`, `--max-tokens` new tokens a turn. The episodes run
-`--concurrency` at a time, in trace order (a group's samples together). The skewed trace is the
-same with a routing key per group, 80% of the groups on 2 keys (affinity keys on it; the others
-ignore keys). Before each run the workers' prefix caches are flushed and each gateway is fresh.
+The trace is a multi-turn GRPO rollout as agentic RL runs it (Search-R1's search agent, which
+verl's SGLang multi-turn and SkyRL's SearchR1 recipes reproduce): `--groups` prompt groups of
+`--n` samples, each sample its own request (sharing the group's `group_id`), each sample an
+episode of `--turns` turns where a turn's prompt is the previous turn's prompt + its output + the
+tool's answer; every prompt starts with one shared system prompt (the tool protocol, ~60 words),
+a group's samples share its question (~16 words). The lengths follow those recipes: a turn
+generates `--max-tokens` 128 (Search-R1 and SkyRL cap a turn at 500 tokens,
+`max_response_length` / `max_generate_length=500`: a short <think> and a <search> query), the
+tool answers with 3 retrieved passages (`topk=3`) of `--followup-words` 120 words, about 300
+tokens (Search-R1 caps an observation at `max_obs_length=500`). So by turn 3 a sample's own
+history is ~80% of its prompt, as in agentic and multi-turn RL, and a turn is hundreds of
+tokens. Sampling at temperature 1 with a seed per (group, sample, turn), `ignore_eos`. The
+episodes run `--concurrency` at a time, in trace order (a group's samples together). The skewed
+trace is the same with a routing key per episode, 80% of the episodes on 2 keys (affinity keys
+on it; the others ignore keys). Before each run the workers' prefix caches are flushed and each
+gateway is fresh.
 
 Per run it prints output tokens/s (wall clock of the replay), the workers' prefix-cache hit rate
 (their rl_worker_cached_tokens_total / rl_worker_prompt_tokens_total over the run) and the
@@ -18,13 +26,18 @@ request latency, the load spread (max / mean of the workers' running + waiting r
 every 50 ms while any is busy, averaged) and the requests each worker served; with --rounds > 1
 the medians over rounds (runs interleaved: round 1 of every row, then round 2, ...).
 
-  .venv/bin/python bench/routing/grpo_trace_bench.py [--model DIR] [--groups 3] [--n 8]
-      [--turns 3] [--concurrency 16] [--max-tokens 16] [--rounds 1] [--no-smg] [--no-skewed]
+  .venv/bin/python bench/routing/grpo_trace_bench.py [--model DIR] [--layers 8] [--groups 2]
+      [--n 8] [--turns 3] [--concurrency 16] [--max-tokens 128] [--rounds 1] [--no-smg]
+      [--no-skewed] [--quick]
 
 Without --model it makes a Qwen3-0.6B-shaped model (`rlctl make-model --arch qwen3 --size 0.5b
---seed 1`) into BUILD/bench-models/qwen3-0.5b once: big enough that prefill shows in tokens/s on
-a CPU (stories260K's compute is trivial, so its cache effects hardly show). Costs: per run about
-groups * n * turns requests; at the defaults on 2 shared CPU cores a run takes ~1-3 minutes.
+--seed 1`) into BUILD/bench-models/qwen3-0.5b once, and runs its first `--layers` 8 of 28 layers
+(BUILD/bench-models/qwen3-0.5b-8l, cut once): the same hidden size, heads and vocabulary, so
+prefill and decode keep their proportions, at a third of the compute, so that a run stays at
+about a minute on 2 shared CPU cores (stories260K's compute is trivial, so its cache effects
+hardly show). Per run groups * n * turns requests (48 at the defaults); a round of all ten runs
+takes ~8-10 minutes on 2 shared cores. `--quick` is the smallest run (1 group of 2 samples,
+2 turns of 2 tokens), for the smoke test.
 Servers listen on 127.0.0.1 port 0 (SMG, which takes no port 0, on a port found free); every
 process is stopped at exit, on error, SIGINT and SIGTERM.
 """
@@ -79,22 +92,31 @@ def words(rng, count):
 
 
 def make_trace(args, skewed):
-    """Groups: dicts of question, group id, routing key, and per (sample, turn) follow-ups."""
+    """Groups: dicts of question, group id, routing key, and per (sample, turn) tool messages."""
     rng = random.Random(args.seed)
-    system = "System: you are a careful math tutor. " + words(rng, args.system_words) + "\n"
+    system = ("System: answer the question. Reason step by step inside <think> and </think>; "
+              "to look something up, write <search> query </search> and the results come back "
+              "between <information> and </information>; give the final answer inside <answer> "
+              "and </answer>. " + words(rng, args.system_words) + "\n")
     groups = []
     for g in range(args.groups):
-        key = ""
-        if skewed:
-            key = f"hot-{g % 2}" if rng.random() < 0.8 else f"key-{g}"
+        # Skewed: 80% of the episodes (samples) on 2 routing keys, the rest a key each.
+        keys = [(f"hot-{rng.randrange(2)}" if rng.random() < 0.8 else f"key-{g}-{s}")
+                if skewed else "" for s in range(args.n)]
         groups.append({
-            "id": f"group-{g}", "key": key,
-            "question": f"User: problem {g}: " + words(rng, args.question_words) + "\nAssistant:",
-            "followups": [[f"\nUser: turn {t + 2}, sample {s}: " + words(rng, args.followup_words)
-                           + "\nAssistant:" for t in range(args.turns - 1)]
-                          for s in range(args.n)],
+            "id": f"group-{g}", "keys": keys,
+            "question": f"User: question {g}: " + words(rng, args.question_words) + "\nAssistant:",
+            "followups": [[tool_message(rng, args.followup_words, s, t)
+                           for t in range(args.turns - 1)] for s in range(args.n)],
         })
     return system, groups
+
+
+def tool_message(rng, count, sample, turn):
+    """A search tool's answer as Search-R1 formats it: 3 retrieved passages, `count` words."""
+    docs = [f"Doc {d + 1} (result {sample}.{turn}.{d}): " + words(rng, count // 3)
+            for d in range(3)]
+    return "\n<information>" + "\n".join(docs) + "</information>\nAssistant:"
 
 
 def metrics(url):
@@ -141,7 +163,7 @@ def replay(send, system, groups, args):
         for t in range(args.turns):
             seed = (g * 1000 + s) * 10 + t
             t0 = time.perf_counter()
-            text, n = send(prompt, group, seed)
+            text, n = send(prompt, group, group["keys"][s], seed)
             dt = time.perf_counter() - t0
             with lock:
                 latencies.append(dt)
@@ -160,6 +182,51 @@ def replay(send, system, groups, args):
 def percentile(values, q):
     v = sorted(values)
     return v[min(len(v) - 1, int(len(v) * q))]
+
+
+def derive_layers(src, dst, layers):
+    """Writes to `dst` the model `src` cut to its first `layers` decoder layers (config and
+    safetensors rewritten, the tokenizer copied): the same shapes per layer, a fraction of the
+    compute. Pure Python (the safetensors format is an 8-byte header length, a JSON header
+    of names, dtypes, shapes and byte ranges, then the bytes)."""
+    import shutil
+    with open(src / "config.json") as f:
+        config = json.load(f)
+    if not 1 <= layers <= config["num_hidden_layers"]:
+        sys.exit(f"--layers {layers}: {src} has {config['num_hidden_layers']} layers")
+    config["num_hidden_layers"] = layers
+    tmp = dst.with_name(dst.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name in os.listdir(src):
+        if name not in ("config.json", "model.safetensors"):
+            shutil.copy(src / name, tmp / name)
+    with open(tmp / "config.json", "w") as f:
+        json.dump(config, f, indent=2)
+    with open(src / "model.safetensors", "rb") as f:
+        header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+        base = f.tell()
+        keep = {k: v for k, v in header.items()
+                if k == "__metadata__" or not (m := re.match(r"model\.layers\.(\d+)\.", k))
+                or int(m.group(1)) < layers}
+        out, at = {}, 0
+        for k, v in keep.items():
+            if k == "__metadata__":
+                out[k] = v
+                continue
+            b, e = v["data_offsets"]
+            out[k] = dict(v, data_offsets=[at, at + e - b])
+            at += e - b
+        blob = json.dumps(out).encode()
+        blob += b" " * (-len(blob) % 8)
+        with open(tmp / "model.safetensors", "wb") as o:
+            o.write(len(blob).to_bytes(8, "little"))
+            o.write(blob)
+            for k, v in keep.items():
+                if k != "__metadata__":
+                    f.seek(base + v["data_offsets"][0])
+                    o.write(f.read(v["data_offsets"][1] - v["data_offsets"][0]))
+    tmp.rename(dst)
 
 
 class Workers:
@@ -236,15 +303,22 @@ def ours(args, workers, policy):
                                 request_serializer=generate_pb2.GenerateRequest.SerializeToString,
                                 response_deserializer=generate_pb2.GenerateResponse.FromString)
 
-    def send(prompt, group, seed):
+    def send(prompt, group, key, seed):
         req = build_generate_request(prompt, max_new_tokens=args.max_tokens, temperature=1.0,
                                      seed=seed, ignore_eos=True, stream=False)
         req.group_id = group["id"]
-        req.routing_key = group["key"]
+        req.routing_key = key
         for msg in call(req, timeout=600):
             if msg.HasField("final"):
                 return msg.final.text, len(msg.final.output_ids)
         raise RuntimeError("no final message")
+
+    def routing():
+        with Client(router.address) as c:
+            r = c.get_metrics().routing
+        return f"{r.keyed_picks}/{r.picks} keyed, {r.key_moves} moved"
+
+    send.routing = routing
 
     def stop():
         channel.close()
@@ -274,7 +348,7 @@ def smg(args, workers, policy):
     _procs.append(proc)
     url = f"http://127.0.0.1:{port}/v1/completions"
 
-    def send(prompt, group, seed):
+    def send(prompt, group, key, seed):
         r = post(url, {"model": str(args.model), "prompt": prompt, "max_tokens": args.max_tokens,
                        "temperature": 1.0, "seed": seed, "ignore_eos": True})
         return r["choices"][0]["text"], r["usage"]["completion_tokens"]
@@ -323,14 +397,17 @@ def main():
     ap.add_argument("--build", type=Path, default=ROOT / "build")
     ap.add_argument("--model", type=Path, default=None,
                     help="model folder (default: a made qwen3 0.5b under BUILD/bench-models)")
-    ap.add_argument("--groups", type=int, default=3)
+    ap.add_argument("--layers", type=int, default=8,
+                    help="without --model: keep the made model's first N of 28 layers (0: all)")
+    ap.add_argument("--groups", type=int, default=2)
     ap.add_argument("--n", type=int, default=8, help="samples per group")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=16, help="episodes in flight")
-    ap.add_argument("--max-tokens", type=int, default=16, help="new tokens per turn")
-    ap.add_argument("--system-words", type=int, default=60)
-    ap.add_argument("--question-words", type=int, default=150)
-    ap.add_argument("--followup-words", type=int, default=40)
+    ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn")
+    ap.add_argument("--system-words", type=int, default=20)
+    ap.add_argument("--question-words", type=int, default=16)
+    ap.add_argument("--followup-words", type=int, default=120,
+                    help="words of the tool message after each turn (3 passages)")
     ap.add_argument("--threads", type=int, default=1, help="rl-worker --threads")
     ap.add_argument("--kv-cache-gb", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=1)
@@ -339,10 +416,17 @@ def main():
                     help="rl-router policies to run (comma-separated)")
     ap.add_argument("--no-smg", action="store_true", help="skip the SMG gateway rows")
     ap.add_argument("--no-skewed", action="store_true", help="skip the skewed trace")
+    ap.add_argument("--quick", action="store_true",
+                    help="smallest sizes (1 group of 2, 2 turns of 2 tokens): a smoke run")
     args = ap.parse_args()
+    if args.quick:
+        args.groups, args.n, args.turns, args.concurrency, args.max_tokens = 1, 2, 2, 2, 2
+        args.system_words, args.question_words, args.followup_words = 4, 4, 3
+        args.kv_cache_gb = 0.05
     bounds = {"groups": (1, 256), "n": (1, 64), "turns": (1, 16), "concurrency": (1, 256),
               "max_tokens": (1, 1024), "system_words": (0, 4000), "question_words": (1, 4000),
-              "followup_words": (1, 1000), "threads": (0, 64), "rounds": (1, 20)}
+              "followup_words": (1, 1000), "threads": (0, 64), "rounds": (1, 20),
+              "layers": (0, 28)}
     for k, (lo, hi) in bounds.items():
         if not lo <= getattr(args, k) <= hi:
             ap.error(f"--{k.replace('_', '-')} must be in [{lo}, {hi}]")
@@ -360,13 +444,18 @@ def main():
     signal.signal(signal.SIGINT, on_signal)
     try:
         if args.model is None:
-            args.model = args.build / "bench-models" / "qwen3-0.5b"
-            if not (args.model / "config.json").exists():
-                print(f"making {args.model} (rlctl make-model --arch qwen3 --size 0.5b)",
-                      flush=True)
+            full = args.build / "bench-models" / "qwen3-0.5b"
+            if not (full / "config.json").exists():
+                print(f"making {full} (rlctl make-model --arch qwen3 --size 0.5b)", flush=True)
                 subprocess.run([str(args.build / "bin" / "rlctl"), "make-model", "--arch",
                                 "qwen3", "--size", "0.5b", "--seed", "1", "--out",
-                                str(args.model)], check=True, timeout=900)
+                                str(full)], check=True, timeout=900)
+            args.model = full
+            if args.layers:
+                args.model = full.with_name(f"qwen3-0.5b-{args.layers}l")
+                if not (args.model / "config.json").exists():
+                    print(f"making {args.model} (the first {args.layers} layers)", flush=True)
+                    derive_layers(full, args.model, args.layers)
         cpu = next((l.split(":", 1)[1].strip() for l in
                     subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
                     if l.startswith("Model name")), "?")
@@ -377,7 +466,7 @@ def main():
         workers = Workers(args)
         traces = [("GRPO trace", make_trace(args, False))]
         if not args.no_skewed:
-            traces.append(("skewed trace (80% of groups on 2 routing keys)",
+            traces.append(("skewed trace (80% of episodes on 2 routing keys)",
                            make_trace(args, True)))
         runs = []  # (trace title, row name, gateway factory, policy)
         for title, _ in traces:
@@ -393,12 +482,14 @@ def main():
                 send, stop = factory(args, workers, policy)
                 try:
                     row = run_one(name, send, workers, system, groups, args)
+                    row["routing"] = send.routing() if hasattr(send, "routing") else ""
                 finally:
                     stop()
                 results.setdefault((title, name), []).append(row)
                 print(f"  round {rnd + 1}: {title}: {name}: {row['tok_s']:.1f} tok/s, "
                       f"hit {row['hit'] * 100:.1f}%, {row['prompt_tokens']} prompt tokens, "
-                      f"{row['wall']:.1f} s, load {os.getloadavg()[0]:.1f}", flush=True)
+                      f"{row['wall']:.1f} s, load {os.getloadavg()[0]:.1f}"
+                      + (f", picks {row['routing']}" if row["routing"] else ""), flush=True)
         for title, _ in traces:
             rows = [median_row(results[(t, n)]) for t, n, _, _ in runs if t == title]
             base = next((r["tok_s"] for r in rows if r["name"] == "rl-router round_robin"), 0.0)

@@ -14,9 +14,7 @@ ROW = r"\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+%\s+\d+\s+\d+\s+\d+\s+\S+\s+\d+/\d+/\d+"
 def test_prints_every_row():
     r = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "routing" / "grpo_trace_bench.py"), "--build",
-         str(BUILD), "--model", str(STORIES), "--groups", "1", "--n", "2", "--turns", "2",
-         "--concurrency", "2", "--max-tokens", "2", "--system-words", "4",
-         "--question-words", "4", "--followup-words", "2", "--kv-cache-gb", "0.05"],
+         str(BUILD), "--model", str(STORIES), "--quick"],
         capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stdout + r.stderr
     grpo, skewed = r.stdout.split("\nskewed trace")

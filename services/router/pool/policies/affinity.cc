@@ -23,18 +23,26 @@ int64_t FindCandidate(absl::Span<const Candidate> candidates, std::string_view a
 Choice AffinityPolicy::Choose(const PickRequest& request, absl::Span<const Candidate> candidates) {
   const LoadBound bound(candidates, request.units, load_factor_);
   Choice choice;
-  // 1. The trajectory this prompt extends: the workers holding all of it, longest first.
+  // 1. The trajectory this prompt extends: of the workers holding all of it (usually one; two
+  // when a turn was retried or replayed elsewhere), the least loaded within the bound.
   if (request.trajectory_tokens > 0) {
+    int64_t best = -1;
     for (const PrefixHolder& h : request.prefix_holders) {
       if (h.tokens < request.trajectory_tokens) break;
       const int64_t i = FindCandidate(candidates, h.address);
       if (i < 0) continue;
-      if (bound.Admits(candidates[static_cast<size_t>(i)])) {
-        choice.index = static_cast<size_t>(i);
-        choice.keyed = true;
-        return choice;
+      const Candidate& c = candidates[static_cast<size_t>(i)];
+      if (!bound.Admits(c)) {
+        choice.moved = true;
+        continue;
       }
-      choice.moved = true;
+      if (best < 0 || c.load < candidates[static_cast<size_t>(best)].load) best = i;
+    }
+    if (best >= 0) {
+      choice.index = static_cast<size_t>(best);
+      choice.keyed = true;
+      choice.moved = false;  // a holder of the whole trajectory took it
+      return choice;
     }
   }
   // 2. The key's worker on the ring, or the next ones within the bound.

@@ -1,7 +1,8 @@
 // Affinity: consistent hashing with bounded loads. A request goes, in this order of preference,
 // to
 //   1. the worker that served the cached trajectory its text prompt extends (the previous turn
-//      of its episode: its prefix is in that worker's KV cache), then
+//      of its episode: its prefix is in that worker's KV cache; of several holding all of it,
+//      the least loaded), then
 //   2. its key's worker on the hash ring (hash_ring.h): the key is the request's routing_key
 //      (the field or the rl-routing-key header), else its group_id, so the samples of a GRPO
 //      group sent as separate requests meet on one worker (the n samples of one request are one

@@ -221,5 +221,56 @@ TEST(AffinityPolicyTest, AnExcludedWorkersKeysGoToTheNextOnTheRing) {
   }
 }
 
+// The GRPO burst: two groups of 8 samples sent together, as separate requests sharing each
+// group's id, none finished yet. The bound caps every worker at 1.25 x the mean (6 of 16 here),
+// so a group cannot gather on one worker; it bounds the most loaded worker only, so the least
+// loaded one may hold as few as 16 - 2 x 6 = 4.
+TEST(AffinityPolicyTest, AGroupBurstStaysWithinTheBound) {
+  AffinityPolicy p(1.25);
+  FakeFleet fleet({"a:1", "b:1", "c:1"});
+  int keyed = 0;
+  for (int g = 0; g < 2; ++g) {
+    for (int s = 0; s < 8; ++s) {
+      PickRequest r;
+      const std::string group = absl::StrCat("group-", g);
+      r.group_id = group;
+      Choice choice;
+      fleet.Pick(p, r, /*take=*/true, &choice);
+      if (choice.keyed) ++keyed;
+    }
+  }
+  int32_t total = 0;
+  for (const auto& a : fleet.addresses()) {
+    EXPECT_LE(fleet.load(a), 6) << a;
+    EXPECT_GE(fleet.load(a), 4) << a;
+    total += fleet.load(a);
+  }
+  EXPECT_EQ(total, 16);
+  EXPECT_GT(keyed, 8);  // most samples still placed by their group's key
+}
+
+// A trajectory held whole by two workers (a turn retried elsewhere): the less loaded one.
+TEST(AffinityPolicyTest, OfTwoWholeTrajectoryHoldersTheLessLoaded) {
+  AffinityPolicy p(1.25);
+  FakeFleet fleet({"a:1", "b:1", "c:1"});
+  const PrefixHolder holders[] = {{"a:1", 300}, {"c:1", 300}, {"b:1", 40}};
+  PickRequest r;
+  r.prefix_holders = holders;
+  r.trajectory_tokens = 300;
+  fleet.load("a:1") = 5;  // both within the bound (cap 1.25 x 15 / 3 = 6.25)
+  fleet.load("b:1") = 5;
+  fleet.load("c:1") = 4;
+  Choice choice;
+  EXPECT_EQ(fleet.Pick(p, r, false, &choice), "c:1");
+  EXPECT_TRUE(choice.keyed);
+  EXPECT_FALSE(choice.moved);
+  // The less loaded holder over the bound, the other within it: no move, no history lost.
+  fleet.load("a:1") = 1;
+  fleet.load("c:1") = 9;
+  EXPECT_EQ(fleet.Pick(p, r, false, &choice), "a:1");
+  EXPECT_TRUE(choice.keyed);
+  EXPECT_FALSE(choice.moved);
+}
+
 }  // namespace
 }  // namespace rl::router
