@@ -135,8 +135,13 @@ class WeightUpdateController final : public WeightUpdates {
   // engine thread: publication.h.
   absl::StatusOr<ReadVersion> ReadFolder(const std::string& model_path,
                                          std::optional<int64_t> weight_version);
+  // Uploads weights read ahead into the runner's second device copy (CUDA,
+  // model/staged_mirror.h), 64 MiB per engine-thread hop so decoding goes on between slices;
+  // returns what happened for the answer ("" on a backend without device memory).
+  std::string StageOnDevice(const model::Weights& weights);
 
   const Deps deps_;
+  bool device_backend_ = false;  // the runner serves from device memory (CUDA): StageOnDevice
   std::vector<model::TensorInfo> served_;
   WeightShapes served_shapes_;
   UpdateLifecycle lifecycle_;
