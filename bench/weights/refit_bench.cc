@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -270,6 +271,7 @@ class DecodeStream {
 struct Options {
   bool quick = false;
   std::string models = "llama:0.5b,qwen3_moe:1b";
+  std::string fleet_models = "all";  // the models the fleet part runs on (3 workers x 2 copies)
   std::string work = "/tmp/rl_refit_bench";
   double density = 0.02;
   int rounds = 3;
@@ -336,7 +338,10 @@ class Bench {
 
     RETURN_IF_ERROR(
         OneWorker(config, parent, child, delta, plain_parent, plain_child, manifest, f));
-    RETURN_IF_ERROR(Fleet(parent, plain_parent, plain_child, config, f));
+    if (o_.fleet_models == "all" || absl::StrContains(absl::StrCat(",", o_.fleet_models, ","),
+                                                      absl::StrCat(",", arch, ":", size, ","))) {
+      RETURN_IF_ERROR(Fleet(parent, plain_parent, plain_child, config, f));
+    }
     std::error_code ec;
     fs::remove_all(dir, ec);
     return absl::OkStatus();
@@ -348,7 +353,7 @@ class Bench {
     c.model_path = model;
     c.port = 0;
     c.backend = "cpu";
-    c.kv_cache_gb = 0.05;
+    c.kv_cache_gb = 0.25;  // ~1,100 tokens of the 0.5B: a 256-token stream, 4 lag clients
     c.num_threads = o_.threads;
     return c;
   }
@@ -467,7 +472,10 @@ class Bench {
     std::vector<std::unique_ptr<rl::worker::WorkerServer>> workers;
     rl::router::RouterConfig rc;
     for (int i = 0; i < o_.workers; ++i) {
-      ASSIGN_OR_RETURN(auto w, rl::worker::WorkerServer::Start(WorkerConfigFor(parent)));
+      // No spare read buffers (a copy of the checkpoint each): N workers in one process.
+      rl::worker::WorkerConfig wc = WorkerConfigFor(parent);
+      wc.no_update_buffers = true;
+      ASSIGN_OR_RETURN(auto w, rl::worker::WorkerServer::Start(wc));
       rc.workers.push_back(w->address());
       workers.push_back(std::move(w));
     }
@@ -633,12 +641,15 @@ void Print(const std::vector<Figures>& all) {
   row("delta activated == dense child checksum",
       [](const Figures& f) { return std::string(f.delta_checksum_equal ? "yes" : "NO"); });
   row("fleet RefitWeights s (publish->all active)", [](const Figures& f) {
+    if (f.refit_s.empty()) return std::string("not run (--fleet-models)");
     return absl::StrFormat("%.2f (n=%d)", Median(f.refit_s), f.refit_s.size());
   });
   row("fleet stage s / activate s (router fan-out)", [](const Figures& f) {
+    if (f.fleet_stage_s.empty()) return std::string("-");
     return absl::StrFormat("%.2f / %.3f", Median(f.fleet_stage_s), Median(f.fleet_activate_s));
   });
   row("request version lag p50 / p99 / max", [](const Figures& f) {
+    if (f.lag.empty()) return std::string("-");
     return absl::StrFormat("%.0f / %.0f / %.0f (n=%d)", Quantile(f.lag, 0.5), Quantile(f.lag, 0.99),
                            Quantile(f.lag, 1.0), f.lag_requests);
   });
@@ -652,6 +663,9 @@ int main(int argc, char** argv) {
   flags.Bool("quick", &o.quick, "the tiny models, few rounds: a smoke run under a minute");
   flags.String("models", &o.models, "ARCH:SIZE,... made with fixed seeds in bf16");
   flags.String("work", &o.work, "scratch folder (removed at the end)");
+  flags.String("fleet-models", &o.fleet_models,
+               "ARCH:SIZE,... the fleet part runs on ('all'; each worker holds two copies while "
+               "staging)");
   flags.Double("density", &o.density, "fraction of elements changed per tensor");
   flags.Int("rounds", &o.rounds, "staging rounds per source (medians)");
   flags.Int("activations", &o.activations, "activations per pause mode");
@@ -692,11 +706,11 @@ int main(int argc, char** argv) {
       return 1;
     }
     all.push_back(std::move(f));
+    std::fflush(stdout);
+    (void)std::system("uptime");
+    Print(all);  // after each model: a run cut later keeps what it measured
   }
   fs::remove_all(o.work, ec);
-  std::fflush(stdout);
-  (void)std::system("uptime");
-  Print(all);
   for (const Figures& f : all) {
     if (!f.delta_checksum_equal) return 1;
   }
