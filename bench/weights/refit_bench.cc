@@ -11,6 +11,8 @@
 //      (one request at a time, streamed token by token, ignore_eos): StageWeights time of the
 //      dense and of the delta publication, and the stream's tokens/s during each stage against
 //      tokens/s in an undisturbed window just before it (target: >= 70%); medians of --rounds;
+//      the same rounds first on a worker whose stage reads at the engine's priority
+//      (--staging-nice 0), against the default (--staging-nice 10);
 //   3. the activation pause seen by the stream: the inter-token gap that spans the call, p50 /
 //      p99 over --activations calls, for ActivateWeights of a staged version with keep_kv (the
 //      swap), ActivateWeights default (retract: the swap plus the stream's recompute) and the
@@ -281,6 +283,9 @@ struct Options {
   int threads = 1;
   int stream_tokens = 256;
   int lag_clients = 4;
+  int staging_nice = 10;
+  bool compare_nice0 = true;
+  bool no_update_buffers = false;  // the single worker too (memory: one checkpoint copy less)
 };
 
 // Everything measured for one model, printed side by side at the end.
@@ -291,6 +296,10 @@ struct Figures {
   int64_t dense_bytes = 0, delta_bytes = 0;
   double stage_dense_s = 0, stage_delta_s = 0;
   double tps_undisturbed = 0, tps_dense = 0, tps_delta = 0;
+  // The same staging rounds on a worker with --staging-nice 0 (the read at the engine's
+  // priority), before the main worker: ratios of undisturbed, and stage times.
+  double nice0_dense_pct = -1, nice0_delta_pct = -1, nice0_stage_dense_s = 0,
+         nice0_stage_delta_s = 0;
   double gap_p50_ms = 0;  // undisturbed inter-token gap
   double gap_p99_ms = 0;
   std::vector<double> act_keep_ms, act_retract_ms, one_call_ms;  // gaps around the call
@@ -336,8 +345,17 @@ class Bench {
     absl::PrintF("[%s] made parent + child + publications in %.1f s (%d bytes, %.2f%% changed)\n",
                  f->model, Seconds(t, Clock::now()), f->dense_bytes, f->changed_pct);
 
-    RETURN_IF_ERROR(
-        OneWorker(config, parent, child, delta, plain_parent, plain_child, manifest, f));
+    if (o_.compare_nice0 && o_.staging_nice != 0) {
+      Figures n0;
+      RETURN_IF_ERROR(OneWorker(config, parent, child, delta, plain_parent, plain_child, manifest,
+                                &n0, /*staging_nice=*/0, /*staging_only=*/true));
+      f->nice0_dense_pct = 100 * n0.tps_dense / n0.tps_undisturbed;
+      f->nice0_delta_pct = 100 * n0.tps_delta / n0.tps_undisturbed;
+      f->nice0_stage_dense_s = n0.stage_dense_s;
+      f->nice0_stage_delta_s = n0.stage_delta_s;
+    }
+    RETURN_IF_ERROR(OneWorker(config, parent, child, delta, plain_parent, plain_child, manifest, f,
+                              o_.staging_nice, /*staging_only=*/false));
     if (o_.fleet_models == "all" || absl::StrContains(absl::StrCat(",", o_.fleet_models, ","),
                                                       absl::StrCat(",", arch, ":", size, ","))) {
       RETURN_IF_ERROR(Fleet(parent, plain_parent, plain_child, config, f));
@@ -361,8 +379,12 @@ class Bench {
   absl::Status OneWorker(const rl::model_io::ModelConfig& config, const std::string& parent,
                          const std::string& child, const std::string& delta,
                          const std::string& plain_parent, const std::string& plain_child,
-                         const rl::weight_sync::Manifest& manifest, Figures* f) {
-    ASSIGN_OR_RETURN(auto server, rl::worker::WorkerServer::Start(WorkerConfigFor(parent)));
+                         const rl::weight_sync::Manifest& manifest, Figures* f, int staging_nice,
+                         bool staging_only) {
+    rl::worker::WorkerConfig wc = WorkerConfigFor(parent);
+    wc.staging_nice = staging_nice;
+    wc.no_update_buffers = o_.no_update_buffers;
+    ASSIGN_OR_RETURN(auto server, rl::worker::WorkerServer::Start(wc));
     auto admin = rl::v1::Admin::NewStub(
         grpc::CreateChannel(server->address(), grpc::InsecureChannelCredentials()));
     absl::Status result = [&]() -> absl::Status {
@@ -402,6 +424,7 @@ class Bench {
       f->tps_delta = Median(tps_delta);
       f->gap_p50_ms = Quantile(quiet_gaps, 0.5) * 1e3;
       f->gap_p99_ms = Quantile(quiet_gaps, 0.99) * 1e3;
+      if (staging_only) return absl::OkStatus();
 
       // The delta, activated once: its checksum must be the dense child's.
       {
@@ -619,6 +642,14 @@ void Print(const std::vector<Figures>& all) {
     return absl::StrFormat("%.0f%% / %.0f%%", 100 * f.tps_dense / f.tps_undisturbed,
                            100 * f.tps_delta / f.tps_undisturbed);
   });
+  row("  with --staging-nice 0 (same priority)", [](const Figures& f) {
+    if (f.nice0_dense_pct < 0) return std::string("-");
+    return absl::StrFormat("%.0f%% / %.0f%%", f.nice0_dense_pct, f.nice0_delta_pct);
+  });
+  row("  stage time s with --staging-nice 0", [](const Figures& f) {
+    if (f.nice0_dense_pct < 0) return std::string("-");
+    return absl::StrFormat("%.2f / %.2f", f.nice0_stage_dense_s, f.nice0_stage_delta_s);
+  });
   row("inter-token gap ms undisturbed p50 / p99",
       [](const Figures& f) { return absl::StrFormat("%.1f / %.1f", f.gap_p50_ms, f.gap_p99_ms); });
   row("gap around ActivateWeights keep_kv p50/p99",
@@ -675,7 +706,13 @@ int main(int argc, char** argv) {
   flags.Int("threads", &o.threads, "CPU threads per worker");
   flags.Int("stream-tokens", &o.stream_tokens, "tokens per decode-stream request");
   flags.Int("lag-clients", &o.lag_clients, "concurrent requests through the router");
+  flags.Int("staging-nice", &o.staging_nice, "the workers' --staging-nice");
+  flags.Bool("no-update-buffers", &o.no_update_buffers,
+             "the single worker without spare read buffers (--no-reserve-update-buffers)");
+  flags.Bool("compare-nice0", &o.compare_nice0,
+             "also run the staging rounds on a worker with --staging-nice 0, before");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log at once (a run may be cut)
   if (o.quick) {
     if (o.models == "llama:0.5b,qwen3_moe:1b") o.models = "llama:tiny,qwen3_moe:tiny";
     o.rounds = std::min(o.rounds, 1);
@@ -684,7 +721,8 @@ int main(int argc, char** argv) {
     o.stream_tokens = std::min(o.stream_tokens, 64);
   }
   if (o.density <= 0 || o.density > 1 || o.rounds < 1 || o.activations < 1 || o.fleet_rounds < 1 ||
-      o.workers < 1 || o.threads < 0 || o.stream_tokens < 8 || o.lag_clients < 1) {
+      o.workers < 1 || o.threads < 0 || o.stream_tokens < 8 || o.lag_clients < 1 ||
+      o.staging_nice < 0 || o.staging_nice > 19) {
     std::fprintf(stderr, "refit_bench: a flag is out of range (see --help)\n");
     return 2;
   }

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/low_priority.h"
 #include "common/status.h"
 #include "services/worker/model/weights.h"
 #include "services/worker/weights/update_validation.h"
@@ -82,11 +83,15 @@ absl::StatusOr<UpdateGroups::Claim> WeightUpdateController::CheckAndClaim(
 
 absl::StatusOr<ReadVersion> WeightUpdateController::ReadFolder(
     const std::string& model_path, std::optional<int64_t> weight_version) {
-  return ReadPublication(model_path, weight_version,
-                         {.engine = deps_.engine,
-                          .model_config = deps_.model_config,
-                          .limits = deps_.limits,
-                          .ledger = &ledger_});
+  auto read = [&] {
+    return ReadPublication(model_path, weight_version,
+                           {.engine = deps_.engine,
+                            .model_config = deps_.model_config,
+                            .limits = deps_.limits,
+                            .ledger = &ledger_});
+  };
+  if (deps_.staging_nice <= 0) return read();
+  return RunAtLowPriority(deps_.staging_nice, read);
 }
 
 std::string WeightUpdateController::StageOnDevice(const model::Weights& weights) {

@@ -44,6 +44,9 @@ class WeightUpdateController final : public WeightUpdates {
     const model::SleepableRunner* sleep = nullptr;
     std::function<void()> updating_changed;       // updating() may have changed; may be empty
     std::function<void(double)> record_duration;  // an update's seconds; may be empty
+    // A disk stage's read (checkpoint or delta, hashed and verified) runs on a thread this much
+    // nicer than the caller (common/low_priority.h), so the engine keeps its core; 0: not.
+    int staging_nice = 0;
     // Joins a group (InitWeightsUpdateGroup); empty: weight_sync::ConnectReceiver. Tests pass
     // fakes.
     std::function<absl::StatusOr<std::unique_ptr<weight_sync::WeightReceiver>>(
