@@ -65,6 +65,10 @@ int main(int argc, char** argv) {
              "mark the spare read buffers MADV_FREE, so the kernel can reclaim that second copy "
              "of the checkpoint under memory pressure; refilling them makes each "
              "UpdateWeightsFromDisk about 2x slower");
+  flags.Int("staging-nice", &config.staging_nice,
+            "how much nicer than the engine a disk stage's read runs (StageWeights, the read of "
+            "UpdateWeightsFromDisk; 0..19, 0: same priority), so decoding keeps its core while "
+            "a version is read, hashed and verified");
   flags.Bool("allow-non-finite-weights", &config.allow_non_finite_weights,
              "load checkpoints and take tensor streams holding NaN or Inf weights (refused by "
              "default, at start-up, on every UpdateWeightsFromDisk and UpdateWeightsFromTensor, "

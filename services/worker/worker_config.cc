@@ -71,6 +71,10 @@ absl::Status Validate(const WorkerConfig& c) {
     return bad("rl-on-policy-target",
                absl::StrCat("'", c.rl_on_policy_target, "' is not xorl or xorl-batch-invariant"));
   }
+  if (c.staging_nice < 0 || c.staging_nice > 19) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--staging-nice: must be in [0, 19], got ", c.staging_nice));
+  }
   if (absl::Status s = ValidateRequestLimits(c.limits); !s.ok()) return s;
   return absl::OkStatus();
 }

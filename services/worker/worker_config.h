@@ -39,9 +39,10 @@ struct WorkerConfig {
   bool no_update_buffers = false;           // no spare read buffers reserved at startup
   bool reclaimable_update_buffers = false;  // spare read buffers marked MADV_FREE
   bool allow_non_finite_weights = false;    // load checkpoints holding NaN / Inf
-  bool cpu_bf16_products = false;           // RunnerOptions::cpu_bf16_products (not exact; off)
-  std::string kv_cache_dtype = "auto";      // auto | float32 | bfloat16 (cuda only)
-  int num_threads = 0;                      // 0: all cores
+  int staging_nice = 10;  // a disk stage's read runs this much nicer than the engine (0..19)
+  bool cpu_bf16_products = false;       // RunnerOptions::cpu_bf16_products (not exact; off)
+  std::string kv_cache_dtype = "auto";  // auto | float32 | bfloat16 (cuda only)
+  int num_threads = 0;                  // 0: all cores
   int max_running_requests = 256;
   int chunked_prefill_tokens = 2048;
   int64_t weight_version = 0;

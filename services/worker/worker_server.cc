@@ -146,6 +146,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   weights.sleep = sleepable;
   weights.updating_changed = [raw] { raw->RefreshHealth(); };
   weights.record_duration = [metrics](double seconds) { metrics->RecordUpdate(seconds); };
+  weights.staging_nice = config.staging_nice;
   ASSIGN_OR_RETURN(s->weights_, WeightUpdateController::Create(std::move(weights)));
   WorkerController::Deps control;
   control.engine = s->engine_.get();

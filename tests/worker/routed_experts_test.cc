@@ -127,5 +127,19 @@ TEST(OnPolicyTargetTest, TurnsOnTheAlignmentFlags) {
   EXPECT_NE(s.message().find("--rl-on-policy-target"), std::string::npos) << s;
 }
 
+// --staging-nice (issue 30): a nice increment in [0, 19], named when out of range.
+TEST(WorkerConfigTest, StagingNiceIsBounded) {
+  WorkerConfig c;
+  c.model_path = Stories();
+  EXPECT_EQ(c.staging_nice, 10);
+  EXPECT_TRUE(Validate(c).ok());
+  for (int bad : {-1, 20}) {
+    c.staging_nice = bad;
+    const absl::Status s = Validate(c);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("--staging-nice"), std::string::npos) << s;
+  }
+}
+
 }  // namespace
 }  // namespace rl::worker::testing

@@ -61,6 +61,11 @@ class Backend {
   virtual absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) = 0;
   // Backend → host, after every op queued before it has finished.
   virtual absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) = 0;
+  // Backend → backend, ordered after every op queued before it (a staged device copy of the
+  // weights copied into the served one: staged_mirror.h).
+  virtual absl::Status CopyOnDevice(void* dst, const void* src, int64_t bytes) {
+    return absl::UnimplementedError(absl::StrCat("CopyOnDevice on backend ", name()));
+  }
 
   virtual absl::Status Embedding(const kernels::EmbeddingParams& p) = 0;
   virtual absl::Status RmsNorm(const kernels::RmsNormParams& p) = 0;

@@ -85,6 +85,10 @@ class CpuBackend final : public Backend {
     if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
     return absl::OkStatus();
   }
+  absl::Status CopyOnDevice(void* dst, const void* src, int64_t bytes) override {
+    if (bytes > 0) std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  }
 
   absl::Status Embedding(const kernels::EmbeddingParams& p) override {
     RETURN_IF_ERROR(p.Validate());

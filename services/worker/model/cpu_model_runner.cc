@@ -1,6 +1,7 @@
 #include "services/worker/model/cpu_model_runner.h"
 
 #include <mutex>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -77,7 +78,9 @@ absl::Status CpuModelRunner::ActivateWeights(std::unique_ptr<Weights>* weights,
     return absl::InvalidArgumentError(
         absl::StrCat("ActivateWeights (", source, "): ", s.message()));
   }
-  weights_ = std::move(*weights);  // the old weights are freed here, after the swap
+  // A pointer swap: the weights served before go back to the caller, who frees them after the
+  // pause (freeing a model's pages here would hold the engine thread for milliseconds per GB).
+  std::swap(weights_, *weights);
   return absl::OkStatus();
 }
 

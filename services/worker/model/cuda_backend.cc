@@ -104,6 +104,13 @@ class CudaBackend final : public Backend {
     return RL_GPU_STATUS(
         cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice, stream_));
   }
+  absl::Status CopyOnDevice(void* dst, const void* src, int64_t bytes) override {
+    if (bytes <= 0) return absl::OkStatus();
+    RETURN_IF_ERROR(BindDevice(device_));
+    // On the compute stream: ordered after the forward passes queued before it.
+    return RL_GPU_STATUS(
+        cudaMemcpyAsync(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_));
+  }
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
     RETURN_IF_ERROR(BindDevice(device_));
     if (bytes > 0) {

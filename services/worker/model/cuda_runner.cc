@@ -6,11 +6,13 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/gpu/gpu_status.h"
 #include "common/status.h"
+#include "services/worker/model/staged_mirror.h"
 #include "services/worker/model/transformer.h"
 #include "services/worker/model/weights.h"
 #include "spdlog/spdlog.h"
@@ -41,7 +43,7 @@ class CudaModelRunner final : public ModelRunner {
       return absl::InvalidArgumentError(
           absl::StrCat("kv_cache_dtype '", o.kv_cache_dtype, "' is not auto, float32 or bfloat16"));
     }
-    std::unique_ptr<CudaModelRunner> r(new CudaModelRunner());
+    std::unique_ptr<CudaModelRunner> r(new CudaModelRunner(o));
     ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(o.model_dir));
     ASSIGN_OR_RETURN(r->host_, LoadWeights(o.model_dir, r->config_));
     if (o.reserve_update_buffers) r->host_->ReserveUpdateBuffers();
@@ -118,9 +120,29 @@ class CudaModelRunner final : public ModelRunner {
       return absl::InvalidArgumentError("ActivateWeights: no weights");
     }
     RETURN_IF_ERROR(Annotate(CheckSameArchitecture(config_, (*weights)->config()), source));
-    RETURN_IF_ERROR(RefreshMirror(**weights, "", backend_.get(), device_.get()));
-    host_ = std::move(*weights);
+    if (staged_mirror_.ReadyFor(**weights)) {
+      // Uploaded while serving (StageOnDevice): one device-to-device copy into the served
+      // mirror, whose pointers (captured in the decode graphs) do not change.
+      RETURN_IF_ERROR(staged_mirror_.CopyInto(**weights, backend_.get(), device_.get()));
+    } else {
+      spdlog::info("activation of {}: no device copy staged, copying {:.2f} GiB from host memory",
+                   source.empty() ? std::string("staged weights") : source,
+                   static_cast<double>((*weights)->TotalBytes()) / (1 << 30));
+      RETURN_IF_ERROR(RefreshMirror(**weights, "", backend_.get(), device_.get()));
+    }
+    std::swap(host_, *weights);  // the old host copy goes back to the caller (freed off-thread)
     return absl::OkStatus();
+  }
+  absl::StatusOr<DeviceStageStep> StageOnDevice(const Weights& staged, int64_t max_bytes) override {
+    RETURN_IF_ERROR(CheckSameArchitecture(config_, staged.config()));
+    return staged_mirror_.Step(
+        staged, max_bytes, backend_.get(), [this]() -> absl::StatusOr<int64_t> {
+          // The engine thread, bound to the runner's device (every forward runs here).
+          size_t free_bytes = 0;
+          size_t total_bytes = 0;
+          RETURN_IF_ERROR(RL_GPU_STATUS(cudaMemGetInfo(&free_bytes, &total_bytes)));
+          return static_cast<int64_t>(free_bytes);
+        });
   }
   absl::Status UpdateWeight(const TensorInfo& info, absl::Span<const uint8_t> bytes) override {
     RETURN_IF_ERROR(host_->Update(info, bytes));
@@ -128,7 +150,8 @@ class CudaModelRunner final : public ModelRunner {
   }
 
  private:
-  CudaModelRunner() = default;
+  explicit CudaModelRunner(const RunnerOptions& o)
+      : staged_mirror_({.fp32_lm_head = o.fp32_lm_head, .fp32_router = o.fp32_router}) {}
 
   model_io::ModelConfig config_;
   int32_t page_size_ = 16;
@@ -137,6 +160,9 @@ class CudaModelRunner final : public ModelRunner {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Weights> host_;
   std::unique_ptr<Weights> device_;
+  // A staged version's device copy (model/staged_mirror.h); before the transformer so it is
+  // freed after it, and before the backend is.
+  StagedMirror staged_mirror_;
   std::unique_ptr<Transformer> transformer_;
 };
 

@@ -13,7 +13,11 @@
 // `kv_cache_bytes`, or, when that is 0, `gpu_memory_fraction` of the
 // device memory left free after the weights. Destroying the runner frees all of its device
 // memory (ReleaseMemory drops the runner; ResumeMemory re-reads the weights and re-allocates).
-// Weight updates are validated on the host first, then copied into the mirror in place.
+// Weight updates are validated on the host first, then copied into the mirror in place. A
+// staged version (read ahead into host memory) is uploaded while serving into a second device
+// copy when the free device memory holds it (StageOnDevice, model/staged_mirror.h: the memory
+// left after the KV cache, so a lower --gpu-memory-fraction leaves room); its activation is then
+// one device-to-device copy into the mirror, else one host-to-device copy (logged).
 //
 // Code: the backend and the device helpers in cuda_backend.cc, the runner in cuda_runner.cc.
 // In a build without CUDA every factory here answers FAILED_PRECONDITION and NumCudaDevices()

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/model_io/model_config.h"
 #include "services/worker/model/forward_batch.h"
@@ -22,6 +23,13 @@
 namespace rl::model {
 
 class Weights;  // model/weights.h
+
+// Progress of one ModelRunner::StageOnDevice step (model/staged_mirror.h).
+struct DeviceStageStep {
+  bool done = true;        // nothing more to upload (complete, or host-staged)
+  bool on_device = false;  // the staged version has (or is getting) a device copy
+  std::string note;        // what was done or why not, for the log
+};
 
 // Description of one weight tensor as the runner holds it.
 struct TensorInfo {
@@ -68,12 +76,22 @@ class ModelRunner {
   // Serves `*weights`, read ahead (model::LoadWeights, off the engine thread: a staged version,
   // docs/weight-updates.md) from folder `source`: checks the architecture, then swaps them in
   // (CPU: a pointer swap; CUDA: a copy into the device mirror, then the host copy is swapped).
-  // Takes `*weights` on success; on error it and the served weights are left as they were. The
-  // KV cache is not cleared (the engine flushes it). `source_identity` is the folder's
+  // On success `*weights` holds the weights served before (or null), for the caller to free
+  // after the pause, off the engine thread; on error it and the served weights are left as they
+  // were. The KV cache is not cleared (the engine flushes it). `source_identity` is the folder's
   // FolderIdentity (sleepable_runner.h) taken before the read, "" when unknown.
   virtual absl::Status ActivateWeights(std::unique_ptr<Weights>* weights, const std::string& source,
                                        const std::string& source_identity) {
     return absl::UnimplementedError("ActivateWeights");
+  }
+  // Prepares `staged` (a version read into host memory, activated later by ActivateWeights
+  // with these very weights) for a short activation, at most `max_bytes` of it per call, on the
+  // engine thread between steps; `done` once nothing is left. CUDA uploads it into a second
+  // device copy when memory allows (model/staged_mirror.h), so the activation is one
+  // device-to-device copy; else it stays host-staged and `note` says why. Default (CPU: the
+  // host copy is what serves): done at once, nothing to do.
+  virtual absl::StatusOr<DeviceStageStep> StageOnDevice(const Weights& staged, int64_t max_bytes) {
+    return DeviceStageStep{};
   }
 };
 

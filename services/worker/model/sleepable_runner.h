@@ -58,6 +58,11 @@ class SleepableRunner final : public ModelRunner {
   // dropped and `source` is staged as by LoadWeightsFromDisk.
   absl::Status ActivateWeights(std::unique_ptr<Weights>* weights, const std::string& source,
                                const std::string& source_identity) override;
+  // Awake: the inner runner's. Asleep: nothing on the device (the version stays host-staged).
+  absl::StatusOr<DeviceStageStep> StageOnDevice(const Weights& staged, int64_t max_bytes) override {
+    if (inner_ == nullptr) return DeviceStageStep{.note = "asleep: staged in host memory"};
+    return inner_->StageOnDevice(staged, max_bytes);
+  }
 
   // Whether the backend is freed (the worker is asleep). Any thread: it changes only at the end
   // of a successful Release or Resume (on the engine thread).

@@ -1,5 +1,6 @@
 #include "services/worker/model/weights.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,11 @@ void Weights::Visit(
        absl::Span<const uint8_t>(static_cast<const uint8_t*>(t.data),
                                  static_cast<size_t>(t.num_bytes)));
   }
+}
+
+Weights::Weights() {
+  static std::atomic<uint64_t> next{1};
+  serial_ = next.fetch_add(1);
 }
 
 int64_t Weights::TotalBytes() const {
@@ -269,14 +275,16 @@ absl::Status UploadF32(const WeightTensor& src, Backend* backend, DeviceBuffer* 
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Backend* backend,
-                                                       bool fp32_lm_head, bool fp32_router) {
+// MirrorWeights (`upload`) or AllocateMirror (not: the memory only, F32 copies included).
+absl::StatusOr<std::unique_ptr<Weights>> MirrorImpl(const Weights& host, Backend* backend,
+                                                    bool fp32_lm_head, bool fp32_router,
+                                                    bool upload) {
   if (backend == nullptr) return absl::InvalidArgumentError("MirrorWeights: null backend");
   auto m = std::unique_ptr<Weights>(new Weights());
   m->config_ = host.config_;
   for (const auto& [name, t] : host.tensors_) {
     ASSIGN_OR_RETURN(DeviceBuffer buffer, backend->Allocate(t.num_bytes));
-    RETURN_IF_ERROR(backend->CopyToDevice(buffer.data(), t.data, t.num_bytes));
+    if (upload) RETURN_IF_ERROR(backend->CopyToDevice(buffer.data(), t.data, t.num_bytes));
     WeightTensor d = t;
     d.data = buffer.data();
     m->device_buffers_.push_back(std::move(buffer));
@@ -290,6 +298,17 @@ absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Back
     if (src->dtype == DType::kF32) return relink(src);
     Weights::F32Copy& copy = m->f32_copies_[src->name];
     copy.tensor = std::make_unique<WeightTensor>();
+    if (!upload) {
+      const int64_t bytes =
+          (src->num_bytes / model_io::DTypeSize(src->dtype)) * static_cast<int64_t>(sizeof(float));
+      ASSIGN_OR_RETURN(copy.buffer, backend->Allocate(bytes));
+      *copy.tensor = *src;
+      copy.tensor->name = src->name + ".f32";
+      copy.tensor->dtype = DType::kF32;
+      copy.tensor->num_bytes = bytes;
+      copy.tensor->data = copy.buffer.data();
+      return copy.tensor.get();
+    }
     RETURN_IF_ERROR(UploadF32(*src, backend, &copy.buffer, copy.tensor.get()));
     return copy.tensor.get();
   };
@@ -331,13 +350,63 @@ absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Back
   return m;
 }
 
+absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Backend* backend,
+                                                       bool fp32_lm_head, bool fp32_router) {
+  return MirrorImpl(host, backend, fp32_lm_head, fp32_router, /*upload=*/true);
+}
+
+absl::StatusOr<std::unique_ptr<Weights>> AllocateMirror(const Weights& host, Backend* backend,
+                                                        bool fp32_lm_head, bool fp32_router) {
+  return MirrorImpl(host, backend, fp32_lm_head, fp32_router, /*upload=*/false);
+}
+
+absl::Status CopyMirror(const Weights& from, Backend* backend, Weights* to) {
+  if (backend == nullptr || to == nullptr) {
+    return absl::InvalidArgumentError("CopyMirror: null backend or mirror");
+  }
+  if (from.tensors_.size() != to->tensors_.size() ||
+      from.f32_copies_.size() != to->f32_copies_.size()) {
+    return absl::InternalError("CopyMirror: the mirrors hold different tensors");
+  }
+  for (const auto& [name, t] : from.tensors_) {
+    auto it = to->tensors_.find(name);
+    if (it == to->tensors_.end() || it->second.num_bytes != t.num_bytes) {
+      return absl::InternalError(absl::StrCat("CopyMirror: tensor '", name, "' differs"));
+    }
+  }
+  for (const auto& [name, c] : from.f32_copies_) {
+    auto it = to->f32_copies_.find(name);
+    if (it == to->f32_copies_.end() || it->second.tensor->num_bytes != c.tensor->num_bytes) {
+      return absl::InternalError(absl::StrCat("CopyMirror: the FP32 copy of '", name, "' differs"));
+    }
+  }
+  // Checked whole before the first byte moves: a refusal changes nothing.
+  for (const auto& [name, t] : from.tensors_) {
+    RETURN_IF_ERROR(
+        backend->CopyOnDevice(const_cast<void*>(to->tensors_.at(name).data), t.data, t.num_bytes));
+  }
+  for (const auto& [name, c] : from.f32_copies_) {
+    RETURN_IF_ERROR(backend->CopyOnDevice(to->f32_copies_.at(name).buffer.data(), c.buffer.data(),
+                                          c.tensor->num_bytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status RefreshMirror(const Weights& host, const std::string& name, Backend* backend,
                            Weights* mirror) {
   if (backend == nullptr || mirror == nullptr) {
     return absl::InvalidArgumentError("RefreshMirror: null backend or mirror");
   }
-  for (const auto& [tensor_name, t] : host.tensors_) {
-    if (!name.empty() && tensor_name != name) continue;
+  if (!name.empty() && !host.tensors_.contains(name)) {
+    return absl::InvalidArgumentError(absl::StrCat("RefreshMirror: no tensor '", name, "'"));
+  }
+  // One tensor: found by name, not by a walk over every tensor (a staged copy refreshes them
+  // one by one).
+  const auto begin = name.empty() ? host.tensors_.begin() : host.tensors_.find(name);
+  const auto end = name.empty() ? host.tensors_.end() : std::next(begin);
+  for (auto h = begin; h != end; ++h) {
+    const std::string& tensor_name = h->first;
+    const WeightTensor& t = h->second;
     auto it = mirror->tensors_.find(tensor_name);
     if (it == mirror->tensors_.end() || it->second.num_bytes != t.num_bytes ||
         it->second.dtype != t.dtype) {

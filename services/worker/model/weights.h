@@ -88,6 +88,9 @@ class Weights {
   // when the head is untied). Used for memory-bandwidth bounds.
   int64_t BytesPerToken() const;
   int64_t TotalBytes() const;
+  // A number no other Weights object of this process has (never reused, unlike an address):
+  // what a staged device copy names as its source (staged_mirror.h).
+  uint64_t serial() const { return serial_; }
   // Reserves spare read buffers the size of this checkpoint's files (model_io/file_read.h), so
   // the next LoadWeights of the same layout reuses memory instead of faulting fresh pages in.
   void ReserveUpdateBuffers() const;
@@ -110,7 +113,14 @@ class Weights {
   friend absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights&, Backend*, bool,
                                                                 bool);
   friend absl::Status RefreshMirror(const Weights&, const std::string&, Backend*, Weights*);
-  Weights() = default;
+  friend absl::StatusOr<std::unique_ptr<Weights>> AllocateMirror(const Weights&, Backend*, bool,
+                                                                 bool);
+  friend absl::Status CopyMirror(const Weights&, Backend*, Weights*);
+  friend absl::StatusOr<std::unique_ptr<Weights>> MirrorImpl(const Weights&, Backend*, bool, bool,
+                                                             bool);
+  Weights();
+
+  uint64_t serial_;
 
   model_io::ModelConfig config_;
   model_io::Checkpoint checkpoint_;  // owns the tensor bytes read from disk
@@ -147,6 +157,13 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromOwnedTensors(
 // the mirror. Costs one allocation and one copy per tensor.
 absl::StatusOr<std::unique_ptr<Weights>> MirrorWeights(const Weights& host, Backend* backend,
                                                        bool fp32_lm_head, bool fp32_router = false);
+// MirrorWeights without the copies: the device memory of a mirror of `host`, uninitialised,
+// filled tensor by tensor with RefreshMirror (a staged device copy, staged_mirror.h).
+absl::StatusOr<std::unique_ptr<Weights>> AllocateMirror(const Weights& host, Backend* backend,
+                                                        bool fp32_lm_head, bool fp32_router);
+// Copies every tensor (and FP32 copy) of mirror `from` into mirror `to` of the same
+// architecture and options, on the device (Backend::CopyOnDevice); `to`'s pointers do not change.
+absl::Status CopyMirror(const Weights& from, Backend* backend, Weights* to);
 // Copies tensor `name` of `host` (every tensor when empty) into `mirror`, which must have been
 // made from weights of the same architecture; the FP32 copies follow their sources. Used after
 // an update has been validated on the host, so it fails only on a device error.

@@ -5,11 +5,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/low_priority.h"
 #include "common/model_io/dtype.h"
 #include "common/status.h"
 #include "services/worker/model/weights.h"
 #include "services/worker/weights/staged_receive.h"
 #include "services/worker/weights/update_validation.h"
+#include "spdlog/spdlog.h"
 
 namespace rl::worker {
 namespace {
@@ -44,6 +46,10 @@ WeightUpdateController::WeightUpdateController(Deps deps)
 absl::StatusOr<std::unique_ptr<WeightUpdateController>> WeightUpdateController::Create(Deps deps) {
   std::unique_ptr<WeightUpdateController> c(new WeightUpdateController(std::move(deps)));
   ASSIGN_OR_RETURN(c->served_, c->ListWeights());
+  RETURN_IF_ERROR(c->deps_.engine->RunOnEngineThread([&](engine::EngineContext& ctx) {
+    c->device_backend_ = ctx.runner().backend_name() == "cuda";
+    return absl::OkStatus();
+  }));
   for (const model::TensorInfo& t : c->served_) c->served_shapes_[t.name] = t.shape;
   return c;
 }
@@ -81,11 +87,36 @@ absl::StatusOr<UpdateGroups::Claim> WeightUpdateController::CheckAndClaim(
 
 absl::StatusOr<ReadVersion> WeightUpdateController::ReadFolder(
     const std::string& model_path, std::optional<int64_t> weight_version) {
-  return ReadPublication(model_path, weight_version,
-                         {.engine = deps_.engine,
-                          .model_config = deps_.model_config,
-                          .limits = deps_.limits,
-                          .ledger = &ledger_});
+  auto read = [&] {
+    return ReadPublication(model_path, weight_version,
+                           {.engine = deps_.engine,
+                            .model_config = deps_.model_config,
+                            .limits = deps_.limits,
+                            .ledger = &ledger_});
+  };
+  if (deps_.staging_nice <= 0) return read();
+  return RunAtLowPriority(deps_.staging_nice, read);
+}
+
+std::string WeightUpdateController::StageOnDevice(const model::Weights& weights) {
+  if (!device_backend_) return "";
+  constexpr int64_t kSliceBytes = int64_t{64} << 20;  // a few ms of host-to-device copy
+  model::DeviceStageStep step;
+  do {
+    const absl::Status s =
+        deps_.engine->RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
+          ASSIGN_OR_RETURN(step, ctx.runner().StageOnDevice(weights, kSliceBytes));
+          return absl::OkStatus();
+        });
+    if (!s.ok()) {
+      step.note = absl::StrCat(
+          "staged in host memory (copied to the device at activation): the device copy failed: ",
+          s.message());
+      break;
+    }
+  } while (!step.done);
+  spdlog::info("{}", step.note);
+  return step.note;
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
@@ -116,6 +147,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
                     absl::StrCat("update_weights_from_disk: ", model_path,
                                  " (nothing was applied; the old weights keep serving)"));
   }
+  StageOnDevice(*fresh->weights);  // CUDA: the swap below is then a device-to-device copy
   UpdatePolicy p = policy;
   if (fresh->version.has_value()) p.weight_version = fresh->version;
   absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
@@ -157,6 +189,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
   // values are refused while the files are read (model_io) or the delta applied, unless
   // --allow-non-finite-weights. A folder with a manifest is verified against it (publication.h).
   absl::StatusOr<ReadVersion> read = ReadFolder(model_path, weight_version);
+  // CUDA: uploaded into a second device copy while serving, when memory allows (still staging).
+  const std::string device_note = read.ok() ? StageOnDevice(*read->weights) : "";
   absl::MutexLock lock(&stage_mu_);
   staging_ = false;
   if (!read.ok()) {
@@ -186,7 +220,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
       staged->manifest_sha256.empty()
           ? ""
           : absl::StrCat(", verified against its manifest (sha256 ", staged->manifest_sha256, ")"),
-      " (ActivateWeights serves it)");
+      device_note.empty() ? "" : absl::StrCat("; ", device_note), " (ActivateWeights serves it)");
   out.weight_version = deps_.engine->weight_version();
   out.duration_us = MicrosSince(start);
   staged_ = std::move(staged);
@@ -215,6 +249,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
   UpdatePolicy p = policy;
   if (staged->version.has_value()) p.weight_version = staged->version;
   bool applied = false;  // staged tensors: the copy into the served weights started
+  bool swapped = false;  // staged weights: swapped in (`staged->weights` is the old version)
   absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
       "activate_weights", p,
       [&](model::ModelRunner& runner) -> absl::Status {
@@ -238,6 +273,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
         RETURN_IF_ERROR(Annotate(
             runner.ActivateWeights(&staged->weights, staged->reload_path, staged->identity),
             staged->path));
+        swapped = true;
         NoteServedDigest(staged->manifest_sha256);
         return absl::OkStatus();
       },
@@ -245,7 +281,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
   if (out.ok() && !staged->manifest_sha256.empty()) {
     ledger_.Record(out->weight_version, staged->manifest_sha256);
   }
-  if (!out.ok() && (staged->weights != nullptr || (!staged->tensors.empty() && !applied))) {
+  if (!out.ok() && !swapped &&
+      (staged->weights != nullptr || (!staged->tensors.empty() && !applied))) {
     // Not swapped in: still staged (unless a new stage came meanwhile).
     absl::MutexLock lock(&stage_mu_);
     if (staged_ == nullptr && !staging_) {

@@ -44,6 +44,9 @@ class WeightUpdateController final : public WeightUpdates {
     const model::SleepableRunner* sleep = nullptr;
     std::function<void()> updating_changed;       // updating() may have changed; may be empty
     std::function<void(double)> record_duration;  // an update's seconds; may be empty
+    // A disk stage's read (checkpoint or delta, hashed and verified) runs on a thread this much
+    // nicer than the caller (common/low_priority.h), so the engine keeps its core; 0: not.
+    int staging_nice = 0;
     // Joins a group (InitWeightsUpdateGroup); empty: weight_sync::ConnectReceiver. Tests pass
     // fakes.
     std::function<absl::StatusOr<std::unique_ptr<weight_sync::WeightReceiver>>(
@@ -159,8 +162,13 @@ class WeightUpdateController final : public WeightUpdates {
   // engine thread: publication.h.
   absl::StatusOr<ReadVersion> ReadFolder(const std::string& model_path,
                                          std::optional<int64_t> weight_version);
+  // Uploads weights read ahead into the runner's second device copy (CUDA,
+  // model/staged_mirror.h), 64 MiB per engine-thread hop so decoding goes on between slices;
+  // returns what happened for the answer ("" on a backend without device memory).
+  std::string StageOnDevice(const model::Weights& weights);
 
   const Deps deps_;
+  bool device_backend_ = false;  // the runner serves from device memory (CUDA): StageOnDevice
   std::vector<model::TensorInfo> served_;
   WeightShapes served_shapes_;
   UpdateLifecycle lifecycle_;

@@ -188,16 +188,24 @@ TEST_F(RunnerTest, LoadWeightsFromDiskSwapsAtomically) {
 }
 
 // A staged version (issue 30): read off the runner (model::LoadWeights), served by
-// ActivateWeights with a swap; a refused activation changes nothing and keeps the weights.
+// ActivateWeights with a swap that hands the weights served before back to the caller (freed
+// after the pause, off the engine thread); a refused activation changes nothing.
 TEST_F(RunnerTest, ActivateWeightsSwapsInWeightsReadAhead) {
   const std::vector<float> a = Logits({9, 8, 7});
   auto staged = LoadWeights(dir_ + "/b", runner_->config());
   ASSERT_TRUE(staged.ok()) << staged.status();
   EXPECT_EQ(Logits({9, 8, 7}), a);  // read, not served
+  const Weights* b_weights = staged->get();
   ASSERT_TRUE(runner_->ActivateWeights(&*staged, dir_ + "/b", "").ok());
-  EXPECT_EQ(*staged, nullptr);  // taken
+  ASSERT_NE(*staged, nullptr);  // the old weights, handed back
+  EXPECT_NE(staged->get(), b_weights);
   const std::vector<float> b = Logits({9, 8, 7});
   EXPECT_NE(a, b);
+  // What came back is the version served before: activating it serves `a` again.
+  ASSERT_TRUE(runner_->ActivateWeights(&*staged, dir_ + "/a", "").ok());
+  EXPECT_EQ(Logits({9, 8, 7}), a);
+  ASSERT_TRUE(runner_->ActivateWeights(&*staged, dir_ + "/b", "").ok());
+  EXPECT_EQ(Logits({9, 8, 7}), b);
   std::unique_ptr<Weights> none;
   EXPECT_EQ(runner_->ActivateWeights(&none, "", "").code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Logits({9, 8, 7}), b);
