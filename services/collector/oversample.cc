@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -90,7 +91,8 @@ absl::StatusOr<bool> RunGroupFilter(const std::string& command, const std::strin
   const int rc = ::pclose(f);
   std::error_code ec;
   fs::remove(input, ec);
-  const std::string answer(absl::StripAsciiWhitespace(out.substr(0, out.find_first_of(" \n\t"))));
+  const absl::string_view said = absl::StripLeadingAsciiWhitespace(out);
+  const std::string answer(said.substr(0, said.find_first_of(" \r\n\t")));
   if (rc != 0 || (answer != "keep" && answer != "drop")) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--group-filter '", command, "' ",
@@ -105,8 +107,10 @@ absl::Status RunBatch(const CollectConfig& config, const PromptSet& prompts,
                       CollectCheckpoint* ckpt, const std::string& ckpt_path,
                       const std::atomic<bool>* stop, CollectSummary* summary) {
   // Pending groups: not dropped, some sample not saved ok. Those with partials first.
+  // A copy: the tasks point into it while ckpt->partials changes as groups are written.
+  const std::vector<PartialSample> earlier = ckpt->partials;
   absl::flat_hash_map<int64_t, std::vector<const PartialSample*>> partials_of;
-  for (const PartialSample& p : ckpt->partials) partials_of[p.key.index].push_back(&p);
+  for (const PartialSample& p : earlier) partials_of[p.key.index].push_back(&p);
   std::vector<const PromptRow*> pending;
   for (const PromptRow& row : prompts.rows) {
     if (ckpt->dropped.contains(SampleKey{row.index, 0})) continue;

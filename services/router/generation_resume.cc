@@ -3,9 +3,11 @@
 // the decoders' context for the earlier output, and keeping a partial sample that ended ABORT
 // or STALE so it can be resumed by id. A resume by tokens is sent to the worker as it came:
 // the worker continues it and its final holds both parts.
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 #include "services/router/generation.h"
 
 namespace rl::router {

@@ -1,5 +1,6 @@
 #include "services/router/resume_store.h"
 
+#include <iterator>
 #include <utility>
 
 #include "absl/strings/str_cat.h"

@@ -58,10 +58,9 @@ def test_over_sampling_stops_at_the_batch_and_the_next_run_resumes_partials(flee
     assert len(done) == 6, c["completed"]
     assert not done & set(long_rows)  # the long groups were still running at the batch
     partials = [p for p in c["partials"] if "output_ids" in p]
-    assert partials, c["partials"]
+    assert any(p["index"] in long_rows for p in partials), c["partials"]
     for p in partials:
-        assert p["index"] in long_rows
-        assert 0 < len(p["output_ids"]) < LONG
+        assert 0 < len(p["output_ids"]) < (LONG if p["index"] in long_rows else SHORT)
         assert len(p["output_logprobs"]) == len(p["output_ids"])
         assert sum(n for _, n in p["segments"]) == len(p["output_ids"])
         assert p["dispatch_version"] == 0
@@ -80,7 +79,8 @@ def test_over_sampling_stops_at_the_batch_and_the_next_run_resumes_partials(flee
         r = row_of[(p["index"], p["sample"])]
         resp = t.response_ids(r).tolist()
         assert resp[:len(p["output_ids"])] == p["output_ids"]  # resumed, not started over
-        assert len(resp) == LONG and t.finish_reason[r] == "length"
+        assert len(resp) == (LONG if p["index"] in long_rows else SHORT)
+        assert t.finish_reason[r] == "length"
         assert t.loss_mask[t.offsets[r] + int(t.prompt_len[r]):t.offsets[r + 1]].all()
     # Greedy: the resumed long samples equal the ones a fresh collection makes.
     ref = tmp_path / "ref"
