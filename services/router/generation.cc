@@ -98,7 +98,7 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Create(
   std::unique_ptr<Generation> g(new Generation(effective, env));
   if (request.has_resume_from()) g->resumed_from_id_ = request.resume_from().request_id();
   ASSIGN_OR_RETURN(g->prompt_,
-                   ResolvePrompt(request, env->cache, env->tokenizer, env->seam_counters));
+                   ResolvePrompt(g->request_, env->cache, env->tokenizer, env->seam_counters));
   RETURN_IF_ERROR(CheckPromptTokens(static_cast<int64_t>(g->prompt_.ids.size()), env->limits));
   for (const CacheHolder& h : g->prompt_.holders) {
     g->holders_.push_back({h.worker, static_cast<int32_t>(h.tokens)});
