@@ -264,6 +264,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   admin.drain = &s->drain_;
   s->admin_service_ =
       std::make_unique<admin::AdminService>(s->pool_.get(), s->admin_auth_.get(), admin);
+  s->router_service_->SetAdminLock(&s->admin_service_->lock());
   std::optional<std::string> self_authorization;
   if (!config.api_key.empty()) self_authorization = "Bearer " + config.api_key;
   const int32_t max_n = static_cast<int32_t>(config.limits.max_n);

@@ -264,11 +264,19 @@ grpc::ServerUnaryReactor* RouterService::AdoptWorkerVersion(
   }
   // Records the fleet's new version (persisted by the fleet record, an observer of the pool,
   // before this returns) and hands the workers now behind to catch-up: a blocking store write,
-  // off the callback thread.
+  // off the callback thread, under the admin lock (never between a weight update's broadcast and
+  // its record, nor during a catch-up).
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!options_.admin->Submit(
           [this, reactor, address = request->address(), path = request->model_path(), response] {
+            if (admin_lock_ != nullptr) {
+              if (absl::Status s = admin_lock_->Acquire("AdoptWorkerVersion"); !s.ok()) {
+                reactor->Finish(ToGrpcStatus(s));
+                return;
+              }
+            }
             absl::StatusOr<FleetWeights> fleet = pool_->AdoptWorkerVersion(address, path);
+            if (admin_lock_ != nullptr) admin_lock_->Release();
             if (fleet.ok()) pool_->FillList(response);
             reactor->Finish(ToGrpcStatus(fleet.status()));
           })) {

@@ -27,6 +27,7 @@
 #include "common/request_limits.h"
 #include "common/tokenizer/tokenizer.h"
 #include "rl/v1/router.grpc.pb.h"
+#include "services/router/admin/admin_lock.h"
 #include "services/router/admission.h"
 #include "services/router/cache/prompt_resolver.h"
 #include "services/router/cache/text_cache.h"
@@ -67,6 +68,9 @@ class RouterService final : public rl::v1::Router::CallbackService {
                 const BearerAuth* data_auth, const BearerAuth* admin_auth, MetricsRegistry* metrics,
                 const RouterServiceOptions& options);
   ~RouterService() override;  // waits for the generations still winding down
+  // The admin lock AdoptWorkerVersion takes, so that it never interleaves with a weight update,
+  // a refit or a catch-up (set once, before serving; without it adopt takes none).
+  void SetAdminLock(admin::AdminLock* lock) { admin_lock_ = lock; }
 
   grpc::ServerWriteReactor<rl::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const rl::v1::GenerateRequest* request) override;
@@ -129,6 +133,7 @@ class RouterService final : public rl::v1::Router::CallbackService {
   const tokenizer::Tokenizer* const tokenizer_;
   const BearerAuth* const data_auth_;
   const BearerAuth* const admin_auth_;
+  admin::AdminLock* admin_lock_ = nullptr;
   const RouterServiceOptions options_;
   const RequestLimits& limits_ = options_.limits;
   mutable SeamCounters seam_counters_;

@@ -275,6 +275,20 @@ def test_router_admission_and_thread_flags():
         assert f"--{flag}={custom[key]}" in args, (flag, args)
 
 
+def test_router_max_version_lag():
+    """Off by default (-1, the binary's default: no flag); set, the router bounds staleness."""
+    router = values_default()["router"]
+    assert router["maxVersionLag"] == -1
+    assert binary_defaults("rl-router")["max-version-lag"] == "-1"
+    args = container(render(), "Deployment")["args"]
+    assert not [a for a in args if a.startswith("--max-version-lag")]
+    docs = render({"router": {"maxVersionLag": 2}})
+    validate_all(docs)
+    assert "--max-version-lag=2" in container(docs, "Deployment")["args"]
+    assert "--max-version-lag=0" in container(render({"router": {"maxVersionLag": 0}}),
+                                              "Deployment")["args"]
+
+
 def test_router_state_on_a_claim():
     """On by default: a claim, mounted at --cache-dir, the store bounded to 90% of it, the
     Recreate strategy; an existing claim is used as is; off: memory only."""
@@ -315,6 +329,7 @@ def test_router_state_on_a_claim():
     {"router": {"maxStreamBufferBytes": 512}},
     {"router": {"blockingThreads": 65}},
     {"router": {"adminThreads": 0}},
+    {"router": {"maxVersionLag": -2}},
 ])
 def test_bad_values_are_refused_by_the_schema(bad):
     schema = json.loads((CHART / "values.schema.json").read_text())

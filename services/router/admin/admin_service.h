@@ -44,6 +44,9 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   AdminService(WorkerPool* pool, const BearerAuth* auth, AdminOptions options);
   ~AdminService() override;  // stops the catch-up thread
 
+  // The admin lock every fleet-changing call takes (the router's AdoptWorkerVersion too).
+  AdminLock& lock() { return broadcaster_.lock(); }
+
   grpc::ServerUnaryReactor* PauseGeneration(Ctx* c, const rl::v1::PauseGenerationRequest* req,
                                             rl::v1::AdminResponse* resp) override;
   grpc::ServerUnaryReactor* ContinueGeneration(Ctx* c, const rl::v1::ContinueGenerationRequest* req,

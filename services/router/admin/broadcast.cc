@@ -148,10 +148,21 @@ void Broadcaster::Settle(const Plan& plan, const std::shared_ptr<Worker>& w, Res
 
 void Broadcaster::RecordFleetWeights(const Plan& plan, int64_t version) {
   if (plan.only.empty() || plan.whole_fleet) {
+    const FleetWeights before = pool_->fleet_weights();
     FleetWeights fleet;
     fleet.version = version;
     fleet.source = plan.source;
     fleet.path = plan.path;
+    // Disk after disk: the earlier folder joins the chain a worker behind a delta replays.
+    if (fleet.source == FleetWeights::Source::kDisk && before.replayable() &&
+        before.version < version) {
+      fleet.chain = before.chain;
+      fleet.chain.push_back({before.version, before.path});
+      if (fleet.chain.size() > FleetWeights::kMaxDiskChain) {
+        fleet.chain.erase(fleet.chain.begin(),
+                          fleet.chain.end() - static_cast<ptrdiff_t>(FleetWeights::kMaxDiskChain));
+      }
+    }
     pool_->SetFleetWeights(fleet);  // observers (the text cache) follow the version
     return;
   }

@@ -136,43 +136,67 @@ absl::Status CatchUp::Run(const std::shared_ptr<Worker>& w) {
     const bool fleet_paused = broadcaster_->fleet_paused();
     if (!pool_->Behind(w.get())) return ReconcilePause(w, fleet_paused);
     if (!fleet.replayable()) return FromPeer(w, fleet, fleet_paused);
-    spdlog::info("catching up {} to weight_version {} from {}", w->address(), fleet.version,
-                 fleet.path);
-    Plan plan;
-    plan.what = "catch-up PauseGeneration";
-    auto check = [&](const Result& r) -> absl::Status {
-      if (r.status.ok()) return absl::OkStatus();
-      return absl::Status(static_cast<absl::StatusCode>(r.status.error_code()),
-                          absl::StrCat(plan.what, ": ", r.status.error_message()));
-    };
-    Result r = CallOwn(plan, w, &PauseRetract);
-    RETURN_IF_ERROR(check(r));
-    plan.what = "catch-up UpdateWeightsFromDisk";
-    plan.deadline = Deadline::kLoad;
-    r = CallOwn(plan, w,
-                [&fleet](Worker& worker, size_t, grpc::ClientContext* ctx,
-                         rl::v1::AdminResponse* out, Done done) {
-                  rl::v1::UpdateWeightsFromDiskRequest req;
-                  req.set_model_path(fleet.path);
-                  req.set_weight_version(fleet.version);
-                  req.set_keep_pause(true);
-                  CallOwning(worker, &AsyncAdmin::UpdateWeightsFromDisk, std::move(req), ctx, out,
-                             std::move(done));
-                });
-    RETURN_IF_ERROR(check(r));
-    if (!fleet_paused) {
-      plan.what = "catch-up ContinueGeneration";
-      plan.deadline = Deadline::kControl;
-      r = CallOwn(plan, w, &Continue);
-      RETURN_IF_ERROR(check(r));
+    absl::Status s = FromDisk(w, fleet, fleet_paused);
+    // No folder of the record applies to the version it holds (a delta chain older than the
+    // record, a folder gone from disk): a live peer at the fleet's version sends it.
+    if (!s.ok() && !absl::IsCancelled(s) && !pool_->PeersAt(fleet.version, w.get()).empty()) {
+      spdlog::warn("catch-up of {} from disk failed ({}); trying a live peer", w->address(),
+                   std::string(s.message()));
+      return FromPeer(w, fleet, fleet_paused);
     }
-    pool_->Probe(w);  // version and serving state fresh before it is routed
-    spdlog::info("caught up {} to weight_version {}", w->address(), fleet.version);
-    return absl::OkStatus();
+    return s;
   }();
   pool_->EndHold();
   broadcaster_->lock().Release();
   return status;
+}
+
+absl::Status CatchUp::FromDisk(const std::shared_ptr<Worker>& w, const FleetWeights& fleet,
+                               bool fleet_paused) {
+  // The fleet's folder, after the disk updates before it: when the last one is a delta whose
+  // parent `w` does not hold, the worker refuses it (FAILED_PRECONDITION, nothing applied), and
+  // the replay starts one folder further back, down to one it can load (a full checkpoint, or a
+  // delta of the version it serves), then applies every later folder in order.
+  std::vector<FleetWeights::DiskStep> steps = fleet.chain;
+  steps.push_back({fleet.version, fleet.path});
+  spdlog::info("catching up {} to weight_version {} from {}", w->address(), fleet.version,
+               fleet.path);
+  Plan plan;
+  plan.what = "catch-up PauseGeneration";
+  RETURN_IF_ERROR(Check(plan, CallOwn(plan, w, &PauseRetract)));
+  plan.deadline = Deadline::kLoad;
+  auto load = [&](const FleetWeights::DiskStep& step) {
+    plan.what = "catch-up UpdateWeightsFromDisk";
+    return Check(plan, CallOwn(plan, w,
+                               [&step](Worker& worker, size_t, grpc::ClientContext* ctx,
+                                       rl::v1::AdminResponse* out, Done done) {
+                                 rl::v1::UpdateWeightsFromDiskRequest req;
+                                 req.set_model_path(step.path);
+                                 req.set_weight_version(step.version);
+                                 req.set_keep_pause(true);
+                                 CallOwning(worker, &AsyncAdmin::UpdateWeightsFromDisk,
+                                            std::move(req), ctx, out, std::move(done));
+                               }));
+  };
+  size_t first = steps.size() - 1;
+  absl::Status s = load(steps[first]);
+  while (absl::IsFailedPrecondition(s) && first > 0) {
+    spdlog::info("catch-up of {}: {}; replaying from the folder before it", w->address(),
+                 std::string(s.message()));
+    --first;
+    s = load(steps[first]);
+  }
+  RETURN_IF_ERROR(s);
+  for (size_t i = first + 1; i < steps.size(); ++i) RETURN_IF_ERROR(load(steps[i]));
+  if (!fleet_paused) {
+    plan.what = "catch-up ContinueGeneration";
+    plan.deadline = Deadline::kControl;
+    RETURN_IF_ERROR(Check(plan, CallOwn(plan, w, &Continue)));
+  }
+  pool_->Probe(w);  // version and serving state fresh before it is routed
+  spdlog::info("caught up {} to weight_version {} ({} folder(s) replayed)", w->address(),
+               fleet.version, steps.size() - first);
+  return absl::OkStatus();
 }
 
 absl::Status CatchUp::ReconcilePause(const std::shared_ptr<Worker>& w, bool fleet_paused) {

@@ -1,8 +1,9 @@
 // CatchUp: brings workers that (re)join the fleet back in line with it, one at a time on a
 // thread of its own, under the admin lock and a pool hold (requests wait rather than fail). The
 // pool hands it workers (WorkerPool::SetCatchUpHandler): one behind a replayable fleet version
-// is paused (retract), loaded from the fleet's folder at the fleet's version and continued
-// unless the fleet is paused; one behind a version that exists only in memory (a tensor stream,
+// is paused (retract), loaded from the fleet's folder at the fleet's version (a delta's chain
+// replayed from a folder it can load; a live peer when none applies) and continued unless the
+// fleet is paused; one behind a version that exists only in memory (a tensor stream,
 // a group) is paused, held out of routing and sent the weights by a live peer at that version
 // (SendWeightsToPeer: up to 3 peers, least loaded first, 0.2 s doubling between them), then
 // must report the version and the peer's checksum before it is continued and routed; one that
@@ -47,6 +48,12 @@ class CatchUp {
   void Loop();
   // One worker: the replay when it is behind a replayable version, else the pause state.
   absl::Status Run(const std::shared_ptr<Worker>& w);
+  // Behind a disk version: paused, loaded from the fleet's folder at the fleet's version (from
+  // an earlier folder of the record's chain on, when the fleet's is a delta of a version `w`
+  // does not hold), continued unless the fleet is paused. FAILED_PRECONDITION when no folder of
+  // the chain applies.
+  absl::Status FromDisk(const std::shared_ptr<Worker>& w, const FleetWeights& fleet,
+                        bool fleet_paused);
   // Pauses / continues a rejoined worker whose pause state differs from the fleet's.
   absl::Status ReconcilePause(const std::shared_ptr<Worker>& w, bool fleet_paused);
   // Behind a version that exists only in memory: a live peer at the fleet's version sends its

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace rl::router {
 
@@ -24,6 +25,17 @@ struct FleetWeights {
   int64_t version = -1;  // -1: no update recorded
   Source source = Source::kNone;
   std::string path;  // kDisk: the folder; kAdopted: the adopted worker's address
+  // kDisk: the fleet-wide disk updates just before this one, oldest first, back to the last
+  // update from another source (at most kMaxDiskChain): when `path` is a delta publication, the
+  // folders a worker behind it replays from a version it holds (a full checkpoint, then the
+  // deltas after it; docs/router-admin.md, "Catch-up").
+  struct DiskStep {
+    int64_t version = -1;
+    std::string path;
+    bool operator==(const DiskStep&) const = default;
+  };
+  static constexpr size_t kMaxDiskChain = 32;
+  std::vector<DiskStep> chain;
   // A worker behind this version can be brought up to date by replaying the update.
   bool replayable() const { return source == Source::kDisk && version >= 0; }
   std::string Describe() const;  // "disk:DIR", "tensor", "distributed", "adopted:ADDR", ""

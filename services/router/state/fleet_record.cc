@@ -15,6 +15,7 @@ namespace rl::router {
 namespace {
 
 constexpr const char* kWeightsKey = "fleet.weights";          // "VERSION SOURCE PATH"
+constexpr const char* kChainKey = "fleet.weights.chain";      // "VERSION PATH" lines
 constexpr const char* kPausedKey = "fleet.paused";            // "1" or "0"
 constexpr const char* kAddedKey = "fleet.workers.added";      // addresses, one per line
 constexpr const char* kRemovedKey = "fleet.workers.removed";  // addresses, one per line
@@ -23,6 +24,27 @@ std::set<std::string> SplitLines(const std::string& v) {
   std::set<std::string> out;
   for (absl::string_view a : absl::StrSplit(v, '\n', absl::SkipEmpty())) out.emplace(a);
   return out;
+}
+
+// The chain as OnFleetWeights wrote it: versions increasing, below the fleet's. A chain that
+// does not read so (a crash between the two writes) is dropped: catch-up then falls back to a
+// live peer when the fleet's folder is a delta of a version the worker does not hold.
+std::vector<FleetWeights::DiskStep> ParseChain(const std::string& value, int64_t version) {
+  std::vector<FleetWeights::DiskStep> chain;
+  for (absl::string_view line : absl::StrSplit(value, '\n', absl::SkipEmpty())) {
+    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(' ', 1));
+    FleetWeights::DiskStep step;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &step.version) || parts[1].empty() ||
+        step.version >= version || (!chain.empty() && step.version <= chain.back().version) ||
+        chain.size() >= FleetWeights::kMaxDiskChain) {
+      spdlog::warn("fleet state: the disk chain '{}' does not fit weight_version {}; dropped",
+                   value, version);
+      return {};
+    }
+    step.path = parts[1];
+    chain.push_back(std::move(step));
+  }
+  return chain;
 }
 
 }  // namespace
@@ -47,6 +69,11 @@ absl::Status FleetRecord::Restore(WorkerPool* pool) {
     }
     fleet.source = static_cast<FleetWeights::Source>(source);
     fleet.path = parts[2];
+    absl::StatusOr<std::optional<std::string>> chain = store_->GetMeta(kChainKey);
+    if (!chain.ok()) return chain.status();
+    if (chain->has_value() && fleet.source == FleetWeights::Source::kDisk) {
+      fleet.chain = ParseChain(**chain, fleet.version);
+    }
     spdlog::info("fleet state restored: weight_version {} from {}", fleet.version,
                  fleet.Describe());
     pool->SetFleetWeights(fleet);
@@ -122,6 +149,17 @@ void FleetRecord::OnFleetWeights(const FleetWeights& /*before*/, const FleetWeig
       absl::StrCat(after.version, " ", static_cast<int>(after.source), " ", after.path);
   if (absl::Status s = store_->PutMeta(kWeightsKey, value); !s.ok()) {
     spdlog::error("fleet weights not persisted: {}", std::string(s.message()));
+  }
+  std::vector<std::string> lines;
+  for (const FleetWeights::DiskStep& step : after.chain) {
+    if (step.path.find('\n') != std::string::npos) {  // not representable: no chain
+      lines.clear();
+      break;
+    }
+    lines.push_back(absl::StrCat(step.version, " ", step.path));
+  }
+  if (absl::Status s = store_->PutMeta(kChainKey, absl::StrJoin(lines, "\n")); !s.ok()) {
+    spdlog::error("fleet weights' disk chain not persisted: {}", std::string(s.message()));
   }
 }
 

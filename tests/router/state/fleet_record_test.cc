@@ -120,6 +120,47 @@ TEST(FleetRecordTest, WeightsAndPauseSurviveARestartAndOldWorkersStayOut) {
   EXPECT_NE(s.reason().find("rlctl workers resync"), std::string::npos) << s.reason();
 }
 
+// A disk update's chain (the folders before it, replayed to a worker behind a delta) comes back
+// with the record; a chain that does not fit the restored version is dropped, not trusted.
+TEST(FleetRecordTest, TheDiskChainSurvivesARestart) {
+  ::rl::testing::TempDir dir;
+  FleetWeights fleet;
+  fleet.version = 3;
+  fleet.source = FleetWeights::Source::kDisk;
+  fleet.path = "/pub/v3 delta";
+  fleet.chain = {{1, "/pub/v1 full"}, {2, "/pub/v2"}};
+  {
+    std::unique_ptr<CacheStore> store = OpenStore(dir.path());
+    ASSERT_NE(store, nullptr);
+    FleetRecord record(store.get());
+    WorkerPool pool(Manual());
+    ASSERT_TRUE(record.Restore(&pool).ok());
+    pool.AddObserver(&record);
+    pool.SetFleetWeights(fleet);
+    pool.RemoveObserver(&record);
+  }
+  {
+    std::unique_ptr<CacheStore> store = OpenStore(dir.path());
+    ASSERT_NE(store, nullptr);
+    FleetRecord record(store.get());
+    WorkerPool pool(Manual());
+    ASSERT_TRUE(record.Restore(&pool).ok());
+    const FleetWeights restored = pool.fleet_weights();
+    EXPECT_EQ(restored.version, 3);
+    EXPECT_EQ(restored.path, "/pub/v3 delta");
+    EXPECT_EQ(restored.chain, fleet.chain);
+    // A chain from a crash between the two writes (not below the version): dropped.
+    ASSERT_TRUE(store->PutMeta("fleet.weights.chain", "1 /pub/v1\n3 /pub/v3").ok());
+  }
+  std::unique_ptr<CacheStore> store = OpenStore(dir.path());
+  ASSERT_NE(store, nullptr);
+  FleetRecord record(store.get());
+  WorkerPool pool(Manual());
+  ASSERT_TRUE(record.Restore(&pool).ok());
+  EXPECT_EQ(pool.fleet_version(), 3);
+  EXPECT_TRUE(pool.fleet_weights().chain.empty());
+}
+
 TEST(FleetRecordTest, AnUnreadableRecordRefusesToStart) {
   ::rl::testing::TempDir dir;
   std::unique_ptr<CacheStore> store = OpenStore(dir.path());

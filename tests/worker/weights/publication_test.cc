@@ -9,6 +9,7 @@
 
 #include "common/weight_sync/delta_file.h"
 #include "common/weight_sync/manifest.h"
+#include "tests/testing/publications.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {
@@ -16,36 +17,12 @@ namespace {
 
 using Stub = rl::v1::Admin::Stub;
 
-// Copies stories260K into `dir` with `fraction` of every tensor's elements moved a little (a
-// trainer step), seeded.
 void WriteStep(const std::string& from, const std::string& dir, double fraction, uint64_t seed) {
-  std::filesystem::create_directories(dir);
-  std::filesystem::copy_file(from + "/config.json", dir + "/config.json",
-                             std::filesystem::copy_options::overwrite_existing);
-  auto ckpt = model_io::OpenCheckpoint(from);
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  std::vector<std::vector<uint8_t>> storage;
-  std::vector<model_io::TensorToWrite> out;
-  for (const auto& [name, t] : ckpt->tensors()) {
-    ASSERT_EQ(t.dtype, model_io::DType::kF32);
-    storage.emplace_back(t.data.begin(), t.data.end());
-    auto* f = reinterpret_cast<float*>(storage.back().data());
-    for (size_t i = 0; i < storage.back().size() / 4; ++i) {
-      if (u(rng) < fraction) f[i] += 0.01f;
-    }
-    out.push_back({name, t.dtype, t.shape, {}});
-  }
-  for (size_t i = 0; i < out.size(); ++i) out[i].data = storage[i];
-  ASSERT_TRUE(model_io::WriteSafetensors(dir + "/model.safetensors", out).ok());
+  ASSERT_TRUE(::rl::testing::WriteTrainerStep(from, dir, fraction, seed).ok());
 }
 
 void WriteManifestOf(const std::string& dir, int64_t version) {
-  auto ckpt = model_io::OpenCheckpoint(dir);
-  ASSERT_TRUE(ckpt.ok());
-  ASSERT_TRUE(
-      weight_sync::WriteManifest(dir, weight_sync::ManifestOfCheckpoint(*ckpt, version)).ok());
+  ASSERT_TRUE(::rl::testing::WriteManifestOf(dir, version).ok());
 }
 
 std::string ManifestSha(const std::string& dir) {
