@@ -22,7 +22,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional, TextIO, cast
 
 Group = dict[str, Any]
 Reward = Callable[[dict[str, Any], dict[str, Any]], float]
@@ -66,7 +66,7 @@ def resolve(spec: str) -> Callable[[Group], bool]:
     fn = getattr(importlib.import_module(module), name, None)
     if not callable(fn):
         raise ValueError(f"filter {spec!r}: {module} has no function {name}")
-    return fn
+    return cast(Callable[[Group], bool], fn)
 
 
 def main(argv: Optional[list[str]] = None) -> int:
