@@ -289,6 +289,19 @@ absl::StatusOr<int> DeltaWordBytes(DType dtype) {
   }
 }
 
+absl::StatusOr<int64_t> MaxDeltaPayloadBytes(DeltaEncoding encoding, int64_t count,
+                                             int64_t num_words, int word_bytes) {
+  if (count < 0 || num_words < 0 || count > num_words) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("delta: count ", count, " is outside [0, ", num_words, "] elements"));
+  }
+  constexpr int64_t kMaxVarintBytes = 10;
+  // Overwrite: one index varint and one word per entry. Xor: the words carried, plus two varints
+  // per run; EncodeDelta writes at most one run per carried word, plus a last unchanged run.
+  if (encoding == DeltaEncoding::kOverwrite) return count * (kMaxVarintBytes + word_bytes);
+  return count * word_bytes + 2 * kMaxVarintBytes * (count + 1);
+}
+
 absl::StatusOr<int64_t> CountChangedWords(DType dtype, absl::Span<const uint8_t> parent,
                                           absl::Span<const uint8_t> child) {
   int width = 0;

@@ -56,6 +56,13 @@ struct TensorDelta {
 // Bytes per word of `dtype`: 2 (BF16, F16) or 4 (F32); InvalidArgument for any other dtype.
 absl::StatusOr<int> DeltaWordBytes(model_io::DType dtype);
 
+// The largest payload an encoding of `count` entries (overwrite) or carried words (xor) of
+// `word_bytes`-byte words can take with the runs EncodeDelta writes (varints at their longest):
+// a transport bounds what it buffers for one tensor's payload by it before allocating. `count`
+// must be in [0, num_words] (InvalidArgument otherwise, naming the numbers).
+absl::StatusOr<int64_t> MaxDeltaPayloadBytes(DeltaEncoding encoding, int64_t count,
+                                             int64_t num_words, int word_bytes);
+
 // Elements of `dtype` that differ (bitwise) between `parent` and `child` (equal sizes, a whole
 // number of words; InvalidArgument otherwise).
 absl::StatusOr<int64_t> CountChangedWords(model_io::DType dtype, absl::Span<const uint8_t> parent,

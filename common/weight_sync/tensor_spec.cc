@@ -8,9 +8,10 @@ namespace rl::weight_sync {
 
 absl::StatusOr<int64_t> TensorBytes(const TensorSpec& spec) {
   auto dtype = model_io::ParseDType(spec.dtype);
-  if (!dtype.has_value() || !model_io::IsFloatWeightDType(*dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("dtype '", spec.dtype, "' of '", spec.name, "' is not one of F32, BF16, F16"));
+  if (!dtype.has_value() ||
+      (!model_io::IsFloatWeightDType(*dtype) && *dtype != model_io::DType::kU8)) {
+    return absl::InvalidArgumentError(absl::StrCat("dtype '", spec.dtype, "' of '", spec.name,
+                                                   "' is not one of F32, BF16, F16, U8"));
   }
   int64_t n = model_io::DTypeSize(*dtype);
   for (int64_t d : spec.shape) {

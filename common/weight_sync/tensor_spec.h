@@ -13,12 +13,14 @@ namespace rl::weight_sync {
 
 struct TensorSpec {
   std::string name;
-  std::string dtype;  // "F32" | "BF16" | "F16" (safetensors spelling)
+  // "F32" | "BF16" | "F16" (safetensors spelling); "U8" for raw bytes (a delta receive carries
+  // each encoded tensor's payload as U8[payload_bytes], issue 30).
+  std::string dtype;
   std::vector<int64_t> shape;
 };
 
-// numel × dtype size. InvalidArgument for an unknown or non-float dtype, a negative dimension
-// or a size that overflows int64.
+// numel × dtype size. InvalidArgument for an unknown dtype or one other than F32, BF16, F16,
+// U8, a negative dimension or a size that overflows int64.
 absl::StatusOr<int64_t> TensorBytes(const TensorSpec& spec);
 
 // "name BF16[4096, 128]" for messages.

@@ -447,6 +447,8 @@ void Generation::CompleteFinal(size_t index, rl::v1::GenerateFinal* f) {
     turn.weight_version = f->weight_version();
     turn.finish_reason = f->finish_reason();
     turn.matched_token_id = f->matched_token_id();
+    // R3: the routing the worker computed for this turn, over the same positions as `tokens`.
+    if (f->has_routed_experts()) turn.routing = f->routed_experts();
     absl::Status s = env_->episodes->Record(request_.episode_id(), std::move(turn));
     if (!s.ok()) spdlog::warn("episode turn not recorded: {}", std::string(s.message()));
   }

@@ -129,6 +129,10 @@ RouterMetrics::RouterMetrics(MetricsRegistry* registry, const WorkerPool* pool,
       {}, [seam] { return double(seam->whole_text_fallbacks.load()); });
   m.SetGaugeCallback("rl_router_live_workers", "Live workers.", {},
                      [pool] { return double(pool->LiveWorkers().size()); });
+  m.SetGaugeCallback("rl_router_workers_weights_digest_mismatch",
+                     "Live workers at the fleet's weight version whose weights_sha256 differs "
+                     "from the fleet's (same version, other content): out of routing.",
+                     {}, [pool] { return double(pool->DigestMismatches()); });
   // The routing policy (docs/routing.md, "Policies"), labelled by --policy.
   const Labels policy = {{"policy", pool->policy_name()}};
   m.SetGaugeCallback("rl_router_routing_picks_total", "Workers picked (retries included).", policy,

@@ -322,8 +322,12 @@ grpc::ServerUnaryReactor* RouterService::GetEpisode(grpc::CallbackServerContext*
   if (options_.episodes == nullptr) {
     return FinishUnary(context, absl::FailedPreconditionError("this router records no episodes"));
   }
-  absl::StatusOr<rl::v1::GetEpisodeResponse> r =
-      options_.episodes->Export(request->episode_id(), request->remove());
+  absl::StatusOr<rl::v1::GetEpisodeResponse> r = options_.episodes->Export(
+      request->episode_id(), EpisodeExportOptions{
+                                 .remove = request->remove(),
+                                 .routed_experts = request->return_routed_experts(),
+                                 .expert_weights = request->return_expert_weights(),
+                             });
   if (r.ok()) *response = *std::move(r);
   return FinishUnary(context, r.status());
 }

@@ -1,6 +1,11 @@
 #include "services/worker/admin_convert.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
+#include "common/request_limits.h"
+#include "common/weight_sync/delta.h"
+#include "common/weight_sync/manifest.h"
 
 namespace rl::worker {
 
@@ -86,6 +91,53 @@ absl::StatusOr<WeightBuckets> BucketsFrom(
       specs.push_back({bucket.names(i),
                        bucket.dtypes(i),
                        {bucket.shapes(i).dims().begin(), bucket.shapes(i).dims().end()}});
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<GroupDelta> GroupDeltaFrom(
+    const google::protobuf::RepeatedPtrField<rl::v1::WeightBucket>& in, int64_t parent_version,
+    const std::string& manifest_json) {
+  if (parent_version < 0) return absl::InvalidArgumentError("parent_version: must be >= 0");
+  GroupDelta out;
+  out.parent_version = parent_version;
+  if (!manifest_json.empty()) {
+    absl::StatusOr<weight_sync::Manifest> m =
+        weight_sync::ParseManifest(manifest_json, "manifest_json");
+    if (!m.ok()) return m.status();
+    out.manifest = *std::move(m);
+  }
+  for (int b = 0; b < in.size(); ++b) {
+    const rl::v1::WeightBucket& bucket = in[b];
+    if (bucket.encodings_size() == 0 && bucket.delta_counts_size() == 0 &&
+        bucket.payload_bytes_size() == 0) {
+      continue;  // every tensor of the bucket whole
+    }
+    if (bucket.encodings_size() != bucket.names_size() ||
+        bucket.delta_counts_size() != bucket.names_size() ||
+        bucket.payload_bytes_size() != bucket.names_size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "buckets[", b, "]: encodings/delta_counts/payload_bytes must list one entry per name (",
+          bucket.encodings_size(), "/", bucket.delta_counts_size(), "/",
+          bucket.payload_bytes_size(), " for ", bucket.names_size(), " names)"));
+    }
+    for (int i = 0; i < bucket.names_size(); ++i) {
+      const std::string& encoding = bucket.encodings(i);
+      if (encoding.empty() || encoding == "dense") continue;
+      const std::optional<weight_sync::DeltaEncoding> e = weight_sync::ParseDeltaEncoding(encoding);
+      if (!e.has_value()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("buckets[", b, "].encodings[", i, "]: ", QuoteForError(encoding),
+                         " (\"\", \"dense\", \"overwrite\" or \"xor\")"));
+      }
+      if (!out.encoded
+               .emplace(bucket.names(i),
+                        EncodedTensor{*e, bucket.delta_counts(i), bucket.payload_bytes(i)})
+               .second) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "buckets[", b, "].names[", i, "]: ", QuoteForError(bucket.names(i)), " listed twice"));
+      }
     }
   }
   return out;

@@ -56,6 +56,13 @@ absl::StatusOr<std::vector<model::TensorInfo>> SpecsFrom(
 absl::StatusOr<WeightBuckets> BucketsFrom(
     const google::protobuf::RepeatedPtrField<rl::v1::WeightBucket>& in);
 
+// The delta of a ReceiveWeights{parent_version} request (issue 30): each bucket's encodings /
+// delta_counts / payload_bytes (empty: every tensor whole; else one per tensor), and
+// manifest_json parsed when set. INVALID_ARGUMENT naming the field.
+absl::StatusOr<GroupDelta> GroupDeltaFrom(
+    const google::protobuf::RepeatedPtrField<rl::v1::WeightBucket>& in, int64_t parent_version,
+    const std::string& manifest_json);
+
 absl::StatusOr<CheckerAction> FromProto(rl::v1::WeightsCheckerAction action);
 void ToProto(const CheckerResult& result, rl::v1::WeightsCheckerResponse* out);
 void ToProto(const std::vector<model::TensorInfo>& weights, rl::v1::ListWeightsResponse* out);

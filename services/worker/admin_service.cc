@@ -126,6 +126,11 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDistributed(
 grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
     Ctx* c, const rl::v1::PrepareWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
   return RunAsync(c, "PrepareWeightsUpdate", [this, req, resp]() -> absl::Status {
+    if (req->has_parent_version()) {
+      return absl::UnimplementedError(
+          "parent_version: a delta group receive is one ReceiveWeights call (with or without "
+          "stage), not Prepare/Complete");
+    }
     ASSIGN_OR_RETURN(WeightBuckets buckets, BucketsFrom(req->buckets()));
     return FillFrom(weights_.PrepareWeightsUpdate(req->group_name(), std::move(buckets)), resp);
   });
@@ -150,8 +155,19 @@ grpc::ServerUnaryReactor* AdminService::ReceiveWeights(Ctx* c,
   return RunAsync(c, "ReceiveWeights", [this, req, resp]() -> absl::Status {
     ASSIGN_OR_RETURN(WeightBuckets buckets, BucketsFrom(req->buckets()));
     const UpdatePolicy policy = PolicyFrom(*req);
+    if (req->stage()) RETURN_IF_ERROR(CheckStagePolicy(policy));
+    if (req->has_parent_version() || !req->manifest_json().empty()) {
+      if (!req->has_parent_version()) {
+        return absl::InvalidArgumentError(
+            "manifest_json: a group receive verifies a delta (set parent_version)");
+      }
+      ASSIGN_OR_RETURN(GroupDelta delta,
+                       GroupDeltaFrom(req->buckets(), req->parent_version(), req->manifest_json()));
+      return FillFrom(weights_.ReceiveDeltaWeights(req->group_name(), std::move(buckets),
+                                                   std::move(delta), policy, req->stage()),
+                      resp);
+    }
     if (req->stage()) {
-      RETURN_IF_ERROR(CheckStagePolicy(policy));
       return FillFrom(weights_.ReceiveWeightsStaged(req->group_name(), std::move(buckets),
                                                     policy.weight_version),
                       resp);

@@ -234,6 +234,8 @@ void FillServerInfo(const engine::ServerInfo& engine, const WorkerInfo& worker,
   out->set_staged_source(worker.staged.source);
   out->set_staged_bytes(worker.staged.bytes);
   out->set_staging(worker.staged.staging);
+  out->set_staged_weights_sha256(worker.staged.sha256);
+  out->set_staged_parent_version(worker.staged.parent_version);
 }
 
 }  // namespace rl::worker

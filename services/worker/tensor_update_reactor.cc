@@ -104,9 +104,12 @@ absl::Status TensorUpdateReactor::AddMessage() {
   }
   if (num_messages_ == 1) {
     policy_ = PolicyFrom(msg_);
+    if (msg_.stage()) RETURN_IF_ERROR(CheckStagePolicy(policy_));
+    RETURN_IF_ERROR(TakeDeltaOptions());
     if (msg_.stage()) {
-      RETURN_IF_ERROR(CheckStagePolicy(policy_));
-      ASSIGN_OR_RETURN(stage_, weights_.BeginStage("tensor", policy_.weight_version));
+      std::optional<int64_t> version = policy_.weight_version;
+      if (!version.has_value() && manifest_.has_value()) version = manifest_->version;
+      ASSIGN_OR_RETURN(stage_, weights_.BeginStage("tensor", version));
     }
   }
   // The first message may carry the options alone, the last one the end alone.
@@ -126,7 +129,113 @@ absl::Status TensorUpdateReactor::AddMessage() {
   return absl::OkStatus();
 }
 
+absl::Status TensorUpdateReactor::TakeDeltaOptions() {
+  if (msg_.has_parent_version()) {
+    if (msg_.parent_version() < 0) {
+      return absl::InvalidArgumentError("parent_version: must be >= 0");
+    }
+    // Before any payload travels: a worker that does not serve the parent refuses at once.
+    RETURN_IF_ERROR(weights_.CheckDeltaParent(msg_.parent_version()));
+    parent_version_ = msg_.parent_version();
+  }
+  if (!msg_.manifest_json().empty()) {
+    ASSIGN_OR_RETURN(manifest_, weight_sync::ParseManifest(msg_.manifest_json(), "manifest_json"));
+    if (policy_.weight_version.has_value() && *policy_.weight_version != manifest_->version) {
+      return absl::InvalidArgumentError(absl::StrCat("weight_version: ", *policy_.weight_version,
+                                                     ", but manifest_json is of version ",
+                                                     manifest_->version));
+    }
+    if (parent_version_.has_value() && manifest_->parent_version.has_value() &&
+        *manifest_->parent_version != *parent_version_) {
+      return absl::InvalidArgumentError(absl::StrCat("parent_version: ", *parent_version_,
+                                                     ", but manifest_json names parent version ",
+                                                     *manifest_->parent_version));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorUpdateReactor::AddDeltaChunk(const rl::v1::TensorChunk& c,
+                                                weight_sync::DeltaEncoding encoding) {
+  if (!parent_version_.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.encoding: ", QuoteForError(c.name()), " is ",
+                     weight_sync::DeltaEncodingName(encoding),
+                     "-encoded but the stream names no parent_version (first message)"));
+  }
+  // The tensor itself (name, served shape, dtype) as for a whole tensor, before any allocation.
+  int64_t total = 0;
+  RETURN_IF_ERROR(CheckChunkForModel(c, weights_.served_shapes(), limits_, &total));
+  const model_io::DType dtype = *model_io::ParseDType(c.dtype());  // checked above
+  ASSIGN_OR_RETURN(const int width, weight_sync::DeltaWordBytes(dtype));
+  const int64_t num_words = total / width;
+  auto [it, inserted] = pending_.try_emplace(c.name());
+  Pending& p = it->second;
+  if (inserted) {
+    absl::StatusOr<int64_t> most =
+        weight_sync::MaxDeltaPayloadBytes(encoding, c.delta_count(), num_words, width);
+    absl::Status bad;
+    if (!most.ok()) {
+      bad = Annotate(most.status(), absl::StrCat("chunk.delta_count of ", QuoteForError(c.name())));
+    } else if (c.payload_bytes() < 0 || c.payload_bytes() > *most) {
+      bad = absl::InvalidArgumentError(
+          absl::StrCat("chunk.payload_bytes: ", c.payload_bytes(), " for ", QuoteForError(c.name()),
+                       " (", weight_sync::DeltaEncodingName(encoding), ", ", c.delta_count(),
+                       " entries) is outside [0, ", *most, "]"));
+    } else if (c.payload_bytes() > limits_.max_update_bytes - allocated_) {
+      bad = absl::InvalidArgumentError(
+          absl::StrCat("chunk: the stream's tensors need more than --max-update-bytes (",
+                       limits_.max_update_bytes, ")"));
+    }
+    if (!bad.ok()) {
+      pending_.erase(it);
+      return bad;
+    }
+    allocated_ += c.payload_bytes();
+    p.tensor.info = {c.name(), c.dtype(), std::vector<int64_t>(c.shape().begin(), c.shape().end())};
+    p.tensor.bytes.resize(static_cast<size_t>(c.payload_bytes()));
+    p.encoding = encoding;
+    p.count = c.delta_count();
+  } else if (p.encoding != encoding || p.count != c.delta_count() ||
+             p.tensor.info.dtype != c.dtype() ||
+             (c.payload_bytes() != 0 &&
+              c.payload_bytes() != static_cast<int64_t>(p.tensor.bytes.size()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk: ", QuoteForError(c.name()),
+                     " changed its encoding, delta_count, payload_bytes or dtype between chunks"));
+  }
+  const uint64_t payload = p.tensor.bytes.size();
+  const uint64_t begin = c.offset(), size = c.data().size();
+  if (begin > payload || size > payload - begin) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk.offset: ", size, " payload bytes at offset ", begin,
+                     " do not fit in the ", payload, "-byte payload of ", QuoteForError(c.name())));
+  }
+  const uint64_t end = begin + size;
+  for (const auto& [b, e] : p.ranges) {
+    if (begin < e && b < end) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk.offset: overlapping chunks of ", QuoteForError(c.name())));
+    }
+  }
+  p.ranges.emplace_back(begin, end);
+  std::copy(c.data().begin(), c.data().end(), p.tensor.bytes.begin() + static_cast<int64_t>(begin));
+  p.received += static_cast<int64_t>(size);
+  data_bytes_ += static_cast<int64_t>(size);
+  return absl::OkStatus();  // values are checked when the payload is applied, whole
+}
+
 absl::Status TensorUpdateReactor::AddChunk(const rl::v1::TensorChunk& c) {
+  if (!c.encoding().empty() && c.encoding() != "dense") {
+    const std::optional<weight_sync::DeltaEncoding> encoding =
+        weight_sync::ParseDeltaEncoding(c.encoding());
+    if (!encoding.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunk.encoding: ", QuoteForError(c.encoding()), " for ",
+                       QuoteForError(c.name()), " (\"\", \"dense\", \"overwrite\" or \"xor\")"));
+    }
+    return AddDeltaChunk(c, *encoding);
+  }
   // The header is checked against the served weights (name, shape, bounded dtype size)
   // before anything is allocated for it; the stream's total stays under --max-update-bytes.
   int64_t total = 0;
@@ -141,6 +250,10 @@ absl::Status TensorUpdateReactor::AddChunk(const rl::v1::TensorChunk& c) {
   const uint64_t end = begin + size;
   auto [it, inserted] = pending_.try_emplace(c.name());
   Pending& p = it->second;
+  if (!inserted && p.encoding.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk: ", QuoteForError(c.name()), " is sent both delta-encoded and whole"));
+  }
   if (inserted) {
     if (total > limits_.max_update_bytes - allocated_) {
       pending_.erase(it);
@@ -213,6 +326,29 @@ absl::Status TensorUpdateReactor::Apply() {
     return absl::CancelledError(absl::StrCat(
         "UpdateWeightsFromTensor: the call was cancelled before the apply; ", kNothingApplied));
   }
+  if (parent_version_.has_value() || manifest_.has_value()) {
+    // A delta (or a verified) stream: built on a copy of the served weights, verified, then
+    // staged or activated (publication.h).
+    DeltaUpdate update;
+    update.parent_version = parent_version_;
+    update.manifest = std::move(manifest_);
+    for (auto& [name, p] : pending_) {
+      if (!p.encoding.has_value()) {
+        update.dense.push_back(std::move(p.tensor));
+        continue;
+      }
+      weight_sync::NamedDelta d;
+      d.name = name;
+      d.dtype = *model_io::ParseDType(p.tensor.info.dtype);  // checked with the chunk
+      d.delta.encoding = *p.encoding;
+      d.delta.count = p.count;
+      d.delta.payload = std::move(p.tensor.bytes);
+      update.deltas.push_back(std::move(d));
+    }
+    pending_.clear();
+    if (stage_ != nullptr) return FillFrom(stage_->CommitDelta(std::move(update)), response_);
+    return FillFrom(weights_.UpdateWeightsFromDelta(std::move(update), policy_), response_);
+  }
   std::vector<NamedTensor> tensors;
   tensors.reserve(pending_.size());
   for (auto& [name, p] : pending_) tensors.push_back(std::move(p.tensor));
@@ -222,6 +358,7 @@ absl::Status TensorUpdateReactor::Apply() {
     RETURN_IF_ERROR(VerifyFullState(tensors, weights_.served_shapes(), expected_rank_sha256_));
   }
   if (stage_ != nullptr) return FillFrom(stage_->Commit(std::move(tensors)), response_);
+  policy_.verified_sha256 = expected_rank_sha256_;  // the served digest once applied (GetLoad)
   RETURN_IF_ERROR(
       FillFrom(weights_.UpdateWeightsFromTensors(std::move(tensors), policy_), response_));
   if (!expected_rank_sha256_.empty()) response_->set_weights_sha256(expected_rank_sha256_);

@@ -14,6 +14,15 @@
 // at its first message (WeightUpdates::BeginStage: the previous staged version is freed, a second
 // stage is refused) and, at its explicit end, stages the tensors instead of applying them; a
 // stream cut any way before that releases the slot with nothing staged.
+// Deltas (issue 30): a first message naming `parent_version` makes the stream a delta of that
+// version (refused at once, FAILED_PRECONDITION naming both versions, unless it is served): its
+// chunks carry per-tensor delta payloads (TensorChunk.encoding "overwrite" / "xor", the
+// weights.rldelta encodings of common/weight_sync/delta.h; `offset` counts payload bytes) or
+// whole tensors ("" / "dense"). A payload's size is bounded before it is allocated (the largest
+// encoding of its count, --max-update-bytes); at the end every payload is checked whole and
+// applied to a copy of the served weights (publication.h, BuildOnServedCopy), NaN / ±Inf
+// refused, and the result verified against `manifest_json` when the stream carries one (a dense
+// stream with a manifest is verified the same way) before it is applied or staged.
 // Cost: the stream's tensors are held in host memory until applied (at most --max-update-bytes);
 // the finite scan reads each byte once more while it is in cache.
 // Admission: `admitted` is the caller's key and admin lease (control/admin_lease.h), checked by
@@ -24,6 +33,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -31,6 +41,8 @@
 #include "absl/status/status.h"
 #include "common/bounded_executor.h"
 #include "common/request_limits.h"
+#include "common/weight_sync/delta.h"
+#include "common/weight_sync/manifest.h"
 #include "rl/v1/admin.grpc.pb.h"
 #include "services/worker/weights/weight_updates.h"
 
@@ -49,7 +61,9 @@ class TensorUpdateReactor final
 
  private:
   struct Pending {
-    NamedTensor tensor;
+    NamedTensor tensor;  // a delta tensor: `bytes` holds its payload
+    std::optional<weight_sync::DeltaEncoding> encoding;
+    int64_t count = 0;
     int64_t received = 0;
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
     // Elements that straddle a chunk boundary, scanned once the tensor is complete.
@@ -59,6 +73,10 @@ class TensorUpdateReactor final
   // One message: the options (first only), a chunk, the end.
   absl::Status AddMessage();
   absl::Status AddChunk(const rl::v1::TensorChunk& c);
+  // The first message's parent_version / manifest_json (a delta or verified stream).
+  absl::Status TakeDeltaOptions();
+  // A chunk of a tensor's delta payload.
+  absl::Status AddDeltaChunk(const rl::v1::TensorChunk& c, weight_sync::DeltaEncoding encoding);
   // The end's counts against what arrived; every tensor complete.
   absl::Status CheckEnd(const rl::v1::TensorStreamEnd& end) const;
   // The stream is over (half-close, cancel, broken connection or a message that did not parse).
@@ -79,6 +97,10 @@ class TensorUpdateReactor final
   // The end's rank_sha256: a full-state stream (a peer's send), verified before the apply.
   std::string expected_rank_sha256_;
   UpdatePolicy policy_;
+  // A delta stream's parent, and the result's manifest when the stream carries one: either
+  // makes the stream build its result on a copy of the served weights (DeltaUpdate).
+  std::optional<int64_t> parent_version_;
+  std::optional<weight_sync::Manifest> manifest_;
   std::unique_ptr<StageTicket> stage_;  // a staged stream: the staged slot it holds
   std::map<std::string, Pending> pending_;
   int64_t allocated_ = 0;   // bytes of the tensors in pending_, at most --max-update-bytes

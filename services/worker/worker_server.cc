@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/request_limits.h"
 #include "common/status.h"
 #include "common/tokenizer/vocab_coverage.h"
 #include "services/worker/admin_service.h"
@@ -169,7 +170,13 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   });
   s->admin_executor_ =
       std::make_unique<BoundedExecutor>("rl-admin", kAdminThreads, kMaxQueuedAdminCalls);
-  s->worker_service_ = std::make_unique<WorkerService>(s->host_.get(), s->data_auth_.get());
+  WeightUpdateController* const digests = s->weights_.get();
+  s->worker_service_ = std::make_unique<WorkerService>(
+      s->host_.get(), s->data_auth_.get(),
+      WorkerService::Identity{
+          .instance_id = NewServerRequestId(""),
+          .weights_sha256 = [digests] { return digests->served_sha256(); },
+      });
   s->admin_service_ =
       std::make_unique<AdminService>(*s->host_, *s->control_, *s->weights_, *s->admin_executor_,
                                      *s->admin_auth_, config.allow_non_finite_weights);

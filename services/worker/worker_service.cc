@@ -233,6 +233,8 @@ grpc::ServerUnaryReactor* WorkerService::GetLoad(grpc::CallbackServerContext* co
   response->set_paused(info.paused);
   response->set_max_running_requests(
       info.scheduler.req_to_token_total);  // one row per running request
+  response->set_instance_id(identity_.instance_id);
+  if (identity_.weights_sha256) response->set_weights_sha256(identity_.weights_sha256());
   return FinishUnary(context, absl::OkStatus());
 }
 

@@ -9,6 +9,8 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/server_runner.h"
 #include "grpcpp/grpcpp.h"
 #include "rl/v1/worker.grpc.pb.h"
@@ -36,11 +38,22 @@ class VersionedFakeWorker final : public rl::v1::Worker::CallbackService {
     }
     resp->set_weight_version(weight_version.load());
     resp->set_paused(paused.load());
+    {
+      absl::MutexLock lock(&identity_mu_);
+      resp->set_instance_id(instance_id_);
+      resp->set_weights_sha256(weights_sha256_);
+    }
     r->Finish(grpc::Status::OK);
     return r;
   }
 
   FakeWorker& generate() { return generate_; }
+  // GetLoad's instance_id and weights_sha256 ("" each until set).
+  void SetIdentity(const std::string& instance_id, const std::string& weights_sha256) {
+    absl::MutexLock lock(&identity_mu_);
+    instance_id_ = instance_id;
+    weights_sha256_ = weights_sha256;
+  }
   std::atomic<int64_t> weight_version{0};
   std::atomic<bool> paused{false};  // GetLoad's paused
   std::atomic<bool> require_key{false};
@@ -52,6 +65,9 @@ class VersionedFakeWorker final : public rl::v1::Worker::CallbackService {
 
  private:
   FakeWorker generate_;
+  absl::Mutex identity_mu_;
+  std::string instance_id_ ABSL_GUARDED_BY(identity_mu_);
+  std::string weights_sha256_ ABSL_GUARDED_BY(identity_mu_);
 };
 
 // One fake worker process: the service above behind a GrpcServer (health included).
@@ -72,6 +88,9 @@ class FakePoolWorker {
   VersionedFakeWorker& service() { return service_; }
   void SetVersion(int64_t v) { service_.weight_version.store(v); }
   void SetPaused(bool paused) { service_.paused.store(paused); }
+  void SetIdentity(const std::string& instance_id, const std::string& weights_sha256) {
+    service_.SetIdentity(instance_id, weights_sha256);
+  }
   // The overall health status (liveness; a worker without a readiness service: also readiness).
   void SetServing(bool serving) { server_->SetServing(serving); }
   // The readiness service `rl.v1.Worker`, as a real rl-worker reports it (unset: NOT_FOUND).

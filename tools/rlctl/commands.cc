@@ -28,6 +28,7 @@ const std::map<std::string, Command>& RemoteCommands() {
       {"activate-weights", &ActivateWeights},
       {"drop-staged-weights", &DropStagedWeights},
       {"refit", &RefitWeights},
+      {"push", &Push},
       {"weights-checker", &WeightsChecker},
       {"model-info", &ModelInfo},
       {"server-info", &ServerInfo},

@@ -56,6 +56,11 @@ int PrepareWeights(const Options& o, const Client& c);
 int CompleteWeights(const Options& o, const Client& c);
 int ReceiveWeights(const Options& o, const Client& c);
 
+// push_command.cc: a checkpoint folder (dense, with its manifest when it has one) or a delta
+// publication (weights.rldelta: a delta stream naming its parent) pushed over
+// UpdateWeightsFromTensor, applied or, with --stage, staged (issue 30).
+int Push(const Options& o, const Client& c);
+
 // worker_commands.cc: the router's worker pool (`workers
 // list|add|remove|enable|disable|resync|adopt`).
 int Workers(const Options& o, const Client& c, const std::vector<std::string>& args);

@@ -3,6 +3,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "tools/rlctl/commands.h"
 
 namespace rl::rlctl {
@@ -111,10 +112,15 @@ int Retrieve(const Options& o, const Client& c) {
 }
 
 int Episode(const Options& o, const Client& c) {
-  if (o.episode_id.empty()) return Fail(o, Usage("episode --episode-id ID [--remove]"));
+  if (o.episode_id.empty()) {
+    return Fail(o,
+                Usage("episode --episode-id ID [--remove] [--routed-experts [--expert-weights]]"));
+  }
   rl::v1::GetEpisodeRequest req;
   req.set_episode_id(o.episode_id);
   req.set_remove(o.remove);
+  req.set_return_routed_experts(o.routed_experts);
+  req.set_return_expert_weights(o.expert_weights);
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   rl::v1::GetEpisodeResponse resp;
@@ -134,7 +140,13 @@ int Episode(const Options& o, const Client& c) {
           std::cout << "  sample (turns";
           for (int t : s.turns()) std::cout << " " << t;
           std::cout << "): " << s.trajectory().tokens_size() << " tokens, " << generated
-                    << " generated\n";
+                    << " generated";
+          if (s.has_routed_experts()) {
+            const auto& re = s.routed_experts();
+            std::cout << ", routed experts [" << absl::StrJoin(re.shape(), ", ") << "] from token "
+                      << re.start_pos();
+          }
+          std::cout << "\n";
         }
       });
 }

@@ -22,7 +22,9 @@ constexpr char kCommands[] = R"(Commands:
   generate --resume-id ID [--logprobs] ...   (router: continue the partial sample of a request
                                     that ended abort or stale, within its original budget)
   retrieve --text T
-  episode --episode-id ID [--remove]   (router: the episode's turns and one sample per branch)
+  episode --episode-id ID [--remove] [--routed-experts [--expert-weights]]
+                                   (router: the episode's turns and one sample per branch;
+                                    R3: each branch's routed experts)
   abort --request-id ID | --all    (router: forwarded to the worker holding the request;
                                     --all needs the admin key)
   pause --mode abort|in_place|retract|drain [--drain-timeout-ms T]      continue      flush
@@ -33,6 +35,9 @@ constexpr char kCommands[] = R"(Commands:
   drop-staged-weights
   refit --from-disk DIR [--version N] [--abort-all] [--keep-pause] [--keep-kv]   (router: stage on every
         live worker, activate on all or on none)
+  push --from-disk DIR [--stage] [--version N]   (the folder's tensors over the tensor stream: a
+        delta publication (weights.rldelta) as a delta of its parent, a checkpoint whole; both
+        verified against their manifest; --stage: staged for activate-weights)
   update-weights --distributed --group-name G [--bucket-json LINE]   (else one bucket JSON line
                  per stdin line, as rl-weight-sender prints them)
   init-group --master-address A --master-port P --world-size N --group-name G [--rank-offset R]
@@ -86,6 +91,11 @@ int main(int argc, char** argv) {
              "does)");
   flags.String("episode-id", &o.episode_id, "episode: the agent episode's id");
   flags.Bool("remove", &o.remove, "episode: forget the episode once exported");
+  flags.Bool("routed-experts", &o.routed_experts,
+             "episode: each sample's routed experts (R3; every turn of the branch recorded with "
+             "routing)");
+  flags.Bool("expert-weights", &o.expert_weights,
+             "episode: with --routed-experts, their routing weights too");
   flags.Int("max-new-tokens", &o.max_new_tokens,
             "generate: tokens to generate (-1: server default)");
   flags.Double("temperature", &o.temperature, "generate: temperature (-1: server default)");
@@ -123,8 +133,8 @@ int main(int argc, char** argv) {
   flags.Bool("abort-all", &o.abort_all, "update-weights: abort active requests");
   flags.Bool("keep-pause", &o.keep_pause, "update-weights: stay paused afterwards");
   flags.Bool("stage", &o.stage,
-             "complete-weights / receive-weights: stage the received tensors instead of applying "
-             "them (activate-weights serves them)");
+             "complete-weights / receive-weights / push: stage the received tensors instead of "
+             "applying them (activate-weights serves them)");
   flags.Bool("no-flush", &o.no_flush,
              "update-weights: send flush_cache=false (ignored: workers flush the prefix cache on "
              "every update, KV of the old weights is never reused)");

@@ -23,6 +23,8 @@ struct Options {
   std::string resume_id;  // generate --resume-id: resume a kept partial sample (router)
   std::string episode_id;
   bool remove = false;             // episode: forget it once exported
+  bool routed_experts = false;     // episode: each sample's routing (R3)
+  bool expert_weights = false;     // episode: and its routing weights
   bool all = false;                // abort: every request
   bool allow_unreachable = false;  // workers add: register a worker that does not answer yet
   std::string ids;

@@ -19,6 +19,7 @@ from rlfleet._progress import Progress, Reporter
 from rlfleet._stubs import admin_pb2, generate_pb2, router_pb2, worker_pb2
 from rlfleet.client import ADMIN, DEFAULT_LOAD_TIMEOUT, ROUTER, WORKER, _collect
 from rlfleet.errors import FleetError
+from rlfleet.publication import delta_messages
 from rlfleet.tensors import DEFAULT_CHUNK_BYTES, NamedTensors, total_bytes
 from rlfleet.types import (Chunk, Episode, GenerateResult, Generations, Trajectory,
                            build_generate_request, chunk_from_proto)
@@ -142,9 +143,14 @@ class AsyncClient:
                               router_pb2.RetrieveFromTextResponse)
         return Trajectory.from_proto(r.trajectory)
 
-    async def get_episode(self, episode_id: str, remove: bool = False) -> Episode:
+    async def get_episode(self, episode_id: str, remove: bool = False,
+                          return_routed_experts: bool = False,
+                          return_expert_weights: bool = False) -> Episode:
         r = await self._unary(ROUTER, "GetEpisode",
-                              router_pb2.GetEpisodeRequest(episode_id=episode_id, remove=remove),
+                              router_pb2.GetEpisodeRequest(
+                                  episode_id=episode_id, remove=remove,
+                                  return_routed_experts=return_routed_experts,
+                                  return_expert_weights=return_expert_weights),
                               router_pb2.GetEpisodeResponse)
         return Episode.from_proto(r)
 
@@ -264,6 +270,28 @@ class AsyncClient:
         return await self.update_weights_from_tensor(named_tensors, weight_version=weight_version,
                                                      stage=stage, progress=progress,
                                                      timeout=timeout)
+
+    async def push_delta(self, parent_tensors: NamedTensors, new_tensors: NamedTensors,
+                         weight_version: int, parent_version: int, *, stage: bool = False,
+                         manifest: Optional[dict[str, Any]] = None,
+                         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                         timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        messages = await asyncio.to_thread(
+            delta_messages, parent_tensors, new_tensors, weight_version, parent_version,
+            stage=stage, manifest=manifest, chunk_bytes=chunk_bytes)
+
+        async def requests() -> AsyncIterator[bytes]:
+            for m in messages:
+                yield m
+
+        fn = self._callable("stream_unary", ADMIN, "UpdateWeightsFromTensor",
+                            admin_pb2.AdminResponse, _rpc.identity)
+        try:
+            resp = await fn(requests(), timeout=timeout or self.load_timeout,
+                            metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise FleetError.from_rpc_error(e, "UpdateWeightsFromTensor") from e
+        return _rpc.check_admin(resp, "UpdateWeightsFromTensor")
 
     async def init_weights_update_group(self, master_address: str, master_port: int,
                                         rank_offset: int, world_size: int, group_name: str,

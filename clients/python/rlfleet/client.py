@@ -25,6 +25,7 @@ from rlfleet._progress import Progress, Reporter
 from rlfleet._rpc import CLIENT_ID_HEADER, MAX_CLIENT_ID_BYTES  # noqa: F401  (re-exported)
 from rlfleet._stubs import admin_pb2, generate_pb2, router_pb2, worker_pb2
 from rlfleet.errors import FleetError
+from rlfleet.publication import delta_messages
 from rlfleet.tensors import DEFAULT_CHUNK_BYTES, NamedTensors, total_bytes
 from rlfleet.types import (Chunk, Episode, GenerateResult, Generations, Trajectory,
                            build_generate_request, chunk_from_proto)
@@ -187,11 +188,19 @@ class Client:
                         router_pb2.RetrieveFromTextResponse)
         return Trajectory.from_proto(r.trajectory)
 
-    def get_episode(self, episode_id: str, remove: bool = False) -> Episode:
+    def get_episode(self, episode_id: str, remove: bool = False,
+                    return_routed_experts: bool = False,
+                    return_expert_weights: bool = False) -> Episode:
         """Router.GetEpisode: the agent episode's turns and one sample per branch (remove:
-        forget it once exported). FleetError NOT_FOUND for an unknown episode. docs/episodes.md."""
+        forget it once exported). FleetError NOT_FOUND for an unknown episode. R3: with
+        return_routed_experts each sample carries its branch's routed experts (and with
+        return_expert_weights their weights); FAILED_PRECONDITION naming the turn when a turn of
+        a branch was recorded without routing. docs/episodes.md."""
         r = self._unary(ROUTER, "GetEpisode",
-                        router_pb2.GetEpisodeRequest(episode_id=episode_id, remove=remove),
+                        router_pb2.GetEpisodeRequest(
+                            episode_id=episode_id, remove=remove,
+                            return_routed_experts=return_routed_experts,
+                            return_expert_weights=return_expert_weights),
                         router_pb2.GetEpisodeResponse)
         return Episode.from_proto(r)
 
@@ -339,6 +348,29 @@ class Client:
                                          stage=stage, progress=progress, timeout=timeout)
         return self.update_weights_from_tensor(named_tensors, weight_version=weight_version,
                                                stage=stage, progress=progress, timeout=timeout)
+
+    def push_delta(self, parent_tensors: NamedTensors, new_tensors: NamedTensors,
+                   weight_version: int, parent_version: int, *, stage: bool = False,
+                   manifest: Optional[dict[str, Any]] = None,
+                   chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                   timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
+        """Pushes `new_tensors` as a delta of `parent_tensors` (the weights of `parent_version`,
+        which every worker must serve) over the tensor stream (issue 30): only the changed words
+        travel (rlfleet.publication.delta_messages). The workers apply each payload to a copy of
+        their weights, refuse NaN / Inf, verify the result against `manifest` when given
+        (manifest_of's dict), then apply it as `weight_version` or, with `stage`, stage it for
+        activate_weights (through the router: all or none). A worker not at `parent_version`
+        refuses (FAILED_PRECONDITION naming both versions): FleetError."""
+        messages = delta_messages(parent_tensors, new_tensors, weight_version, parent_version,
+                                  stage=stage, manifest=manifest, chunk_bytes=chunk_bytes)
+        fn = self._callable("stream_unary", ADMIN, "UpdateWeightsFromTensor",
+                            admin_pb2.AdminResponse, _rpc.identity)
+        try:
+            resp = fn(iter(messages), timeout=timeout or self.load_timeout,
+                      metadata=self.metadata)
+        except grpc.RpcError as e:
+            raise FleetError.from_rpc_error(e, "UpdateWeightsFromTensor") from e
+        return _rpc.check_admin(resp, "UpdateWeightsFromTensor")
 
     # Weight-update groups ---------------------------------------------------------------
 

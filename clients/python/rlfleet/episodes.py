@@ -10,6 +10,13 @@ rlfleet.trajectories. Non-tensor fields: `__num_turns__` (model turns on the bra
 `raw_prompt` (the messages the caller started the episode from, when given), `episode_id`,
 `uid` (the episode: a GRPO group when one episode is sampled several times is the caller's
 choice), `finish_reason` (of the branch's last turn). Needs only numpy.
+
+R3: when every sample carries routed experts (Client.get_episode with return_routed_experts),
+the batch gains `routed_experts`, int32 [N, P + R, MoE layers, top_k] aligned with `input_ids`
+(token t's experts at t's column; -1 where a token has none: padding, tokens before the
+routing's start_pos, and the last token, never fed back), and with expert weights
+`routed_expert_weights`, float32, same shape (0 where none). Samples whose routings differ in
+[layers, top_k] are a ValueError; a batch where some samples have routing and others not too.
 """
 
 from __future__ import annotations
@@ -57,6 +64,12 @@ def episodes_to_dataproto(episodes: Iterable[Episode], pad_token_id: int = 0,
         [(s.trajectory.tokens[:pl], s.trajectory.tokens[pl:], s.trajectory.loss_mask[pl:],
           s.trajectory.rollout_logp[pl:], s.trajectory.token_weight_versions[pl:])
          for _, s, pl in rows], P, R, pad_token_id)
+    routed = [s.routed_experts for _, s, _ in rows]
+    if any(r is not None for r in routed):
+        if any(r is None for r in routed):
+            raise ValueError("routed experts: some samples have them and others not (ask "
+                             "get_episode with return_routed_experts for every episode)")
+        batch.update(_routing_columns(rows, P, R))
     raw = raw_prompts or {}
     raw_prompt = np.empty(n, dtype=object)  # element by element: messages stay Python lists
     for r, (e, _, _) in enumerate(rows):
@@ -70,3 +83,33 @@ def episodes_to_dataproto(episodes: Iterable[Episode], pad_token_id: int = 0,
                                   dtype=object),
     }
     return {"batch": batch, "non_tensor_batch": non_tensor, "meta_info": {}}
+
+
+def _routing_columns(rows: list[Any], P: int, R: int) -> dict[str, np.ndarray]:
+    """`routed_experts` (and `routed_expert_weights` when every sample has weights) aligned with
+    input_ids: prompt token i of a prompt of length pl at column P - pl + i, response token j at
+    P + j."""
+    shapes = {s.routed_experts.shape[1:] for _, s, _ in rows}
+    if len(shapes) != 1:
+        raise ValueError(f"routed experts: samples differ in [layers, top_k]: {sorted(shapes)}")
+    layers, top_k = shapes.pop()
+    n = len(rows)
+    ids = np.full((n, P + R, layers, top_k), -1, dtype=np.int32)
+    with_weights = all(s.routed_experts.expert_weights_bytes for _, s, _ in rows)
+    weights = np.zeros((n, P + R, layers, top_k), dtype=np.float32) if with_weights else None
+    for r, (e, s, pl) in enumerate(rows):
+        re = s.routed_experts
+        start, count = re.start_pos, re.shape[0]
+        if start < 0 or start + count > len(s.trajectory.tokens):
+            raise ValueError(f"episode {e.episode_id}: routed experts for tokens [{start}, "
+                             f"{start + count}) of a {len(s.trajectory.tokens)}-token sample")
+        col = P - pl + start  # the column of trajectory token `start`
+        ids[r, col:col + count] = re.expert_ids()
+        if weights is not None:
+            w = re.expert_weights()
+            assert w is not None
+            weights[r, col:col + count] = w
+    out = {"routed_experts": ids}
+    if weights is not None:
+        out["routed_expert_weights"] = weights
+    return out

@@ -27,7 +27,9 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from rlfleet.tensors import WeightTensor, rank_sha256, read_safetensors, tensor_sha256
+from rlfleet._stubs import admin_pb2
+from rlfleet.tensors import (DEFAULT_CHUNK_BYTES, NamedTensors, WeightTensor, iter_named_tensors,
+                             rank_sha256, read_safetensors, tensor_sha256)
 
 MANIFEST_FILE = "rl-manifest.json"
 MANIFEST_FORMAT = "rlfleet.manifest.v1"
@@ -230,5 +232,74 @@ def write_delta(parent: Union[str, Path], child: Union[str, Path], out: Union[st
     return stats
 
 
+def _tensor_bytes(named: NamedTensors) -> dict[str, tuple[str, tuple[int, ...], bytes]]:
+    """name -> (dtype, shape, raw little-endian bytes) of every tensor of `named`."""
+    out: dict[str, tuple[str, tuple[int, ...], bytes]] = {}
+    for t in iter_named_tensors(named):
+        out[t.name] = (t.dtype, t.shape, b"".join(bytes(c) for c in t.chunks()))
+    return out
+
+
+def delta_messages(parent_tensors: NamedTensors, new_tensors: NamedTensors, weight_version: int,
+                   parent_version: int, *, stage: bool = False,
+                   manifest: Optional[dict[str, Any]] = None,
+                   chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[bytes]:
+    """The encoded messages of a delta tensor stream (UpdateWeightsFromTensor with
+    parent_version, issue 30): every tensor of `new_tensors` that differs from its counterpart in
+    `parent_tensors` (same dtype and shape) as its delta payload (encode_delta: the smaller of
+    overwrite and xor), a tensor without a counterpart whole, an unchanged one not at all (the
+    worker keeps the parent's). Payloads are cut in chunks of at most `chunk_bytes`. `manifest`
+    (manifest_of's dict for the new version) makes the worker verify the result before it is
+    applied or staged. ValueError for a dtype or shape that differs from the parent's."""
+    if weight_version <= parent_version or parent_version < 0:
+        raise ValueError("weight_version must be greater than parent_version >= 0")
+    if not 0 < chunk_bytes:
+        raise ValueError("chunk_bytes must be > 0")
+    parent = _tensor_bytes(parent_tensors)
+    first = admin_pb2.UpdateWeightsFromTensorRequest(
+        weight_version=weight_version, parent_version=parent_version, stage=stage,
+        manifest_json=json.dumps(manifest) if manifest is not None else "")
+    messages: list[bytes] = []
+    names: set[str] = set()
+    num_bytes = 0
+    for t in iter_named_tensors(new_tensors):
+        data = b"".join(bytes(c) for c in t.chunks())
+        chunk = admin_pb2.TensorChunk(name=t.name, dtype=t.dtype, shape=t.shape)
+        if t.name in parent:
+            pdtype, pshape, pdata = parent[t.name]
+            if (pdtype, pshape) != (t.dtype, t.shape):
+                raise ValueError(f"tensor {t.name!r}: {t.dtype}{list(t.shape)} but the parent's "
+                                 f"is {pdtype}{list(pshape)} (a delta changes values only)")
+            encoding, count, payload = encode_delta(
+                t.dtype, np.frombuffer(pdata, dtype=_WORD[t.dtype]),
+                np.frombuffer(data, dtype=_WORD[t.dtype]))
+            if count == 0:
+                continue  # unchanged: the worker keeps the parent's
+            chunk.encoding, chunk.delta_count, chunk.payload_bytes = encoding, count, len(payload)
+            data = payload
+        else:
+            chunk.encoding = "dense"
+        word = _WORD[t.dtype].itemsize
+        step = chunk_bytes if chunk.encoding != "dense" else max(chunk_bytes // word * word, word)
+        offset = 0
+        while True:
+            piece = data[offset:offset + step]
+            msg = admin_pb2.UpdateWeightsFromTensorRequest() if messages else first
+            msg.chunk.CopyFrom(chunk)
+            msg.chunk.offset = offset
+            msg.chunk.data = piece
+            messages.append(msg.SerializeToString())
+            offset += len(piece)
+            if offset >= len(data):
+                break
+        names.add(t.name)
+        num_bytes += len(data)
+    end = admin_pb2.UpdateWeightsFromTensorRequest() if messages else first
+    end.end.num_tensors = len(names)
+    end.end.num_bytes = num_bytes
+    messages.append(end.SerializeToString())
+    return messages
+
+
 __all__ = ["MANIFEST_FILE", "DELTA_FILE", "manifest_of", "write_manifest", "read_manifest",
-           "encode_delta", "write_delta"]
+           "encode_delta", "write_delta", "delta_messages"]

@@ -316,12 +316,14 @@ class EpisodeTurn:
     worker: str
     weight_version: int
     finish_reason: str
+    has_routed_experts: bool = False  # R3: the turn's routing was recorded
 
     @staticmethod
     def from_proto(p: Any) -> "EpisodeTurn":
         return EpisodeTurn(p.request_id, p.index, p.parent, p.prompt_tokens, p.completion_tokens,
                            p.worker, p.weight_version,
-                           FINISH_REASONS.get(p.finish_reason, str(p.finish_reason)))
+                           FINISH_REASONS.get(p.finish_reason, str(p.finish_reason)),
+                           p.has_routed_experts)
 
 
 @dataclass
@@ -329,6 +331,9 @@ class EpisodeSample:
     """One branch of an episode: its last turn's trajectory and the turns on it, root first."""
     trajectory: Trajectory
     turns: list[int]
+    # R3 (get_episode with return_routed_experts): the branch's routing, trajectory tokens
+    # [start_pos, start_pos + shape[0]).
+    routed_experts: Optional[RoutedExperts] = None
 
 
 @dataclass
@@ -341,5 +346,7 @@ class Episode:
     @staticmethod
     def from_proto(p: Any) -> "Episode":
         return Episode(p.episode_id, [EpisodeTurn.from_proto(t) for t in p.turns],
-                       [EpisodeSample(Trajectory.from_proto(s.trajectory), list(s.turns))
+                       [EpisodeSample(Trajectory.from_proto(s.trajectory), list(s.turns),
+                                      RoutedExperts.from_proto(s.routed_experts)
+                                      if s.HasField("routed_experts") else None)
                         for s in p.samples])

@@ -1,9 +1,11 @@
 #include "services/router/admin/admin_service.h"
 
 #include <algorithm>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -13,7 +15,23 @@
 #include "services/router/admin/tensor_fanout.h"
 
 namespace rl::router::admin {
+
 namespace {
+
+// FAILED_PRECONDITION naming every staged digest and the workers that staged it ("" shown as
+// "unknown"): two workers staged different contents, so none activates.
+absl::Status StagedDigestsDiffer(absl::string_view what,
+                                 const std::map<std::string, std::vector<std::string>>& digests,
+                                 absl::string_view note = "") {
+  std::vector<std::string> parts;
+  for (const auto& [sha, workers] : digests) {
+    parts.push_back(absl::StrCat(sha.empty() ? std::string("unknown") : sha, " on ",
+                                 absl::StrJoin(workers, ", ")));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat(what, ": the live workers staged different contents (staged_weights_sha256: ",
+                   absl::StrJoin(parts, "; "), "), so none activates", note));
+}
 
 std::string CodeName(grpc::StatusCode code) {
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
@@ -485,6 +503,7 @@ grpc::ServerUnaryReactor* AdminService::ActivateWeights(Ctx* c,
     std::vector<std::string> missing, targets;
     std::set<int64_t> versions;
     std::set<std::string> sources;
+    std::map<std::string, std::vector<std::string>> digests;  // staged sha256 -> workers
     for (const auto& r :
          broadcaster_.Gather(c, rl::v1::GetServerInfoRequest(), &AsyncAdmin::GetServerInfo)) {
       targets.push_back(r.worker);
@@ -499,6 +518,7 @@ grpc::ServerUnaryReactor* AdminService::ActivateWeights(Ctx* c,
       } else {
         versions.insert(r.resp.staged_weight_version());
         sources.insert(r.resp.staged_source());
+        digests[r.resp.staged_weights_sha256()].push_back(r.worker);
       }
     }
     constexpr absl::string_view kDiskPrefix = "disk:";
@@ -516,6 +536,8 @@ grpc::ServerUnaryReactor* AdminService::ActivateWeights(Ctx* c,
       s = absl::FailedPreconditionError(
           absl::StrCat("ActivateWeights: the live workers staged from different sources (",
                        absl::StrJoin(sources, ", "), "), so none activates"));
+    } else if (digests.size() > 1) {
+      s = StagedDigestsDiffer("ActivateWeights", digests);
     } else {
       // A staged folder is replayable (catch-up reads it); a staged tensor push or group
       // receive exists only in memory, recorded like its one-call update.
@@ -609,8 +631,31 @@ absl::Status AdminService::RefitLocked(Ctx* c, const rl::v1::RefitWeightsRequest
                                    before));
     return absl::OkStatus();
   }
-  // 2b. Every live worker staged: activate them all (the short call: swap + flush). A worker that
-  // fails now (it died) is behind the fleet's new version and is caught up from the folder.
+  // 2b. Every live worker staged: their staged digests must agree (one version, one content),
+  // else none activates and the staged copies are dropped.
+  std::map<std::string, std::vector<std::string>> digests;
+  for (const auto& r :
+       broadcaster_.Gather(c, rl::v1::GetServerInfoRequest(), &AsyncAdmin::GetServerInfo)) {
+    if (std::find(ok_workers.begin(), ok_workers.end(), r.worker) == ok_workers.end()) continue;
+    digests[r.status.ok() ? r.resp.staged_weights_sha256() : std::string("(unreachable)")]
+        .push_back(r.worker);
+  }
+  if (digests.size() > 1) {
+    rl::v1::AdminResponse dropped;
+    const rl::v1::DropStagedWeightsRequest drop;
+    (void)broadcaster_.BroadcastLocked(
+        {.what = "RefitWeights (drop)", .only = ok_workers}, c,
+        [&drop](Worker& w, size_t, grpc::ClientContext* ctx, rl::v1::AdminResponse* r, Done done) {
+          w.admin_stub().async()->DropStagedWeights(ctx, &drop, r, std::move(done));
+        },
+        &dropped);
+    return StagedDigestsDiffer(
+        "RefitWeights", digests,
+        absl::StrCat("; the staged copies were dropped and the fleet keeps serving version ",
+                     before));
+  }
+  // 2c. Activate them all (the short call: swap + flush). A worker that fails now (it died) is
+  // behind the fleet's new version and is caught up from the folder.
   rl::v1::ActivateWeightsRequest activate;
   activate.set_weight_version(version);
   activate.set_abort_all_requests(req.abort_all_requests());

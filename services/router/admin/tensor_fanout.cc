@@ -1,6 +1,7 @@
 #include "services/router/admin/tensor_fanout.h"
 
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -8,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
+#include "common/model_io/dtype.h"
 #include "common/status.h"
+#include "common/weight_sync/delta.h"
 #include "grpcpp/alarm.h"
 #include "spdlog/spdlog.h"
 
@@ -237,8 +240,28 @@ class Relay final : public std::enable_shared_from_this<Relay> {
       int64_t tensor_bytes = 0;
       RETURN_IF_ERROR(CheckTensorChunk(c, options_.limits, &tensor_bytes));
       const uint64_t size = c.data().size();
-      if (c.offset() > static_cast<uint64_t>(tensor_bytes) ||
-          size > static_cast<uint64_t>(tensor_bytes) - c.offset()) {
+      // A delta chunk (issue 30) carries payload bytes: its bound is the largest encoding of its
+      // count, not the tensor's size; the workers check the payload whole.
+      uint64_t bound = static_cast<uint64_t>(tensor_bytes);
+      if (!c.encoding().empty() && c.encoding() != "dense") {
+        const std::optional<weight_sync::DeltaEncoding> e =
+            weight_sync::ParseDeltaEncoding(c.encoding());
+        if (!e.has_value()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "chunk.encoding: ", QuoteForError(c.encoding()), " for ", QuoteForError(c.name()),
+              " (\"\", \"dense\", \"overwrite\" or \"xor\")"));
+        }
+        const model_io::DType dtype = *model_io::ParseDType(c.dtype());  // checked above
+        ASSIGN_OR_RETURN(const int width, weight_sync::DeltaWordBytes(dtype));
+        absl::StatusOr<int64_t> most =
+            weight_sync::MaxDeltaPayloadBytes(*e, c.delta_count(), tensor_bytes / width, width);
+        if (!most.ok()) {
+          return Annotate(most.status(),
+                          absl::StrCat("chunk.delta_count of ", QuoteForError(c.name())));
+        }
+        bound = static_cast<uint64_t>(*most);
+      }
+      if (c.offset() > bound || size > bound - c.offset()) {
         return absl::InvalidArgumentError(
             absl::StrCat("chunk.offset: ", size, " bytes at offset ", c.offset(), " do not fit in ",
                          QuoteForError(c.name()), " (", tensor_bytes, " bytes)"));

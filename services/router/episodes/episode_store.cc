@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace rl::router {
 namespace {
@@ -24,6 +25,42 @@ bool Extends(const EpisodeTurnRecord& parent, const EpisodeTurnRecord& child) {
                                   static_cast<int32_t>(n) > parent.prompt_tokens &&
                                   parent.tokens.back() == parent.matched_token_id;
   return ends_on_stop_token && prefix_of_prompt(n - 1);
+}
+
+// Bounds on a routing's MoE layers and top-k (far above any model's), so sizes never overflow.
+constexpr int32_t kMaxRoutingDim = 1 << 16;
+
+// OK when `r` is a routing of `n` trajectory tokens: [tokens, layers, top_k] (layers and top_k at
+// least 1), int32 ids (and float32 weights, or none) of that shape, positions within the
+// trajectory.
+absl::Status CheckRouting(const rl::v1::RoutedExperts& r, size_t n) {
+  if (r.shape_size() != 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape has ", r.shape_size(), " dims, expected [tokens, layers, top_k]"));
+  }
+  if (r.shape(0) < 0 || r.shape(1) < 1 || r.shape(2) < 1 || r.shape(1) > kMaxRoutingDim ||
+      r.shape(2) > kMaxRoutingDim || r.start_pos() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("shape [", absl::StrJoin(r.shape(), ", "),
+                                                   "] from start_pos ", r.start_pos()));
+  }
+  if (static_cast<int64_t>(r.start_pos()) + r.shape(0) > static_cast<int64_t>(n)) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens [", r.start_pos(), ", ",
+                                                   r.start_pos() + r.shape(0),
+                                                   ") past the trajectory's ", n));
+  }
+  const int64_t bytes = int64_t{4} * r.shape(0) * r.shape(1) * r.shape(2);
+  if (static_cast<int64_t>(r.expert_ids().size()) != bytes ||
+      (!r.expert_weights().empty() && static_cast<int64_t>(r.expert_weights().size()) != bytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(r.expert_ids().size(), " id bytes and ",
+                                                   r.expert_weights().size(), " weight bytes for ",
+                                                   bytes / 4, " entries"));
+  }
+  return absl::OkStatus();
+}
+
+int64_t RoutingBytes(const std::optional<rl::v1::RoutedExperts>& r) {
+  return r.has_value() ? static_cast<int64_t>(r->expert_ids().size() + r->expert_weights().size())
+                       : 0;
 }
 
 }  // namespace
@@ -64,6 +101,16 @@ absl::Status EpisodeStore::Record(absl::string_view episode_id, EpisodeTurnRecor
       turn.prompt_tokens < 0 || static_cast<size_t>(turn.prompt_tokens) > n) {
     return absl::InvalidArgumentError("episode turn: inconsistent trajectory");
   }
+  if (turn.routing.has_value()) {
+    if (absl::Status s = CheckRouting(*turn.routing, n); !s.ok()) {
+      // The turn is kept (its children still find their parent); an export with routing then
+      // refuses its branches, naming the turn and this.
+      turn.routing_note = absl::StrCat("its worker's routing did not fit: ", s.message());
+      turn.routing.reset();
+    }
+  }
+  const int64_t bytes =
+      kEpisodeBytesPerToken * static_cast<int64_t>(n) + RoutingBytes(turn.routing);
   const auto now = clock_();
   absl::MutexLock lock(&mu_);
   CollectLocked(now);
@@ -79,12 +126,16 @@ absl::Status EpisodeStore::Record(absl::string_view episode_id, EpisodeTurnRecor
   }
   Episode& e = it->second;
   if (static_cast<int64_t>(e.turns.size()) >= options_.max_turns ||
-      e.tokens + static_cast<int64_t>(n) > options_.max_episode_tokens) {
+      e.tokens + static_cast<int64_t>(n) > options_.max_episode_tokens ||
+      (e.bytes + bytes + kEpisodeBytesPerToken - 1) / kEpisodeBytesPerToken >
+          options_.max_episode_tokens) {
     ++stats_.refused_turns;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "episode ", episode_id, " is full (", e.turns.size(), " turns, ", e.tokens,
-        " tokens; limits --max-episode-turns ", options_.max_turns, ", --max-episode-tokens ",
-        options_.max_episode_tokens, "): turn not recorded"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("episode ", episode_id, " is full (", e.turns.size(), " turns, ", e.tokens,
+                     " tokens, ", e.bytes, " bytes with routing; this turn ", n, " tokens, ", bytes,
+                     " bytes; limits --max-episode-turns ", options_.max_turns,
+                     ", --max-episode-tokens ", options_.max_episode_tokens, " (x ",
+                     kEpisodeBytesPerToken, " bytes, routing included)): turn not recorded"));
   }
   Turn t;
   for (int32_t i = static_cast<int32_t>(e.turns.size()) - 1; i >= 0; --i) {
@@ -94,6 +145,7 @@ absl::Status EpisodeStore::Record(absl::string_view episode_id, EpisodeTurnRecor
     }
   }
   e.tokens += static_cast<int64_t>(n);
+  e.bytes += bytes;
   e.newest_version = std::max(e.newest_version, turn.weight_version);
   e.touched = now;
   lru_.splice(lru_.end(), lru_, e.lru);
@@ -102,12 +154,21 @@ absl::Status EpisodeStore::Record(absl::string_view episode_id, EpisodeTurnRecor
   ++stats_.turns;
   ++stats_.recorded_turns;
   stats_.tokens += static_cast<int64_t>(n);
+  stats_.bytes += bytes;
   return absl::OkStatus();
 }
 
 absl::StatusOr<rl::v1::GetEpisodeResponse> EpisodeStore::Export(absl::string_view episode_id,
                                                                 bool remove) {
+  return Export(episode_id, EpisodeExportOptions{.remove = remove});
+}
+
+absl::StatusOr<rl::v1::GetEpisodeResponse> EpisodeStore::Export(
+    absl::string_view episode_id, const EpisodeExportOptions& options) {
   if (absl::Status s = ValidateEpisodeId(episode_id); !s.ok()) return s;
+  if (options.expert_weights && !options.routed_experts) {
+    return absl::InvalidArgumentError("return_expert_weights: needs return_routed_experts");
+  }
   const auto now = clock_();
   absl::MutexLock lock(&mu_);
   CollectLocked(now);
@@ -137,6 +198,7 @@ absl::StatusOr<rl::v1::GetEpisodeResponse> EpisodeStore::Export(absl::string_vie
     pt->set_worker(r.worker);
     pt->set_weight_version(r.weight_version);
     pt->set_finish_reason(r.finish_reason);
+    pt->set_has_routed_experts(r.routing.has_value());
     if (has_child[i]) continue;
     rl::v1::EpisodeSample* sample = out.add_samples();
     rl::v1::Trajectory* tr = sample->mutable_trajectory();
@@ -152,14 +214,84 @@ absl::StatusOr<rl::v1::GetEpisodeResponse> EpisodeStore::Export(absl::string_vie
       path.push_back(j);
     }
     sample->mutable_turns()->Assign(path.rbegin(), path.rend());
+    if (options.routed_experts) {
+      absl::Status s = AssembleRoutingLocked(episode_id, e, *sample, options.expert_weights,
+                                             sample->mutable_routed_experts());
+      if (!s.ok()) return s;
+    }
   }
   ++stats_.exports;
   stats_.exported_samples += out.samples_size();
-  if (remove) {
+  if (options.remove) {
     DropLocked(it);
     ++stats_.removed;
   }
   return out;
+}
+
+absl::Status EpisodeStore::AssembleRoutingLocked(absl::string_view episode_id, const Episode& e,
+                                                 const rl::v1::EpisodeSample& sample, bool weights,
+                                                 rl::v1::RoutedExperts* out) const {
+  // The branch's turns root first; each turn's routing is over its own trajectory, whose first
+  // tokens are its parent's: a turn adds the rows from where the routing so far ends (the
+  // tokens it re-sends keep the routing computed when they were first processed).
+  const auto where = [&](int32_t j, const EpisodeTurnRecord& r) {
+    return absl::StrCat("episode ", episode_id, ", branch of turns [",
+                        absl::StrJoin(sample.turns(), ", "), "]: turn ", j, " (request ",
+                        r.request_id, ", index ", r.index, ")");
+  };
+  int64_t start = 0, end = 0, width = 0;
+  std::string ids, wts;
+  for (int k = 0; k < sample.turns_size(); ++k) {
+    const int32_t j = sample.turns(k);
+    const EpisodeTurnRecord& r = e.turns[static_cast<size_t>(j)].record;
+    if (!r.routing.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where(j, r), " was recorded without routing (",
+          r.routing_note.empty() ? "sent without return_routed_experts, or its worker returned "
+                                   "none: a dense model or no --enable-return-routed-experts"
+                                 : r.routing_note,
+          "): the branch has no routing to export"));
+    }
+    const rl::v1::RoutedExperts& g = *r.routing;
+    const int64_t w = int64_t{g.shape(1)} * g.shape(2);
+    if (weights && g.expert_weights().empty() && g.shape(0) > 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where(j, r),
+                       " was recorded without expert weights (sent without "
+                       "return_expert_weights): ask for the routed experts alone"));
+    }
+    if (k == 0) {
+      start = end = g.start_pos();
+      out->add_shape(0);
+      out->add_shape(g.shape(1));
+      out->add_shape(g.shape(2));
+      width = w;
+    } else if (g.shape(1) != out->shape(1) || g.shape(2) != out->shape(2)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where(j, r), " has routing of ", g.shape(1), " MoE layers x top-", g.shape(2),
+          ", the branch's earlier turns ", out->shape(1), " x top-", out->shape(2)));
+    }
+    const int64_t first = g.start_pos(), last = first + g.shape(0);
+    if (first > end) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(where(j, r), "'s routing starts at token ", first,
+                       ", after the branch's routing so far ends (token ", end,
+                       "): tokens between have none (routed_experts_start_len?)"));
+    }
+    if (last > end) {
+      const size_t from = static_cast<size_t>((end - first) * width) * 4;
+      const size_t len = static_cast<size_t>((last - end) * width) * 4;
+      ids.append(g.expert_ids(), from, len);
+      if (weights) wts.append(g.expert_weights(), from, len);
+      end = last;
+    }
+  }
+  out->set_start_pos(static_cast<int32_t>(start));
+  out->set_shape(0, static_cast<int32_t>(end - start));
+  out->set_expert_ids(std::move(ids));
+  if (weights) out->set_expert_weights(std::move(wts));
+  return absl::OkStatus();
 }
 
 void EpisodeStore::SetCurrentVersion(int64_t version) {
@@ -188,6 +320,7 @@ EpisodeStats EpisodeStore::GetStats() const {
 void EpisodeStore::DropLocked(absl::flat_hash_map<std::string, Episode>::iterator it) {
   stats_.turns -= static_cast<int64_t>(it->second.turns.size());
   stats_.tokens -= it->second.tokens;
+  stats_.bytes -= it->second.bytes;
   lru_.erase(it->second.lru);
   episodes_.erase(it);
 }

@@ -84,6 +84,8 @@ void HealthChecker::CheckAsync(const std::shared_ptr<Worker>& w,
       report.max_running_requests = call->load.max_running_requests();
       w->set_kv_usage(call->load.kv_usage());  // least_load's second criterion
       report.paused = call->load.paused();
+      report.instance_id = call->load.instance_id();
+      report.weights_sha256 = call->load.weights_sha256();
     }
     on_report(report);
   };

@@ -236,6 +236,14 @@ rl::v1::WorkerStatus WorkerPool::StatusLocked(const Entry& e, int64_t reference)
   } else if (st.Differs(reference)) {
     s.set_state(rl::v1::WORKER_STATE_VERSION_MISMATCH);
     why.push_back(VersionReasonLocked(e, reference));
+  } else if (DigestDiffersLocked(e)) {
+    s.set_state(rl::v1::WORKER_STATE_VERSION_MISMATCH);
+    why.push_back(absl::StrCat(
+        "weights_sha256 ", st.weights_sha256(), " at weight_version ", st.weight_version(),
+        " differs from the fleet's ", reference_digest_,
+        " (the same version number with other content: an update that reused the number, or "
+        "one the router did not make): not routed; resync it: rlctl workers resync ",
+        e.worker->address(), " --from-disk DIR"));
   } else {
     s.set_state(rl::v1::WORKER_STATE_LIVE);
   }
@@ -311,9 +319,37 @@ std::optional<WorkerState> WorkerPool::StateOf(const std::string& address) const
 
 // ---- picking ----
 
+bool WorkerPool::DigestDiffersLocked(const Entry& e) const {
+  const WorkerState& st = e.state;
+  return st.live() && !reference_digest_.empty() && st.weight_version() == digest_version_ &&
+         !st.weights_sha256().empty() && st.weights_sha256() != reference_digest_;
+}
+
+bool WorkerPool::RoutableLocked(const Entry& e, int64_t reference) const {
+  return e.state.Routable(reference) && !DigestDiffersLocked(e);
+}
+
+void WorkerPool::LearnDigestLocked() {
+  const int64_t reference = ReferenceVersionLocked();
+  if (reference != digest_version_) {
+    digest_version_ = reference;
+    reference_digest_.clear();
+  }
+  if (!reference_digest_.empty() || reference < 0) return;
+  for (const Entry& e : entries_) {
+    if (e.state.liveness() == Liveness::kLive && e.state.enabled() &&
+        e.state.weight_version() == reference && !e.state.weights_sha256().empty()) {
+      reference_digest_ = e.state.weights_sha256();
+      spdlog::info("fleet weights digest at weight_version {}: {} (as {} reports it)", reference,
+                   reference_digest_, e.worker->address());
+      return;
+    }
+  }
+}
+
 bool WorkerPool::EligibleLocked(const Entry& e, const PickRequest& request,
                                 int64_t reference) const {
-  return e.state.Routable(reference) && (!e.state.paused() || fleet_paused_) &&
+  return RoutableLocked(e, reference) && (!e.state.paused() || fleet_paused_) &&
          request.versions.Accepts(e.state.weight_version()) &&
          (request.exclude == nullptr || !request.exclude->contains(e.worker->address()));
 }
@@ -323,7 +359,7 @@ std::vector<int64_t> WorkerPool::RoutableVersions() const {
   const int64_t reference = ReferenceVersionLocked();
   std::vector<int64_t> out;
   for (const Entry& e : entries_) {
-    if (e.state.Routable(reference)) out.push_back(e.state.weight_version());
+    if (RoutableLocked(e, reference)) out.push_back(e.state.weight_version());
   }
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
@@ -434,6 +470,17 @@ void WorkerPool::OnChange(Entry* e, WorkerState::Change change) {
       spdlog::info("worker {} live (weight_version {})", e->worker->address(),
                    e->state.weight_version());
       break;
+    case WorkerState::Change::kRestarted:
+      // The calls to the old process are lost with it: end them now (retried elsewhere where
+      // possible) rather than when their transport notices; new calls go to the new process.
+      e->worker->calls().CancelAll(
+          absl::StrCat("worker ", e->worker->address(), " restarted (a new instance_id)"));
+      e->worker->calls().Reopen();
+      spdlog::warn(
+          "worker {} restarted since its last health check (instance {}; weight_version "
+          "{}): rejoining",
+          e->worker->address(), e->state.instance_id(), e->state.weight_version());
+      break;
   }
 }
 
@@ -469,6 +516,7 @@ void WorkerPool::ReportVersion(Worker* w, int64_t version) {
     Entry* e = FindLocked(w);
     if (e == nullptr) return;
     e->state.ReportVersion(version);
+    LearnDigestLocked();
     WarnVersionsLocked();
     if (!CatchableLocked(*e)) return;
     shared = e->worker;
@@ -487,6 +535,7 @@ void WorkerPool::ApplyCheck(const std::shared_ptr<Worker>& w, const HealthReport
       spdlog::warn("worker {} dead: {}", w->address(), report.error);
     }
     OnChange(e, change);
+    LearnDigestLocked();
     WarnVersionsLocked();
   }
   NotifyCapacity();
@@ -534,6 +583,15 @@ void WorkerPool::WarnVersionsLocked() {
                    VersionReasonLocked(e, reference));
     }
     e.version_warned = differs;
+    const bool digest = DigestDiffersLocked(e);
+    if (digest && !e.digest_warned) {
+      spdlog::warn(
+          "worker {} is not routed: weights_sha256 {} at weight_version {} differs from "
+          "the fleet's {}",
+          e.worker->address(), e.state.weights_sha256(), e.state.weight_version(),
+          reference_digest_);
+    }
+    e.digest_warned = digest;
   }
 }
 
@@ -571,6 +629,18 @@ void WorkerPool::NotifyCapacity() {
   capacity_observer_(capacity);
 }
 
+int64_t WorkerPool::DigestMismatches() const {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const Entry& e : entries_) n += DigestDiffersLocked(e) ? 1 : 0;
+  return n;
+}
+
+std::string WorkerPool::ReferenceDigest() const {
+  absl::MutexLock lock(&mu_);
+  return reference_digest_;
+}
+
 bool WorkerPool::VersionMismatch() const {
   absl::MutexLock lock(&mu_);
   int64_t lo = INT64_MAX, hi = -1;
@@ -599,6 +669,7 @@ void WorkerPool::SetFleetWeights(const FleetWeights& fleet) {
   }
   {
     absl::MutexLock lock(&mu_);
+    LearnDigestLocked();
     WarnVersionsLocked();
   }
   spdlog::info("fleet weights: version {} from {}", fleet.version, fleet.Describe());

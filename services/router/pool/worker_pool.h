@@ -17,6 +17,15 @@
 // VERSION_MISMATCH; a worker that comes back live is handed over once too (its pause state).
 // Observers hear of every change.
 //
+// Worker identity (GetLoad's instance_id and weights_sha256): a live worker that answers with a
+// new instance_id restarted since its last check (even within one health interval): its calls
+// to the old process end and it rejoins as after a revival (catch-up hand-off). The pool learns
+// the fleet's digest at the reference version (the first one a live worker at that version
+// reports; relearned when the version moves); a live worker at that version reporting another
+// known digest holds other content under the same number: listed VERSION_MISMATCH with the
+// reason, never routed, counted by DigestMismatches. A worker that reports no digest ("") is
+// not judged.
+//
 // Capacity: the sum over registered workers of the requests each runs at once (GetLoad's
 // max_running_requests; kDefaultWorkerCapacity until reported), for the router's automatic
 // admission bound; a capacity observer hears of every change.
@@ -159,6 +168,11 @@ class WorkerPool final : public WorkerSource {
   void CheckAll() { health_->CheckAll(); }
   // True when live workers report different weight versions.
   bool VersionMismatch() const;
+  // Live workers at the fleet's version whose weights digest differs from the fleet's (see the
+  // file comment): out of routing.
+  int64_t DigestMismatches() const;
+  // The fleet's digest as learned ("" none yet) and the version it is for.
+  std::string ReferenceDigest() const;
   // The fleet's version for routing: the recorded one, else the newest among live workers (-1:
   // none known).
   int64_t ReferenceVersion() const;
@@ -206,6 +220,7 @@ class WorkerPool final : public WorkerSource {
     std::shared_ptr<Worker> worker;
     WorkerState state;
     bool version_warned = false;  // its version mismatch was logged
+    bool digest_warned = false;   // its digest mismatch was logged
   };
 
   Entry* FindLocked(const Worker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -216,6 +231,13 @@ class WorkerPool final : public WorkerSource {
   int64_t ReferenceVersionLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   bool EligibleLocked(const Entry& e, const PickRequest& request, int64_t reference) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Routable at `reference` and not holding other content under the fleet's version number.
+  bool RoutableLocked(const Entry& e, int64_t reference) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Live, at the version the fleet's digest is for, reporting another known digest.
+  bool DigestDiffersLocked(const Entry& e) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // Follows the reference version: forgets the digest when it moved, learns it from the live
+  // workers at that version when unknown.
+  void LearnDigestLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   rl::v1::WorkerStatus StatusLocked(const Entry& e, int64_t reference) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // True when `e` is behind the fleet and can be caught up now: from the fleet's folder, or from
@@ -257,6 +279,9 @@ class WorkerPool final : public WorkerSource {
   RoutingStats routing_stats_ ABSL_GUARDED_BY(mu_);
   double load_spread_sum_ ABSL_GUARDED_BY(mu_) = 0;
   bool fleet_paused_ ABSL_GUARDED_BY(mu_) = false;
+  // The fleet's weights digest (learned, see the file comment) and the version it is for.
+  int64_t digest_version_ ABSL_GUARDED_BY(mu_) = -1;
+  std::string reference_digest_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> holds_{0};
   absl::Mutex capacity_mu_;
   std::function<void(int64_t)> capacity_observer_ ABSL_GUARDED_BY(capacity_mu_);

@@ -72,11 +72,30 @@ WorkerState::Change WorkerState::OnHealthCheck(const HealthReport& report,
   }
   failures_ = 0;
   if (liveness_ == Liveness::kSuspect) liveness_ = Liveness::kLive;
-  if (report.weight_version.has_value()) weight_version_ = *report.weight_version;
+  // A new process behind the same address since the last check (restarted within one health
+  // interval, so no check failed): what the old one reported no longer holds.
+  const bool restarted =
+      !report.instance_id.empty() && !instance_id_.empty() && report.instance_id != instance_id_;
+  if (!report.instance_id.empty()) instance_id_ = report.instance_id;
+  if (restarted) {
+    ++restarts_;
+    weights_sha256_.clear();
+    max_running_requests_ = 0;
+  }
+  if (report.weight_version.has_value()) {
+    weight_version_ = *report.weight_version;
+    weights_sha256_ = report.weights_sha256;
+  }
   if (report.max_running_requests > 0) max_running_requests_ = report.max_running_requests;
   serving_ = report.serving;
   if (report.paused.has_value()) paused_ = *report.paused;
-  if (live()) return Change::kNone;
+  if (live()) {
+    if (!restarted) return Change::kNone;
+    // As a restart seen by failed checks would be handled once it answers again: its calls to
+    // the old process end, and it is reconciled with the fleet (pause state, version).
+    rejoin_pending_ = true;  // a catch-up of the old process in progress finishes first
+    return Change::kRestarted;
+  }
   ++successes_;
   const bool version_may_serve =
       fleet_version >= 0 || newest_live < 0 || weight_version_ >= newest_live;

@@ -43,12 +43,19 @@ struct HealthReport {
   bool not_a_worker = false;
   // GetLoad's paused state (issue 31); unset with the version.
   std::optional<bool> paused;
+  // GetLoad's instance_id (random per worker process start) and weights_sha256 (the digest of
+  // the weights it serves); "" when not reported (an older worker, unknown, GetLoad refused).
+  std::string instance_id;
+  std::string weights_sha256;
 };
 
 class WorkerState {
  public:
   // What a transition asks of the caller.
-  enum class Change { kNone, kDied, kRevived };
+  // kRestarted: a live worker answered with another instance_id (a new process since the last
+  // check): the caller ends the calls open to the old process and reopens its registry; a
+  // rejoin is pending (its pause state and version are reconciled, as after a revival).
+  enum class Change { kNone, kDied, kRevived, kRestarted };
 
   Liveness liveness() const { return liveness_; }
   bool live() const { return liveness_ != Liveness::kDead; }  // suspect included
@@ -68,6 +75,11 @@ class WorkerState {
   int failures() const { return failures_; }
   // The last health or call failure (shown while dead).
   const std::string& last_error() const { return last_error_; }
+  // The process's instance_id as last reported ("" unknown), and the restarts seen by a new one.
+  const std::string& instance_id() const { return instance_id_; }
+  int64_t restarts() const { return restarts_; }
+  // The digest of its weights as last reported ("" unknown).
+  const std::string& weights_sha256() const { return weights_sha256_; }
   bool syncing() const { return syncing_; }
   bool rejoin_pending() const { return rejoin_pending_; }
 
@@ -97,7 +109,12 @@ class WorkerState {
   void Release() {
     if (holds_ > 0) --holds_;
   }
-  void ReportVersion(int64_t version) { weight_version_ = version; }
+  // A version reported by a response or an admin result; the digest last reported is forgotten
+  // when the version moved (it was the old version's).
+  void ReportVersion(int64_t version) {
+    if (version != weight_version_) weights_sha256_.clear();
+    weight_version_ = version;
+  }
 
   // ---- health transitions ----
   // A call to it failed UNAVAILABLE: suspect (live) and one failure more; kDied when that makes
@@ -109,11 +126,13 @@ class WorkerState {
   // the threshold. Always kDied: the caller cancels its calls (again).
   Change MarkDead(const std::string& reason, const HealthThresholds& t);
   // One health check. A failure counts toward `failure_threshold` (kDied when reached while
-  // live). A pass clears failures and suspicion, records serving and version, and readmits a
-  // dead worker after `success_threshold` passes in a row when its version may serve: any
-  // version when the fleet has one recorded (`fleet_version` >= 0: an older one is then caught
-  // up or listed stale, never routed), else only the newest live version (`newest_live` -1:
-  // none live). kRevived then (the caller reopens its calls; a rejoin is pending).
+  // live). A live worker that reports another instance_id than before restarted: kRestarted
+  // (its version, serving and paused state are the new process's, from this report). A pass clears
+  // failures and suspicion, records serving and version, and readmits a dead worker after
+  // `success_threshold` passes in a row when its version may serve: any version when the fleet has
+  // one recorded (`fleet_version` >= 0: an older one is then caught up or listed stale, never
+  // routed), else only the newest live version (`newest_live` -1: none live). kRevived then (the
+  // caller reopens its calls; a rejoin is pending).
   Change OnHealthCheck(const HealthReport& report, const HealthThresholds& t, int64_t fleet_version,
                        int64_t newest_live);
 
@@ -135,6 +154,9 @@ class WorkerState {
   bool paused_ = false;
   int64_t weight_version_ = -1;
   int32_t max_running_requests_ = 0;
+  std::string instance_id_;
+  int64_t restarts_ = 0;
+  std::string weights_sha256_;
   int failures_ = 0;
   int successes_ = 0;
   std::string last_error_ = "not checked yet";

@@ -5,11 +5,14 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/model_io/safetensors.h"
+#include "common/request_limits.h"
 #include "common/status.h"
 #include "common/weight_sync/delta_file.h"
 #include "services/worker/model/sleepable_runner.h"
@@ -187,21 +190,35 @@ absl::StatusOr<ReadVersion> StageDeltaOnServedCopy(
   if (!m.parent_version) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": the manifest names no parent_version"));
   }
-  if (deps.ledger != nullptr) RETURN_IF_ERROR(deps.ledger->CheckSameContent(m.version, m.sha256));
-  const int64_t parent = *m.parent_version;
-  const int64_t served = deps.engine->weight_version();
-  if (served != parent) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, ": its parent is version ", parent, " but this worker serves version ", served,
-        ", so it does not hold the parent (stage the full checkpoint of version ", m.version,
-        ", or the deltas from version ", served, ")"));
+  return BuildOnServedCopy(
+      what, {.parent = m.parent_version, .manifest = &m, .version = m.version, .deltas = tensors},
+      deps);
+}
+
+absl::StatusOr<ReadVersion> BuildOnServedCopy(const std::string& what,
+                                              const ServedCopyUpdate& update,
+                                              const PublicationDeps& deps) {
+  const Manifest* m = update.manifest;
+  if (m != nullptr && deps.ledger != nullptr) {
+    RETURN_IF_ERROR(deps.ledger->CheckSameContent(m->version, m->sha256));
   }
-  if (deps.ledger != nullptr && !m.parent_sha256.empty()) {
+  const int64_t served = deps.engine->weight_version();
+  const int64_t parent = update.parent.value_or(served);
+  if (served != parent) {
+    const std::string version =
+        m != nullptr ? absl::StrCat(m->version)
+                     : (update.version ? absl::StrCat(*update.version) : std::string("new"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": its parent is version ", parent, " but this worker serves version ",
+                     served, ", so it does not hold the parent (send the full version ", version,
+                     ", or the deltas from version ", served, ")"));
+  }
+  if (m != nullptr && deps.ledger != nullptr && !m->parent_sha256.empty()) {
     const std::optional<std::string> held = deps.ledger->Find(parent);
-    if (held.has_value() && *held != m.parent_sha256) {
+    if (held.has_value() && *held != m->parent_sha256) {
       return absl::FailedPreconditionError(
           absl::StrCat(what, ": its parent is version ", parent, " with content ",
-                       Short(m.parent_sha256), ", but this worker's version ", parent, " is ",
+                       Short(m->parent_sha256), ", but this worker's version ", parent, " is ",
                        Short(*held), ", so it does not hold the parent"));
     }
   }
@@ -216,37 +233,85 @@ absl::StatusOr<ReadVersion> StageDeltaOnServedCopy(
   const double copy_s = lap();
   std::map<std::string, model::OwnedTensor*> by_name;
   for (model::OwnedTensor& t : copy) by_name[t.info.name] = &t;
-  const weight_sync::ApplyOptions options{.allow_non_finite = model_io::NonFiniteWeightsAllowed()};
-  for (const weight_sync::DeltaTensor& t : tensors) {
-    auto it = by_name.find(t.name);
+  auto find = [&](const std::string& name) -> absl::StatusOr<model::OwnedTensor*> {
+    auto it = by_name.find(name);
     if (it == by_name.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": tensor '", t.name, "' is not a weight of the served model"));
+      return absl::InvalidArgumentError(absl::StrCat(what, ": tensor ", QuoteForError(name, 128),
+                                                     " is not a weight of the served model"));
     }
-    model::OwnedTensor& target = *it->second;
-    if (target.info.dtype != model_io::DTypeName(t.dtype)) {
+    return it->second;
+  };
+  const bool allow_non_finite = model_io::NonFiniteWeightsAllowed();
+  // Every tensor is checked against the copy before any is written: a refused update leaves the
+  // copy unused either way, but the first error is then the one the sender needs.
+  std::set<std::string> named;
+  for (const weight_sync::DeltaTensor& t : update.deltas) {
+    ASSIGN_OR_RETURN(model::OwnedTensor * target, find(t.name));
+    if (target->info.dtype != model_io::DTypeName(t.dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": tensor '", t.name, "' is ", model_io::DTypeName(t.dtype),
-                       " in the delta but held as ", target.info.dtype));
+                       " in the delta but held as ", target->info.dtype));
     }
+    if (!named.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": tensor '", t.name, "' sent twice"));
+    }
+  }
+  for (const NamedTensor& t : update.dense) {
+    ASSIGN_OR_RETURN(model::OwnedTensor * target, find(t.info.name));
+    if (target->info.dtype != t.info.dtype || target->info.shape != t.info.shape ||
+        static_cast<int64_t>(t.bytes.size()) != target->num_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ": whole tensor '", t.info.name, "' is ", t.info.dtype, " [",
+          absl::StrJoin(t.info.shape, ", "), "] (", t.bytes.size(), " bytes) but held as ",
+          target->info.dtype, " [", absl::StrJoin(target->info.shape, ", "), "] (",
+          target->num_bytes, " bytes): a delta update sends tensors in the served dtype"));
+    }
+    if (!named.insert(t.info.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": tensor '", t.info.name, "' sent twice"));
+    }
+  }
+  const weight_sync::ApplyOptions options{.allow_non_finite = allow_non_finite};
+  for (const weight_sync::DeltaTensor& t : update.deltas) {
+    model::OwnedTensor& target = *by_name.at(t.name);
     absl::Status applied = weight_sync::ApplyDelta(
         t.dtype, t.delta,
         absl::Span<uint8_t>(target.data.get(), static_cast<size_t>(target.num_bytes)), options);
     if (!applied.ok()) return Annotate(applied, absl::StrCat(what, ", tensor '", t.name, "'"));
   }
+  for (const NamedTensor& t : update.dense) {
+    model::OwnedTensor& target = *by_name.at(t.info.name);
+    if (!allow_non_finite) {
+      const model_io::DType dtype = *model_io::ParseDType(t.info.dtype);  // held: a float dtype
+      const int64_t esize = model_io::DTypeSize(dtype);
+      const int64_t found = model_io::FindNonFinite(dtype, t.bytes.data(),
+                                                    static_cast<int64_t>(t.bytes.size()) / esize);
+      if (found >= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            what, ": tensor '", t.info.name, "' holds ",
+            model_io::NonFiniteName(dtype, t.bytes.data() + found * esize), " at element ", found,
+            ": non-finite weights are refused (rl-worker --allow-non-finite-weights accepts "
+            "them)"));
+      }
+    }
+    std::memcpy(target.data.get(), t.bytes.data(), t.bytes.size());
+  }
   const double apply_s = lap();
   ASSIGN_OR_RETURN(std::unique_ptr<model::Weights> weights,
                    model::WeightsFromOwnedTensors(std::move(copy), deps.model_config));
-  if (absl::Status v = VerifyWeights(*weights, m); !v.ok()) {
-    return Annotate(v, absl::StrCat(what, " applied to this worker's version ", parent,
-                                    " (the delta is corrupt, or the served version ", parent,
-                                    " is not its parent's content)"));
+  if (m != nullptr) {
+    if (absl::Status v = VerifyWeights(*weights, *m); !v.ok()) {
+      return Annotate(v, absl::StrCat(what, " applied to this worker's version ", parent,
+                                      " (the update is corrupt, or the served version ", parent,
+                                      " is not its parent's content)"));
+    }
   }
   ReadVersion out;
   out.weights = std::move(weights);
-  out.version = m.version;
-  out.manifest_sha256 = m.sha256;
-  out.delta_parent = parent;
+  out.version = m != nullptr ? std::optional<int64_t>(m->version) : update.version;
+  out.manifest_sha256 = m != nullptr ? m->sha256 : "";
+  if (update.parent.has_value()) out.delta_parent = parent;
+  out.built_on = parent;
   out.phases = absl::StrFormat("copy of the served weights %.3f s, apply %.3f s, verify %.3f s",
                                copy_s, apply_s, lap());
   return out;

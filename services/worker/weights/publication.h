@@ -35,6 +35,7 @@
 #include "common/weight_sync/manifest.h"
 #include "services/worker/engine/engine.h"
 #include "services/worker/model/weights.h"
+#include "services/worker/weights/weight_updates.h"
 
 namespace rl::worker {
 
@@ -61,6 +62,10 @@ struct ReadVersion {
   std::optional<int64_t> version;       // the manifest's (or the caller's) version
   std::string manifest_sha256;          // "" when the folder had no manifest
   std::optional<int64_t> delta_parent;  // set when built from a delta
+  // Set when built on a copy of the served weights (a delta, or whole tensors verified against
+  // a manifest): the version copied. Serving it after another version was activated would undo
+  // that one, so activation refuses it then.
+  std::optional<int64_t> built_on;
   int64_t delta_bytes = 0;
   std::string phases;  // a delta's wall time per phase ("copy 1.2 s, apply ..."), for the answer
   // Folder identity for a dense read (model::FolderIdentity before the read), "" for a delta;
@@ -85,10 +90,30 @@ absl::StatusOr<ReadVersion> ReadPublication(const std::string& dir,
                                             std::optional<int64_t> weight_version,
                                             const PublicationDeps& deps);
 
-// The delta core, for any transport that carries a delta (a folder here; a tensor stream or a
-// group receive next): checks that this worker serves `manifest`'s parent (version, and digest
-// when known), copies the served weights in engine-thread slices, applies `tensors` to the copy,
-// verifies the result against `manifest`. `what` names the source in errors.
+// What BuildOnServedCopy builds: deltas and whole tensors over a copy of the served weights.
+struct ServedCopyUpdate {
+  // The version the copy must be of (checked before and during the copy); unset: the served one.
+  std::optional<int64_t> parent;
+  // Verify the result against it when set (and refuse a version number held with other
+  // content, or a parent whose held digest differs from manifest->parent_sha256).
+  const weight_sync::Manifest* manifest = nullptr;
+  // The result's version when no manifest names it (unset: current + 1 at activation).
+  std::optional<int64_t> version;
+  absl::Span<const weight_sync::DeltaTensor> deltas;
+  absl::Span<const NamedTensor> dense;
+};
+
+// The delta core, for every transport that carries a delta (a folder, a tensor stream, a group
+// receive): checks that this worker serves the parent (version, and digest when known), copies
+// the served weights in engine-thread slices, checks every delta and whole tensor against the
+// copy (name, dtype, shape, size) and applies them (a delta's payload checked whole before a
+// byte is written, NaN / ±Inf refused unless allowed), then verifies the result against the
+// manifest when there is one. `what` names the source in errors. Nothing is kept on error.
+absl::StatusOr<ReadVersion> BuildOnServedCopy(const std::string& what,
+                                              const ServedCopyUpdate& update,
+                                              const PublicationDeps& deps);
+
+// BuildOnServedCopy of a delta folder's tensors: the parent and version are `manifest`'s.
 absl::StatusOr<ReadVersion> StageDeltaOnServedCopy(
     const std::string& what, const weight_sync::Manifest& manifest,
     absl::Span<const weight_sync::DeltaTensor> tensors, const PublicationDeps& deps);

@@ -61,22 +61,37 @@ absl::Status StagedReceive::Wait() {
 }
 
 absl::Status ReceiveBuckets(weight_sync::WeightReceiver* receiver, const WeightBuckets& buckets,
-                            std::vector<NamedTensor>* out, const std::function<void()>& on_posted) {
+                            std::vector<NamedTensor>* out, const std::function<void()>& on_posted,
+                            const GroupDelta* delta) {
   // A refused tensor (non-finite) fails the receive, but only once every bucket has been read:
   // the trainer's broadcast completes and the group stays in step for the next update.
   absl::Status refused;
   for (size_t b = 0; b < buckets.size(); ++b) {
     const std::vector<model::TensorInfo>& bucket = buckets[b];
     std::vector<weight_sync::TensorSpec> wire;
-    for (const auto& s : bucket) wire.push_back({s.name, s.dtype, s.shape});
+    std::vector<bool> encoded;
+    for (const auto& s : bucket) {
+      const EncodedTensor* e = nullptr;
+      if (delta != nullptr) {
+        auto it = delta->encoded.find(s.name);
+        if (it != delta->encoded.end()) e = &it->second;
+      }
+      encoded.push_back(e != nullptr);
+      if (e != nullptr) {
+        wire.push_back({s.name, "U8", {e->payload_bytes}});
+      } else {
+        wire.push_back({s.name, s.dtype, s.shape});
+      }
+    }
     size_t next = 0;
     RETURN_IF_ERROR(receiver->Receive(
         wire,
         [&](const weight_sync::TensorSpec&, absl::Span<const uint8_t> bytes) {
+          const bool is_payload = encoded[next];
           const model::TensorInfo& info = bucket[next++];
           if (!refused.ok()) return absl::OkStatus();  // read, not kept
           out->push_back({info, std::vector<uint8_t>(bytes.begin(), bytes.end())});
-          refused = CheckFinite(out->back());
+          if (!is_payload) refused = CheckFinite(out->back());
           if (!refused.ok()) std::vector<NamedTensor>().swap(*out);  // nothing is kept
           return absl::OkStatus();
         },

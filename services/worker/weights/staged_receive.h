@@ -60,10 +60,13 @@ class StagedReceive {
 // once the first bucket's receive is posted. Every tensor is scanned for NaN / ±Inf while it is
 // copied (in cache): a non-finite value fails the receive naming the tensor and the element,
 // unless non-finite weights are allowed (model_io::NonFiniteWeightsAllowed,
-// --allow-non-finite-weights).
+// --allow-non-finite-weights). With `delta`, a tensor it names encoded travels as its payload
+// (U8[payload_bytes] on the wire) and `out` holds that payload (its values are checked when the
+// delta is applied).
 absl::Status ReceiveBuckets(weight_sync::WeightReceiver* receiver, const WeightBuckets& buckets,
                             std::vector<NamedTensor>* out,
-                            const std::function<void()>& on_posted = nullptr);
+                            const std::function<void()>& on_posted = nullptr,
+                            const GroupDelta* delta = nullptr);
 
 // Validates every staged tensor against `runner`'s weights, then writes them into it (nothing
 // changes on a validation error).

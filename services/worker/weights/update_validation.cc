@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <set>
@@ -11,6 +12,7 @@
 #include "common/model_io/dtype.h"
 #include "common/model_io/file_read.h"
 #include "common/status.h"
+#include "common/weight_sync/delta.h"
 #include "services/worker/model/weights.h"
 
 namespace rl::worker {
@@ -61,6 +63,31 @@ absl::Status CheckChunkForModel(const rl::v1::TensorChunk& chunk, const WeightSh
     return absl::InvalidArgumentError(
         absl::StrCat("chunk.shape: tensor ", QuoteForError(chunk.name(), 128), " has shape [",
                      absl::StrJoin(it->second, ", "), "] in the served model"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEncodedTensor(const model::TensorInfo& tensor, const EncodedTensor& encoded,
+                                const RequestLimits& limits) {
+  const std::optional<model_io::DType> dtype = model_io::ParseDType(tensor.dtype);
+  absl::StatusOr<int64_t> numel = model_io::CheckedNumElements(tensor.shape);
+  if (!dtype || !model_io::IsFloatWeightDType(*dtype) || !numel.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", QuoteForError(tensor.name, 128),
+                                                   ": dtype '", tensor.dtype,
+                                                   "' or its shape cannot carry a delta"));
+  }
+  ASSIGN_OR_RETURN(const int width, weight_sync::DeltaWordBytes(*dtype));
+  absl::StatusOr<int64_t> most =
+      weight_sync::MaxDeltaPayloadBytes(encoded.encoding, encoded.count, *numel, width);
+  if (!most.ok())
+    return Annotate(most.status(), absl::StrCat("tensor ", QuoteForError(tensor.name, 128)));
+  if (encoded.payload_bytes < 0 || encoded.payload_bytes > *most ||
+      encoded.payload_bytes > limits.max_update_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", QuoteForError(tensor.name, 128), ": a ",
+                     weight_sync::DeltaEncodingName(encoded.encoding), " payload of ",
+                     encoded.payload_bytes, " bytes for ", encoded.count, " entries (at most ",
+                     std::min(*most, limits.max_update_bytes), ")"));
   }
   return absl::OkStatus();
 }

@@ -34,6 +34,12 @@ absl::Status CheckDiskUpdate(const std::string& model_path, const model_io::Mode
 absl::Status CheckChunkForModel(const rl::v1::TensorChunk& chunk, const WeightShapes& shapes,
                                 const RequestLimits& limits, int64_t* tensor_bytes);
 
+// One encoded tensor of a delta receive against its (validated) tensor: a float dtype, the count
+// within its elements and the payload within the largest encoding of that count
+// (weight_sync::MaxDeltaPayloadBytes) and --max-update-bytes. INVALID_ARGUMENT naming it.
+absl::Status CheckEncodedTensor(const model::TensorInfo& tensor, const EncodedTensor& encoded,
+                                const RequestLimits& limits);
+
 // Checks that every tensor of `incoming` names a weight of `served` with the same shape, a float
 // dtype (F32, BF16, F16) and, where `byte_counts[i]` >= 0, that many bytes; and that no name
 // repeats. INVALID_ARGUMENT naming the first bad tensor.

@@ -5,8 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_io/dtype.h"
 #include "common/status.h"
 #include "services/worker/model/weights.h"
+#include "services/worker/weights/staged_receive.h"
 #include "services/worker/weights/update_validation.h"
 
 namespace rl::worker {
@@ -59,6 +61,8 @@ WeightUpdateStatus WeightUpdateController::status() const {
     out.staged.version = staged_->version.value_or(-1);
     out.staged.source = staged_->source;
     out.staged.bytes = staged_->bytes;
+    out.staged.sha256 = staged_->manifest_sha256;
+    out.staged.parent_version = staged_->delta_parent.value_or(-1);
   }
   return out;
 }
@@ -117,9 +121,11 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
   absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
       "update_weights_from_disk", p,
       [&](model::ModelRunner& runner) {
-        return Annotate(
-            runner.ActivateWeights(&fresh->weights, fresh->reload_path, fresh->identity),
-            model_path);
+        RETURN_IF_ERROR(
+            Annotate(runner.ActivateWeights(&fresh->weights, fresh->reload_path, fresh->identity),
+                     model_path));
+        NoteServedDigest(fresh->manifest_sha256);
+        return absl::OkStatus();
       },
       {});
   if (out.ok() && !fresh->manifest_sha256.empty()) {
@@ -165,6 +171,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
   staged->identity = std::move(read->identity);
   staged->reload_path = std::move(read->reload_path);
   staged->manifest_sha256 = read->manifest_sha256;
+  staged->delta_parent = read->delta_parent;
+  staged->built_on = read->built_on;
   staged->bytes = read->weights->TotalBytes();
   staged->weights = std::move(read->weights);
   AdminOutcome out;
@@ -216,13 +224,22 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
           applied = true;
           return Annotate(ApplyStaged(runner, staged->tensors), staged->source);
         }
+        if (staged->built_on.has_value() && deps_.engine->weight_version() != *staged->built_on) {
+          // Built on a version no longer served: activating it would drop the updates since.
+          return absl::FailedPreconditionError(
+              absl::StrCat("activate_weights: the staged version was built on a copy of version ",
+                           *staged->built_on, ", but this worker now serves version ",
+                           deps_.engine->weight_version(), " (drop it and stage again)"));
+        }
         if (!staged->manifest_sha256.empty() && staged->version.has_value()) {
           // A version recorded since the stage (another publication) still wins.
           RETURN_IF_ERROR(ledger_.CheckSameContent(*staged->version, staged->manifest_sha256));
         }
-        return Annotate(
+        RETURN_IF_ERROR(Annotate(
             runner.ActivateWeights(&staged->weights, staged->reload_path, staged->identity),
-            staged->path);
+            staged->path));
+        NoteServedDigest(staged->manifest_sha256);
+        return absl::OkStatus();
       },
       {.self_pause = true});
   if (out.ok() && !staged->manifest_sha256.empty()) {
@@ -282,7 +299,194 @@ absl::StatusOr<std::unique_ptr<StageTicket>> WeightUpdateController::BeginStage(
       [this] {
         absl::MutexLock lock(&stage_mu_);
         staging_ = false;
+      },
+      [this, source, weight_version, start](DeltaUpdate update) {
+        return CommitDeltaStage(source, weight_version, start, std::move(update));
       });
+}
+
+absl::Status WeightUpdateController::CheckDeltaParent(int64_t parent_version) const {
+  const int64_t served = deps_.engine->weight_version();
+  if (served == parent_version) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "parent_version: the delta applies to version ", parent_version,
+      " but this worker serves version ", served,
+      ", so it does not hold the parent (send the full version, or the deltas from version ",
+      served, "); nothing was applied or staged"));
+}
+
+absl::StatusOr<ReadVersion> WeightUpdateController::BuildDelta(
+    const std::string& what, const DeltaUpdate& update, std::optional<int64_t> weight_version) {
+  const weight_sync::Manifest* m = update.manifest ? &*update.manifest : nullptr;
+  if (m != nullptr && weight_version.has_value() && *weight_version != m->version) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weight_version: ", *weight_version, ", but the manifest is of version ", m->version));
+  }
+  if (m != nullptr && update.parent_version.has_value() && m->parent_version.has_value() &&
+      *m->parent_version != *update.parent_version) {
+    return absl::InvalidArgumentError(absl::StrCat("parent_version: ", *update.parent_version,
+                                                   ", but the manifest names parent version ",
+                                                   *m->parent_version));
+  }
+  std::vector<weight_sync::DeltaTensor> views;
+  views.reserve(update.deltas.size());
+  for (const weight_sync::NamedDelta& d : update.deltas) {
+    views.push_back({d.name, d.dtype, d.delta.view()});
+  }
+  return BuildOnServedCopy(what,
+                           {.parent = update.parent_version,
+                            .manifest = m,
+                            .version = weight_version,
+                            .deltas = views,
+                            .dense = update.dense},
+                           {.engine = deps_.engine,
+                            .model_config = deps_.model_config,
+                            .limits = deps_.limits,
+                            .ledger = &ledger_});
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::CommitDeltaStage(
+    const std::string& source, std::optional<int64_t> weight_version,
+    std::chrono::steady_clock::time_point start, DeltaUpdate update) {
+  // Off the engine thread (the caller's): the copy hops onto it in slices, the rest runs here.
+  absl::StatusOr<ReadVersion> read =
+      BuildDelta(absl::StrCat("stage (", source, ")"), update, weight_version);
+  absl::MutexLock lock(&stage_mu_);
+  staging_ = false;
+  if (!read.ok()) {
+    lifecycle_.RecordError(std::string(read.status().message()));
+    return WithNote(read.status(), "nothing is staged");
+  }
+  auto staged = std::make_unique<StagedVersion>();
+  staged->version = read->version;
+  staged->source = source;
+  staged->manifest_sha256 = read->manifest_sha256;
+  staged->delta_parent = read->delta_parent;
+  staged->built_on = read->built_on;
+  staged->bytes = read->weights->TotalBytes();
+  staged->weights = std::move(read->weights);
+  AdminOutcome out;
+  out.message = absl::StrCat(
+      "stage (", source, "): ", update.deltas.size(), " deltas and ", update.dense.size(),
+      " whole tensors applied to ",
+      read->delta_parent.has_value() ? absl::StrCat("version ", *read->delta_parent)
+                                     : std::string("the served version"),
+      " (", read->phases, "), ", staged->bytes, " bytes staged as version ",
+      staged->version.has_value() ? absl::StrCat(*staged->version) : "current + 1",
+      staged->manifest_sha256.empty()
+          ? ""
+          : absl::StrCat(", verified against its manifest (sha256 ", staged->manifest_sha256, ")"),
+      " (ActivateWeights serves it)");
+  out.weight_version = deps_.engine->weight_version();
+  out.duration_us = MicrosSince(start);
+  staged_ = std::move(staged);
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDelta(
+    DeltaUpdate update, const UpdatePolicy& policy) {
+  if (policy.weight_version.has_value() && *policy.weight_version < 0) {
+    return absl::InvalidArgumentError("weight_version: must be >= 0");
+  }
+  if (lifecycle_.asleep()) {
+    return absl::FailedPreconditionError(
+        "update (delta): the worker is asleep (a delta applies to the served weights; wake it "
+        "first); nothing was applied");
+  }
+  // Stage + activate in one call: built and verified here, off the engine thread, while it keeps
+  // generating; the engine pauses only for the swap and the flush. The staged slot is untouched.
+  absl::StatusOr<ReadVersion> fresh = BuildDelta("update (delta)", update, policy.weight_version);
+  if (!fresh.ok()) {
+    lifecycle_.RecordError(std::string(fresh.status().message()));
+    return WithNote(fresh.status(), "nothing was applied; the old weights keep serving");
+  }
+  UpdatePolicy p = policy;
+  if (fresh->version.has_value()) p.weight_version = fresh->version;
+  const int64_t built_on = fresh->built_on.value_or(-1);
+  absl::StatusOr<AdminOutcome> out =
+      lifecycle_.Run("update_weights_from_tensor", p,
+                     [&](model::ModelRunner& runner) -> absl::Status {
+                       // Another update since the copy: this one was built on weights no longer
+                       // served.
+                       const int64_t served = deps_.engine->weight_version();
+                       if (served != built_on) {
+                         return absl::FailedPreconditionError(absl::StrCat(
+                             "update (delta): built on version ", built_on, " but version ", served,
+                             " was activated meanwhile; nothing was applied"));
+                       }
+                       return runner.ActivateWeights(&fresh->weights, "", "");
+                     },
+                     {});
+  if (out.ok()) {
+    if (!fresh->manifest_sha256.empty())
+      ledger_.Record(out->weight_version, fresh->manifest_sha256);
+    out->message = absl::StrCat(out->message, " (", update.deltas.size(), " deltas and ",
+                                update.dense.size(), " whole tensors; ", fresh->phases, ")");
+  }
+  return out;
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveDeltaWeights(
+    const std::string& group_name, WeightBuckets buckets, GroupDelta delta,
+    const UpdatePolicy& policy, bool stage) {
+  if (policy.weight_version.has_value() && *policy.weight_version < 0) {
+    return absl::InvalidArgumentError("weight_version: must be >= 0");
+  }
+  // Every encoded tensor is one the buckets list, with a count and payload bound that fit it.
+  std::map<std::string, const model::TensorInfo*> listed;
+  for (const auto& bucket : buckets) {
+    for (const model::TensorInfo& t : bucket) listed[t.name] = &t;
+  }
+  int64_t payload_total = 0;
+  for (const auto& [name, e] : delta.encoded) {
+    auto it = listed.find(name);
+    if (it == listed.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buckets: encoded tensor ", QuoteForError(name, 128), " is not listed"));
+    }
+    RETURN_IF_ERROR(CheckEncodedTensor(*it->second, e, deps_.limits));
+    payload_total += e.payload_bytes;  // each at most --max-update-bytes: no overflow
+    if (payload_total > deps_.limits.max_update_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buckets: the delta payloads need more than --max-update-bytes (",
+                       deps_.limits.max_update_bytes, ")"));
+    }
+  }
+  RETURN_IF_ERROR(CheckDeltaParent(delta.parent_version));
+  ASSIGN_OR_RETURN(const UpdateGroups::Claim claim,
+                   CheckAndClaim(group_name, buckets, ClaimFor::kReceive));
+  std::unique_ptr<StageTicket> ticket;
+  const std::string source = absl::StrCat("group:", group_name);
+  if (stage) {
+    ASSIGN_OR_RETURN(ticket, BeginStage(source, policy.weight_version));
+  }
+  // Off the engine thread (this admin-executor thread): the engine keeps generating meanwhile.
+  std::vector<NamedTensor> received;
+  if (absl::Status s = ReceiveBuckets(claim.receiver(), buckets, &received, nullptr, &delta);
+      !s.ok()) {
+    lifecycle_.RecordError(std::string(s.message()));
+    return Annotate(s, stage ? "receive_weights (delta, stage): nothing is staged"
+                             : "receive_weights (delta): nothing was applied");
+  }
+  DeltaUpdate update;
+  update.parent_version = delta.parent_version;
+  update.manifest = std::move(delta.manifest);
+  for (NamedTensor& t : received) {
+    auto it = delta.encoded.find(t.info.name);
+    if (it == delta.encoded.end()) {
+      update.dense.push_back(std::move(t));
+      continue;
+    }
+    weight_sync::NamedDelta d;
+    d.name = t.info.name;
+    d.dtype = *model_io::ParseDType(t.info.dtype);  // validated with the buckets
+    d.delta.encoding = it->second.encoding;
+    d.delta.count = it->second.count;
+    d.delta.payload = std::move(t.bytes);
+    update.deltas.push_back(std::move(d));
+  }
+  if (stage) return ticket->CommitDelta(std::move(update));
+  return UpdateWeightsFromDelta(std::move(update), policy);
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
@@ -364,8 +568,23 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
     std::vector<NamedTensor> tensors, const UpdatePolicy& policy) {
   if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
   return lifecycle_.Run("update_weights_from_tensor", policy,
-                        [&](model::ModelRunner& runner) { return ApplyStaged(runner, tensors); },
+                        [&](model::ModelRunner& runner) {
+                          RETURN_IF_ERROR(ApplyStaged(runner, tensors));
+                          NoteServedDigest(policy.verified_sha256);
+                          return absl::OkStatus();
+                        },
                         {});
+}
+
+void WeightUpdateController::NoteServedDigest(const std::string& sha256) {
+  absl::MutexLock lock(&digest_mu_);
+  digest_applies_ = lifecycle_.applies();  // this apply's (counted before it ran)
+  digest_ = sha256;
+}
+
+std::string WeightUpdateController::served_sha256() const {
+  absl::MutexLock lock(&digest_mu_);
+  return digest_applies_ == lifecycle_.applies() ? digest_ : "";
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::InitWeightsUpdateGroup(const GroupRequest& r) {

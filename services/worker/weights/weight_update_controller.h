@@ -66,6 +66,7 @@ class WeightUpdateController final : public WeightUpdates {
   // Weight applies started so far (update_lifecycle.h): the peer sender's change detector.
   uint64_t applies() const { return lifecycle_.applies(); }
   WeightUpdateStatus status() const override;
+  std::string served_sha256() const override ABSL_LOCKS_EXCLUDED(digest_mu_);
   const WeightShapes& served_shapes() const override { return served_shapes_; }
   // The served weights as read at Create (fixed for the life of the process).
   const std::vector<model::TensorInfo>& served_weights() const { return served_; }
@@ -101,6 +102,12 @@ class WeightUpdateController final : public WeightUpdates {
   absl::StatusOr<AdminOutcome> ReceiveWeightsStaged(const std::string& group_name,
                                                     WeightBuckets buckets,
                                                     std::optional<int64_t> weight_version) override;
+  absl::Status CheckDeltaParent(int64_t parent_version) const override;
+  absl::StatusOr<AdminOutcome> UpdateWeightsFromDelta(DeltaUpdate update,
+                                                      const UpdatePolicy& policy) override;
+  absl::StatusOr<AdminOutcome> ReceiveDeltaWeights(const std::string& group_name,
+                                                   WeightBuckets buckets, GroupDelta delta,
+                                                   const UpdatePolicy& policy, bool stage) override;
 
  private:
   // A version read or received ahead into owned host memory, waiting for its activation: a
@@ -118,7 +125,21 @@ class WeightUpdateController final : public WeightUpdates {
     // folder the runner may reload the version from ("" when built from a delta).
     std::string manifest_sha256;
     std::string reload_path;
+    // A delta's parent (reported), and the version a stage built on a copy of the served weights
+    // was built on (activation refuses it unless that version is still served).
+    std::optional<int64_t> delta_parent;
+    std::optional<int64_t> built_on;
   };
+
+  // StageTicket::CommitDelta of BeginStage.
+  absl::StatusOr<AdminOutcome> CommitDeltaStage(const std::string& source,
+                                                std::optional<int64_t> weight_version,
+                                                std::chrono::steady_clock::time_point start,
+                                                DeltaUpdate update);
+  // A DeltaUpdate built on a copy of the served weights and verified (publication.h), with the
+  // version it will serve as (`weight_version` and the manifest's must agree).
+  absl::StatusOr<ReadVersion> BuildDelta(const std::string& what, const DeltaUpdate& update,
+                                         std::optional<int64_t> weight_version);
 
   // StageTicket::Commit of BeginStage.
   absl::StatusOr<AdminOutcome> CommitStage(const std::string& source,
@@ -127,6 +148,9 @@ class WeightUpdateController final : public WeightUpdates {
                                            std::vector<NamedTensor> tensors);
 
   explicit WeightUpdateController(Deps deps);
+  // From an apply step (engine thread, after the apply succeeded): the weights it installed
+  // digest to `sha256` ("" unknown); valid until the next apply starts.
+  void NoteServedDigest(const std::string& sha256) ABSL_LOCKS_EXCLUDED(digest_mu_);
   // Checks every bucket against the served weights, then claims the group.
   absl::StatusOr<UpdateGroups::Claim> CheckAndClaim(const std::string& group_name,
                                                     const WeightBuckets& buckets,
@@ -142,6 +166,10 @@ class WeightUpdateController final : public WeightUpdates {
   UpdateLifecycle lifecycle_;
   UpdateGroups groups_;
   VersionLedger ledger_;  // version -> manifest digest of the versions served here
+  // The served weights' digest and the apply (UpdateLifecycle::applies) that installed them.
+  mutable absl::Mutex digest_mu_;
+  uint64_t digest_applies_ ABSL_GUARDED_BY(digest_mu_) = 0;
+  std::string digest_ ABSL_GUARDED_BY(digest_mu_);
   mutable absl::Mutex stage_mu_;
   bool staging_ ABSL_GUARDED_BY(stage_mu_) = false;
   std::unique_ptr<StagedVersion> staged_ ABSL_GUARDED_BY(stage_mu_);

@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/weight_sync/delta_file.h"
+#include "common/weight_sync/manifest.h"
 #include "services/worker/model/model_runner.h"
 
 namespace rl::worker {
@@ -53,6 +55,9 @@ struct UpdatePolicy {
   // and go on with the new ones; no retract, no recompute. Allowed while requests run or the
   // engine is paused in place. Unlocked prefix-cache entries are evicted instead of a flush.
   bool keep_kv = false;
+  // The tensors were verified to be the whole served state with this rank digest
+  // (TensorStreamEnd.rank_sha256): the served weights' digest once applied (GetLoad).
+  std::string verified_sha256;
 };
 
 // One tensor of an UpdateWeightsFromTensor stream, assembled.
@@ -63,6 +68,32 @@ struct NamedTensor {
 
 // The buckets of a receive: each bucket is one broadcast of the listed tensors, in order.
 using WeightBuckets = std::vector<std::vector<model::TensorInfo>>;
+
+// A delta update (issue 30; docs/weight-publications.md), from a tensor stream or a group
+// receive: per-tensor delta payloads (common/weight_sync/delta.h, the weights.rldelta encodings)
+// and whole tensors, applied to a copy of the served weights; a tensor named by neither is
+// unchanged. `parent_version` must be the served version (else FAILED_PRECONDITION naming both);
+// unset: the copy is of whatever is served (a dense stream carrying a manifest). With `manifest`,
+// the result is verified against it (every tensor's digest) before it is applied or staged.
+struct DeltaUpdate {
+  std::optional<int64_t> parent_version;
+  std::optional<weight_sync::Manifest> manifest;
+  std::vector<weight_sync::NamedDelta> deltas;
+  std::vector<NamedTensor> dense;
+};
+
+// A delta group receive: the tensors the buckets carry encoded (name -> encoding, count and
+// payload bytes; broadcast as U8[payload_bytes]); the others are whole tensors.
+struct EncodedTensor {
+  weight_sync::DeltaEncoding encoding = weight_sync::DeltaEncoding::kOverwrite;
+  int64_t count = 0;
+  int64_t payload_bytes = 0;
+};
+struct GroupDelta {
+  int64_t parent_version = 0;
+  std::optional<weight_sync::Manifest> manifest;
+  std::map<std::string, EncodedTensor> encoded;
+};
 
 struct GroupRequest {
   std::string master_address;
@@ -82,6 +113,10 @@ struct StagedStatus {
   std::string source;    // "disk:DIR", "tensor", "group:NAME"
   int64_t bytes = 0;     // host memory it holds
   bool staging = false;  // a stage is being read now
+  // Its digest (its manifest's, or the one verified at staging), "" when unknown; the version a
+  // staged delta was built on (-1: a full version).
+  std::string sha256;
+  int64_t parent_version = -1;
 };
 
 // A stage of tensors in progress (a staged tensor stream, a staged group receive), from
@@ -93,8 +128,11 @@ struct StagedStatus {
 class StageTicket {
  public:
   using CommitFn = std::function<absl::StatusOr<AdminOutcome>(std::vector<NamedTensor>)>;
-  StageTicket(CommitFn commit, std::function<void()> abandon)
-      : commit_(std::move(commit)), abandon_(std::move(abandon)) {}
+  using CommitDeltaFn = std::function<absl::StatusOr<AdminOutcome>(DeltaUpdate)>;
+  StageTicket(CommitFn commit, std::function<void()> abandon, CommitDeltaFn commit_delta = nullptr)
+      : commit_(std::move(commit)),
+        commit_delta_(std::move(commit_delta)),
+        abandon_(std::move(abandon)) {}
   ~StageTicket() {
     if (abandon_) abandon_();
   }
@@ -107,12 +145,24 @@ class StageTicket {
     abandon_ = nullptr;
     CommitFn commit = std::move(commit_);
     commit_ = nullptr;
+    commit_delta_ = nullptr;
     if (!commit) return absl::FailedPreconditionError("stage: committed twice");
     return commit(std::move(tensors));
+  }
+  // A delta (or a dense update verified against a manifest): built on a copy of the served
+  // weights, verified, then staged (DeltaUpdate); on error nothing is staged. Once only.
+  absl::StatusOr<AdminOutcome> CommitDelta(DeltaUpdate update) {
+    abandon_ = nullptr;
+    CommitDeltaFn commit = std::move(commit_delta_);
+    commit_delta_ = nullptr;
+    commit_ = nullptr;
+    if (!commit) return absl::FailedPreconditionError("stage: committed twice, or no delta stage");
+    return commit(std::move(update));
   }
 
  private:
   CommitFn commit_;
+  CommitDeltaFn commit_delta_;
   std::function<void()> abandon_;
 };
 
@@ -137,6 +187,10 @@ class WeightUpdates {
   // An update holds (or is about to hold) the engine.
   virtual bool updating() const = 0;
   virtual WeightUpdateStatus status() const = 0;
+  // The SHA-256 rank digest (rl-manifest.json's `sha256`) of the weights served now when an
+  // update established it (a manifest-verified disk update, a verified full-state tensor
+  // stream) and no apply started since; "" otherwise. Never hashes anything.
+  virtual std::string served_sha256() const { return ""; }
   // The served weights' shapes as read at start (what every update is checked against).
   virtual const WeightShapes& served_shapes() const = 0;
 
@@ -208,6 +262,27 @@ class WeightUpdates {
                                                             WeightBuckets buckets,
                                                             std::optional<int64_t> weight_version) {
     return absl::UnimplementedError("ReceiveWeightsStaged");
+  }
+
+  // ---- deltas (issue 30: DeltaUpdate) ----
+  // FAILED_PRECONDITION naming both versions unless `parent_version` is served now (a stream
+  // checks it at its first message, before the payloads travel).
+  virtual absl::Status CheckDeltaParent(int64_t parent_version) const {
+    return absl::UnimplementedError("delta updates");
+  }
+  // One call: builds the new version on a copy of the served weights off the engine thread
+  // (the engine keeps generating), verifies it, then activates it (the pause is the swap).
+  virtual absl::StatusOr<AdminOutcome> UpdateWeightsFromDelta(DeltaUpdate update,
+                                                              const UpdatePolicy& policy) {
+    return absl::UnimplementedError("UpdateWeightsFromDelta");
+  }
+  // ReceiveWeights{parent_version}: receives `buckets` (the encoded tensors as their payloads)
+  // off the engine thread, then applies the delta (UpdateWeightsFromDelta) or, with `stage`,
+  // stages it; a receive that fails or is cut changes and stages nothing.
+  virtual absl::StatusOr<AdminOutcome> ReceiveDeltaWeights(const std::string& group_name,
+                                                           WeightBuckets buckets, GroupDelta delta,
+                                                           const UpdatePolicy& policy, bool stage) {
+    return absl::UnimplementedError("ReceiveDeltaWeights");
   }
 };
 

@@ -124,3 +124,86 @@ def test_asyncio_staged_push(fleet2):
     assert r.weight_version == 41
     with Client(fleet2.address) as c:
         assert_fleet_holds(c, pushed)
+
+
+def delta_child(parent, seed, density=0.02):
+    """`parent` with about `density` of the words of three tensors changed (finite values)."""
+    rng = np.random.default_rng(seed)
+    child = dict(parent)
+    for name in sorted(parent)[:3]:
+        t = parent[name].copy()
+        flat = t.reshape(-1)
+        idx = rng.choice(flat.size, max(1, int(flat.size * density)), replace=False)
+        flat[idx] += rng.normal(0.0, 0.01, idx.size).astype(np.float32)
+        child[name] = t
+    return child
+
+
+def manifest_for(tensors, version, parent_version):
+    from rlfleet import rank_sha256, tensor_sha256
+    entries = {n: {"dtype": "F32", "shape": list(t.shape), "sha256": tensor_sha256(n, t)}
+               for n, t in tensors.items()}
+    return {"format": "rlfleet.manifest.v1", "version": version,
+            "parent_version": parent_version,
+            "sha256": rank_sha256({n: e["sha256"] for n, e in entries.items()}),
+            "tensors": entries}
+
+
+def test_push_delta_stages_verified_and_refuses_a_missing_parent(fleet2):
+    """push_delta (issue 30): only the changed words travel; staged and verified against the
+    manifest on every worker (GetServerInfo reports its digest), served after activate_weights;
+    a delta of a version the fleet does not serve, or whose manifest the result does not match,
+    raises and changes nothing."""
+    from rlfleet import Client, FleetError, read_safetensors
+    from rlfleet.publication import delta_messages
+    ck = read_safetensors(rltest.STORIES)
+    parent = {n: ck[n] for n in ck}
+    child = delta_child(parent, 1)
+    with Client(fleet2.address) as c:
+        assert greedy(c).weight_version == 0
+        m = manifest_for(child, 1, 0)
+        dense_bytes = sum(t.nbytes for t in child.values())
+        sent = sum(len(b) for b in delta_messages(parent, child, 1, 0))
+        assert sent < dense_bytes // 10  # a few changed words, not the model
+        r = c.push_delta(parent, child, 1, 0, stage=True, manifest=m)
+        assert r.success and len(r.results) == 2
+        for w in c.get_server_info().workers:
+            assert w.info.has_staged_weights and w.info.staged_weight_version == 1
+            assert w.info.staged_weights_sha256 == m["sha256"]
+            assert w.info.staged_parent_version == 0
+        assert greedy(c).weight_version == 0  # staged, not served
+        assert c.activate_weights(weight_version=1).weight_version == 1
+        assert_fleet_holds(c, child)
+        # The fleet serves 1: a delta of 0 is refused everywhere, nothing staged.
+        with pytest.raises(FleetError) as e:
+            c.push_delta(parent, delta_child(parent, 2), 2, 0, stage=True)
+        assert "applies to version 0" in str(e.value)
+        assert staged(c) == [(False, "", -1)] * 2
+        # A manifest that the result does not match: refused, nothing staged.
+        grand = delta_child(child, 3)
+        with pytest.raises(FleetError):
+            c.push_delta(child, grand, 2, 1, stage=True, manifest=manifest_for(child, 2, 1))
+        assert staged(c) == [(False, "", -1)] * 2
+        assert greedy(c).weight_version == 1
+        assert_fleet_holds(c, child)
+        # The right one applies in one call.
+        r = c.push_delta(child, grand, 2, 1, manifest=manifest_for(grand, 2, 1))
+        assert r.success and r.weight_version == 2
+        assert_fleet_holds(c, grand)
+
+
+def test_async_push_delta(fleet2):
+    from rlfleet import AsyncClient, read_safetensors
+    ck = read_safetensors(rltest.STORIES)
+    parent = {n: ck[n] for n in ck}
+    child = delta_child(parent, 4)
+
+    async def run():
+        async with AsyncClient(fleet2.address) as c:
+            r = await c.push_delta(parent, child, 1, 0)
+            assert r.success and r.weight_version == 1
+
+    asyncio.run(run())
+    from rlfleet import Client
+    with Client(fleet2.address) as c:
+        assert_fleet_holds(c, child)

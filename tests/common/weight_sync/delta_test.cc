@@ -1,7 +1,8 @@
 // common/weight_sync/delta: a property test of random delta updates against dense updates
 // (both encodings and the size-chosen one, sparse, clustered and dense changes, BF16 / F16 /
 // F32: the applied copy equals the child bytewise and the checksums are equal every time), and
-// the decoder's refusals of malformed input (nothing written on error).
+// the decoder's refusals of malformed input (nothing written on error); MaxDeltaPayloadBytes
+// bounds every encoding EncodeDelta writes (the bound transports allocate by).
 #include "common/weight_sync/delta.h"
 
 #include <cstring>
@@ -245,6 +246,33 @@ TEST(DeltaTest, NonFiniteValuesAreRefusedUnlessAllowed) {
       EXPECT_EQ(copy, child);
     }
   }
+}
+
+TEST(DeltaTest, MaxPayloadBytesBoundsEveryEncoding) {
+  std::mt19937_64 rng(7);
+  for (DType dtype : {DType::kBF16, DType::kF16, DType::kF32}) {
+    const int width = *DeltaWordBytes(dtype);
+    for (double density : {0.0, 0.001, 0.02, 0.3, 1.0}) {
+      for (bool clustered : {false, true}) {
+        const int64_t numel = 4096;
+        const std::vector<uint8_t> parent = RandomTensor(dtype, numel, rng);
+        const std::vector<uint8_t> child = Step(dtype, parent, density, clustered, rng);
+        for (DeltaEncoding e : {DeltaEncoding::kOverwrite, DeltaEncoding::kXor}) {
+          absl::StatusOr<TensorDelta> d = EncodeDeltaAs(e, dtype, parent, child);
+          ASSERT_TRUE(d.ok()) << d.status();
+          absl::StatusOr<int64_t> most = MaxDeltaPayloadBytes(e, d->count, numel, width);
+          ASSERT_TRUE(most.ok()) << most.status();
+          EXPECT_LE(static_cast<int64_t>(d->payload.size()), *most)
+              << DeltaEncodingName(e) << " density " << density;
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(MaxDeltaPayloadBytes(DeltaEncoding::kOverwrite, 11, 10, 2).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(MaxDeltaPayloadBytes(DeltaEncoding::kXor, -1, 10, 2).status()));
+  EXPECT_EQ(*MaxDeltaPayloadBytes(DeltaEncoding::kOverwrite, 0, 10, 2), 0);
 }
 
 }  // namespace

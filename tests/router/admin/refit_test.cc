@@ -8,11 +8,16 @@
 // tensor pushes (UpdateWeightsFromTensor{stage} through the router, then ActivateWeights): all
 // three workers stage and then activate; one of three given a corrupted tensor (a NaN only it
 // refuses) makes the others drop theirs, nothing activates anywhere and requests keep their
-// version.
+// version. Staged delta pushes (issue 30): fanned out like dense ones, verified against their
+// manifest on every worker (GetServerInfo reports the staged digest), then activated everywhere;
+// a worker that does not serve the delta's parent fails the whole stage (all or none). The
+// router's ActivateWeights compares the staged digests first: two workers that staged different
+// contents under one version activate nowhere.
 #include <atomic>
 #include <future>
 #include <limits>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -20,6 +25,7 @@
 #include "rl/v1/router.grpc.pb.h"
 #include "tests/testing/router_fleet.h"
 #include "tests/testing/tensor_stream.h"
+#include "tests/testing/weight_state.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router {
@@ -324,6 +330,144 @@ TEST_F(RefitTest, OneOfThreeGivenACorruptedTensorActivatesNowhere) {
   while (reader->Read(&msg)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// ---- staged delta pushes (issue 30) ----
+
+// A staged delta of down_proj (layer 0): 2% of its words changed from the served version 0,
+// with the result's manifest. `next` becomes the new state.
+std::vector<rl::v1::UpdateWeightsFromTensorRequest> DeltaPush(rl::testing::State* next,
+                                                              int64_t parent, int64_t version,
+                                                              std::mt19937& rng) {
+  rl::testing::Tensor& t = next->at(kDownProj);
+  const std::vector<uint8_t> child =
+      rl::testing::Step(model_io::DType::kF32, t.bytes, 0.02, false, rng);
+  rl::testing::Change change{kDownProj,
+                             {t.dtype, t.shape, child},
+                             *weight_sync::EncodeDelta(model_io::DType::kF32, t.bytes, child)};
+  t.bytes = child;
+  rl::v1::UpdateWeightsFromTensorRequest options;
+  options.set_stage(true);
+  options.set_parent_version(parent);
+  options.set_weight_version(version);
+  options.set_manifest_json(
+      weight_sync::ManifestToJson(rl::testing::ManifestOf(*next, version, parent)));
+  return rl::testing::StreamMessages(rl::testing::ChunksOf({change}, rng), options);
+}
+
+grpc::Status Send(rl::v1::Admin::Stub& admin,
+                  const std::vector<rl::v1::UpdateWeightsFromTensorRequest>& messages,
+                  rl::v1::AdminResponse* resp) {
+  grpc::ClientContext ctx;
+  return rl::testing::SendMessages(admin, &ctx, messages, resp);
+}
+
+TEST_F(RefitTest, AStagedDeltaPushIsVerifiedEverywhereThenActivates) {
+  StartFleet(3);
+  rl::testing::State state = rl::testing::ReadState(worker::testing::Stories());
+  std::mt19937 rng(3);
+  rl::v1::AdminResponse resp;
+  grpc::Status s = Send(*admin_, DeltaPush(&state, 0, 1, rng), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.success()) << resp.message();
+  const std::string digest = rl::testing::ManifestOf(state, 1, 0).sha256;
+  {
+    rl::v1::GetServerInfoResponse info;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->GetServerInfo(&ctx, {}, &info).ok());
+    ASSERT_EQ(info.workers_size(), 3);
+    for (const auto& w : info.workers()) {
+      EXPECT_TRUE(w.info().has_staged_weights());
+      EXPECT_EQ(w.info().staged_weights_sha256(), digest);
+      EXPECT_EQ(w.info().staged_parent_version(), 0);
+      EXPECT_EQ(w.info().weight_version(), 0);
+    }
+  }
+  rl::v1::ActivateWeightsRequest activate;
+  activate.set_weight_version(1);
+  grpc::ClientContext ctx;
+  s = admin_->ActivateWeights(&ctx, activate, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_TRUE(resp.success()) << resp.message();
+  for (const auto& [version, staged] : WorkerStates()) {
+    EXPECT_EQ(version, 1);
+    EXPECT_FALSE(staged);
+  }
+  for (const std::string& sum : Checksums()) EXPECT_EQ(sum, digest);
+  EXPECT_EQ(ListWorkers().fleet_weight_version(), 1);
+}
+
+TEST_F(RefitTest, AWorkerNotAtTheDeltasParentFailsTheWholeStage) {
+  StartFleet(3);
+  const std::vector<std::string> sums = Checksums();
+  ASSERT_EQ(sums.size(), 3u);
+  // The third worker is moved to version 2 behind the router's back (same content).
+  auto third = rl::v1::Admin::NewStub(
+      grpc::CreateChannel(workers_[2]->address(), grpc::InsecureChannelCredentials()));
+  rl::testing::State state = rl::testing::ReadState(worker::testing::Stories());
+  const rl::testing::Tensor& down = state.at(kDownProj);
+  rl::v1::UpdateWeightsFromTensorRequest bump;
+  bump.set_weight_version(2);
+  rl::v1::AdminResponse resp;
+  ASSERT_TRUE(Send(*third,
+                   rl::testing::StreamMessages(
+                       {rl::testing::Chunk(kDownProj, down.shape, down.dtype,
+                                           std::string(down.bytes.begin(), down.bytes.end()))},
+                       bump),
+                   &resp)
+                  .ok());
+  std::mt19937 rng(4);
+  const grpc::Status s = Send(*admin_, DeltaPush(&state, 0, 1, rng), &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_FALSE(resp.success());
+  ASSERT_EQ(resp.results_size(), 3);
+  for (const auto& r : resp.results()) {
+    if (r.worker() == workers_[2]->address()) {
+      EXPECT_FALSE(r.success());
+      EXPECT_EQ(r.code(), "FAILED_PRECONDITION");
+      EXPECT_THAT(r.message(), HasSubstr("applies to version 0"));
+      EXPECT_THAT(r.message(), HasSubstr("serves version 2"));
+    } else {
+      EXPECT_TRUE(r.success()) << r.message();
+      EXPECT_THAT(r.message(), HasSubstr("dropped"));
+    }
+  }
+  for (const auto& [version, staged] : WorkerStates()) EXPECT_FALSE(staged);
+  EXPECT_EQ(Checksums(), sums);
+}
+
+TEST_F(RefitTest, ActivateRefusesWorkersThatStagedDifferentContents) {
+  StartFleet(2);
+  const std::vector<std::string> sums = Checksums();
+  // Each worker stages version 1 directly, with a different change (each verified against its
+  // own manifest): one version number, two contents.
+  std::vector<std::string> digests;
+  for (int i = 0; i < 2; ++i) {
+    auto one = rl::v1::Admin::NewStub(
+        grpc::CreateChannel(workers_[i]->address(), grpc::InsecureChannelCredentials()));
+    rl::testing::State state = rl::testing::ReadState(worker::testing::Stories());
+    std::mt19937 rng(100 + i);
+    rl::v1::AdminResponse resp;
+    const grpc::Status s = Send(*one, DeltaPush(&state, 0, 1, rng), &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    digests.push_back(rl::testing::ManifestOf(state, 1, 0).sha256);
+  }
+  ASSERT_NE(digests[0], digests[1]);
+  rl::v1::ActivateWeightsRequest activate;
+  activate.set_weight_version(1);
+  rl::v1::AdminResponse resp;
+  grpc::ClientContext ctx;
+  const grpc::Status s = admin_->ActivateWeights(&ctx, activate, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("staged different contents"));
+  EXPECT_THAT(s.error_message(), HasSubstr(digests[0]));
+  EXPECT_THAT(s.error_message(), HasSubstr(digests[1]));
+  EXPECT_THAT(s.error_message(), HasSubstr(workers_[0]->address()));
+  for (const auto& [version, staged] : WorkerStates()) {
+    EXPECT_EQ(version, 0);  // nothing activated anywhere
+    EXPECT_TRUE(staged);
+  }
+  EXPECT_EQ(Checksums(), sums);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "services/router/episodes/episode_store.h"
 
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -209,6 +210,173 @@ TEST(EpisodeStoreTest, StatsAndMetricsCountTurnsExportsAndCollection) {
         "rl_router_episodes_removed_total 1", "rl_router_episodes_collected_total 1"}) {
     EXPECT_NE(text.find(std::string(line) + "\n"), std::string::npos) << line << "\n" << text;
   }
+}
+
+// R3: a routing over `t`'s tokens [start, size - 1) (the last output token never processed),
+// [tokens, 2 layers, top-2], entry (position, layer, slot) = tag * 1000 + position * 10 + layer
+// * 2 + slot, so the test can tell whose row a position got; weights tag + position / 100.
+void AddRouting(EpisodeTurnRecord* t, int tag, int start = 0, bool weights = true) {
+  rl::v1::RoutedExperts r;
+  const int n = static_cast<int>(t->tokens.size()) - 1 - start;
+  r.add_shape(n);
+  r.add_shape(2);
+  r.add_shape(2);
+  r.set_start_pos(start);
+  std::vector<int32_t> ids;
+  std::vector<float> w;
+  for (int p = start; p < start + n; ++p) {
+    for (int l = 0; l < 2; ++l) {
+      for (int k = 0; k < 2; ++k) {
+        ids.push_back(tag * 1000 + p * 10 + l * 2 + k);
+        w.push_back(static_cast<float>(tag) + static_cast<float>(p) / 100.0f);
+      }
+    }
+  }
+  r.set_expert_ids(std::string(reinterpret_cast<const char*>(ids.data()), ids.size() * 4));
+  if (weights) {
+    r.set_expert_weights(std::string(reinterpret_cast<const char*>(w.data()), w.size() * 4));
+  }
+  t->routing = r;
+}
+
+// The tag of every position's first entry in an exported routing.
+std::vector<int> RowTags(const rl::v1::RoutedExperts& r) {
+  std::vector<int> out;
+  const auto* ids = reinterpret_cast<const int32_t*>(r.expert_ids().data());
+  for (int i = 0; i < r.shape(0); ++i) {
+    const int32_t v = ids[static_cast<size_t>(i) * 4];
+    EXPECT_EQ(v % 1000, (r.start_pos() + i) * 10) << "row " << i << " is another position's";
+    out.push_back(v / 1000);
+  }
+  return out;
+}
+
+TEST(EpisodeStoreTest, RoutingOfEachBranchComesFromTheTurnThatFirstProcessedEachToken) {
+  EpisodeStore store(EpisodeOptions{});
+  const std::vector<int32_t> p1 = {1, 10, 11};
+  const std::vector<int32_t> o1 = {20, 21};
+  EpisodeTurnRecord t1 = MakeTurn(p1, {}, o1);
+  AddRouting(&t1, 1);  // positions 0..3 (21, the last, never processed by turn 1)
+  ASSERT_TRUE(store.Record("ep", t1).ok());
+  // Turn 2 re-sends turn 1's tokens (its own routing of them is recomputed: tag 2) and extends.
+  const std::vector<int32_t> p2 = Concat(Concat(p1, o1), {12});
+  EpisodeTurnRecord t2 = MakeTurn(p2, {0, 0, 0, 1, 1}, {30, 31});
+  AddRouting(&t2, 2);
+  ASSERT_TRUE(store.Record("ep", t2).ok());
+  // Turn 3 forks from turn 1 (an edited history); its worker computed from position 2 on only.
+  const std::vector<int32_t> p3 = Concat(Concat(p1, o1), {13, 14});
+  EpisodeTurnRecord t3 = MakeTurn(p3, {0, 0, 0, 1, 1}, {40});
+  AddRouting(&t3, 3, /*start=*/2);
+  ASSERT_TRUE(store.Record("ep", t3).ok());
+
+  // Without the flag: no routing, as before.
+  auto plain = store.Export("ep", false);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  ASSERT_EQ(plain->samples_size(), 2);
+  EXPECT_FALSE(plain->samples(0).has_routed_experts());
+  EXPECT_TRUE(plain->turns(0).has_routed_experts());
+
+  auto e = store.Export("ep", EpisodeExportOptions{.routed_experts = true, .expert_weights = true});
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_EQ(e->samples_size(), 2);
+  // Branch 1 (turns 0, 1): 8 tokens, 7 processed: 0..3 from turn 1, 4..6 from turn 2.
+  const rl::v1::RoutedExperts& r1 = e->samples(0).routed_experts();
+  ASSERT_EQ(r1.shape_size(), 3);
+  EXPECT_EQ(r1.shape(0), 7);
+  EXPECT_EQ(r1.shape(1), 2);
+  EXPECT_EQ(r1.shape(2), 2);
+  EXPECT_EQ(r1.start_pos(), 0);
+  EXPECT_EQ(RowTags(r1), (std::vector<int>{1, 1, 1, 1, 2, 2, 2}));
+  ASSERT_EQ(r1.expert_weights().size(), r1.expert_ids().size());
+  float w4;
+  std::memcpy(&w4, r1.expert_weights().data() + 4 * 4 * 4, 4);
+  EXPECT_FLOAT_EQ(w4, 2.04f);
+  // Branch 2 (turns 0, 2): 8 tokens: 0..3 from turn 1, 4..6 from turn 3.
+  const rl::v1::RoutedExperts& r2 = e->samples(1).routed_experts();
+  EXPECT_EQ(r2.shape(0), 7);
+  EXPECT_EQ(RowTags(r2), (std::vector<int>{1, 1, 1, 1, 3, 3, 3}));
+
+  // Weights asked of a turn recorded without them: refused, naming the turn.
+  EpisodeTurnRecord t4 = MakeTurn(Concat(Concat(p2, {30, 31}), {15}), {}, {50});
+  AddRouting(&t4, 4, 0, /*weights=*/false);
+  ASSERT_TRUE(store.Record("ep", t4).ok());
+  auto no_w =
+      store.Export("ep", EpisodeExportOptions{.routed_experts = true, .expert_weights = true});
+  EXPECT_EQ(no_w.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(no_w.status().message().find("turn 3 (request"), std::string::npos) << no_w.status();
+  EXPECT_NE(no_w.status().message().find("return_expert_weights"), std::string::npos);
+  auto ids_only = store.Export("ep", EpisodeExportOptions{.routed_experts = true});
+  ASSERT_TRUE(ids_only.ok()) << ids_only.status();
+  EXPECT_TRUE(ids_only->samples(1).routed_experts().expert_weights().empty());
+  EXPECT_EQ(RowTags(ids_only->samples(1).routed_experts()),
+            (std::vector<int>{1, 1, 1, 1, 2, 2, 2, 4, 4}));
+  EXPECT_EQ(store.Export("ep", EpisodeExportOptions{.expert_weights = true}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EpisodeStoreTest, ABranchWithATurnRecordedWithoutRoutingIsRefusedAndKept) {
+  EpisodeStore store(EpisodeOptions{});
+  EpisodeTurnRecord t1 = MakeTurn({1, 10}, {}, {20, 21});
+  AddRouting(&t1, 1);
+  ASSERT_TRUE(store.Record("ep", t1).ok());
+  // Turn 2 sent without return_routed_experts; turn 3 (another branch) with a routing that does
+  // not fit its trajectory: both recorded, without routing.
+  ASSERT_TRUE(store.Record("ep", MakeTurn({1, 10, 20, 21, 5}, {}, {30})).ok());
+  EpisodeTurnRecord t3 = MakeTurn({1, 10, 20, 21, 6}, {}, {31});
+  AddRouting(&t3, 3);
+  t3.routing->set_start_pos(3);  // rows past the trajectory's end
+  ASSERT_TRUE(store.Record("ep", t3).ok());
+  auto e = store.Export("ep", EpisodeExportOptions{.remove = true, .routed_experts = true});
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(e.status().message().find("turn 1 (request r5, index 0) was recorded without routing"),
+            std::string::npos)
+      << e.status();
+  // Not removed by the refused export; the plain export still works and says which turns have it.
+  auto plain = store.Export("ep", false);
+  ASSERT_TRUE(plain.ok());
+  EXPECT_TRUE(plain->turns(0).has_routed_experts());
+  EXPECT_FALSE(plain->turns(1).has_routed_experts());
+  EXPECT_FALSE(plain->turns(2).has_routed_experts());
+  EXPECT_EQ(plain->turns(2).parent(), 0);
+  EpisodeStore other(EpisodeOptions{});
+  ASSERT_TRUE(other.Record("ep", t1).ok());
+  ASSERT_TRUE(other.Record("ep", t3).ok());
+  e = other.Export("ep", EpisodeExportOptions{.routed_experts = true});
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(e.status().message().find("did not fit"), std::string::npos) << e.status();
+  // A later turn whose routing starts after the branch's ends leaves a gap: refused.
+  EpisodeStore gap(EpisodeOptions{});
+  ASSERT_TRUE(gap.Record("ep", t1).ok());
+  EpisodeTurnRecord t5 = MakeTurn({1, 10, 20, 21, 7, 8}, {}, {32});
+  AddRouting(&t5, 5, /*start=*/5);
+  ASSERT_TRUE(gap.Record("ep", t5).ok());
+  e = gap.Export("ep", EpisodeExportOptions{.routed_experts = true});
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(e.status().message().find("starts at token 5"), std::string::npos) << e.status();
+}
+
+TEST(EpisodeStoreTest, RoutingCountsAgainstTheEpisodeMemoryBound) {
+  EpisodeOptions o;
+  o.max_episode_tokens = 45;  // 765 bytes
+  EpisodeStore store(o);
+  // 5 tokens (85 B) + 4 rows x 4 entries x 8 B (128 B) = 213 B per turn: three fit, not four.
+  for (int i = 0; i < 3; ++i) {
+    EpisodeTurnRecord t = MakeTurn({1, 10, 11}, {}, {20, 21});
+    AddRouting(&t, 1);
+    ASSERT_TRUE(store.Record("ep", t).ok()) << i;
+  }
+  EXPECT_EQ(store.GetStats().tokens, 15);
+  EXPECT_EQ(store.GetStats().bytes, 3 * 213);
+  EpisodeTurnRecord t = MakeTurn({1, 10, 11}, {}, {20, 21});
+  AddRouting(&t, 1);
+  const absl::Status full = store.Record("ep", t);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("bytes with routing"), std::string::npos) << full;
+  // The same turn without routing (85 B) still fits: the routing is what was counted.
+  t.routing.reset();
+  EXPECT_TRUE(store.Record("ep", t).ok());
+  ASSERT_TRUE(store.Export("ep", true).ok());
+  EXPECT_EQ(store.GetStats().bytes, 0);
 }
 
 }  // namespace

@@ -475,5 +475,110 @@ TEST(WorkerPoolTest, LeasesCarryTheirSamplesAndPicksAreCounted) {
   EXPECT_EQ(w->in_flight(), 0);
   EXPECT_EQ(w->load(), 0);
 }
+// A worker restarted between two health checks (no check failed: the new process answered at
+// the same address) is seen by its new instance_id: the calls open to the old process end, its
+// state is the new process's (version), and it rejoins through the catch-up hand-off as a
+// worker that came back after failed checks does.
+TEST(WorkerPoolTest, ANewInstanceIdIsSeenAsARestart) {
+  WorkerPool pool(Manual());
+  FakePoolWorker fake;
+  fake.SetVersion(3);
+  fake.SetIdentity("instance-a", "");
+  ASSERT_TRUE(pool.Add(fake.address()).ok());
+  absl::Mutex mu;
+  int handed = 0;
+  pool.SetCatchUpHandler([&](std::shared_ptr<Worker> w) {
+    absl::MutexLock lock(&mu);
+    ++handed;
+    pool.FinishSync(w.get());
+  });
+  auto num_handed = [&] {
+    absl::MutexLock lock(&mu);
+    return handed;
+  };
+  pool.CheckAll();  // the first check's rejoin (no handler then) is consumed
+  const int before = num_handed();
+  pool.CheckAll();
+  EXPECT_EQ(num_handed(), before);  // the same process: nothing to do
+  std::shared_ptr<Worker> w = pool.Find(fake.address());
+  grpc::ClientContext old_call;
+  CallGuard guard(&w->calls(), &old_call);
+  EXPECT_EQ(pool.StateOf(fake.address())->instance_id(), "instance-a");
+
+  // Restarted at its start-up weights (version 0) with a new instance id.
+  fake.SetVersion(0);
+  fake.SetIdentity("instance-b", "");
+  pool.CheckAll();
+  const WorkerState st = *pool.StateOf(fake.address());
+  EXPECT_EQ(st.instance_id(), "instance-b");
+  EXPECT_EQ(st.restarts(), 1);
+  EXPECT_EQ(st.weight_version(), 0);
+  EXPECT_TRUE(guard.cancelled_by_pool());  // the old process's call ended
+  EXPECT_EQ(num_handed(), before + 1);     // rejoined: reconciled with the fleet
+  // New calls are accepted again (the registry reopened).
+  grpc::ClientContext new_call;
+  CallGuard fresh(&w->calls(), &new_call);
+  EXPECT_FALSE(fresh.cancelled_by_pool());
+  pool.CheckAll();
+  EXPECT_EQ(pool.StateOf(fake.address())->restarts(), 1);
+  EXPECT_EQ(num_handed(), before + 1);
+  // A worker that reports no instance id (an older build) is never seen as restarted.
+  fake.SetIdentity("", "");
+  pool.CheckAll();
+  EXPECT_EQ(pool.StateOf(fake.address())->restarts(), 1);
+}
+
+// Two live workers at the same version with different weights content: the one whose digest
+// differs from the fleet's is listed VERSION_MISMATCH with the reason, counted, never routed;
+// a worker that reports no digest is not judged; a resync to the fleet's content readmits it.
+TEST(WorkerPoolTest, AWorkerWithOtherContentAtTheSameVersionIsTakenOut) {
+  WorkerPool pool(Manual());
+  auto fakes = Fakes(3);
+  for (auto& f : fakes) f->SetVersion(5);
+  fakes[0]->SetIdentity("i0", "aaaa");
+  fakes[1]->SetIdentity("i1", "aaaa");
+  fakes[2]->SetIdentity("i2", "");
+  for (auto& f : fakes) ASSERT_TRUE(pool.Add(f->address()).ok());
+  FleetWeights fleet;
+  fleet.version = 5;
+  fleet.source = FleetWeights::Source::kTensor;
+  pool.SetFleetWeights(fleet);
+  EXPECT_EQ(pool.ReferenceDigest(), "aaaa");
+  EXPECT_EQ(pool.DigestMismatches(), 0);
+
+  // Worker 1 now serves other content under the same number (an update that reused it).
+  fakes[1]->SetIdentity("i1", "bbbb");
+  pool.CheckAll();
+  EXPECT_EQ(pool.DigestMismatches(), 1);
+  const rl::v1::WorkerStatus bad = StatusOf(pool, fakes[1]->address());
+  EXPECT_EQ(bad.state(), rl::v1::WORKER_STATE_VERSION_MISMATCH);
+  EXPECT_NE(bad.reason().find("weights_sha256 bbbb at weight_version 5 differs from the fleet's "
+                              "aaaa"),
+            std::string::npos)
+      << bad.reason();
+  EXPECT_EQ(StatusOf(pool, fakes[0]->address()).state(), rl::v1::WORKER_STATE_LIVE);
+  EXPECT_EQ(StatusOf(pool, fakes[2]->address()).state(), rl::v1::WORKER_STATE_LIVE);
+  for (int i = 0; i < 12; ++i) EXPECT_NE(PickAddress(pool), fakes[1]->address());
+  EXPECT_EQ(pool.RoutableVersions(), (std::vector<int64_t>{5}));
+
+  // Resynced to the fleet's content: routed again.
+  fakes[1]->SetIdentity("i1", "aaaa");
+  pool.CheckAll();
+  EXPECT_EQ(pool.DigestMismatches(), 0);
+  std::set<std::string> picked;
+  for (int i = 0; i < 12; ++i) picked.insert(PickAddress(pool));
+  EXPECT_TRUE(picked.contains(fakes[1]->address()));
+
+  // A new fleet version: the digest is relearned at it.
+  for (auto& f : fakes) f->SetVersion(6);
+  fakes[0]->SetIdentity("i0", "cccc");
+  fakes[1]->SetIdentity("i1", "cccc");
+  fleet.version = 6;
+  pool.SetFleetWeights(fleet);
+  pool.CheckAll();
+  EXPECT_EQ(pool.ReferenceDigest(), "cccc");
+  EXPECT_EQ(pool.DigestMismatches(), 0);
+}
+
 }  // namespace
 }  // namespace rl::router

@@ -204,5 +204,46 @@ TEST(WorkerStateTest, CatchUpMarks) {
   EXPECT_TRUE(s.TakeForCatchUp(false));  // the rejoin
 }
 
+// A live worker answering with another instance_id restarted: kRestarted (once), its state the
+// new process's, the digest forgotten, a rejoin pending; a dead one coming back with a new id
+// is a revival (the same handling); an empty id is never a restart.
+TEST(WorkerStateTest, ANewInstanceIdIsARestart) {
+  HealthReport r = Pass(4);
+  r.instance_id = "a";
+  r.weights_sha256 = "d4";
+  WorkerState s;
+  EXPECT_EQ(s.OnHealthCheck(r, HealthThresholds{}, kNoFleet, kNoneLive), Change::kRevived);
+  EXPECT_TRUE(s.TakeForCatchUp(false));
+  s.FinishSync();
+  EXPECT_EQ(s.weights_sha256(), "d4");
+  EXPECT_EQ(s.OnHealthCheck(r, HealthThresholds{}, kNoFleet, 4), Change::kNone);
+  r = Pass(0);
+  r.instance_id = "b";
+  EXPECT_EQ(s.OnHealthCheck(r, HealthThresholds{}, kNoFleet, 4), Change::kRestarted);
+  EXPECT_EQ(s.instance_id(), "b");
+  EXPECT_EQ(s.restarts(), 1);
+  EXPECT_EQ(s.weight_version(), 0);
+  EXPECT_EQ(s.weights_sha256(), "");
+  EXPECT_TRUE(s.live());
+  EXPECT_TRUE(s.TakeForCatchUp(false));  // the rejoin
+  s.FinishSync();
+  EXPECT_EQ(s.OnHealthCheck(r, HealthThresholds{}, kNoFleet, 4), Change::kNone);
+  r.instance_id = "";
+  EXPECT_EQ(s.OnHealthCheck(r, HealthThresholds{}, kNoFleet, 4), Change::kNone);
+  EXPECT_EQ(s.instance_id(), "b");
+  // Dead, then back as another process: a revival, counted as a restart.
+  EXPECT_EQ(s.MarkDead("test", HealthThresholds{}), Change::kDied);
+  r.instance_id = "c";
+  EXPECT_EQ(s.OnHealthCheck(r, HealthThresholds{}, 0, kNoneLive), Change::kRevived);
+  EXPECT_EQ(s.restarts(), 2);
+  // A version reported by a response forgets the old version's digest.
+  r.weights_sha256 = "d0";
+  s.OnHealthCheck(r, HealthThresholds{}, 0, 0);
+  s.ReportVersion(0);
+  EXPECT_EQ(s.weights_sha256(), "d0");
+  s.ReportVersion(1);
+  EXPECT_EQ(s.weights_sha256(), "");
+}
+
 }  // namespace
 }  // namespace rl::router

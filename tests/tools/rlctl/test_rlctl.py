@@ -95,3 +95,39 @@ def test_generate_resume_id(start_worker):
         assert r.returncode == 0, r.stderr
     finally:
         router.stop()
+
+
+def test_push_a_delta_publication_and_a_checkpoint(tmp_path, start_worker):
+    """Issue 30: `rlctl push --from-disk DIR [--stage]` sends a delta publication as a delta
+    tensor stream (verified against its manifest; staged, then activated) and a checkpoint
+    folder whole; a delta whose parent the worker does not serve is refused (exit 1)."""
+    parent, child, delta = tmp_path / "p", tmp_path / "c", tmp_path / "d"
+    for out, seed in ((parent, "3"), (child, "4")):
+        r = rlctl("make-model", "--arch", "qwen3", "--size", "tiny", "--seed", seed, "--dtype",
+                  "float32", "--out", str(out))
+        assert r.returncode == 0, r.stderr
+    r = rlctl("--json", "publish-delta", "--parent", str(parent), "--from-disk", str(child),
+              "--version", "1", "--parent-version", "0", "--out", str(delta))
+    assert r.returncode == 0, r.stderr
+    manifest = json.loads((delta / "rl-manifest.json").read_text())
+    w = start_worker(model=parent)
+    r = rlctl("--target", w.address, "--json", "push", "--from-disk", str(delta), "--stage")
+    assert r.returncode == 0, r.stdout + r.stderr
+    info = json.loads(rlctl("--target", w.address, "--json", "server-info").stdout)
+    assert info["has_staged_weights"] and int(info["staged_weight_version"]) == 1
+    assert info["staged_weights_sha256"] == manifest["sha256"]
+    assert int(info["staged_parent_version"]) == 0
+    r = rlctl("--target", w.address, "--json", "activate-weights", "--version", "1")
+    assert r.returncode == 0, r.stdout
+    r = rlctl("--target", w.address, "--json", "weights-checker", "--action", "checksum")
+    assert json.loads(r.stdout)["rank_sha256"] == manifest["sha256"]
+    # The delta again: the worker serves 1, not its parent 0.
+    r = rlctl("--target", w.address, "--json", "push", "--from-disk", str(delta))
+    assert r.returncode == 1
+    err = json.loads(r.stdout)["error"]
+    assert err["code"] == "FAILED_PRECONDITION" and "applies to version 0" in err["message"]
+    # A checkpoint folder, whole.
+    r = rlctl("--target", w.address, "--json", "push", "--from-disk", str(parent), "--version", "2")
+    assert r.returncode == 0, r.stdout
+    assert int(json.loads(r.stdout)["weight_version"]) == 2
+    assert rlctl("push").returncode == 2

@@ -2,6 +2,7 @@
 // gate helper that pauses the engine while the fake runner holds it between steps.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <future>
@@ -183,13 +184,20 @@ class GatedRunner : public model::ModelRunner {
   int64_t steps_done_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Pauses `engine` while `runner` gates it: releases one forward step at a time until the
-// pause was applied, so requests advance only a few steps past the call.
+// Pauses `engine` while `runner` gates it: releases one forward step at a time (one every
+// 10 ms) until the pause was applied, so requests advance only a few steps past the call. Steps
+// are released only once the pausing thread is in the call: on a loaded machine that thread can
+// start hundreds of milliseconds late, and releasing a step every few milliseconds meanwhile let
+// the requests run to their end before the pause.
 template <typename Runner>
 absl::Status PauseGated(Engine& engine, Runner& runner, PauseMode mode) {
-  auto pause = std::async(std::launch::async, [&] { return engine.Pause(mode); });
-  while (pause.wait_for(std::chrono::milliseconds(2)) != std::future_status::ready) {
-    runner.AllowSteps(1);
+  std::atomic<bool> calling{false};
+  auto pause = std::async(std::launch::async, [&] {
+    calling.store(true);
+    return engine.Pause(mode);
+  });
+  while (pause.wait_for(std::chrono::milliseconds(10)) != std::future_status::ready) {
+    if (calling.load()) runner.AllowSteps(1);
   }
   return pause.get();
 }

@@ -14,6 +14,7 @@ TEST(WireTest, TensorBytesAndValidation) {
   EXPECT_EQ(*TensorBytes({"w", "BF16", {3, 4}}), 24);
   EXPECT_EQ(*TensorBytes({"w", "F16", {}}), 2);  // scalar
   EXPECT_EQ(*TensorBytes({"w", "F16", {0, 5}}), 0);
+  EXPECT_EQ(*TensorBytes({"w", "U8", {5}}), 5);  // a delta payload (issue 30)
   EXPECT_TRUE(absl::IsInvalidArgument(TensorBytes({"w", "I64", {2}}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(TensorBytes({"w", "f32", {2}}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(TensorBytes({"w", "F32", {-1}}).status()));

@@ -127,6 +127,12 @@ TEST_F(PeerSenderTest, ReceiverServesTheSendersVersionWithItsChecksum) {
   EXPECT_EQ(receiver_.server->weight_version(), 4);
   EXPECT_EQ(receiver_.Checksum(), sender_.Checksum());
   EXPECT_EQ(receiver_.Greedy(), sender_ids);
+  // GetLoad reports the digest the stream was verified against: the served weights' own.
+  grpc::ClientContext ctx;
+  rl::v1::GetLoadResponse load;
+  ASSERT_TRUE(receiver_.data->GetLoad(&ctx, rl::v1::GetLoadRequest(), &load).ok());
+  EXPECT_EQ(load.weights_sha256(), sender_.Checksum());
+  EXPECT_EQ(receiver_.server->weights().served_sha256(), sender_.Checksum());
   // The sender kept its version and its weights, and serves.
   EXPECT_EQ(sender_.server->weight_version(), 4);
   EXPECT_EQ(sender_.Greedy(), sender_ids);
