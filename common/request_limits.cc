@@ -173,6 +173,37 @@ absl::Status CheckGenerateRequest(const rl::v1::GenerateRequest& r, const Reques
                      l.max_top_logprobs);
   }
   RETURN_IF_ERROR(VersionConstraintOf(r).Validate());
+  if (r.has_resume_from()) {
+    // Resume (issue 34): bounded here, checked against the model's context by the worker.
+    const rl::v1::ResumeFrom& rf = r.resume_from();
+    if (static_cast<int64_t>(rf.request_id().size()) > l.max_request_id_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "resume_from.request_id: ", rf.request_id().size(),
+          " bytes is more than --max-request-id-bytes (", l.max_request_id_bytes, ")"));
+    }
+    if (rf.output_ids_size() > l.max_new_tokens) {
+      return OverLimit("resume_from.output_ids", rf.output_ids_size(), "max-new-tokens-limit",
+                       l.max_new_tokens);
+    }
+    if (rf.output_logprobs_size() != 0 && rf.output_logprobs_size() != rf.output_ids_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume_from.output_logprobs: ", rf.output_logprobs_size(), " logprobs for ",
+                       rf.output_ids_size(), " output ids (one per id, or none)"));
+    }
+    if (rf.weight_version_segments_size() > rf.output_ids_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("resume_from.weight_version_segments: ", rf.weight_version_segments_size(),
+                       " segments for ", rf.output_ids_size(), " output ids"));
+    }
+    if (!rf.request_id().empty() && rf.output_ids_size() > 0) {
+      return absl::InvalidArgumentError(
+          "resume_from: set request_id (the router keeps the sample) or output_ids, not both");
+    }
+    if (sp.has_n() && sp.n() != 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("n: ", sp.n(), ": a resume continues one sample, n must be 1"));
+    }
+  }
   return absl::OkStatus();
 }
 

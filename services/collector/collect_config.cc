@@ -31,6 +31,18 @@ absl::Status ValidateConfig(const CollectConfig& c) {
   if (c.progress != "auto" && c.progress != "bar" && c.progress != "log" && c.progress != "off") {
     return bad("--progress must be auto, bar, log or off");
   }
+  if (c.batch_groups < 0 || c.batch_groups > 10'000'000) {
+    return bad("--batch-groups must be in [0, 10000000] (0: no batches, every row)");
+  }
+  if (!(c.over_sample >= 1) || c.over_sample > 16) return bad("--over-sample must be in [1, 16]");
+  if (c.batch_groups == 0 && (c.over_sample != 1 || !c.group_filter.empty())) {
+    return bad("--over-sample and --group-filter need --batch-groups (the batch to collect)");
+  }
+  if (c.batch_groups > 0 && c.return_routed_experts) {
+    return bad(
+        "--batch-groups does not keep routed experts across runs yet: drop one of "
+        "--batch-groups and --return-routed-experts");
+  }
   return absl::OkStatus();
 }
 

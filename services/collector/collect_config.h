@@ -33,6 +33,14 @@ struct CollectConfig {
   // Ask for the routed experts and their weights (R3, MoE models) and store them in the shards.
   bool return_routed_experts = false;
   std::string progress = "auto";  // auto | bar | log | off
+  // Over-sampling (issue 34; services/collector/oversample.h): a run collects a batch of
+  // batch_groups groups (0: every row, no batches), submitting ceil(over_sample x batch_groups)
+  // of the pending groups, keeping the first batch_groups that complete and pass group_filter
+  // (a shell command reading a group as JSON on stdin, answering keep or drop; "": keep all),
+  // aborting the rest through the router and saving their partial samples for the next run.
+  int64_t batch_groups = 0;
+  double over_sample = 1.0;
+  std::string group_filter;
 };
 
 // InvalidArgument naming the flag at fault.

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "services/collector/dispatcher.h"
 #include "services/collector/merge.h"
+#include "services/collector/oversample.h"
 #include "services/collector/progress.h"
 #include "services/collector/prompt_set.h"
 #include "services/collector/shard_writer.h"
@@ -95,6 +96,22 @@ absl::StatusOr<CollectSummary> RunCollect(const CollectConfig& config,
     ckpt.total = total;
   }
   RemoveStaleTemps(config.out);
+  summary.total = total;
+  if (config.batch_groups > 0) {
+    // Over-sampling batches (oversample.h).
+    RETURN_IF_ERROR(RunBatch(config, *prompts, &ckpt, ckpt_path, stop, &summary));
+    summary.failed = static_cast<int64_t>(ckpt.failed.size());
+    summary.done = static_cast<int64_t>(ckpt.completed.size() + ckpt.failed.size());
+    if (!summary.interrupted) {
+      auto m = MergeShards(config.out, ckpt);
+      if (!m.ok()) return m.status();
+      summary.merged = true;
+    }
+    summary.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    summary.cpu_seconds = CpuSeconds() - cpu_start;
+    summary.writer_cpu_seconds = ThreadCpuSeconds() - writer_cpu_start;
+    return summary;
+  }
 
   std::vector<Task> tasks;
   for (const PromptRow& row : prompts->rows) {

@@ -30,6 +30,13 @@ struct CollectSummary {
   int64_t shards = 0;
   bool merged = false;
   bool interrupted = false;  // stopped by `stop` before everything was collected
+  // Batch runs (--batch-groups, oversample.h): groups kept, dropped by the filter, left
+  // unfinished (aborted), samples saved in `partials`, and samples resumed from them.
+  int64_t kept_groups = 0;
+  int64_t dropped_groups = 0;
+  int64_t aborted_groups = 0;
+  int64_t partials_saved = 0;
+  int64_t resumed = 0;
   double seconds = 0;
   double cpu_seconds = 0;  // process CPU time during the run
   // CPU time of the calling (writer) thread: the serial part (conversion, shards, checkpoints,

@@ -91,7 +91,9 @@ std::optional<Result> ResultQueue::PopUntil(Clock::time_point deadline) {
   return r;
 }
 
-Dispatcher::Dispatcher(const CollectConfig& c, const std::atomic<bool>* stop) : c_(c), stop_(stop) {
+Dispatcher::Dispatcher(const CollectConfig& c, const std::atomic<bool>* stop,
+                       const std::atomic<bool>* drain, std::string run_tag)
+    : c_(c), stop_(stop), drain_(drain), run_tag_(std::move(run_tag)) {
   for (int i = 0; i < std::max(1, c.channels); ++i) {
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(512 << 20);
@@ -108,6 +110,24 @@ Dispatcher::Dispatcher(const CollectConfig& c, const std::atomic<bool>* stop) : 
     stubs_.push_back(rl::v1::Router::NewStub(
         grpc::CreateCustomChannel(c.router, grpc::InsecureChannelCredentials(), args)));
   }
+}
+
+std::string Dispatcher::GroupId(int64_t index) const {
+  return run_tag_.empty() ? absl::StrCat("collect-", index)
+                          : absl::StrCat("collect-", run_tag_, "-", index);
+}
+
+absl::Status Dispatcher::AbortGroup(int64_t index) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!c_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + c_.api_key);
+  rl::v1::AbortRequest req;
+  req.set_group_id(GroupId(index));
+  rl::v1::AbortResponse resp;
+  grpc::Status s = stubs_[0]->Abort(&ctx, req, &resp);
+  if (s.ok()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("Router.Abort(group_id ", req.group_id(), "): ",
+                                             CodeName(s.error_code()), ": ", s.error_message()));
 }
 
 void Dispatcher::CancelInFlight() {
@@ -140,6 +160,22 @@ rl::v1::GenerateRequest Dispatcher::BuildRequest(const Task& t, std::string* err
   }
   req.set_stream(false);
   req.set_request_id(absl::StrCat("collect-", t.row->index, "-", t.sample));
+  // Issue 32: the group's samples share a group id and a routing key (the row's own
+  // "routing_key" when it has one).
+  req.set_group_id(GroupId(t.row->index));
+  req.set_routing_key(t.row->routing_key.empty() ? req.group_id() : t.row->routing_key);
+  if (t.partial != nullptr) {
+    // Issue 34: continue the earlier partial output within the original budget.
+    rl::v1::ResumeFrom* rf = req.mutable_resume_from();
+    rf->mutable_output_ids()->Assign(t.partial->output_ids.begin(), t.partial->output_ids.end());
+    rf->mutable_output_logprobs()->Assign(t.partial->output_logprobs.begin(),
+                                          t.partial->output_logprobs.end());
+    for (const auto& [version, tokens] : t.partial->segments) {
+      rl::v1::VersionSegment* seg = rf->add_weight_version_segments();
+      seg->set_weight_version(version);
+      seg->set_num_tokens(tokens);
+    }
+  }
   return req;
 }
 
@@ -197,6 +233,27 @@ Result Dispatcher::Run(const Task& t, size_t slot) {
     }
     if (Stopping() && s.error_code() == grpc::StatusCode::CANCELLED) {
       res.cancelled = true;
+      return res;
+    }
+    if (Draining() &&
+        (!s.ok() || !final || final->finish_reason() == rl::v1::FINISH_REASON_ABORT)) {
+      // The batch is complete and the router aborted this call: its output (if any) is kept
+      // for the next run; a call aborted before any output stays pending as it was.
+      if (final && final->output_ids_size() > 0) {
+        PartialSample p;
+        p.key = r.key;
+        p.dispatch_version = final->dispatch_weight_version();
+        p.output_ids.assign(final->output_ids().begin(), final->output_ids().end());
+        for (const rl::v1::TokenLogprob& lp : final->output_logprobs()) {
+          p.output_logprobs.push_back(lp.logprob());
+        }
+        for (const rl::v1::VersionSegment& seg : final->weight_version_segments()) {
+          p.segments.emplace_back(seg.weight_version(), seg.num_tokens());
+        }
+        res.partial = std::move(p);
+      } else {
+        res.cancelled = true;
+      }
       return res;
     }
     r.attempts = attempt;

@@ -41,6 +41,16 @@ int main(int argc, char** argv) {
              "MoE: store every sample's routed experts and weights (R3) in the shards (the "
              "workers need --enable-return-routed-experts)");
   flags.String("progress", &c.progress, "auto|bar|log|off (auto: a bar on a terminal)");
+  flags.Int("batch-groups", &c.batch_groups,
+            "collect a batch of this many groups (prompt rows with their --n samples) per run, "
+            "then merge what is saved; the next run collects the next batch (0: every row)");
+  flags.Double("over-sample", &c.over_sample,
+               "with --batch-groups: submit ceil(F x batch) groups, keep the first batch that "
+               "complete (and pass --group-filter), abort the rest through the router and keep "
+               "their partial samples in the checkpoint for the next run to resume");
+  flags.String("group-filter", &c.group_filter,
+               "with --batch-groups: a shell command that reads a completed group as JSON on "
+               "stdin and prints keep or drop (e.g. examples/group_filters/dapo_filter.py)");
   rl::MainOptions options{.program = "rl-collect", .flags = &flags, .log_level = &log_level};
   options.validate = [&c] { return rl::collector::ValidateConfig(c); };
   if (std::optional<int> exit_code = rl::PrepareMain(argc, argv, options)) return *exit_code;
@@ -61,5 +71,13 @@ int main(int argc, char** argv) {
   std::printf("collected %ld/%ld samples (%ld failed) -> %s/trajectories.safetensors\n",
               static_cast<long>(summary->done), static_cast<long>(summary->total),
               static_cast<long>(summary->failed), c.out.c_str());
+  if (c.batch_groups > 0) {
+    std::printf(
+        "batch: %ld groups kept, %ld dropped by the filter, %ld aborted (%ld samples "
+        "saved for the next run), %ld samples resumed\n",
+        static_cast<long>(summary->kept_groups), static_cast<long>(summary->dropped_groups),
+        static_cast<long>(summary->aborted_groups), static_cast<long>(summary->partials_saved),
+        static_cast<long>(summary->resumed));
+  }
   return summary->failed > 0 ? 3 : 0;
 }

@@ -146,6 +146,14 @@ absl::StatusOr<PromptRow> ParsePromptRow(const std::string& line, size_t line_no
     }
     row.sampling_json = j["sampling_params"].dump();
   }
+  if (j.contains("routing_key")) {
+    // Issue 32: the row's own routing key (else rl-collect keys on the row's group); also
+    // kept as metadata.
+    if (!j["routing_key"].is_string() || j["routing_key"].get<std::string>().size() > 256) {
+      return RowError(line_no, "`routing_key` is not a string of at most 256 bytes");
+    }
+    row.routing_key = j["routing_key"].get<std::string>();
+  }
   Json meta = Json::object();
   for (auto it = j.begin(); it != j.end(); ++it) {
     if (it.key() == "index" || it.key() == "text" || it.key() == "input_ids" ||

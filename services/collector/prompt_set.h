@@ -4,7 +4,9 @@
 // `input_ids` (array of token ids), optional `sampling_params` (object overriding the command
 // line's sampling for this row: max_new_tokens, min_new_tokens, temperature, top_p, top_k,
 // min_p, repetition_penalty, frequency_penalty, presence_penalty, seed, stop, stop_token_ids,
-// ignore_eos). Every other field is metadata, carried through to the output unchanged.
+// ignore_eos), optional `routing_key` (string: the router's routing key for the row's samples,
+// instead of the row's group id). Every other field is metadata, carried through to the output
+// unchanged (routing_key too).
 // Loading checks everything before any request is sent and fails naming the line and field.
 // Bounds: a line is at most kMaxLineBytes, a file at most kMaxRows rows, a prompt at most
 // kMaxPromptIds ids. Cost: the whole set is held in memory (the rows' text and ids).
@@ -34,6 +36,7 @@ struct PromptRow {
   std::string text;
   std::vector<int32_t> input_ids;
   std::string sampling_json;  // "" when the row has no overrides
+  std::string routing_key;    // the row's `routing_key` field ("": none; also metadata)
   std::string metadata_json = "{}";
 };
 

@@ -111,6 +111,8 @@ const char* FinishReasonName(rl::v1::FinishReason reason) {
       return "length";
     case rl::v1::FINISH_REASON_ABORT:
       return "abort";
+    case rl::v1::FINISH_REASON_STALE:
+      return "stale";
     default:
       return "unspecified";
   }

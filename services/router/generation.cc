@@ -85,7 +85,7 @@ Generation::Registration Generation::Register(const rl::v1::GenerateRequest& req
                                               RequestTable* requests) {
   Registration r;
   r.request_id = request.request_id().empty() ? RequestTable::NewId() : request.request_id();
-  r.handle = requests->Add(r.request_id);
+  r.handle = requests->Add(r.request_id, request.group_id());
   return r;
 }
 
@@ -94,9 +94,11 @@ absl::StatusOr<std::unique_ptr<Generation>> Generation::Create(
   if (env->tokenizer == nullptr)
     return absl::FailedPreconditionError("the router has no tokenizer");
   if (registered == nullptr) RETURN_IF_ERROR(CheckRequest(request, env->limits));
-  std::unique_ptr<Generation> g(new Generation(request, env));
+  ASSIGN_OR_RETURN(rl::v1::GenerateRequest effective, ResolveResume(request, env->resume_store));
+  std::unique_ptr<Generation> g(new Generation(effective, env));
+  if (request.has_resume_from()) g->resumed_from_id_ = request.resume_from().request_id();
   ASSIGN_OR_RETURN(g->prompt_,
-                   ResolvePrompt(request, env->cache, env->tokenizer, env->seam_counters));
+                   ResolvePrompt(g->request_, env->cache, env->tokenizer, env->seam_counters));
   RETURN_IF_ERROR(CheckPromptTokens(static_cast<int64_t>(g->prompt_.ids.size()), env->limits));
   for (const CacheHolder& h : g->prompt_.holders) {
     g->holders_.push_back({h.worker, static_cast<int32_t>(h.tokens)});
@@ -251,6 +253,7 @@ rl::v1::GenerateRequest Generation::WorkerRequest() {
   for (Completion& c : completions_) {
     c.decoder.emplace(*env_->tokenizer, false);
     (void)c.decoder->Prime(prompt_.ids);  // context only
+    PrimeResumed(&c);
   }
   num_finals_ = 0;
   aborted_before_output_ = false;
@@ -449,6 +452,7 @@ void Generation::CompleteFinal(size_t index, rl::v1::GenerateFinal* f) {
     absl::Status s = env_->episodes->Record(request_.episode_id(), std::move(turn));
     if (!s.ok()) spdlog::warn("episode turn not recorded: {}", std::string(s.message()));
   }
+  OnResumeFinal(index, f);
   if (request_.return_trajectory()) {
     rl::v1::Trajectory* t = f->mutable_trajectory();
     t->mutable_tokens()->Assign(tokens.begin(), tokens.end());

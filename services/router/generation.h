@@ -38,6 +38,7 @@
 #include "services/router/episodes/episode_store.h"
 #include "services/router/pool/worker_pool.h"
 #include "services/router/request_table.h"
+#include "services/router/resume_store.h"
 
 namespace rl::router {
 
@@ -45,6 +46,9 @@ namespace rl::router {
 inline constexpr size_t kInlinePromptBytes = 2048;
 // Longest routing_key / group_id accepted (docs/routing.md, "Policies").
 inline constexpr size_t kMaxRoutingKeyBytes = 256;
+// The worker's max_new_tokens when a request sets none (services/worker/proto_convert.h): a
+// kept partial sample (ResumeStore) records it as its original budget.
+inline constexpr int32_t kWorkerDefaultMaxNewTokens = 128;
 
 struct RetryOptions {
   int max_attempts = 3;
@@ -77,6 +81,8 @@ struct GenerationEnv {
   Counter* history_unknown_total = nullptr;  // answers with cache_history_unknown; may be null
   // The fleet's staleness bound (--max-version-lag), sent with requests that set none; -1: none.
   int32_t max_version_lag = -1;
+  // Partial samples kept for a resume by request id (null: none kept, resume by id refused).
+  ResumeStore* resume_store = nullptr;
 };
 
 // The prompt as the model will see it: cached tokens reused exactly plus the new ones.
@@ -152,6 +158,19 @@ class Generation {
   Lease PickWorker();
   void CompleteFinal(size_t index, rl::v1::GenerateFinal* f);
 
+  // Resume (generation_resume.cc; docs/weight-updates.md, "Resume").
+  struct Completion;
+  // The request to run: `request` itself, or for a resume by request id the kept prompt,
+  // sampling params and earlier output (ResumeStore) under this request's other fields.
+  static absl::StatusOr<rl::v1::GenerateRequest> ResolveResume(
+      const rl::v1::GenerateRequest& request, ResumeStore* store);
+  // The ResumeStore key of completion `index` of an n-sample request ("ID", or "ID#index").
+  static std::string ResumeKey(const std::string& request_id, int index, int n);
+  // A resume: the earlier output joins the completion's text (the decoder's context), unstreamed.
+  void PrimeResumed(Completion* c) const;
+  // A final: marks a resume by id (and forgets the kept sample); keeps an ABORT/STALE partial.
+  void OnResumeFinal(size_t index, rl::v1::GenerateFinal* f);
+
   struct Completion {
     std::optional<tokenizer::StreamDecoder> decoder;
     std::string text;            // completion text decoded in the prompt's context
@@ -162,6 +181,7 @@ class Generation {
 
   const GenerationEnv* env_;
   const rl::v1::GenerateRequest request_;
+  std::string resumed_from_id_;  // a resume by request id: the kept sample's id
   const VersionConstraint versions_ = VersionConstraintOf(request_);
   Prompt prompt_;
   std::string request_id_;  // the client's, or one the router made up

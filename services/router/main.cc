@@ -93,6 +93,11 @@ int main(int argc, char** argv) {
   flags.Int("max-episode-tokens", &c.max_episode_tokens,
             "tokens recorded per episode (all its turns' trajectories)");
   flags.Int("episode-ttl-s", &c.episode_ttl_s, "an episode idle this long is dropped");
+  flags.Int("resume-store-entries", &c.resume_store_entries,
+            "partial samples (requests that ended abort or stale with output) kept for a resume "
+            "by request id; beyond, the least recently used is dropped (0: off)");
+  flags.Int("resume-store-bytes", &c.resume_store_bytes,
+            "bound on the kept partial samples' serialized bytes (least recently used dropped)");
   rl::MainOptions options{
       .program = "rl-router", .flags = &flags, .log_level = &c.log_level, .keys = keys};
   return rl::RunServerMain(

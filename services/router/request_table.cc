@@ -44,9 +44,11 @@ bool RequestTable::Handle::aborted() const {
 
 std::string RequestTable::NewId() { return NewServerRequestId(kRouterRequestIdPrefix); }
 
-RequestTable::Handle RequestTable::Add(const std::string& id) {
+RequestTable::Handle RequestTable::Add(const std::string& id, const std::string& group_id) {
   absl::MutexLock lock(&mu_);
-  if (!entries_.try_emplace(id).second) return Handle();
+  auto [it, added] = entries_.try_emplace(id);
+  if (!added) return Handle();
+  it->second.group_id = group_id;
   return Handle(this, id);
 }
 
@@ -64,6 +66,18 @@ int RequestTable::MarkAllAborted() {
   absl::MutexLock lock(&mu_);
   for (auto& [id, entry] : entries_) entry.aborted = true;
   return static_cast<int>(entries_.size());
+}
+
+std::vector<std::string> RequestTable::MarkGroupAborted(const std::string& group_id) {
+  std::vector<std::string> ids;
+  if (group_id.empty()) return ids;
+  absl::MutexLock lock(&mu_);
+  for (auto& [id, entry] : entries_) {
+    if (entry.group_id != group_id) continue;
+    entry.aborted = true;
+    ids.push_back(id);
+  }
+  return ids;
 }
 
 size_t RequestTable::size() const {

@@ -1,15 +1,21 @@
-// Router.Abort: one in-flight request by id, forwarded to the worker that holds it, or every
-// request on every live worker (abort_all, admin key). Kept apart from router_service.cc.
+// Router.Abort: one in-flight request by id, forwarded to the worker that holds it, every
+// request of a GRPO group (group_id: one forward per member in flight, issue 34's
+// over-sampling), or every request on every live worker (abort_all, admin key). Kept apart
+// from router_service.cc.
 #include <atomic>
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "grpcpp/alarm.h"
+#include "services/router/generation.h"
 #include "services/router/pool/worker_pool.h"
 #include "services/router/router_service.h"
 #include "spdlog/spdlog.h"
@@ -162,11 +168,66 @@ class AbortForward {
   std::unique_ptr<grpc::Alarm> alarm_;
 };
 
+// group_id: every member in flight is marked (a member between attempts stops on the mark
+// alone) and forwarded like one id; the total of what the workers aborted is returned (at
+// least the members marked). A member that registers after the call is not aborted.
+class GroupAbort {
+ public:
+  using Done = AbortForward::Done;
+  static void Start(RouterService* svc, const std::string& group_id,
+                    std::optional<std::string> authorization, Done done) {
+    std::vector<std::string> ids = svc->requests()->MarkGroupAborted(group_id);
+    if (ids.empty()) {
+      done(0);
+      return;
+    }
+    auto* g = new GroupAbort(static_cast<int>(ids.size()), std::move(done));
+    for (const std::string& id : ids) {
+      rl::v1::AbortRequest one;
+      one.set_request_id(id);
+      (new AbortForward(svc, one, authorization, [g](absl::StatusOr<int32_t> n) {
+        g->One(n);
+      }))->Start();
+    }
+  }
+
+ private:
+  GroupAbort(int members, Done done)
+      : pending_(members), marked_(members), done_(std::move(done)) {}
+  void One(const absl::StatusOr<int32_t>& n) {
+    {
+      absl::MutexLock lock(&mu_);
+      if (n.ok()) {
+        total_ += *n;
+      } else if (first_error_.ok() && !absl::IsNotFound(n.status())) {
+        first_error_ = n.status();  // a member that ended meanwhile is not an error
+      }
+      if (--pending_ > 0) return;
+    }
+    Done done = std::move(done_);
+    absl::StatusOr<int32_t> result =
+        first_error_.ok() ? absl::StatusOr<int32_t>(std::max(total_, marked_)) : first_error_;
+    delete this;
+    done(std::move(result));
+  }
+
+  absl::Mutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_);
+  const int marked_;
+  int32_t total_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  Done done_;
+};
+
 }  // namespace
 
 void RouterService::AbortRequests(const rl::v1::AbortRequest& request,
                                   std::optional<std::string> authorization,
                                   std::function<void(absl::StatusOr<int32_t>)> done) {
+  if (!request.abort_all() && request.request_id().empty() && !request.group_id().empty()) {
+    GroupAbort::Start(this, request.group_id(), std::move(authorization), std::move(done));
+    return;
+  }
   (new AbortForward(this, request, std::move(authorization), std::move(done)))->Start();
 }
 
@@ -175,8 +236,18 @@ grpc::ServerUnaryReactor* RouterService::Abort(grpc::CallbackServerContext* cont
                                                rl::v1::AbortResponse* response) {
   const BearerAuth* auth = request->abort_all() ? admin_auth_ : data_auth_;
   if (absl::Status s = auth->Check(*context); !s.ok()) return FinishUnary(context, s);
-  if (!request->abort_all() && request->request_id().empty()) {
-    return FinishUnary(context, absl::InvalidArgumentError("request_id: set it or abort_all"));
+  if (!request->abort_all() && request->request_id().empty() && request->group_id().empty()) {
+    return FinishUnary(context,
+                       absl::InvalidArgumentError("request_id: set it, group_id or abort_all"));
+  }
+  if (!request->group_id().empty() && (request->abort_all() || !request->request_id().empty())) {
+    return FinishUnary(context, absl::InvalidArgumentError(
+                                    "group_id: set it alone (not with request_id or abort_all)"));
+  }
+  if (request->group_id().size() > kMaxRoutingKeyBytes) {
+    return FinishUnary(context, absl::InvalidArgumentError(
+                                    absl::StrCat("group_id: ", request->group_id().size(),
+                                                 " bytes is more than ", kMaxRoutingKeyBytes)));
   }
   if (static_cast<int64_t>(request->request_id().size()) > limits_.max_request_id_bytes) {
     return FinishUnary(context, absl::InvalidArgumentError(

@@ -104,6 +104,8 @@ absl::Status Validate(const RouterConfig& c) {
   if (c.sglang_port < -1 || c.sglang_port > 65535)
     return bad("sglang-port", "must be -1 or in [0, 65535]");
   if (c.max_episodes < 1) return bad("max-episodes", "must be >= 1");
+  if (c.resume_store_entries < 0) return bad("resume-store-entries", "must be >= 0 (0: off)");
+  if (c.resume_store_bytes < 1) return bad("resume-store-bytes", "must be >= 1");
   if (c.max_episode_turns < 1) return bad("max-episode-turns", "must be >= 1");
   if (c.max_episode_tokens < 1) return bad("max-episode-tokens", "must be >= 1");
   if (c.episode_ttl_s < 1) return bad("episode-ttl-s", "must be >= 1");
@@ -151,6 +153,8 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   episode_options.gc_threshold_k = config.gc_threshold_k;
   RETURN_IF_ERROR(episode_options.Validate());
   s->episodes_ = std::make_unique<EpisodeStore>(episode_options);
+  s->resume_store_ = std::make_unique<ResumeStore>(
+      ResumeStoreOptions{config.resume_store_entries, config.resume_store_bytes});
   RegisterEpisodeMetrics(&s->metrics_, s->episodes_.get());
   PoolOptions pool_options;
   pool_options.health_interval = std::chrono::milliseconds(config.health_interval_ms);
@@ -223,6 +227,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   service.admin = s->admin_executor_.get();
   service.drain = &s->drain_;
   service.episodes = s->episodes_.get();
+  service.resume_store = s->resume_store_.get();
   service.max_version_lag = config.max_version_lag;
   service.fleet_record = s->fleet_record_.get();
   service.refuse_when_store_failed = config.cache_store_failure == "refuse";

@@ -95,6 +95,9 @@ struct RouterConfig {
   int64_t max_episode_turns = 1024;
   int64_t max_episode_tokens = 1 << 22;
   int episode_ttl_s = 3600;
+  // Partial samples kept for a resume by request id (resume_store.h; 0 entries: off).
+  int64_t resume_store_entries = 4096;
+  int64_t resume_store_bytes = int64_t{256} << 20;
   // A second listener for SGLang's scheduler protocol that takes no key (-1: none); the SMG
   // gateway sends none. The main port serves it too, behind the data key.
   int sglang_port = -1;
@@ -131,6 +134,7 @@ class RouterServer {
   std::unique_ptr<CacheStore> store_;  // outlives the cache
   std::unique_ptr<TextCache> cache_;
   std::unique_ptr<EpisodeStore> episodes_;
+  std::unique_ptr<ResumeStore> resume_store_;
   // The cache's GC follows the fleet's weight version (declared before pool_: outlives it).
   std::unique_ptr<FleetObserver> cache_follows_fleet_;
   // Persists the fleet's weights and pause state (with --cache-dir; outlives pool_).

@@ -93,6 +93,7 @@ RouterService::RouterService(WorkerPool* pool, TextCache* cache,
   };
   env_.episodes = options.episodes;
   env_.max_version_lag = options.max_version_lag;
+  env_.resume_store = options.resume_store;
   env_.history_unknown_total = metrics_.history_unknown_total();
   generate_.env = &env_;
   generate_.pool = pool;

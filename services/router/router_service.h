@@ -51,7 +51,8 @@ struct RouterServiceOptions {
   // While the router drains (SIGTERM): Generate and the pool's changes (AddWorker,
   // RemoveWorker, SetWorkerEnabled) are refused UNAVAILABLE; streams in flight go on. May be null.
   const DrainGate* drain = nullptr;
-  EpisodeStore* episodes = nullptr;  // agent episodes (null: none recorded, GetEpisode fails)
+  EpisodeStore* episodes = nullptr;     // agent episodes (null: none recorded, GetEpisode fails)
+  ResumeStore* resume_store = nullptr;  // partial samples for resume by id (null: refused)
   // --max-version-lag: the staleness bound sent with requests that set none (-1: none).
   int32_t max_version_lag = -1;
   // Persists AddWorker / RemoveWorker (with --cache-dir; null: not kept across restarts).

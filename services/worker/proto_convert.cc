@@ -42,6 +42,27 @@ absl::StatusOr<engine::GenerateRequest> ToEngineRequest(const rl::v1::GenerateRe
   r.versions = VersionConstraintOf(proto);
   RETURN_IF_ERROR(r.versions.Validate());
   if (proto.has_max_version_lag()) r.max_version_lag = proto.max_version_lag();
+  if (proto.has_resume_from()) {
+    const rl::v1::ResumeFrom& rf = proto.resume_from();
+    if (!rf.request_id().empty()) {
+      return absl::InvalidArgumentError(
+          "resume_from.request_id: resuming by request id is the router's (it keeps the partial "
+          "samples); a worker resumes by output_ids with the original prompt");
+    }
+    if (rf.output_ids().empty()) {
+      return absl::InvalidArgumentError(
+          "resume_from: set output_ids (the earlier output) with the original prompt");
+    }
+    if (!sp.has_max_new_tokens()) {
+      return absl::InvalidArgumentError(
+          "sampling_params.max_new_tokens: a resume must give the sample's ORIGINAL budget");
+    }
+    r.resumed_ids.assign(rf.output_ids().begin(), rf.output_ids().end());
+    r.resumed_logprobs.assign(rf.output_logprobs().begin(), rf.output_logprobs().end());
+    for (const rl::v1::VersionSegment& seg : rf.weight_version_segments()) {
+      r.resumed_segments.push_back({seg.weight_version(), seg.num_tokens()});
+    }
+  }
   r.return_routed_experts = proto.return_routed_experts();
   r.return_expert_weights = proto.return_expert_weights();
   r.routed_experts_start_len =
@@ -99,6 +120,7 @@ void ToProto(const engine::GenerateResult& in, rl::v1::GenerateFinal* out) {
   }
   out->set_kv_from_older_version(in.kv_from_older_version);
   out->set_oldest_kv_weight_version(in.oldest_kv_weight_version);
+  out->set_resumed_tokens(in.resumed_tokens);
   if (in.routed_top_k > 0) ToProto(in, out->mutable_routed_experts());
   out->mutable_timings()->set_queue_us(in.timings.queue_us);
   out->mutable_timings()->set_ttft_us(in.timings.ttft_us);

@@ -121,11 +121,15 @@ class GenerateReactor final : public EngineStreamReactor<rl::v1::GenerateRespons
       // context is only the prompt's last few ids (DecodeContextStart), not a copy of it all.
       const size_t context_start = tokenizer::DecodeContextStart(*tok, req.input_ids);
       prompt_ids_.assign(req.input_ids.begin() + context_start, req.input_ids.end());
+      // A resume streams only the new tokens' text, decoded after the earlier output; the
+      // final's text holds both parts (like its output_ids).
+      std::vector<int32_t> context_ids = prompt_ids_;
+      context_ids.insert(context_ids.end(), req.resumed_ids.begin(), req.resumed_ids.end());
       for (int i = 0; i < n; ++i) {
         decoders_.emplace_back(*tok, /*skip_special_tokens=*/false);
         // An id outside the tokenizer (a padded embedding table) leaves the decoder unprimed;
         // the engine validates ids against the model.
-        (void)decoders_.back().Prime(prompt_ids_);
+        (void)decoders_.back().Prime(context_ids);
       }
     }
     engine::RequestCallbacks callbacks = StreamThreadCallbacks(stream_);

@@ -1,6 +1,7 @@
 // checkpoint.h: compact encoding, durable round trip, every bound checked on load.
 #include "services/collector/checkpoint.h"
 
+#include <cmath>
 #include <filesystem>
 #include <string>
 
@@ -97,6 +98,59 @@ TEST(Checkpoint, DurableRoundTrip) {
                   .status()
                   .message(),
               HasSubstr("more samples than the total"));
+}
+
+// Over-sampling (issue 34): dropped groups and the partial samples of aborted groups round-trip
+// (NaN logprobs as null), and a corrupt partial is refused naming the problem.
+TEST(Checkpoint, DroppedGroupsAndPartialSamplesRoundTrip) {
+  CollectCheckpoint c;
+  c.n = 2;
+  c.total = 20;
+  c.dropped.insert({3, 0});
+  PartialSample aborted;
+  aborted.key = {4, 1};
+  aborted.dispatch_version = 7;
+  aborted.output_ids = {10, 11, 12};
+  aborted.output_logprobs = {-0.5f, std::nanf(""), -1.5f};
+  aborted.segments = {{6, 1}, {7, 2}};
+  c.partials.push_back(aborted);
+  PartialSample finished;
+  finished.key = {4, 0};
+  SampleRecord r;
+  r.key = finished.key;
+  r.finish_reason = "length";
+  r.prompt_len = 2;
+  r.tokens = {1, 2, 3};
+  r.loss_mask = {0, 0, 1};
+  r.rollout_logprobs = {std::nanf(""), std::nanf(""), -0.25f};
+  r.weight_versions = {-1, -1, 7};
+  r.text = "x";
+  finished.record = r;
+  c.partials.push_back(finished);
+  const std::string json = EncodeCheckpoint(c);
+  auto back = DecodeCheckpoint(json, "x");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->dropped, c.dropped);
+  ASSERT_EQ(back->partials.size(), 2u);
+  const PartialSample& a = back->partials[0];
+  EXPECT_EQ(a.key, aborted.key);
+  EXPECT_EQ(a.dispatch_version, 7);
+  EXPECT_EQ(a.output_ids, aborted.output_ids);
+  EXPECT_TRUE(std::isnan(a.output_logprobs[1]));
+  EXPECT_EQ(a.output_logprobs[2], -1.5f);
+  EXPECT_EQ(a.segments, aborted.segments);
+  EXPECT_FALSE(a.record.has_value());
+  ASSERT_TRUE(back->partials[1].record.has_value());
+  EXPECT_EQ(back->partials[1].record->tokens, r.tokens);
+  EXPECT_EQ(back->partials[1].record->finish_reason, "length");
+  EXPECT_TRUE(std::isnan(back->partials[1].record->rollout_logprobs[0]));
+
+  // Segments that do not add up to the ids: refused.
+  std::string bad = json;
+  bad.replace(bad.find("[[6,1],[7,2]]"), 13, "[[6,1],[7,5]]");
+  auto refused = DecodeCheckpoint(bad, "ckpt");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(), HasSubstr("columns disagree"));
 }
 
 }  // namespace

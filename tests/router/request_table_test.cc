@@ -3,9 +3,11 @@
 // that move and release, and the ids the router makes up.
 #include "services/router/request_table.h"
 
+#include <algorithm>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "common/request_limits.h"
@@ -81,6 +83,26 @@ TEST(RequestTableTest, MadeUpIdsCarryTheRouterPrefixAndDiffer) {
     ids.insert(id);
   }
   EXPECT_EQ(ids.size(), 100u);
+}
+
+// Issue 34: Router.Abort(group_id) marks every in-flight member of the group, no other.
+TEST(RequestTableTest, MarkGroupAbortedMarksTheGroupsMembersOnly) {
+  RequestTable table;
+  RequestTable::Handle a = table.Add("a", "g1");
+  RequestTable::Handle b = table.Add("b", "g1");
+  RequestTable::Handle c = table.Add("c", "g2");
+  RequestTable::Handle d = table.Add("d");
+  std::vector<std::string> ids = table.MarkGroupAborted("g1");
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(a.aborted());
+  EXPECT_TRUE(b.aborted());
+  EXPECT_FALSE(c.aborted());
+  EXPECT_FALSE(d.aborted());
+  EXPECT_TRUE(table.MarkGroupAborted("").empty());  // no group: nothing
+  EXPECT_TRUE(table.MarkGroupAborted("none").empty());
+  b = RequestTable::Handle();  // ended: no longer a member
+  EXPECT_EQ(table.MarkGroupAborted("g1"), std::vector<std::string>{"a"});
 }
 
 }  // namespace

@@ -13,11 +13,20 @@ namespace {
 // then the same request goes to rl.v1.Worker.
 int GenerateVia(const Options& o, const Client& c, bool via_router) {
   rl::v1::GenerateRequest req;
-  if (!o.text.empty() == !o.ids.empty())
-    return Fail(o, Usage("generate needs exactly one of --text or --ids"));
+  if (!o.resume_id.empty()) {
+    // Resume by request id (router only): the router keeps the prompt, the original budget
+    // and the earlier output of a request that ended abort or stale.
+    if (!o.text.empty() || !o.ids.empty()) {
+      return Fail(o, Usage("generate --resume-id ID takes no --text or --ids (the router keeps "
+                           "the prompt)"));
+    }
+    req.mutable_resume_from()->set_request_id(o.resume_id);
+  } else if (!o.text.empty() == !o.ids.empty()) {
+    return Fail(o, Usage("generate needs exactly one of --text or --ids (or --resume-id)"));
+  }
   if (!o.text.empty()) {
     req.set_text(o.text);
-  } else {
+  } else if (!o.ids.empty()) {
     auto ids = ParseIds(o.ids);
     if (!ids.ok()) return Fail(o, ids.status());
     for (int32_t id : *ids) req.mutable_input_ids()->add_ids(id);
@@ -40,6 +49,15 @@ int GenerateVia(const Options& o, const Client& c, bool via_router) {
   if (o.min_weight_version >= 0) req.set_min_weight_version(o.min_weight_version);
   if (o.exact_weight_version >= 0) req.set_exact_weight_version(o.exact_weight_version);
   if (o.max_version_lag != kUnsetVersionLag) req.set_max_version_lag(o.max_version_lag);
+  req.set_request_id(o.request_id);
+  if (!o.resume_id.empty()) {
+    req.clear_sampling_params();  // the kept sample's own
+    if (!via_router) {
+      return Fail(o, absl::FailedPreconditionError(
+                         "generate --resume-id: resuming by request id needs an rl-router (it "
+                         "keeps the partial samples); this is a worker"));
+    }
+  }
   grpc::ClientContext ctx;
   c.Prepare(&ctx);
   std::unique_ptr<grpc::ClientReader<rl::v1::GenerateResponse>> reader =
@@ -66,7 +84,14 @@ int GenerateVia(const Options& o, const Client& c, bool via_router) {
     std::cout << "\n[" << rl::v1::FinishReason_Name(f.finish_reason()) << "] prompt "
               << f.prompt_tokens() << " tokens (" << f.cached_tokens() << " cached), completion "
               << f.completion_tokens() << " tokens, weight_version " << f.weight_version() << ", "
-              << f.timings().total_us() / 1000.0 << " ms\n";
+              << f.timings().total_us() / 1000.0 << " ms";
+    if (f.resumed_tokens() > 0) {
+      std::cout << ", resumed " << f.resumed_tokens() << " tokens"
+                << (f.resumed_from_request_id().empty()
+                        ? std::string()
+                        : absl::StrCat(" of ", f.resumed_from_request_id()));
+    }
+    std::cout << "\n";
   }
   return 0;
 }

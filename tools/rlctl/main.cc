@@ -18,6 +18,9 @@ constexpr char kCommands[] = R"(Commands:
            [--top-k N] [--seed N] [--logprobs] [--stop S]... [--top-logprobs-num N]
            [--logprob-start-len N] [--logprobs-at-temperature-one] [--ignore-eos]
            [--min-weight-version N] [--exact-weight-version N] [--max-version-lag N]
+           [--request-id ID]
+  generate --resume-id ID [--logprobs] ...   (router: continue the partial sample of a request
+                                    that ended abort or stale, within its original budget)
   retrieve --text T
   episode --episode-id ID [--remove] [--routed-experts [--expert-weights]]
                                    (router: the episode's turns and one sample per branch;
@@ -77,7 +80,11 @@ int main(int argc, char** argv) {
   flags.String("text", &o.text, "prompt text");
   flags.String("file", &o.file, "tokenize: read the whole file as one text");
   flags.String("ids", &o.ids, "comma-separated token ids");
-  flags.String("request-id", &o.request_id, "abort: the request's id");
+  flags.String("request-id", &o.request_id,
+               "abort: the request's id; generate: the id to give the request (resume it by id)");
+  flags.String("resume-id", &o.resume_id,
+               "generate (router): resume the partial sample the router keeps for this request "
+               "id (ended abort or stale) within its original max_new_tokens");
   flags.Bool("all", &o.all, "abort: every in-flight request (admin key)");
   flags.Bool("allow-unreachable", &o.allow_unreachable,
              "workers add: register a worker that does not answer yet (listed DEAD until it "

@@ -20,6 +20,7 @@ struct Options {
   bool text_set = false;  // --text given, even empty
   std::string file;       // tokenize: the whole file as one text
   std::string request_id;
+  std::string resume_id;  // generate --resume-id: resume a kept partial sample (router)
   std::string episode_id;
   bool remove = false;             // episode: forget it once exported
   bool routed_experts = false;     // episode: each sample's routing (R3)

@@ -121,8 +121,18 @@ class AsyncClient:
             raise FleetError.from_rpc_error(e, "Generate") from e
         return _collect(messages)
 
-    async def abort(self, request_id: Optional[str] = None, abort_all: bool = False) -> int:
-        req = worker_pb2.AbortRequest(request_id=request_id or "", abort_all=abort_all)
+    async def resume(self, partial: Any, text: Optional[str] = None,
+                     input_ids: Optional[Sequence[int]] = None, **options: Any) -> GenerateResult:
+        """Client.resume as a coroutine."""
+        if isinstance(partial, GenerateResult) and partial.finish_reason not in ("abort", "stale"):
+            raise ValueError(f"resume: a {partial.finish_reason!r} sample is not resumable (only "
+                             "aborted or stale ones are)")
+        return (await self.generate(text, input_ids, resume_from=partial, **options)).one()
+
+    async def abort(self, request_id: Optional[str] = None, abort_all: bool = False,
+                    group_id: Optional[str] = None) -> int:
+        req = worker_pb2.AbortRequest(request_id=request_id or "", abort_all=abort_all,
+                                      group_id=group_id or "")
         r = await self._unary(self._data_service(), "Abort", req, worker_pb2.AbortResponse)
         return r.num_aborted
 

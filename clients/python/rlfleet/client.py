@@ -142,9 +142,8 @@ class Client:
         Options: every GenerateRequest field (request_id, return_logprob, top_logprobs_num,
         logprob_start_len, logprobs_at_temperature_one, stream, return_trajectory,
         return_routed_experts, return_expert_weights, routed_experts_start_len,
-        min_weight_version, exact_weight_version, max_version_lag; routing_key, group_id,
-        episode_id for the
-        router) and every
+        min_weight_version, exact_weight_version, max_version_lag, resume_from; routing_key,
+        group_id, episode_id for the router) and every
         sampling field (`sampling=SamplingParams(...)` or keywords: max_new_tokens,
         temperature, top_p, top_k, min_p, seed, n, stop, stop_token_ids, ignore_eos, ...)."""
         options.setdefault("stream", False)
@@ -157,11 +156,27 @@ class Client:
             raise FleetError.from_rpc_error(e, "Generate") from e
         return _collect(messages)
 
-    def abort(self, request_id: Optional[str] = None, abort_all: bool = False) -> int:
-        """Aborts one request by id (wherever it runs in the fleet, through the router) or every
-        request (abort_all; needs the admin key when one is set). Returns the number aborted;
-        FleetError NOT_FOUND for an id not in flight (router)."""
-        req = worker_pb2.AbortRequest(request_id=request_id or "", abort_all=abort_all)
+    def resume(self, partial: Any, text: Optional[str] = None,
+               input_ids: Optional[Sequence[int]] = None, **options: Any) -> GenerateResult:
+        """Continues an aborted or stale sample within its original budget and returns the
+        whole sample (earlier tokens first; `resumed_tokens` says how many): `partial` is the
+        request id the router keeps (no prompt), or the earlier GenerateResult with the
+        original prompt and sampling (max_new_tokens the ORIGINAL budget). Raises FleetError
+        on refusal: INVALID_ARGUMENT when nothing is left of the budget or prompt + earlier
+        output + the rest exceeds the context, NOT_FOUND for an id the router does not keep."""
+        if isinstance(partial, GenerateResult) and partial.finish_reason not in ("abort", "stale"):
+            raise ValueError(f"resume: a {partial.finish_reason!r} sample is not resumable (only "
+                             "aborted or stale ones are)")
+        return self.generate(text, input_ids, resume_from=partial, **options).one()
+
+    def abort(self, request_id: Optional[str] = None, abort_all: bool = False,
+              group_id: Optional[str] = None) -> int:
+        """Aborts one request by id (wherever it runs in the fleet, through the router), every
+        request of a GRPO group (group_id, router only: their finals carry what they
+        generated), or every request (abort_all; needs the admin key when one is set). Returns
+        the number aborted; FleetError NOT_FOUND for an id not in flight (router)."""
+        req = worker_pb2.AbortRequest(request_id=request_id or "", abort_all=abort_all,
+                                      group_id=group_id or "")
         return self._unary(self._data_service(), "Abort", req, worker_pb2.AbortResponse).num_aborted
 
     def retrieve_from_text(self, text: str, tokenize_remainder: bool = False) -> Trajectory:

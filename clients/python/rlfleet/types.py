@@ -58,6 +58,7 @@ def build_generate_request(text: Optional[str] = None,
                            exact_weight_version: Optional[int] = None,
                            max_version_lag: Optional[int] = None,
                            routing_key: str = "", group_id: str = "", episode_id: str = "",
+                           resume_from: Any = None,
                            **sampling_kwargs: Any) -> "generate_pb2.GenerateRequest":
     """Every rl.v1.GenerateRequest field; sampling fields as `sampling=` or keyword arguments.
     Router only: `routing_key` / `group_id` place related requests on one worker under
@@ -66,8 +67,15 @@ def build_generate_request(text: Optional[str] = None,
     request accepts (the fleet never serves it with others; UNAVAILABLE when none serves one
     within the deadline). `max_version_lag`: the staleness bound, the request ends with
     finish_reason "stale" and its partial output once the weight version moved more than this
-    past its dispatch version (-1: no bound; None: the fleet's default)."""
-    if (text is None) == (input_ids is None):
+    past its dispatch version (-1: no bound; None: the fleet's default). `resume_from` continues
+    an earlier partial sample within its budget (docs/weight-updates.md, "Resume"): a request
+    id the router keeps (no prompt then), or the earlier GenerateResult (or a dict with
+    output_ids, output_logprobs, weight_version_segments) with the original prompt; the
+    sampling's max_new_tokens is the ORIGINAL budget."""
+    by_id = isinstance(resume_from, str)
+    if by_id and (text is not None or input_ids is not None):
+        raise ValueError("resume_from=<request id>: leave the prompt out (the router keeps it)")
+    if not by_id and (text is None) == (input_ids is None):
         raise ValueError("exactly one of text or input_ids is required")
     if sampling is None:
         sampling = SamplingParams()
@@ -99,7 +107,33 @@ def build_generate_request(text: Optional[str] = None,
         req.exact_weight_version = exact_weight_version
     if max_version_lag is not None:
         req.max_version_lag = max_version_lag
+    if resume_from is not None:
+        _set_resume_from(req, resume_from)
     return req
+
+
+def _set_resume_from(req: Any, resume_from: Any) -> None:
+    """GenerateRequest.resume_from from a request id, a GenerateResult or a dict."""
+    rf = req.resume_from
+    if isinstance(resume_from, str):
+        if not resume_from:
+            raise ValueError("resume_from: an empty request id")
+        rf.request_id = resume_from
+        return
+    if isinstance(resume_from, dict):
+        ids = list(resume_from.get("output_ids", []))
+        logprobs = [float(x) for x in resume_from.get("output_logprobs", [])]
+        segments = list(resume_from.get("weight_version_segments", []))
+    else:  # a GenerateResult (or anything shaped like one)
+        ids = list(resume_from.output_ids)
+        logprobs = [float(getattr(p, "logprob", p)) for p in resume_from.output_logprobs]
+        segments = list(resume_from.weight_version_segments)
+    if not ids:
+        raise ValueError("resume_from: the earlier sample has no output tokens")
+    rf.output_ids.extend(int(i) for i in ids)
+    rf.output_logprobs.extend(logprobs)
+    for version, n in segments:
+        rf.weight_version_segments.add(weight_version=int(version), num_tokens=int(n))
 
 
 @dataclass
@@ -197,6 +231,10 @@ class GenerateResult:
     # An in-flight update (keep_kv) crossed it: the prefix KV came from an older version.
     kv_from_older_version: bool = False
     oldest_kv_weight_version: int = 0
+    # A resumed sample (resume_from): its leading output tokens that came from the earlier
+    # part, and the earlier request's id when resumed by id.
+    resumed_tokens: int = 0
+    resumed_from_request_id: str = ""
 
     def token_weight_versions(self) -> list[int]:
         """The weight version of every output token (segments expanded; weight_version for
@@ -229,7 +267,9 @@ class GenerateResult:
             routed_experts=(RoutedExperts.from_proto(f.routed_experts)
                             if f.HasField("routed_experts") else None),
             kv_from_older_version=f.kv_from_older_version,
-            oldest_kv_weight_version=f.oldest_kv_weight_version)
+            oldest_kv_weight_version=f.oldest_kv_weight_version,
+            resumed_tokens=f.resumed_tokens,
+            resumed_from_request_id=f.resumed_from_request_id)
 
 
 def chunk_from_proto(msg: Any) -> Chunk:

@@ -47,6 +47,19 @@ void OutputProcessor::AppendStopText(Sequence* seq, int32_t token) const {
   if (seq->stop_stream == nullptr) {
     seq->stop_stream = decoder_->NewStream(
         absl::MakeConstSpan(seq->tokens.data(), static_cast<size_t>(seq->prompt_len)));
+    // A resume: the earlier output's text comes first (a stop string may span the boundary);
+    // only its last max_len - 1 bytes are kept, so no match lies wholly in the earlier part.
+    const size_t resumed = seq->request().resumed_ids.size();
+    if (resumed > 0) {
+      for (size_t i = 0; i < resumed; ++i) {
+        seq->stop_tail += seq->stop_stream->Step(seq->tokens[seq->prompt_len + i]);
+      }
+      size_t max_len = 0;
+      for (const std::string& s : p.stop) max_len = std::max(max_len, s.size());
+      if (seq->stop_tail.size() > max_len - 1) {
+        seq->stop_tail.erase(0, seq->stop_tail.size() - (max_len - 1));
+      }
+    }
   }
   seq->stop_tail += seq->stop_stream->Step(token);
 }
@@ -128,7 +141,10 @@ void OutputProcessor::Finish(Sequence* seq, FinishReason reason, int64_t weight_
   result.cached_tokens = std::max(seq->cached_tokens, 0);
   result.num_retractions = seq->num_retractions;
   result.weight_version =
-      seq->version_segments.empty() ? weight_version : seq->version_segments.back().weight_version;
+      seq->version_segments.empty() || seq->version_segments.back().weight_version < 0
+          ? weight_version
+          : seq->version_segments.back().weight_version;
+  result.resumed_tokens = static_cast<int32_t>(seq->request().resumed_ids.size());
   result.dispatch_weight_version = seq->dispatch_version;
   result.weight_version_segments = std::move(seq->version_segments);
   result.kv_from_older_version = seq->kv_from_older_version;

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status.h"
 
 namespace rl::engine {
 namespace {
@@ -85,6 +86,46 @@ absl::Status ValidateRequest(const GenerateRequest& r, const EngineLimits& limit
   if (r.routed_experts_start_len < 0 || r.routed_experts_start_len > prompt_len) {
     return Invalid("routed_experts_start_len", absl::StrCat("must be in [0, ", prompt_len, "]"));
   }
+  if (!r.resumed_ids.empty()) {
+    if (s.n != 1) return Invalid("n", "a resume continues one sample: n must be 1");
+    for (size_t i = 0; i < r.resumed_ids.size(); ++i) {
+      const int32_t t = r.resumed_ids[i];
+      if (t < 0 || t >= limits.vocab_size) {
+        return Invalid("resume_from.output_ids",
+                       absl::StrCat("token ", t, " at position ", i,
+                                    " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+      }
+    }
+    if (!r.resumed_logprobs.empty() && r.resumed_logprobs.size() != r.resumed_ids.size()) {
+      return Invalid("resume_from.output_logprobs",
+                     absl::StrCat(r.resumed_logprobs.size(), " logprobs for ", r.resumed_ids.size(),
+                                  " output ids (one per id, or none)"));
+    }
+    int64_t covered = 0;
+    for (const VersionSegment& seg : r.resumed_segments) {
+      if (seg.num_tokens <= 0) {
+        return Invalid("resume_from.weight_version_segments", "num_tokens must be > 0");
+      }
+      covered += seg.num_tokens;
+    }
+    if (!r.resumed_segments.empty() && covered != static_cast<int64_t>(r.resumed_ids.size())) {
+      return Invalid("resume_from.weight_version_segments",
+                     absl::StrCat("cover ", covered, " tokens, not the ", r.resumed_ids.size(),
+                                  " output ids (or send none: unknown)"));
+    }
+    const int64_t earlier = static_cast<int64_t>(r.resumed_ids.size());
+    if (s.min_new_tokens > s.max_new_tokens) {
+      return Invalid("min_new_tokens", "must not exceed max_new_tokens");
+    }
+    RETURN_IF_ERROR(
+        CheckResumeBudget(prompt_len, earlier, s.max_new_tokens, limits.max_context_len));
+    if (prompt_len + s.max_new_tokens > limits.max_kv_tokens) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "prompt (", prompt_len, " tokens) + earlier output (", earlier, ") + remaining budget (",
+          s.max_new_tokens - earlier, ") exceeds the KV cache capacity ", limits.max_kv_tokens));
+    }
+    return absl::OkStatus();
+  }
   const int64_t total = prompt_len + s.max_new_tokens;
   if (total > limits.max_context_len) {
     return absl::ResourceExhaustedError(
@@ -95,6 +136,25 @@ absl::Status ValidateRequest(const GenerateRequest& r, const EngineLimits& limit
     return absl::ResourceExhaustedError(
         absl::StrCat("prompt (", prompt_len, " tokens) + max_new_tokens (", s.max_new_tokens,
                      ") exceeds the KV cache capacity ", limits.max_kv_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckResumeBudget(int64_t prompt, int64_t earlier, int64_t max_new_tokens,
+                               int64_t context) {
+  const int64_t remaining = max_new_tokens - earlier;
+  if (remaining <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resume_from: the sample already has ", earlier,
+        " output tokens of its max_new_tokens budget ", max_new_tokens,
+        ": nothing is left to generate (sampling_params.max_new_tokens is the ORIGINAL budget)"));
+  }
+  const int64_t total = prompt + earlier + remaining;
+  if (total > context) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "resume_from: prompt (", prompt, " tokens) + earlier output (", earlier,
+        ") + remaining budget (", remaining, " = max_new_tokens ", max_new_tokens, " - ", earlier,
+        ") = ", total, " tokens exceeds the model's context of ", context, " tokens"));
   }
   return absl::OkStatus();
 }

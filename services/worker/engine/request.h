@@ -48,6 +48,13 @@ struct SamplingParams {
   int32_t n = 1;
 };
 
+// A run of consecutive output tokens sampled with the same weight version.
+struct VersionSegment {
+  int64_t weight_version = 0;
+  int32_t num_tokens = 0;
+  bool operator==(const VersionSegment&) const = default;
+};
+
 struct GenerateRequest {
   // Unique among in-flight requests; chosen by the caller.
   std::string id;
@@ -76,6 +83,16 @@ struct GenerateRequest {
   // request was dispatched at, it finishes with kStale and its partial output. Unset: the
   // engine's default (EngineOptions::default_max_version_lag); -1: no bound.
   std::optional<int32_t> max_version_lag;
+  // Resume within the budget (issue 34; docs/weight-updates.md, "Resume"): the output tokens of
+  // an earlier partial sample of this prompt, continued here. They are output, not prompt: the
+  // engine prefills prompt + resumed_ids, counts them against sampling.max_new_tokens (the
+  // ORIGINAL budget) and min_new_tokens, and the result's output_ids / output_logprobs /
+  // weight_version_segments start with them. resumed_logprobs: empty (unknown: NaN) or one per
+  // id; resumed_segments: empty (unknown: one segment of version -1) or adding up to the ids.
+  // Needs n == 1.
+  std::vector<int32_t> resumed_ids;
+  std::vector<double> resumed_logprobs;
+  std::vector<VersionSegment> resumed_segments;
 };
 
 inline constexpr int32_t kMaxTopLogprobs = 20;
@@ -122,13 +139,6 @@ struct RequestTimings {
   int64_t total_us = 0;  // submission to finish
 };
 
-// A run of consecutive output tokens sampled with the same weight version.
-struct VersionSegment {
-  int64_t weight_version = 0;
-  int32_t num_tokens = 0;
-  bool operator==(const VersionSegment&) const = default;
-};
-
 // The final result of one completion: totals of everything streamed, plus bookkeeping.
 struct GenerateResult {
   std::string id;
@@ -157,6 +167,9 @@ struct GenerateResult {
   // 0 when not set).
   bool kv_from_older_version = false;
   int64_t oldest_kv_weight_version = 0;
+  // A resume (GenerateRequest::resumed_ids): how many leading output tokens came from the
+  // earlier part (0: not a resume).
+  int32_t resumed_tokens = 0;
   // With return_routed_experts: for every token the model processed from position
   // routed_experts_start on (prompt tokens, then every output token but the last, which was
   // never fed back), per MoE layer, per top-k slot, row-major [tokens, moe layers, top_k]; the
@@ -192,5 +205,13 @@ struct EngineLimits {
 // Checks every field. INVALID_ARGUMENT names the field; a prompt plus max_new_tokens longer
 // than the context or the KV pool is RESOURCE_EXHAUSTED.
 absl::Status ValidateRequest(const GenerateRequest& request, const EngineLimits& limits);
+
+// A resume's budget (issue 34): `earlier` output tokens already generated of an original
+// budget `max_new_tokens` leave max_new_tokens - earlier to generate (<= 0: INVALID_ARGUMENT,
+// nothing is left); prompt + earlier + that remainder must fit in `context`, else
+// INVALID_ARGUMENT naming the three numbers, their sum and the context (slime #2260 asked for
+// 19,202 + 24,576 tokens in a 40,960 context by passing the whole budget again).
+absl::Status CheckResumeBudget(int64_t prompt, int64_t earlier, int64_t max_new_tokens,
+                               int64_t context);
 
 }  // namespace rl::engine

@@ -45,6 +45,7 @@ void Scheduler::Add(std::shared_ptr<RequestGroup> group, uint64_t seed) {
     seq->prompt_len = static_cast<int32_t>(r.input_ids.size());
     seq->tokens = r.input_ids;
     seq->tokens.reserve(r.input_ids.size() + r.sampling.max_new_tokens);
+    if (!r.resumed_ids.empty()) AddResumed(seq.get());
     seq->prompt_logprobs_done = !(r.return_logprob && r.logprob_start_len >= 0);
     seq->routing_next = r.routed_experts_start_len;
     seq->dispatch_version = weight_version_;
@@ -53,6 +54,26 @@ void Scheduler::Add(std::shared_ptr<RequestGroup> group, uint64_t seed) {
   }
   if (!r.versions.any()) versions_unchecked_ = true;
   prompt_tokens_ += static_cast<int64_t>(r.input_ids.size());
+}
+
+void Scheduler::AddResumed(Sequence* seq) {
+  const GenerateRequest& r = seq->request();
+  // The earlier tokens are output (counted against max_new_tokens, penalised as completion
+  // tokens) that is not in the KV yet: the first prefill computes prompt + earlier output and
+  // samples the next token from the last position, as after a retraction.
+  seq->tokens.insert(seq->tokens.end(), r.resumed_ids.begin(), r.resumed_ids.end());
+  for (int32_t t : r.resumed_ids) ++seq->output_counts[t];
+  if (r.return_logprob) {
+    for (size_t i = 0; i < r.resumed_ids.size(); ++i) {
+      seq->output_logprobs.push_back(TokenLogprob{
+          r.resumed_ids[i], r.resumed_logprobs.empty() ? std::nan("") : r.resumed_logprobs[i], {}});
+    }
+  }
+  seq->version_segments = r.resumed_segments;
+  if (seq->version_segments.empty()) {
+    seq->version_segments.push_back(
+        VersionSegment{-1, static_cast<int32_t>(r.resumed_ids.size())});  // unknown
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -155,6 +155,9 @@ class Scheduler {
   // kStale every one the version moved more than its max_version_lag past.
   void EnforceVersions(int64_t now_us);
 
+  // A resume (GenerateRequest::resumed_ids): the earlier output joins the new sequence.
+  void AddResumed(Sequence* seq);
+
   // Retraction.
   void Retract(std::unique_ptr<Sequence> seq);
   void RetractNewest();

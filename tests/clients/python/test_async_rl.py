@@ -90,3 +90,45 @@ def test_stale_request_returns_its_partial_output(fleet):
         assert 0 < len(final.output_ids) < 400
         assert final.attempts == 1
         assert not final.kv_from_older_version
+
+
+def test_resume_request_building():
+    from rlfleet.types import GenerateResult, build_generate_request
+    req = build_generate_request(resume_from="req-1", return_logprob=True)
+    assert req.resume_from.request_id == "req-1" and req.WhichOneof("prompt") is None
+    with pytest.raises(ValueError):
+        build_generate_request(text="Hi", resume_from="req-1")
+    with pytest.raises(ValueError):
+        build_generate_request(input_ids=[1, 2], resume_from={"output_ids": []})
+    req = build_generate_request(input_ids=[1, 2], max_new_tokens=9, resume_from={
+        "output_ids": [5, 6], "output_logprobs": [-0.5, -1.0],
+        "weight_version_segments": [(3, 2)]})
+    assert list(req.resume_from.output_ids) == [5, 6]
+    assert req.resume_from.weight_version_segments[0].weight_version == 3
+    assert GenerateResult.__dataclass_fields__["resumed_tokens"].default == 0
+
+
+def test_resume_through_the_router_by_tokens_and_refusals(fleet):
+    from rlfleet import Client, FleetError
+    prompt = [1, 403, 407, 261, 378]
+    with Client(fleet["router"].address, timeout=60.0) as c:
+        c.wait_ready()
+        full = c.generate(input_ids=prompt, max_new_tokens=40, temperature=0.0, ignore_eos=True,
+                          return_logprob=True).one()
+        partial = full
+        partial_dict = {"output_ids": full.output_ids[:15],
+                        "output_logprobs": [p.logprob for p in full.output_logprobs[:15]],
+                        "weight_version_segments": [(full.weight_version, 15)]}
+        r = c.generate(input_ids=prompt, max_new_tokens=40, temperature=0.0, ignore_eos=True,
+                       return_logprob=True, resume_from=partial_dict).one()
+        assert r.resumed_tokens == 15 and r.output_ids == full.output_ids
+        # A finished (length) sample is not resumable; the budget spent is refused by the server.
+        with pytest.raises(ValueError):
+            c.resume(partial, input_ids=prompt, max_new_tokens=40)
+        with pytest.raises(FleetError) as e:
+            c.generate(input_ids=prompt, max_new_tokens=15, resume_from=partial_dict)
+        assert e.value.code().name == "INVALID_ARGUMENT"
+        assert "nothing is left to generate" in str(e.value)
+        with pytest.raises(FleetError) as e:
+            c.resume("never-ran")
+        assert e.value.code().name == "NOT_FOUND"

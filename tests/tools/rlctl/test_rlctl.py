@@ -76,6 +76,27 @@ def test_async_rl_flags(start_worker):
     assert r.returncode == 1 and "max_version_lag" in r.stdout
 
 
+def test_generate_resume_id(start_worker):
+    """Issue 34: generate --resume-id goes to the router (a worker refuses it, naming why);
+    --resume-id with a prompt is a usage error; an id the router does not keep is NOT_FOUND."""
+    import rltest
+    w = start_worker()
+    r = rlctl("--target", w.address, "--json", "generate", "--resume-id", "x", "--text", "Hi")
+    assert r.returncode == 2, r.stdout + r.stderr
+    r = rlctl("--target", w.address, "--json", "generate", "--resume-id", "x")
+    assert r.returncode == 1 and "needs an rl-router" in r.stdout, r.stdout
+    router = rltest.start_router([w])
+    try:
+        r = rlctl("--target", router.address, "--json", "generate", "--resume-id", "never-ran")
+        assert r.returncode == 1, r.stdout
+        assert json.loads(r.stdout)["error"]["code"] == "NOT_FOUND"
+        r = rlctl("--target", router.address, "--json", "generate", "--ids", "1,403,407",
+                  "--max-new-tokens", "3", "--request-id", "named-1")
+        assert r.returncode == 0, r.stderr
+    finally:
+        router.stop()
+
+
 def test_push_a_delta_publication_and_a_checkpoint(tmp_path, start_worker):
     """Issue 30: `rlctl push --from-disk DIR [--stage]` sends a delta publication as a delta
     tensor stream (verified against its manifest; staged, then activated) and a checkpoint

@@ -93,5 +93,52 @@ TEST(ValidateRequestTest, MaxNewTokensZeroAndPromptLogprobsAreFine) {
   EXPECT_TRUE(ValidateRequest(r, Limits()).ok());
 }
 
+// Issue 34: slime #2260 asked for 19,202 + 24,576 = 43,778 tokens in a 40,960 context by
+// passing the whole budget again with a resume. The remaining budget is the original one minus
+// what was generated: the same sample fits when its prompt does, and a prompt that leaves too
+// little room is refused naming every number.
+TEST(CheckResumeBudgetTest, Slime2260) {
+  // prompt 10,000 + earlier 9,202 = 19,202 in the context; original budget 24,576: 15,374 left,
+  // 34,576 in all (the naive 19,202 + 24,576 = 43,778 would not fit).
+  EXPECT_TRUE(CheckResumeBudget(10'000, 9'202, 24'576, 40'960).ok());
+  absl::Status s = CheckResumeBudget(19'202, 2'000, 24'576, 40'960);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("prompt (19202 tokens) + earlier output (2000) + remaining budget "
+                             "(22576 = max_new_tokens 24576 - 2000) = 43778 tokens exceeds the "
+                             "model's context of 40960 tokens"),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(CheckResumeBudget(16'384, 2'000, 24'576, 40'960).ok());  // exactly 40,960
+  absl::Status spent = CheckResumeBudget(100, 24'576, 24'576, 40'960);
+  EXPECT_EQ(spent.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(spent.message().find("nothing is left to generate"), std::string::npos) << spent;
+}
+
+TEST(ValidateRequestTest, ResumeCountsTheEarlierOutputAgainstTheBudget) {
+  GenerateRequest r = Good();  // prompt 3, max_new_tokens 8
+  r.resumed_ids = {4, 5, 6};
+  EXPECT_TRUE(ValidateRequest(r, Limits()).ok());
+  r.resumed_logprobs = {-1.0, -2.0};
+  EXPECT_NE(ValidateRequest(r, Limits()).message().find("resume_from.output_logprobs"),
+            std::string::npos);
+  r.resumed_logprobs.clear();
+  r.resumed_segments = {{0, 2}};
+  EXPECT_NE(ValidateRequest(r, Limits()).message().find("cover 2 tokens"), std::string::npos);
+  r.resumed_segments = {{0, 1}, {1, 2}};
+  EXPECT_TRUE(ValidateRequest(r, Limits()).ok());
+  r.sampling.n = 2;
+  EXPECT_EQ(ValidateRequest(r, Limits()).code(), absl::StatusCode::kInvalidArgument);
+  r.sampling.n = 1;
+  r.resumed_ids = {4, 200, 6};
+  EXPECT_NE(ValidateRequest(r, Limits()).message().find("outside the vocabulary"),
+            std::string::npos);
+  r.resumed_ids = {4, 5, 6, 7, 8, 9, 10, 11};
+  r.resumed_segments.clear();
+  EXPECT_NE(ValidateRequest(r, Limits()).message().find("nothing is left"), std::string::npos);
+  r.sampling.max_new_tokens = 62;  // 3 + 8 + 54 = 65 > 64
+  EXPECT_NE(ValidateRequest(r, Limits()).message().find("exceeds the model's context of 64"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace rl::engine

@@ -481,6 +481,60 @@ TEST_F(CudaRunnerTest, StagedDeviceCopyActivatesLikeTheHostPath) {
   }
 }
 
+// Resume within the budget (issue 34) on the CUDA path: the engine resumes a sample by
+// prefilling prompt + earlier output in one forward and sampling from the last position. On the
+// GPU that one prefill must give the logits the token-by-token decode gave at the same position
+// (and the CPU's), so a greedy resumed sample continues exactly as the uninterrupted one.
+TEST_F(CudaRunnerTest, ResumePrefillOfEarlierOutputContinuesLikeTheDecode) {
+  RunnerOptions o;
+  o.model_dir = Make("qwen2", 31, "float32");
+  auto gpu = MustCreate(true, o);
+  auto resumed = MustCreate(true, o);
+  auto cpu = MustCreate(false, o);
+  ASSERT_TRUE(gpu && resumed && cpu);
+  const std::vector<int32_t> prompt = {1, 17, 99, 4, 250, 33, 7};
+  // One forward of tokens[from..] on slots 0..end: the last position's logits.
+  auto step = [](ModelRunner* r, const std::vector<int32_t>& tokens, size_t from) {
+    SequenceInput s;
+    s.token_ids.assign(tokens.begin() + static_cast<std::ptrdiff_t>(from), tokens.end());
+    s.start_pos = static_cast<int32_t>(from);
+    for (size_t i = 0; i < tokens.size(); ++i) s.kv_slots.push_back(static_cast<int32_t>(i));
+    s.logits = LogitsMode::kLast;
+    ForwardInput in;
+    in.seqs = {s};
+    ForwardOutput out;
+    absl::Status st = r->Forward(in, &out);
+    EXPECT_TRUE(st.ok()) << st;
+    return out.logits;
+  };
+  auto argmax = [](const std::vector<float>& v) {
+    return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
+  };
+  // The uninterrupted sample: prefill, then 12 decode steps, logits kept per position.
+  std::vector<int32_t> tokens = prompt;
+  std::vector<std::vector<float>> logits;
+  size_t from = 0;
+  for (int i = 0; i < 12; ++i) {
+    logits.push_back(step(gpu.get(), tokens, from));
+    from = tokens.size();
+    tokens.push_back(argmax(logits.back()));
+  }
+  // Interrupted after 5 output tokens: prompt + those 5 in one prefill, then decode the rest.
+  constexpr size_t kEarlier = 5;
+  std::vector<int32_t> again(tokens.begin(), tokens.begin() + prompt.size() + kEarlier);
+  from = 0;
+  for (size_t i = kEarlier; i < 12; ++i) {
+    const std::vector<float> g = step(resumed.get(), again, from);
+    EXPECT_LE(MaxAbsDiff(g, logits[i]), 1e-3f) << "position " << i;
+    if (i == kEarlier) {
+      EXPECT_LE(MaxAbsDiff(step(cpu.get(), again, 0), g), 1e-3f);
+    }
+    from = again.size();
+    again.push_back(argmax(g));
+  }
+  EXPECT_EQ(again, tokens);
+}
+
 TEST_F(CudaRunnerTest, DestroyFreesDeviceMemoryAndRecreateServesTheSame) {
   RunnerOptions o;
   o.model_dir = Make("llama", 25, "bfloat16");
