@@ -149,9 +149,11 @@ TEST(Collector, InterruptedRunsResumeToTheSameMergedBytes) {
 }
 
 // A stop cancels the calls in flight instead of waiting for them: the slow samples (row
-// "prompt 1", index 7) stay pending, neither completed nor failed, and the next run does them.
+// "prompt 1", index 7), which would take ten minutes, stay pending, neither completed nor
+// failed, and the next run does them. The stop comes once a slow call is in flight (not after a
+// fixed time, which a loaded machine can stretch past anything).
 TEST(Collector, StopCancelsCallsInFlight) {
-  Fleet fleet(FakeRouterOptions{.slow_text = "prompt 1", .slow_ms = 3000});
+  Fleet fleet(FakeRouterOptions{.slow_text = "prompt 1", .slow_ms = 600000});
   const rl::testing::TempDir tmp;
   const std::string dir = tmp.path();
   const std::string prompts = WritePrompts(dir, 40);
@@ -159,7 +161,10 @@ TEST(Collector, StopCancelsCallsInFlight) {
   c.concurrency = 4;
   std::atomic<bool> stop{false};
   std::thread stopper([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (fleet.router.slow_calls() == 0 && std::chrono::steady_clock::now() < give_up) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
     stop = true;
   });
   auto s = RunCollect(c, &stop);
@@ -168,10 +173,12 @@ TEST(Collector, StopCancelsCallsInFlight) {
   EXPECT_TRUE(s->interrupted);
   auto ckpt = LoadCheckpoint(c.out + "/checkpoint.json");
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  EXPECT_GE(fleet.router.slow_calls(), 1);
   for (int32_t k = 0; k < 2; ++k) {
     EXPECT_FALSE(ckpt->completed.contains({7, k}));
     EXPECT_FALSE(ckpt->failed.contains({7, k}));
   }
+  fleet.router.SetSlowMs(50);
   auto last = RunCollect(c);
   ASSERT_TRUE(last.ok()) << last.status();
   EXPECT_EQ(last->done, 80);

@@ -133,7 +133,8 @@ grpc::ServerWriteReactor<rl::v1::GenerateResponse>* FakeRouter::Generate(
     }
   }
   if (!options_.slow_text.empty() && request->text() == options_.slow_text) {
-    return new Delayed(std::move(msg), std::chrono::milliseconds(options_.slow_ms));
+    slow_calls_.fetch_add(1);
+    return new Delayed(std::move(msg), std::chrono::milliseconds(slow_ms_.load()));
   }
   return new OneShot(std::move(msg));
 }

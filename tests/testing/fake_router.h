@@ -34,10 +34,15 @@ class FakeRouter final : public rl::v1::Router::CallbackService {
   grpc::ServerWriteReactor<rl::v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* ctx, const rl::v1::GenerateRequest* request) override;
   int64_t calls() const { return calls_.load(); }
+  // Calls of slow_text received so far, and the delay of the ones that arrive from now on.
+  int64_t slow_calls() const { return slow_calls_.load(); }
+  void SetSlowMs(int ms) { slow_ms_.store(ms); }
 
  private:
   FakeRouterOptions options_;
   std::atomic<int64_t> calls_{0};
+  std::atomic<int64_t> slow_calls_{0};
+  std::atomic<int> slow_ms_{options_.slow_ms};
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, int> seen_ ABSL_GUARDED_BY(mu_);
 };
