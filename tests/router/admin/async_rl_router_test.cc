@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "tests/router/admin/router_stream.h"
 #include "tests/testing/router_fleet.h"
 #include "tests/worker/worker_test_util.h"
 
@@ -19,56 +20,6 @@ namespace {
 using Stub = rl::v1::Admin::Stub;
 
 constexpr int kLong = 400;
-
-// One Router.Generate stream read on its own thread.
-class Stream {
- public:
-  Stream(rl::v1::Router::Stub* stub, rl::v1::GenerateRequest req) {
-    thread_ = std::thread([this, stub, req = std::move(req)] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(90));
-      auto reader = stub->Generate(&ctx, req);
-      rl::v1::GenerateResponse msg;
-      while (reader->Read(&msg)) {
-        absl::MutexLock lock(&mu_);
-        if (msg.has_chunk()) num_tokens_ += msg.chunk().token_ids_size();
-        if (msg.has_final()) final_ = msg.final();
-      }
-      grpc::Status s = reader->Finish();
-      absl::MutexLock lock(&mu_);
-      status_ = s;
-      done_ = true;
-    });
-  }
-  ~Stream() { thread_.join(); }
-  bool WaitTokens(int n) {
-    absl::MutexLock lock(&mu_);
-    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return num_tokens_ >= n || done_; };
-    return mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(60)) && num_tokens_ >= n;
-  }
-  grpc::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(120));
-    return done_ ? status_ : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "hung");
-  }
-  bool done() {
-    absl::MutexLock lock(&mu_);
-    return done_;
-  }
-  rl::v1::GenerateFinal final_msg() {
-    absl::MutexLock lock(&mu_);
-    return final_;
-  }
-
- private:
-  absl::Mutex mu_;
-  int num_tokens_ ABSL_GUARDED_BY(mu_) = 0;
-  rl::v1::GenerateFinal final_ ABSL_GUARDED_BY(mu_);
-  grpc::Status status_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
 
 class AsyncRlRouterTest : public RouterFleetTest {
  protected:
