@@ -5,6 +5,7 @@
 #include <functional>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -335,16 +336,29 @@ void WorkerPool::LearnDigestLocked() {
     digest_version_ = reference;
     reference_digest_.clear();
   }
-  if (!reference_digest_.empty() || reference < 0) return;
+  if (reference < 0) return;
+  // The digest most live workers at the version report (a tie keeps the one held): a single
+  // worker with other weights that happened to report first is outvoted as soon as the others
+  // report, instead of taking every healthy worker out.
+  absl::flat_hash_map<std::string, int> votes;
   for (const Entry& e : entries_) {
     if (e.state.liveness() == Liveness::kLive && e.state.enabled() &&
         e.state.weight_version() == reference && !e.state.weights_sha256().empty()) {
-      reference_digest_ = e.state.weights_sha256();
-      spdlog::info("fleet weights digest at weight_version {}: {} (as {} reports it)", reference,
-                   reference_digest_, e.worker->address());
-      return;
+      ++votes[e.state.weights_sha256()];
     }
   }
+  std::string best = reference_digest_;
+  int best_votes = votes.contains(best) ? votes[best] : 0;
+  for (const auto& [digest, n] : votes) {
+    if (n > best_votes) {
+      best = digest;
+      best_votes = n;
+    }
+  }
+  if (best_votes == 0 || best == reference_digest_) return;
+  reference_digest_ = best;
+  spdlog::info("fleet weights digest at weight_version {}: {} (reported by {} live worker(s))",
+               reference, reference_digest_, best_votes);
 }
 
 bool WorkerPool::EligibleLocked(const Entry& e, const PickRequest& request,

@@ -580,5 +580,31 @@ TEST(WorkerPoolTest, AWorkerWithOtherContentAtTheSameVersionIsTakenOut) {
   EXPECT_EQ(pool.DigestMismatches(), 0);
 }
 
+// The fleet's digest is the majority's: a worker with other content that reported first (the
+// others did not know their digest yet, or a router restart) is outvoted once the others report,
+// and only it is taken out.
+TEST(WorkerPoolTest, TheFleetsDigestIsTheMajoritysNotTheFirstReported) {
+  WorkerPool pool(Manual());
+  auto fakes = Fakes(3);
+  for (auto& f : fakes) f->SetVersion(5);
+  fakes[0]->SetIdentity("i0", "bbbb");
+  fakes[1]->SetIdentity("i1", "");
+  fakes[2]->SetIdentity("i2", "");
+  for (auto& f : fakes) ASSERT_TRUE(pool.Add(f->address()).ok());
+  FleetWeights fleet;
+  fleet.version = 5;
+  fleet.source = FleetWeights::Source::kTensor;
+  pool.SetFleetWeights(fleet);
+  EXPECT_EQ(pool.ReferenceDigest(), "bbbb");
+  fakes[1]->SetIdentity("i1", "aaaa");
+  fakes[2]->SetIdentity("i2", "aaaa");
+  pool.CheckAll();
+  EXPECT_EQ(pool.ReferenceDigest(), "aaaa");
+  EXPECT_EQ(pool.DigestMismatches(), 1);
+  EXPECT_EQ(StatusOf(pool, fakes[0]->address()).state(), rl::v1::WORKER_STATE_VERSION_MISMATCH);
+  EXPECT_EQ(StatusOf(pool, fakes[1]->address()).state(), rl::v1::WORKER_STATE_LIVE);
+  EXPECT_EQ(StatusOf(pool, fakes[2]->address()).state(), rl::v1::WORKER_STATE_LIVE);
+}
+
 }  // namespace
 }  // namespace rl::router
