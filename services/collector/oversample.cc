@@ -74,10 +74,11 @@ std::string ShellQuote(const std::string& s) {
 }  // namespace
 
 absl::StatusOr<bool> RunGroupFilter(const std::string& command, const std::string& group_json,
-                                    const std::string& scratch_dir) {
+                                    const std::string& scratch_dir, int timeout_s) {
   const std::string input = (fs::path(scratch_dir) / ".group-filter-input.json").string();
   RETURN_IF_ERROR(WriteFileDurably(input, group_json));
-  const std::string cmd = absl::StrCat("(", command, ") < ", ShellQuote(input));
+  const std::string cmd = absl::StrCat("timeout -k 5 ", timeout_s, " sh -c ", ShellQuote(command),
+                                       " < ", ShellQuote(input));
   FILE* f = ::popen(cmd.c_str(), "r");
   if (f == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat("--group-filter: cannot run '", command, "'"));
@@ -91,6 +92,11 @@ absl::StatusOr<bool> RunGroupFilter(const std::string& command, const std::strin
   const int rc = ::pclose(f);
   std::error_code ec;
   fs::remove(input, ec);
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 124) {
+    return absl::DeadlineExceededError(absl::StrCat("--group-filter '", command,
+                                                    "' answered nothing within ", timeout_s,
+                                                    " s and was stopped"));
+  }
   const absl::string_view said = absl::StripLeadingAsciiWhitespace(out);
   const std::string answer(said.substr(0, said.find_first_of(" \r\n\t")));
   if (rc != 0 || (answer != "keep" && answer != "drop")) {

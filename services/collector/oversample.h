@@ -38,8 +38,12 @@ absl::Status RunBatch(const CollectConfig& config, const PromptSet& prompts,
 
 // Runs `command` (sh -c) with `group_json` on its stdin: true for "keep", false for "drop"
 // (its first word of output); anything else, or a failed command, is INVALID_ARGUMENT naming
-// the command and what it said. `scratch_dir` holds the input file while it runs.
+// the command and what it said. `scratch_dir` holds the input file while it runs. A command
+// still running after `timeout_s` is killed (coreutils `timeout`: TERM, then KILL 5 s later)
+// and is DEADLINE_EXCEEDED: a hung filter never stalls the run.
+inline constexpr int kGroupFilterTimeoutS = 60;
 absl::StatusOr<bool> RunGroupFilter(const std::string& command, const std::string& group_json,
-                                    const std::string& scratch_dir);
+                                    const std::string& scratch_dir,
+                                    int timeout_s = kGroupFilterTimeoutS);
 
 }  // namespace rl::collector

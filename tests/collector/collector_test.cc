@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "services/collector/checkpoint.h"
 #include "services/collector/durable_file.h"
+#include "services/collector/oversample.h"
 #include "services/collector/prompt_set.h"
 #include "services/collector/shard.h"
 #include "tests/testing/fake_router.h"
@@ -298,6 +299,30 @@ TEST(Collector, RowsTimesNIsBounded) {
   EXPECT_THAT(s.status().message(), HasSubstr("more than the limit of 50000000"));
   EXPECT_THAT(s.status().message(), HasSubstr(std::to_string(rows) + " rows x --n 1024"));
   EXPECT_FALSE(fs::exists(dir + "/out/checkpoint.json"));
+}
+
+// --group-filter: the first word of the command's output decides; anything else, a failed
+// command or one that does not answer in time is an error naming it (a hung filter is stopped,
+// never waited for).
+TEST(GroupFilter, AnswersKeepOrDropAndIsStoppedWhenItHangs) {
+  const rl::testing::TempDir tmp;
+  const absl::StatusOr<bool> keep =
+      RunGroupFilter("grep -q '\"index\"' && echo keep", "{\"index\": 1}", tmp.path());
+  ASSERT_TRUE(keep.ok()) << keep.status();
+  EXPECT_TRUE(*keep);
+  const absl::StatusOr<bool> drop = RunGroupFilter("echo ' drop now'", "{}", tmp.path());
+  ASSERT_TRUE(drop.ok()) << drop.status();
+  EXPECT_FALSE(*drop);
+  const absl::StatusOr<bool> maybe = RunGroupFilter("echo maybe", "{}", tmp.path());
+  EXPECT_EQ(maybe.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(maybe.status().message(), HasSubstr("neither keep nor drop"));
+  EXPECT_EQ(RunGroupFilter("exit 3", "{}", tmp.path()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const auto start = std::chrono::steady_clock::now();
+  const absl::StatusOr<bool> hung = RunGroupFilter("sleep 60; echo keep", "{}", tmp.path(), 1);
+  EXPECT_EQ(hung.status().code(), absl::StatusCode::kDeadlineExceeded) << hung.status();
+  EXPECT_THAT(hung.status().message(), HasSubstr("within 1 s"));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));  // hang guard
 }
 
 }  // namespace
