@@ -54,6 +54,22 @@ float Bf16Tolerance(const std::vector<float>& oracle) {
   return std::max(5e-2f, 1e-2f * MaxAbs(oracle));
 }
 
+// One forward of tokens[from..] on KV slots from..end (slot i holds position i): the last
+// position's logits.
+std::vector<float> LastLogits(ModelRunner* r, const std::vector<int32_t>& tokens, size_t from) {
+  SequenceInput s;
+  s.token_ids.assign(tokens.begin() + static_cast<std::ptrdiff_t>(from), tokens.end());
+  s.start_pos = static_cast<int32_t>(from);
+  for (size_t i = 0; i < tokens.size(); ++i) s.kv_slots.push_back(static_cast<int32_t>(i));
+  s.logits = LogitsMode::kLast;
+  ForwardInput in;
+  in.seqs = {s};
+  ForwardOutput out;
+  absl::Status st = r->Forward(in, &out);
+  EXPECT_TRUE(st.ok()) << st;
+  return out.logits;
+}
+
 // Logits of every prompt position (kAll) in one prefill.
 std::vector<float> PromptLogits(ModelRunner* r, const std::vector<int32_t>& prompt) {
   SequenceInput s;
@@ -398,29 +414,13 @@ TEST_F(CudaRunnerTest, KeepKvAcrossAnActivationFollowsTheCpu) {
   auto cpu_fresh = MustCreate(false, b);
   ASSERT_TRUE(gpu && cpu && cpu_fresh);
   std::vector<int32_t> tokens = {5, 6, 7, 8, 9, 10, 11};
-  // One step of `tokens[from..]` on slots from..end; the last position's logits.
-  auto step = [&](ModelRunner* r, size_t from) {
-    SequenceInput s;
-    s.token_ids.assign(tokens.begin() + static_cast<std::ptrdiff_t>(from), tokens.end());
-    s.start_pos = static_cast<int32_t>(from);
-    for (size_t i = 0; i < tokens.size(); ++i) s.kv_slots.push_back(static_cast<int32_t>(i));
-    s.logits = LogitsMode::kLast;
-    ForwardInput in;
-    in.seqs = {s};
-    ForwardOutput out;
-    absl::Status st = r->Forward(in, &out);
-    EXPECT_TRUE(st.ok()) << st;
-    return out.logits;
-  };
-  auto argmax = [](const std::vector<float>& v) {
-    return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-  };
+  auto step = [&](ModelRunner* r, size_t from) { return LastLogits(r, tokens, from); };
   size_t from = 0;
   for (int i = 0; i < 4; ++i) {  // prefill, then three decode steps, under A
     const std::vector<float> g = step(gpu.get(), from), c = step(cpu.get(), from);
     EXPECT_LE(MaxAbsDiff(g, c), 1e-3f) << "step " << i;
     from = tokens.size();
-    tokens.push_back(argmax(c));
+    tokens.push_back(testing::Argmax(c.data(), static_cast<int64_t>(c.size())));
   }
   for (ModelRunner* r : {gpu.get(), cpu.get()}) {
     auto staged = LoadWeights(b_dir, r->config());
@@ -436,7 +436,7 @@ TEST_F(CudaRunnerTest, KeepKvAcrossAnActivationFollowsTheCpu) {
       EXPECT_GT(MaxAbsDiff(c, fresh), 1e-3f);
     }
     from = tokens.size();
-    tokens.push_back(argmax(c));
+    tokens.push_back(testing::Argmax(c.data(), static_cast<int64_t>(c.size())));
   }
 }
 
@@ -508,23 +508,7 @@ TEST_F(CudaRunnerTest, ResumePrefillOfEarlierOutputContinuesLikeTheDecode) {
   auto cpu = MustCreate(false, o);
   ASSERT_TRUE(gpu && resumed && cpu);
   const std::vector<int32_t> prompt = {1, 17, 99, 4, 250, 33, 7};
-  // One forward of tokens[from..] on slots 0..end: the last position's logits.
-  auto step = [](ModelRunner* r, const std::vector<int32_t>& tokens, size_t from) {
-    SequenceInput s;
-    s.token_ids.assign(tokens.begin() + static_cast<std::ptrdiff_t>(from), tokens.end());
-    s.start_pos = static_cast<int32_t>(from);
-    for (size_t i = 0; i < tokens.size(); ++i) s.kv_slots.push_back(static_cast<int32_t>(i));
-    s.logits = LogitsMode::kLast;
-    ForwardInput in;
-    in.seqs = {s};
-    ForwardOutput out;
-    absl::Status st = r->Forward(in, &out);
-    EXPECT_TRUE(st.ok()) << st;
-    return out.logits;
-  };
-  auto argmax = [](const std::vector<float>& v) {
-    return static_cast<int32_t>(std::max_element(v.begin(), v.end()) - v.begin());
-  };
+  const auto step = &LastLogits;
   // The uninterrupted sample: prefill, then 12 decode steps, logits kept per position.
   std::vector<int32_t> tokens = prompt;
   std::vector<std::vector<float>> logits;
@@ -532,7 +516,8 @@ TEST_F(CudaRunnerTest, ResumePrefillOfEarlierOutputContinuesLikeTheDecode) {
   for (int i = 0; i < 12; ++i) {
     logits.push_back(step(gpu.get(), tokens, from));
     from = tokens.size();
-    tokens.push_back(argmax(logits.back()));
+    tokens.push_back(
+        testing::Argmax(logits.back().data(), static_cast<int64_t>(logits.back().size())));
   }
   // Interrupted after 5 output tokens: prompt + those 5 in one prefill, then decode the rest.
   constexpr size_t kEarlier = 5;
@@ -545,7 +530,7 @@ TEST_F(CudaRunnerTest, ResumePrefillOfEarlierOutputContinuesLikeTheDecode) {
       EXPECT_LE(MaxAbsDiff(step(cpu.get(), again, 0), g), 1e-3f);
     }
     from = again.size();
-    again.push_back(argmax(g));
+    again.push_back(testing::Argmax(g.data(), static_cast<int64_t>(g.size())));
   }
   EXPECT_EQ(again, tokens);
 }
