@@ -87,11 +87,11 @@ from rltest import Server, free_port, stop_process  # noqa: E402
 
 OURS = ("round_robin", "least_load", "affinity", "cache_aware")
 # Per trace, the defaults of the sizes not given on the command line (docstring: where each
-# length comes from). math-tir is the recipe's lengths in tokens divided by 8 (a word of WORDS
-# is one token; "System: ", "User: g: ", "\nAssistant:" and "\nOutput: " are the rest).
+# length comes from). math-tir's are in tokens (one-token words and newlines): the recipe's
+# 100 / 100 / 500 / 50 divided by 8.
 TRACES = {
-    "math-tir": {"groups": 6, "max_tokens": 62, "system_words": 10, "question_words": 6,
-                 "followup_words": 1},
+    "math-tir": {"groups": 6, "max_tokens": 62, "system_words": 12, "question_words": 12,
+                 "followup_words": 6},
     "search-r1": {"groups": 2, "concurrency": 16, "max_tokens": 128, "system_words": 20,
                   "question_words": 16, "followup_words": 120},
 }
@@ -118,8 +118,33 @@ def on_signal(signum, _frame):
     raise SystemExit(128 + signum)
 
 
-def words(rng, count):
-    return " ".join(rng.choice(WORDS) for _ in range(count))
+def words(rng, count, vocab=WORDS):
+    return " ".join(rng.choice(vocab) for _ in range(count))
+
+
+def tokens(rng, count, vocab):
+    """`count` one-token words, each after a space."""
+    return "".join(" " + rng.choice(vocab) for _ in range(count))
+
+
+def one_token_words(model):
+    """The words of WORDS that `model`'s tokenizer makes one token each after a space (a BPE
+    vocabulary's "Ġword"), so math-tir's lengths are in tokens; all of WORDS if under 10 are."""
+    try:
+        with open(Path(model) / "tokenizer.json") as f:
+            vocab = json.load(f)["model"]["vocab"]
+    except (OSError, KeyError, ValueError):
+        return WORDS
+    one = [w for w in WORDS if "\u0120" + w in vocab]
+    return one if len(one) >= 10 else WORDS
+
+
+def count_tokens(args, text):
+    """Tokens of `text` (rlctl tokenize, no special tokens), or -1."""
+    r = subprocess.run([str(args.build / "bin" / "rlctl"), "tokenize", "--tokenizer",
+                        str(args.model), "--text", text, "--no-special"],
+                       capture_output=True, text=True, timeout=60)
+    return r.stdout.count(",") + 1 if r.returncode == 0 and r.stdout.strip() else -1
 
 
 def make_trace(args, skewed):
@@ -130,8 +155,8 @@ def make_trace(args, skewed):
                   "to look something up, write <search> query </search> and the results come "
                   "back between <information> and </information>; give the final answer inside "
                   "<answer> and </answer>. " + words(rng, args.system_words) + "\n")
-    else:
-        system = "System: " + words(rng, args.system_words) + "\n"
+    else:  # lengths in tokens: one-token words, a newline after each piece
+        system = tokens(rng, args.system_words - 1, args.vocab) + "\n"
     groups = []
     for g in range(args.groups):
         # Skewed: 80% of the episodes (samples) on 2 routing keys, the rest a key each.
@@ -139,7 +164,9 @@ def make_trace(args, skewed):
                 if skewed else "" for s in range(args.n)]
         groups.append({
             "id": f"group-{g}", "keys": keys,
-            "question": f"User: {g}: " + words(rng, args.question_words) + "\nAssistant:",
+            "question": (f"User: {g}: " + words(rng, args.question_words) + "\nAssistant:"
+                         if args.trace == "search-r1" else
+                         tokens(rng, args.question_words - 1, args.vocab) + "\n"),
             "followups": [[feedback(args, rng, s, t) for t in range(args.turns - 1)]
                           for s in range(args.n)],
         })
@@ -154,7 +181,7 @@ def feedback(args, rng, sample, turn):
         docs = [f"Doc {d + 1} (result {sample}.{turn}.{d}): " + words(rng, count // 3)
                 for d in range(3)]
         return "\n<information>" + "\n".join(docs) + "</information>\nAssistant:"
-    return "\nOutput: " + words(rng, count) + "\nAssistant:"
+    return "\n" + tokens(rng, count - 2, args.vocab) + "\n"
 
 
 def metrics(url):
@@ -507,6 +534,7 @@ def main():
                 if not (args.model / "config.json").exists():
                     print(f"making {args.model} (the first {args.layers} layers)", flush=True)
                     derive_layers(full, args.model, args.layers)
+        args.vocab = one_token_words(args.model)
         cpu = next((l.split(":", 1)[1].strip() for l in
                     subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
                     if l.startswith("Model name")), "?")
@@ -514,16 +542,21 @@ def main():
               f"turns = {args.groups * args.n * args.turns} requests per run, {args.concurrency} "
               f"episodes in flight, {args.max_tokens} new tokens a turn; 3 workers "
               f"(--threads {args.threads}, --page-size {args.page_size}); CPU {cpu}; load {os.getloadavg()[0]:.1f}", flush=True)
+        traces = [(f"GRPO trace ({args.trace})", make_trace(args, False))]
+        system, groups = traces[0][1]
+        print(f"prompt pieces in tokens: system {count_tokens(args, system)}, question "
+              f"{count_tokens(args, groups[0]['question'])}, feedback "
+              f"{count_tokens(args, groups[0]['followups'][0][0]) if args.turns > 1 else 0}; "
+              f"{args.max_tokens} generated a turn", flush=True)
         workers = Workers(args)
-        traces = [("GRPO trace", make_trace(args, False))]
         if not args.no_skewed:
-            traces.append(("skewed trace (80% of episodes on 2 routing keys)",
+            traces.append((f"skewed trace ({args.trace}, 80% of episodes on 2 routing keys)",
                            make_trace(args, True)))
         runs = []  # (trace title, row name, gateway factory, policy)
         for title, _ in traces:
             for p in policies:
                 runs.append((title, f"rl-router {p}", ours, p))
-            if not args.no_smg and title == "GRPO trace":
+            if not args.no_smg and title.startswith("GRPO trace"):
                 for p in SMG_POLICIES:
                     runs.append((title, f"smg {p}", smg, p))
         results = {}
