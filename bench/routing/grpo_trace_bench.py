@@ -352,6 +352,9 @@ def ours(args, workers, policy):
     from rlfleet.types import build_generate_request
     router = Server([args.build / "bin" / "rl-router", "--tokenizer", args.model, "--port", "0",
                      "--policy", policy, "--health-interval-ms", "200",
+                     # A loaded shared machine delays health answers by seconds: no worker
+                     # should be taken out of routing for it mid-run.
+                     "--health-timeout-ms", "10000", "--health-failures", "20",
                      *sum((["--worker", a] for a in workers.addresses), [])],
                     log_path=Path(_tmp.name) / f"router-{policy}.log")
     _procs.append(router)
