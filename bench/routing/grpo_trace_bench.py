@@ -23,9 +23,9 @@ question. Two shapes (`--trace`):
   share, so the hit rates are those of the full lengths, and prefill and decode keep their
   proportions. 6 groups (a step has 32-512 prompts; 6 is enough that the group count is no
   bottleneck on 3 workers: 2 groups each), all 48 episodes in flight at once, as a rollout
-  engine submits a step. A sticky policy misses only the feedback and each group's question
-  once, ~95% hits; round robin finds an episode's history on the worker it lands on a third of
-  the time, ~50%. So 2x round robin's hit rate is just out of reach with 3 turns on 3 workers
+  engine submits a step. A sticky policy misses only the feedback and the first turns (all in
+  flight before anything is cached), ~94% hits; round robin finds an episode's history on the
+  worker it lands on a third of the time, ~53%. So 2x round robin's hit rate is just out of reach with 3 turns on 3 workers
   (it takes turns over ~5.5x the shared prefix).
 - `search-r1`: Search-R1's search agent (which verl's SGLang multi-turn and SkyRL's SearchR1
   recipes reproduce): 128 generated tokens a turn (a short <think> and a <search> query; they cap
