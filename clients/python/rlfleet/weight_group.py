@@ -88,9 +88,10 @@ def check_against_served(tensors: Sequence[TensorPayload],
             raise FleetError(grpc.StatusCode.INVALID_ARGUMENT,
                              f"tensor '{t.name}' is not a served weight (list_weights())",
                              method="weights group")
-        if shapes[t.name] != listed_shape(t):
+        shape = listed_shape(t)
+        if shapes[t.name] != shape:
             raise FleetError(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"tensor '{t.name}' has shape {list(listed_shape(t))}, the served weight "
+                             f"tensor '{t.name}' has shape {list(shape)}, the served weight "
                              f"{list(shapes[t.name])}", method="weights group")
 
 

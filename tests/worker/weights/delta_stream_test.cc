@@ -422,10 +422,11 @@ TEST_F(DeltaStreamTest, AStagedDeltaStreamCutAnywhereStagesNothing) {
 
 // ---- the tcp group ----
 
-// GetParam(): the two-phase Prepare / Complete receive, else one ReceiveWeights call.
-class DeltaGroupTest : public ::testing::TestWithParam<bool> {
+// A worker and a tcp group "train" with this process as rank 0; two_phase(): receives through
+// Prepare / Complete, else one ReceiveWeights call.
+class DeltaGroupBase : public ::testing::Test {
  protected:
-  bool two_phase() const { return GetParam(); }
+  virtual bool two_phase() const = 0;
   void SetUp() override {
     worker_ = std::make_unique<Worker>(Stories());
     ASSERT_TRUE(worker_->ok());
@@ -548,6 +549,18 @@ class DeltaGroupTest : public ::testing::TestWithParam<bool> {
   std::unique_ptr<weight_sync::WeightSender> sender_;
 };
 
+// GetParam(): the two-phase Prepare / Complete receive, else one ReceiveWeights call.
+class DeltaGroupTest : public DeltaGroupBase, public ::testing::WithParamInterface<bool> {
+ protected:
+  bool two_phase() const override { return GetParam(); }
+};
+
+// The two-phase receive only (what happens between Prepare and Complete).
+class DeltaPrepareTest : public DeltaGroupBase {
+ protected:
+  bool two_phase() const override { return true; }
+};
+
 INSTANTIATE_TEST_SUITE_P(Receive, DeltaGroupTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& info) {
                            return info.param ? "PrepareComplete" : "OneCall";
@@ -590,8 +603,7 @@ TEST_P(DeltaGroupTest, RandomDeltaReceivesEqualTheDenseState) {
 
 // Prepared against the served version, then another version is activated before Complete: the
 // Complete refuses (naming both versions), applies and stages nothing; the group stays usable.
-TEST_P(DeltaGroupTest, AParentThatMovedBeforeCompleteIsRefused) {
-  if (!two_phase()) GTEST_SKIP() << "a one-call receive has no gap between its check and use";
+TEST_F(DeltaPrepareTest, AParentThatMovedBeforeCompleteIsRefused) {
   State state = ReadState(Stories());
   std::mt19937 rng(23);
   for (const bool stage : {false, true}) {
@@ -626,7 +638,8 @@ TEST_P(DeltaGroupTest, AParentThatMovedBeforeCompleteIsRefused) {
   }
   // The group is still in step: a delta of the served version goes through.
   const int64_t served = worker_->server().weight_version();
-  const Wire w = WireOf(RandomStep(&state, rng), served, served + 1, false, "");
+  const std::vector<Change> changes = RandomStep(&state, rng);  // the wire's spans point here
+  const Wire w = WireOf(changes, served, served + 1, false, "");
   rl::v1::AdminResponse resp;
   const grpc::Status s = Receive(w, -1, false, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
@@ -635,8 +648,7 @@ TEST_P(DeltaGroupTest, AParentThatMovedBeforeCompleteIsRefused) {
 
 // A Complete refused before the received delta is used (a version its manifest does not name)
 // keeps the prepared receive: the retry with the right version applies it.
-TEST_P(DeltaGroupTest, ACompleteRefusedEarlyKeepsThePreparedDelta) {
-  if (!two_phase()) GTEST_SKIP() << "Prepare / Complete only";
+TEST_F(DeltaPrepareTest, ACompleteRefusedEarlyKeepsThePreparedDelta) {
   State state = ReadState(Stories());
   std::mt19937 rng(29);
   const std::vector<Change> changes = RandomStep(&state, rng);
