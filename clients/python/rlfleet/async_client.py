@@ -532,7 +532,8 @@ class AsyncWeightsGroup:
             check_against_served(tensors, self._served)
         if parent is not None:
             from rlfleet.publication import delta_tensors
-            tensors = await asyncio.to_thread(delta_tensors, parent, tensors)
+            pairs = [(t.name, t) for t in tensors]
+            tensors = await asyncio.to_thread(delta_tensors, parent, pairs)
             if not tensors:
                 raise ValueError("no tensor differs from the parent's: nothing to update")
         return plan_buckets(tensors, bucket_bytes or self.bucket_bytes)

@@ -159,7 +159,7 @@ class WeightsGroup:
             check_against_served(tensors, self._served)
         if parent is not None:
             from rlfleet.publication import delta_tensors
-            tensors = delta_tensors(parent, tensors)
+            tensors = delta_tensors(parent, [(t.name, t) for t in tensors])
             if not tensors:
                 raise ValueError("no tensor differs from the parent's: nothing to update")
         return plan_buckets(tensors, bucket_bytes or self.bucket_bytes)

@@ -3,8 +3,9 @@ a delta publication (rlctl publish-delta) sent by `rl-weight-sender --delta`, wh
 (`--plan-only`) name the encodings and the parent version, received with `rlctl receive-weights
 --stage --manifest` (staged everywhere, verified, then activated: the fleet's checksum is the
 child's manifest digest) and with `prepare-weights` / `complete-weights`; a delta of a version the
-fleet does not serve (`--parent-version`) is refused (exit 1, both versions named) and changes
-nothing."""
+fleet does not serve is refused (exit 1, both versions named) and changes nothing; a
+`--parent-version` that contradicts the lines, or `--manifest` without a parent, is refused by
+rlctl itself."""
 
 import json
 import shutil
@@ -129,11 +130,15 @@ def test_group_delta_from_the_command_line(fleet, tmp_path):
     assert rlctl("--target", router, "init-group", "--master-address", "127.0.0.1",
                  "--master-port", str(sender.port), "--world-size", "3",
                  "--group-name", "g2").returncode == 0
-    # A parent the fleet does not serve: refused before anything is posted.
+    # A flag that contradicts the lines is a usage error; a delta of a version the fleet does
+    # not serve any more (pub-1's, of version 0) is refused before anything is posted.
     r = rlctl("--target", router, "--json", "prepare-weights", "--group-name", "g2",
               "--parent-version", "7", stdin=plan2)
+    assert r.returncode != 0 and "the bucket lines name 1" in r.stdout, r.stdout
+    r = rlctl("--target", router, "--json", "prepare-weights", "--group-name", "g2",
+              stdin=plan.stdout)
     assert r.returncode == 1, r.stdout
-    assert "applies to version 7" in r.stdout and "serves version 1" in r.stdout, r.stdout
+    assert "applies to version 0" in r.stdout and "serves version 1" in r.stdout, r.stdout
     r = rlctl("--target", router, "--json", "prepare-weights", "--group-name", "g2",
               "--manifest", str(pub2 / "rl-manifest.json"), stdin=plan2)
     assert r.returncode == 0, r.stdout + r.stderr
