@@ -29,7 +29,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import crc32c as _crc32c
 import grpc
@@ -131,7 +131,7 @@ class EncodedPayload(TensorPayload):
                  payload: bytes) -> None:
         view = memoryview(payload)
 
-        def blocks(max_bytes: int) -> Iterable[memoryview]:
+        def blocks(max_bytes: int) -> Iterator[memoryview]:
             for at in range(0, len(view), max_bytes):
                 yield view[at:at + max_bytes]
 
