@@ -261,3 +261,32 @@ def test_a_delta_cut_mid_payload_changes_nothing(fleet2, monkeypatch):
         with c.open_weights_group("after") as g:
             assert g.send_delta(v0, v1, 1, 0, two_phase=True).weight_version == 1
         assert_fleet_holds(c, v1, 1)
+
+
+def test_a_refused_delta_leaves_every_worker_routed(fleet2):
+    """A delta every worker refuses after receiving it (a NaN its payload writes), one call or
+    two-phase and applied: FleetError naming the NaN, the old weights serve, and both workers
+    stay in routing (a delta is built whole on a copy, so its failure is not partial weights)."""
+    from rlfleet import Client, FleetError
+    v0 = load("stories260K")
+    bad = child_of(v0, 31)
+    name = sorted(v0)[5]
+    w = np.asarray(bad[name]).copy()
+    w.reshape(-1).view(np.uint32)[7] = 0x7FC00000  # NaN
+    bad[name] = w
+    with Client(fleet2.address) as c:
+        for two_phase in (False, True):
+            with c.open_weights_group(f"nan-{two_phase}") as g:
+                with pytest.raises(FleetError) as e:
+                    g.send_delta(v0, bad, 1, 0, two_phase=two_phase)
+                assert "NaN" in str(e.value), str(e.value)
+            from rlfleet._stubs import router_pb2
+            workers = c.list_workers().workers
+            assert len(workers) == 2
+            assert all(w.state == router_pb2.WORKER_STATE_LIVE and w.enabled and not w.reason
+                       for w in workers), workers
+            assert_fleet_holds(c, v0, 0)
+        good = child_of(v0, 32)
+        with c.open_weights_group("after-nan") as g:
+            assert g.send_delta(v0, good, 1, 0).weight_version == 1
+        assert_fleet_holds(c, good, 1)
