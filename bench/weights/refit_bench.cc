@@ -413,6 +413,10 @@ class Bench {
           RETURN_IF_ERROR(Grpc(admin->StageWeights(&ctx, req, &resp), "stage"));
           const auto s1 = Clock::now();
           (use_delta ? delta_s : dense_s).push_back(Seconds(s0, s1));
+          if (use_delta && r == o_.rounds - 1) {
+            // Its phases: the copy of the served weights and what of it the engine thread held.
+            absl::PrintF("[%s] nice %d, delta stage: %s\n", f->model, staging_nice, resp.message());
+          }
           (use_delta ? tps_delta : tps_dense)
               .push_back(static_cast<double>(stream.TokensIn(s0, s1)) / Seconds(s0, s1));
           grpc::ClientContext dctx;

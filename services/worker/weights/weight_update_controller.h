@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +27,7 @@
 #include "services/worker/model/sleepable_runner.h"
 #include "services/worker/model/weights.h"
 #include "services/worker/weight_sync/weight_sync.h"
+#include "services/worker/weights/deferred_free.h"
 #include "services/worker/weights/publication.h"
 #include "services/worker/weights/update_groups.h"
 #include "services/worker/weights/update_lifecycle.h"
@@ -132,6 +134,9 @@ class WeightUpdateController final : public WeightUpdates {
     // was built on (activation refuses it unless that version is still served).
     std::optional<int64_t> delta_parent;
     std::optional<int64_t> built_on;
+    // Per-tensor digests (weights_checker.h TensorDigest) of a full version (its manifest's) or
+    // of the staged tensors (computed while staging); empty when unknown.
+    std::map<std::string, std::string> tensor_sha256;
   };
 
   // StageTicket::CommitDelta of BeginStage.
@@ -152,8 +157,23 @@ class WeightUpdateController final : public WeightUpdates {
 
   explicit WeightUpdateController(Deps deps);
   // From an apply step (engine thread, after the apply succeeded): the weights it installed
-  // digest to `sha256` ("" unknown); valid until the next apply starts.
-  void NoteServedDigest(const std::string& sha256) ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // digest to `sha256` ("" unknown), with these per-tensor digests (empty: unknown); valid until
+  // the next apply starts.
+  void NoteServedDigest(const std::string& sha256, std::map<std::string, std::string> tensors = {})
+      ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // After apply number `apply` (UpdateLifecycle::applies, read in its apply step) replaced the
+  // tensors `updated` (name -> digest) and nothing else: the served digest is the one before it
+  // with those replaced, when the one before was known (the previous apply's, per tensor), or
+  // `updated`'s alone when it names every served tensor; else unknown. Any thread.
+  void NoteTensorsApplied(uint64_t apply, const std::map<std::string, std::string>& updated)
+      ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // Whether digesting tensors (NoteTensorsApplied) would give a known digest: the per-tensor
+  // digests of apply number `base` (the one the update applies on) are known, or `tensors` may
+  // be every served tensor.
+  bool DigestWorthComputing(const std::vector<NamedTensor>& tensors, uint64_t base) const
+      ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // TensorDigest of every tensor, at the staging priority (SHA-256: ~1.5 GB/s).
+  std::map<std::string, std::string> DigestTensors(const std::vector<NamedTensor>& tensors);
   // Checks every bucket against the served weights, then claims the group.
   absl::StatusOr<UpdateGroups::Claim> CheckAndClaim(const std::string& group_name,
                                                     const WeightBuckets& buckets,
@@ -168,6 +188,8 @@ class WeightUpdateController final : public WeightUpdates {
   std::string StageOnDevice(const model::Weights& weights);
 
   const Deps deps_;
+  // Frees replaced weights and applied staged tensors after the call answered (deferred_free.h).
+  DeferredFree reaper_;
   bool device_backend_ = false;  // the runner serves from device memory (CUDA): StageOnDevice
   std::vector<model::TensorInfo> served_;
   WeightShapes served_shapes_;
@@ -178,6 +200,7 @@ class WeightUpdateController final : public WeightUpdates {
   mutable absl::Mutex digest_mu_;
   uint64_t digest_applies_ ABSL_GUARDED_BY(digest_mu_) = 0;
   std::string digest_ ABSL_GUARDED_BY(digest_mu_);
+  std::map<std::string, std::string> digest_tensors_ ABSL_GUARDED_BY(digest_mu_);  // per tensor
   mutable absl::Mutex stage_mu_;
   bool staging_ ABSL_GUARDED_BY(stage_mu_) = false;
   std::unique_ptr<StagedVersion> staged_ ABSL_GUARDED_BY(stage_mu_);
