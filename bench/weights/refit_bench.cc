@@ -349,6 +349,7 @@ class Bench {
 
     if (o_.compare_nice0 && o_.staging_nice != 0) {
       Figures n0;
+      n0.model = f->model;
       RETURN_IF_ERROR(OneWorker(config, parent, child, delta, plain_parent, plain_child, manifest,
                                 &n0, /*staging_nice=*/0, /*staging_only=*/true));
       f->nice0_dense_pct = 100 * n0.tps_dense / n0.tps_undisturbed;

@@ -69,7 +69,8 @@ WeightUpdateStatus WeightUpdateController::status() const {
     out.staged.version = staged_->version.value_or(-1);
     out.staged.source = staged_->source;
     out.staged.bytes = staged_->bytes;
-    out.staged.sha256 = staged_->manifest_sha256;
+    out.staged.sha256 =
+        staged_->manifest_sha256.empty() ? staged_->computed_sha256 : staged_->manifest_sha256;
     out.staged.parent_version = staged_->delta_parent.value_or(-1);
   }
   return out;
@@ -584,6 +585,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
   staged->source = source;
   for (const NamedTensor& t : tensors) staged->bytes += static_cast<int64_t>(t.bytes.size());
   staged->tensors = std::move(tensors);
+  if (CoversServed(digests)) staged->computed_sha256 = RankDigest(digests);
   staged->tensor_sha256 = std::move(digests);
   AdminOutcome out;
   out.message =
@@ -670,11 +672,7 @@ void WeightUpdateController::NoteTensorsApplied(uint64_t apply,
                                                 const std::map<std::string, std::string>& updated) {
   absl::MutexLock lock(&digest_mu_);
   const bool base_known = digest_applies_ + 1 == apply && !digest_tensors_.empty();
-  bool everything = updated.size() == served_.size();
-  for (const model::TensorInfo& t : served_) {
-    if (!everything) break;
-    everything = updated.contains(t.name);
-  }
+  const bool everything = CoversServed(updated);
   digest_applies_ = apply;
   if (updated.empty() || (!base_known && !everything)) {
     digest_.clear();
@@ -687,6 +685,14 @@ void WeightUpdateController::NoteTensorsApplied(uint64_t apply,
     for (const auto& [name, sha] : updated) digest_tensors_[name] = sha;
   }
   digest_ = RankDigest(digest_tensors_);
+}
+
+bool WeightUpdateController::CoversServed(const std::map<std::string, std::string>& digests) const {
+  if (digests.size() != served_.size()) return false;
+  for (const model::TensorInfo& t : served_) {
+    if (!digests.contains(t.name)) return false;
+  }
+  return true;
 }
 
 bool WeightUpdateController::DigestWorthComputing(const std::vector<NamedTensor>& tensors,

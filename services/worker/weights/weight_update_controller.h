@@ -137,7 +137,12 @@ class WeightUpdateController final : public WeightUpdates {
     // Per-tensor digests (weights_checker.h TensorDigest) of a full version (its manifest's) or
     // of the staged tensors (computed while staging); empty when unknown.
     std::map<std::string, std::string> tensor_sha256;
+    // Staged tensors of every served weight: their rank digest, computed while staging (reported
+    // as the staged digest when there is no manifest); "" otherwise.
+    std::string computed_sha256;
   };
+  // Whether `digests` names every served tensor (a full state).
+  bool CoversServed(const std::map<std::string, std::string>& digests) const;
 
   // StageTicket::CommitDelta of BeginStage.
   absl::StatusOr<AdminOutcome> CommitDeltaStage(const std::string& source,

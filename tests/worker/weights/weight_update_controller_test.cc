@@ -471,6 +471,7 @@ TEST_F(WeightUpdateControllerTest, ServedDigestIsKnownAfterReceivesAndStagedTens
   ASSERT_TRUE(ticket.ok()) << ticket.status();
   ASSERT_TRUE((*ticket)->Commit({Changed(name, 2)}).ok());
   EXPECT_EQ(updates_->served_sha256(), source_sha);  // staged, not served yet
+  EXPECT_EQ(updates_->status().staged.sha256, "");   // its result depends on what is served
   ASSERT_TRUE(updates_->ActivateStagedWeights({}).ok());
   const std::string staged_sha = updates_->served_sha256();
   EXPECT_NE(staged_sha, source_sha);
@@ -491,6 +492,7 @@ TEST_F(WeightUpdateControllerTest, ServedDigestIsKnownAfterReceivesAndStagedTens
                    std::vector<uint8_t>(t.data.begin(), t.data.end())});
   }
   ASSERT_TRUE((*ticket)->Commit(std::move(all)).ok());
+  EXPECT_EQ(updates_->status().staged.sha256, source_sha);  // a full state: known when staged
   ASSERT_TRUE(updates_->ActivateStagedWeights({}).ok());
   EXPECT_EQ(updates_->served_sha256(), source_sha);
 }
