@@ -281,11 +281,20 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
           // A version recorded since the stage (another publication) still wins.
           RETURN_IF_ERROR(ledger_.CheckSameContent(*staged->version, staged->manifest_sha256));
         }
+        if (staged->from_tensors && lifecycle_.asleep()) {
+          // Asleep: nothing to swap; the sleeping runner keeps the tensors for the wake.
+          applied = true;
+          RETURN_IF_ERROR(Annotate(CopyWeightsIn(runner, *staged->weights), staged->source));
+          NoteServedDigest(staged->computed_sha256, std::move(staged->tensor_sha256));
+          return absl::OkStatus();
+        }
         RETURN_IF_ERROR(Annotate(
             runner.ActivateWeights(&staged->weights, staged->reload_path, staged->identity),
             staged->path));
         swapped = true;
-        NoteServedDigest(staged->manifest_sha256, std::move(staged->tensor_sha256));
+        NoteServedDigest(
+            staged->manifest_sha256.empty() ? staged->computed_sha256 : staged->manifest_sha256,
+            std::move(staged->tensor_sha256));
         return absl::OkStatus();
       },
       {.self_pause = true});
@@ -296,8 +305,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
     // Staged tensors copied in: the served digest from the digests computed at staging.
     NoteTensorsApplied(apply, staged->tensor_sha256);
   }
-  if (!out.ok() && !swapped &&
-      (staged->weights != nullptr || (!staged->tensors.empty() && !applied))) {
+  if (!out.ok() && !swapped && !applied &&
+      (staged->weights != nullptr || !staged->tensors.empty())) {
     // Not swapped in: still staged (unless a new stage came meanwhile).
     absl::MutexLock lock(&stage_mu_);
     if (staged_ == nullptr && !staging_) {
@@ -574,6 +583,15 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
   // knows the digest it serves without hashing in the pause.
   std::map<std::string, std::string> digests;
   if (valid.ok()) digests = DigestTensors(tensors);
+  // Every served weight whole in its held dtype: the tensors become a Weights (no copy), served
+  // by a pointer swap at activation, and uploaded to a second device copy now on CUDA.
+  int64_t bytes = 0;
+  for (const NamedTensor& t : tensors) bytes += static_cast<int64_t>(t.bytes.size());
+  const size_t count = tensors.size();
+  std::unique_ptr<model::Weights> whole;
+  std::string device_note;
+  if (valid.ok()) whole = AsFullWeights(&tensors);
+  if (whole != nullptr) device_note = StageOnDevice(*whole);
   absl::MutexLock lock(&stage_mu_);
   staging_ = false;
   if (!valid.ok()) {
@@ -583,20 +601,62 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
   auto staged = std::make_unique<StagedVersion>();
   staged->version = weight_version;
   staged->source = source;
-  for (const NamedTensor& t : tensors) staged->bytes += static_cast<int64_t>(t.bytes.size());
-  staged->tensors = std::move(tensors);
+  staged->bytes = bytes;
+  staged->tensors = std::move(tensors);  // empty when `whole` took them
+  staged->weights = std::move(whole);
+  staged->from_tensors = staged->weights != nullptr;
   if (CoversServed(digests)) staged->computed_sha256 = RankDigest(digests);
   staged->tensor_sha256 = std::move(digests);
   AdminOutcome out;
-  out.message =
-      absl::StrCat("stage (", source, "): ", staged->tensors.size(), " tensors (", staged->bytes,
-                   " bytes) staged as version ",
-                   weight_version.has_value() ? absl::StrCat(*weight_version) : "current + 1",
-                   " (ActivateWeights serves it)");
+  out.message = absl::StrCat(
+      "stage (", source, "): ", count, " tensors (", staged->bytes, " bytes) staged as version ",
+      weight_version.has_value() ? absl::StrCat(*weight_version) : "current + 1",
+      staged->from_tensors ? " (every served weight: activated by a swap, not a copy)"
+                           : " (some weights: copied into the served ones at activation)",
+      device_note.empty() ? "" : absl::StrCat("; ", device_note), " (ActivateWeights serves it)");
   out.weight_version = deps_.engine->weight_version();
   out.duration_us = MicrosSince(start);
   staged_ = std::move(staged);
   return out;
+}
+
+absl::Status WeightUpdateController::CopyWeightsIn(model::ModelRunner& runner,
+                                                   const model::Weights& weights) {
+  absl::Status copied;
+  weights.Visit([&](const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
+    if (copied.ok()) copied = runner.UpdateWeight(info, bytes);
+  });
+  return copied;
+}
+
+std::unique_ptr<model::Weights> WeightUpdateController::AsFullWeights(
+    std::vector<NamedTensor>* tensors) const {
+  if (tensors->size() != served_.size()) return nullptr;
+  std::map<std::string, const model::TensorInfo*> held;
+  for (const model::TensorInfo& t : served_) held[t.name] = &t;
+  for (const NamedTensor& t : *tensors) {
+    auto it = held.find(t.info.name);
+    if (it == held.end() || it->second->dtype != t.info.dtype) return nullptr;  // converted later
+  }
+  // The tensors' buffers become the weights' (shared ownership; moving the vector keeps them).
+  auto owner = std::make_shared<std::vector<NamedTensor>>(std::move(*tensors));
+  std::vector<model::OwnedTensor> owned;
+  owned.reserve(owner->size());
+  for (NamedTensor& t : *owner) {
+    owned.push_back({.info = t.info,
+                     .data = t.bytes.data(),
+                     .owner = owner,
+                     .num_bytes = static_cast<int64_t>(t.bytes.size())});
+  }
+  absl::StatusOr<std::unique_ptr<model::Weights>> w =
+      model::WeightsFromOwnedTensors(std::move(owned), deps_.model_config);
+  if (!w.ok()) {
+    // Validated against the served weights already; keep them as tensors (copied in later).
+    spdlog::warn("stage: the staged tensors are kept as tensors: {}", w.status().ToString());
+    *tensors = std::move(*owner);
+    return nullptr;
+  }
+  return *std::move(w);
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdateStaged(
@@ -644,18 +704,28 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
   if (policy.verified_sha256.empty() && DigestWorthComputing(tensors, lifecycle_.applies())) {
     digests = DigestTensors(tensors);
   }
+  // Every served weight in its held dtype: swapped in (no copy in the pause), else copied in.
+  std::unique_ptr<model::Weights> whole = AsFullWeights(&tensors);
   uint64_t apply = 0;
-  absl::StatusOr<AdminOutcome> out = lifecycle_.Run("update_weights_from_tensor", policy,
-                                                    [&](model::ModelRunner& runner) {
-                                                      apply = lifecycle_.applies();
-                                                      RETURN_IF_ERROR(ApplyStaged(runner, tensors));
-                                                      if (!policy.verified_sha256.empty()) {
-                                                        NoteServedDigest(policy.verified_sha256);
-                                                      }
-                                                      return absl::OkStatus();
-                                                    },
-                                                    {});
+  absl::StatusOr<AdminOutcome> out =
+      lifecycle_.Run("update_weights_from_tensor", policy,
+                     [&](model::ModelRunner& runner) -> absl::Status {
+                       apply = lifecycle_.applies();
+                       if (whole == nullptr) {
+                         RETURN_IF_ERROR(ApplyStaged(runner, tensors));
+                       } else if (lifecycle_.asleep()) {
+                         RETURN_IF_ERROR(CopyWeightsIn(runner, *whole));
+                       } else {
+                         RETURN_IF_ERROR(runner.ActivateWeights(&whole, "", ""));
+                       }
+                       if (!policy.verified_sha256.empty()) {
+                         NoteServedDigest(policy.verified_sha256);
+                       }
+                       return absl::OkStatus();
+                     },
+                     {});
   if (out.ok() && policy.verified_sha256.empty()) NoteTensorsApplied(apply, digests);
+  reaper_.Free(std::move(whole));  // the weights served before (after a swap)
   reaper_.Free(std::move(tensors));
   return out;
 }

@@ -5,7 +5,10 @@
 // state. Semantics of every call: docs/weight-updates.md.
 // Cost: the served weights' names and shapes are read once at Create; a prepared receive stages
 // every tensor it lists in host memory until Complete; a staged version holds one host copy of
-// the model until activated or dropped (a disk update holds one during its read).
+// the model until activated or dropped (a disk update holds one during its read); tensors applied
+// from memory are hashed once, off the engine thread, when that makes the served digest known
+// (docs/weight-updates.md, "Checksums"); what an update replaced is freed after it answered, on
+// the freeing thread (deferred_free.h).
 // Thread-safe: any thread, concurrently; engine state is touched only on its thread.
 #pragma once
 
@@ -140,7 +143,17 @@ class WeightUpdateController final : public WeightUpdates {
     // Staged tensors of every served weight: their rank digest, computed while staging (reported
     // as the staged digest when there is no manifest); "" otherwise.
     std::string computed_sha256;
+    // `weights` are staged tensors of every served weight (AsFullWeights), not a folder or a
+    // delta: swapped in like a checkpoint, or copied in tensor by tensor while asleep.
+    bool from_tensors = false;
   };
+  // Tensors (validated against the served weights) that are every served weight in its held
+  // dtype, as Weights over their own buffers (no copy; `*tensors` is emptied); nullptr, with
+  // `*tensors` untouched, otherwise.
+  std::unique_ptr<model::Weights> AsFullWeights(std::vector<NamedTensor>* tensors) const;
+  // Copies every tensor of `weights` into the runner (UpdateWeight): a full version while
+  // asleep, where nothing can be swapped.
+  static absl::Status CopyWeightsIn(model::ModelRunner& runner, const model::Weights& weights);
   // Whether `digests` names every served tensor (a full state).
   bool CoversServed(const std::map<std::string, std::string>& digests) const;
 

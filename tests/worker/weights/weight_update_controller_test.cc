@@ -497,5 +497,57 @@ TEST_F(WeightUpdateControllerTest, ServedDigestIsKnownAfterReceivesAndStagedTens
   EXPECT_EQ(updates_->served_sha256(), source_sha);
 }
 
+// Issue 30: tensors of every served weight in its held dtype become the served weights by a
+// pointer swap (their own buffers, no copy in the pause), staged or in one call; some tensors
+// are still copied in.
+TEST_F(WeightUpdateControllerTest, AFullStateOfTensorsIsSwappedInNotCopied) {
+  auto everything = [&] {
+    std::vector<NamedTensor> all;
+    for (const auto& [n, t] : source_->tensors()) {
+      all.push_back({{n, std::string(model_io::DTypeName(t.dtype)), t.shape},
+                     std::vector<uint8_t>(t.data.begin(), t.data.end())});
+    }
+    return all;
+  };
+  // Where the engine serves tensor `name` from.
+  auto served_at = [&](const std::string& name) {
+    const uint8_t* at = nullptr;
+    EXPECT_TRUE(engine_
+                    ->RunOnEngineThread([&](engine::EngineContext& ctx) {
+                      return ctx.runner().VisitWeights(
+                          [&](const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
+                            if (info.name == name) at = bytes.data();
+                          });
+                    })
+                    .ok());
+    return at;
+  };
+  const std::string name = source_->tensors().begin()->first;
+  // Staged.
+  std::vector<NamedTensor> all = everything();
+  const uint8_t* staged_at = all.front().bytes.data();
+  ASSERT_EQ(all.front().info.name, name);
+  auto ticket = updates_->BeginStage("tensor", 1);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  auto staged = (*ticket)->Commit(std::move(all));
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_THAT(staged->message, HasSubstr("activated by a swap"));
+  ASSERT_TRUE(updates_->ActivateStagedWeights({}).ok());
+  EXPECT_EQ(served_at(name), staged_at);
+  EXPECT_TRUE(ServesSource());
+  // One call.
+  all = everything();
+  const uint8_t* pushed_at = all.front().bytes.data();
+  ASSERT_TRUE(updates_->UpdateWeightsFromTensors(std::move(all), Version(2)).ok());
+  EXPECT_EQ(served_at(name), pushed_at);
+  EXPECT_TRUE(ServesSource());
+  // Some tensors: copied in.
+  NamedTensor one = Changed(name, 1);
+  const uint8_t* one_at = one.bytes.data();
+  ASSERT_TRUE(updates_->UpdateWeightsFromTensors({std::move(one)}, Version(3)).ok());
+  EXPECT_NE(served_at(name), one_at);
+  EXPECT_FALSE(ServesSource());
+}
+
 }  // namespace
 }  // namespace rl::worker::testing
