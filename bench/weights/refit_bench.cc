@@ -349,6 +349,7 @@ class Bench {
 
     if (o_.compare_nice0 && o_.staging_nice != 0) {
       Figures n0;
+      n0.model = f->model;
       RETURN_IF_ERROR(OneWorker(config, parent, child, delta, plain_parent, plain_child, manifest,
                                 &n0, /*staging_nice=*/0, /*staging_only=*/true));
       f->nice0_dense_pct = 100 * n0.tps_dense / n0.tps_undisturbed;
@@ -413,6 +414,10 @@ class Bench {
           RETURN_IF_ERROR(Grpc(admin->StageWeights(&ctx, req, &resp), "stage"));
           const auto s1 = Clock::now();
           (use_delta ? delta_s : dense_s).push_back(Seconds(s0, s1));
+          if (use_delta && r == o_.rounds - 1) {
+            // Its phases: the copy of the served weights and what of it the engine thread held.
+            absl::PrintF("[%s] nice %d, delta stage: %s\n", f->model, staging_nice, resp.message());
+          }
           (use_delta ? tps_delta : tps_dense)
               .push_back(static_cast<double>(stream.TokensIn(s0, s1)) / Seconds(s0, s1));
           grpc::ClientContext dctx;

@@ -220,20 +220,55 @@ absl::StatusOr<std::shared_ptr<OwnedFile>> OwnedFile::Read(const std::string& pa
   return reader.ReadRest(nullptr);
 }
 
+namespace {
+
+// Faults every page of [data, data + size) in with a write (MADV_POPULATE_WRITE, Linux 5.14+;
+// else one write per page).
+void PopulateWrite(uint8_t* data, size_t size) {
+  constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE
+  if (::madvise(data, size, kPopulateWrite) != 0) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    for (size_t i = 0; i < size; i += page) data[i] = 0;
+  }
+}
+
+}  // namespace
+
 void ReserveSpareBuffers(absl::Span<const size_t> sizes) {
   for (const size_t size : sizes) {
     if (size < kMinSpareBytes) continue;
     uint8_t* data = MapFresh(size);
     if (data == nullptr) return;
-    // Fault every page in now (MADV_POPULATE_WRITE, Linux 5.14+; else one write per page).
-    constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE
-    if (::madvise(data, size, kPopulateWrite) != 0) {
-      const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-      for (size_t i = 0; i < size; i += page) data[i] = 0;
-    }
+    PopulateWrite(data, size);  // fault every page in now
     SparePool::Get().Give(data, size);
   }
 }
+
+absl::StatusOr<std::shared_ptr<PooledBuffer>> PooledBuffer::Take(size_t size) {
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t want = std::max(page, (size + page - 1) / page * page);
+  size_t capacity = 0;
+  uint8_t* data = want >= kMinSpareBytes ? SparePool::Get().Take(want, &capacity) : nullptr;
+  const bool reused = data != nullptr;
+  if (!reused) {
+    data = MapFresh(want);
+    capacity = want;
+    if (data == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", want, " bytes"));
+    }
+  }
+  return std::shared_ptr<PooledBuffer>(new PooledBuffer(data, size, capacity, reused));
+}
+
+PooledBuffer::~PooledBuffer() {
+  if (capacity_ >= kMinSpareBytes) {
+    SparePool::Get().Give(data_, capacity_);
+  } else {
+    ::munmap(data_, capacity_);
+  }
+}
+
+void PooledBuffer::Prefault() { PopulateWrite(data_, capacity_); }
 
 void DropSpareBuffers() { SparePool::Get().DropAll(); }
 

@@ -96,6 +96,36 @@ class OwnedFileReader {
   size_t done_ = 0;  // bytes [0, done_) are read
 };
 
+// Owned page-aligned anonymous memory of `size` bytes for a working copy (a delta's copy of the
+// served weights: services/worker/weights/publication.h): a spare of about that size from the
+// pool when there is one (no page fault, no zeroing), else freshly mapped; given back to the pool
+// when destroyed, like an OwnedFile's bytes. Prefault() faults every page in on the calling
+// thread, so that writes into it later (on a latency-bound thread) fault nothing. Contents are
+// unspecified until written. Thread-compatible.
+class PooledBuffer {
+ public:
+  // ResourceExhausted when the memory cannot be mapped.
+  static absl::StatusOr<std::shared_ptr<PooledBuffer>> Take(size_t size);
+  PooledBuffer(const PooledBuffer&) = delete;
+  PooledBuffer& operator=(const PooledBuffer&) = delete;
+  ~PooledBuffer();
+
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  // Whether it came from the spare pool.
+  bool reused() const { return reused_; }
+  // Writes every page once (MADV_POPULATE_WRITE, Linux 5.14+; else one byte per page).
+  void Prefault();
+
+ private:
+  PooledBuffer(uint8_t* data, size_t size, size_t capacity, bool reused)
+      : data_(data), size_(size), capacity_(capacity), reused_(reused) {}
+  uint8_t* data_;
+  size_t size_;
+  size_t capacity_;
+  bool reused_;
+};
+
 // Largest file read by default: checkpoints shards (64 GiB) and small JSON files (16 MiB).
 inline constexpr int64_t kMaxShardBytes = int64_t{64} << 30;
 inline constexpr int64_t kMaxJsonFileBytes = int64_t{16} << 20;

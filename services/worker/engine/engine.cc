@@ -178,6 +178,7 @@ absl::Status Engine::Call(std::function<absl::Status()> fn) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("engine is shutting down");
     inbox_.push_back([&] {
+      num_commands_.fetch_add(1);
       result = fn();
       PublishSnapshot();
       done.Notify();

@@ -167,6 +167,9 @@ class Engine {
 
   int64_t weight_version() const { return weight_version_.load(); }
   absl::Status SetWeightVersion(int64_t version);
+  // Blocking commands run on the engine thread so far (each is one hop between two steps): how
+  // many times an operation held the engine (tests: an activation is one).
+  int64_t num_commands() const { return num_commands_.load(); }
   // Non-blocking: the snapshot published after the latest step or command.
   ServerInfo GetServerInfo() const;
   // The snapshot's `paused`, without copying the snapshot (a per-request door check).
@@ -215,6 +218,7 @@ class Engine {
   EngineLimits limits_;
   std::atomic<int64_t> weight_version_;
   std::atomic<bool> published_paused_{false};  // snapshot_.paused, set with it
+  std::atomic<int64_t> num_commands_{0};
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;

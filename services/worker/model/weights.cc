@@ -132,9 +132,12 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromOwnedTensors(std::vector<Own
     v.name = t.info.name;
     v.dtype = *dtype;
     v.shape = t.info.shape;
-    v.data = absl::Span<const uint8_t>(t.data.get(), static_cast<size_t>(t.num_bytes));
+    v.data = absl::Span<const uint8_t>(t.data, static_cast<size_t>(t.num_bytes));
     (*views)[t.info.name] = std::move(v);
-    w->owned_[t.info.name] = std::move(t.data);
+    // Tensors of one arena are usually adjacent: it is kept once.
+    if (t.owner != nullptr && (w->arenas_.empty() || w->arenas_.back() != t.owner)) {
+      w->arenas_.push_back(std::move(t.owner));
+    }
   }
   absl::StatusOr<std::unique_ptr<Weights>> out =
       Weights::Build(std::move(w), [views](const std::string& name) -> const model_io::TensorView* {
@@ -142,10 +145,8 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromOwnedTensors(std::vector<Own
         return it == views->end() ? nullptr : &it->second;
       });
   if (out.ok()) {
-    // Drop what the architecture does not use.
-    for (auto it = (*out)->owned_.begin(); it != (*out)->owned_.end();) {
-      it = (*out)->tensors_.contains(it->first) ? std::next(it) : (*out)->owned_.erase(it);
-    }
+    // Drop what the architecture does not use (copies made for alignment); an arena stays
+    // whole while any tensor of it is served.
   }
   return out;
 }

@@ -63,10 +63,11 @@ struct LayerWeights {
 };
 
 // One tensor in memory the caller gives away (a copy of the served weights a delta was applied
-// to: weights/publication.h).
+// to: weights/publication.h). Several tensors may share one `owner` (a pooled arena).
 struct OwnedTensor {
   TensorInfo info;
-  std::unique_ptr<uint8_t[]> data;  // NumElements · DTypeSize(info.dtype) bytes
+  uint8_t* data = nullptr;            // NumElements · DTypeSize(info.dtype) bytes
+  std::shared_ptr<const void> owner;  // keeps `data` alive
   int64_t num_bytes = 0;
 };
 
@@ -126,6 +127,7 @@ class Weights {
   model_io::Checkpoint checkpoint_;  // owns the tensor bytes read from disk
   std::map<std::string, WeightTensor> tensors_;
   std::map<std::string, std::unique_ptr<uint8_t[]>> owned_;  // copies (updates, realigned)
+  std::vector<std::shared_ptr<const void>> arenas_;          // what OwnedTensors' bytes live in
   const WeightTensor* embed_ = nullptr;
   const WeightTensor* lm_head_ = nullptr;
   const WeightTensor* final_norm_ = nullptr;

@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/model_io/file_read.h"
 #include "common/model_io/safetensors.h"
 #include "common/request_limits.h"
 #include "common/status.h"
@@ -43,11 +45,20 @@ bool HasCheckpoint(const std::string& dir) {
   return false;
 }
 
-// A copy of every served tensor, taken on the engine thread in slices of kCopySliceBytes so the
-// engine keeps stepping between them. ABORTED when the served version moved from `version`
-// meanwhile (the copy would mix versions).
+// What CopyServedWeights cost the engine thread.
+struct CopyCost {
+  int hops = 0;
+  double engine_s = 0;  // wall time inside the hops, on the engine thread
+  bool reused = false;  // the arena came from the spare pool
+};
+
+// A copy of every served tensor into one pooled arena (model_io::PooledBuffer), whose pages are
+// faulted in here, on the caller's (staging) thread, before the first hop; then taken on the
+// engine thread in slices of kCopySliceBytes, each hop a plain memcpy into memory that is
+// already mapped, so the engine keeps stepping between them. ABORTED when the served version
+// moved from `version` meanwhile (the copy would mix versions).
 absl::StatusOr<std::vector<model::OwnedTensor>> CopyServedWeights(engine::Engine& engine,
-                                                                  int64_t version) {
+                                                                  int64_t version, CopyCost* cost) {
   auto moved = [&]() {
     return absl::AbortedError(absl::StrCat("delta: the served weights changed from version ",
                                            version,
@@ -59,18 +70,31 @@ absl::StatusOr<std::vector<model::OwnedTensor>> CopyServedWeights(engine::Engine
     infos = ctx.runner().ListWeights();
     return absl::OkStatus();
   }));
+  constexpr int64_t kAlign = 64;  // every tensor starts on a cache line
   std::vector<model::OwnedTensor> copy;
   std::map<std::string, size_t> index;
+  int64_t total = 0;
+  std::vector<int64_t> offsets;
   for (model::TensorInfo& info : infos) {
     const std::optional<model_io::DType> dtype = model_io::ParseDType(info.dtype);
     ASSIGN_OR_RETURN(const int64_t numel, model_io::CheckedNumElements(info.shape));
     if (!dtype) return absl::InternalError(absl::StrCat(info.name, ": dtype ", info.dtype));
     model::OwnedTensor t;
     t.num_bytes = numel * model_io::DTypeSize(*dtype);
-    t.data.reset(new uint8_t[static_cast<size_t>(t.num_bytes)]);
     t.info = std::move(info);
     index[t.info.name] = copy.size();
+    offsets.push_back(total);
+    total += (t.num_bytes + kAlign - 1) / kAlign * kAlign;
     copy.push_back(std::move(t));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<model_io::PooledBuffer> arena,
+                   model_io::PooledBuffer::Take(static_cast<size_t>(std::max<int64_t>(total, 1))));
+  arena->Prefault();  // here, at the staging thread's priority: the hops below fault nothing
+  cost->reused = arena->reused();
+  const std::shared_ptr<const void> owner = arena;
+  for (size_t i = 0; i < copy.size(); ++i) {
+    copy[i].data = arena->data() + offsets[i];
+    copy[i].owner = owner;
   }
   for (size_t begin = 0; begin < copy.size();) {
     size_t end = begin;
@@ -79,6 +103,8 @@ absl::StatusOr<std::vector<model::OwnedTensor>> CopyServedWeights(engine::Engine
       bytes += copy[end++].num_bytes;
     }
     absl::Status hop = engine.RunOnEngineThread([&](engine::EngineContext& ctx) -> absl::Status {
+      const auto t0 = std::chrono::steady_clock::now();
+      ++cost->hops;
       if (engine.weight_version() != version) return moved();
       absl::Status inner;
       RETURN_IF_ERROR(ctx.runner().VisitWeights(
@@ -91,8 +117,10 @@ absl::StatusOr<std::vector<model::OwnedTensor>> CopyServedWeights(engine::Engine
                   absl::StrCat("delta: tensor '", info.name, "' changed size while copied"));
               return;
             }
-            std::memcpy(t.data.get(), data.data(), data.size());
+            std::memcpy(t.data, data.data(), data.size());
           }));
+      cost->engine_s +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       return inner;
     });
     if (!hop.ok()) {
@@ -101,6 +129,16 @@ absl::StatusOr<std::vector<model::OwnedTensor>> CopyServedWeights(engine::Engine
     begin = end;
   }
   return copy;
+}
+
+// The manifest's digest of every tensor `weights` holds (verified against it before).
+std::map<std::string, std::string> ServedDigests(const model::Weights& weights, const Manifest& m) {
+  std::map<std::string, std::string> out;
+  for (const model::TensorInfo& info : weights.List()) {
+    auto it = m.tensors.find(info.name);
+    if (it != m.tensors.end()) out[info.name] = it->second.sha256;
+  }
+  return out;
 }
 
 absl::Status CheckVersionArgument(std::optional<int64_t> requested, const Manifest& m,
@@ -150,6 +188,7 @@ absl::StatusOr<ReadVersion> ReadDense(const std::string& dir, std::optional<int6
     RETURN_IF_ERROR(Annotate(VerifyWeights(*out.weights, *m), dir));
     out.version = m->version;
     out.manifest_sha256 = m->sha256;
+    out.tensor_sha256 = ServedDigests(*out.weights, *m);
   }
   return out;
 }
@@ -229,7 +268,9 @@ absl::StatusOr<ReadVersion> BuildOnServedCopy(const std::string& what,
     t0 = now;
     return s;
   };
-  ASSIGN_OR_RETURN(std::vector<model::OwnedTensor> copy, CopyServedWeights(*deps.engine, parent));
+  CopyCost cost;
+  ASSIGN_OR_RETURN(std::vector<model::OwnedTensor> copy,
+                   CopyServedWeights(*deps.engine, parent, &cost));
   const double copy_s = lap();
   std::map<std::string, model::OwnedTensor*> by_name;
   for (model::OwnedTensor& t : copy) by_name[t.info.name] = &t;
@@ -275,8 +316,8 @@ absl::StatusOr<ReadVersion> BuildOnServedCopy(const std::string& what,
   for (const weight_sync::DeltaTensor& t : update.deltas) {
     model::OwnedTensor& target = *by_name.at(t.name);
     absl::Status applied = weight_sync::ApplyDelta(
-        t.dtype, t.delta,
-        absl::Span<uint8_t>(target.data.get(), static_cast<size_t>(target.num_bytes)), options);
+        t.dtype, t.delta, absl::Span<uint8_t>(target.data, static_cast<size_t>(target.num_bytes)),
+        options);
     if (!applied.ok()) return Annotate(applied, absl::StrCat(what, ", tensor '", t.name, "'"));
   }
   for (const NamedTensor& t : update.dense) {
@@ -294,7 +335,7 @@ absl::StatusOr<ReadVersion> BuildOnServedCopy(const std::string& what,
             "them)"));
       }
     }
-    std::memcpy(target.data.get(), t.bytes.data(), t.bytes.size());
+    std::memcpy(target.data, t.bytes.data(), t.bytes.size());
   }
   const double apply_s = lap();
   ASSIGN_OR_RETURN(std::unique_ptr<model::Weights> weights,
@@ -310,10 +351,13 @@ absl::StatusOr<ReadVersion> BuildOnServedCopy(const std::string& what,
   out.weights = std::move(weights);
   out.version = m != nullptr ? std::optional<int64_t>(m->version) : update.version;
   out.manifest_sha256 = m != nullptr ? m->sha256 : "";
+  if (m != nullptr) out.tensor_sha256 = ServedDigests(*out.weights, *m);
   if (update.parent.has_value()) out.delta_parent = parent;
   out.built_on = parent;
-  out.phases = absl::StrFormat("copy of the served weights %.3f s, apply %.3f s, verify %.3f s",
-                               copy_s, apply_s, lap());
+  out.phases = absl::StrFormat(
+      "copy of the served weights %.3f s (into %s memory; the engine thread held %.3f s of it in "
+      "%d hops), apply %.3f s, verify %.3f s",
+      copy_s, cost.reused ? "pooled" : "fresh", cost.engine_s, cost.hops, apply_s, lap());
   return out;
 }
 

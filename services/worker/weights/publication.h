@@ -6,12 +6,14 @@
 //                    rl-manifest.json, every served tensor hashed and compared. Delta folder
 //                    (weights.rldelta): refused unless the worker serves the delta's parent
 //                    version (and, when the ledger knows that version's digest, the parent's
-//                    digest matches); then a copy of the served weights is taken on the engine
-//                    thread in slices of kCopySliceBytes (one short hop between engine steps
-//                    each), the delta applied to the copy here, and the result verified against
-//                    the child's manifest. A folder with both uses the delta when the worker
-//                    holds its parent, else the checkpoint. Nothing is staged unless all of it
-//                    is complete and verified.
+//                    digest matches); then a copy of the served weights is taken into one
+//                    pooled arena (model_io::PooledBuffer: a spare of the model's size reused
+//                    from stage to stage) whose pages are faulted in on this (staging) thread,
+//                    then filled on the engine thread in slices of kCopySliceBytes (one short
+//                    hop between engine steps each: a plain memcpy), the delta applied to the
+//                    copy here, and the result verified against the child's manifest. A folder with
+//                    both uses the delta when the worker holds its parent, else the checkpoint.
+//                    Nothing is staged unless all of it is complete and verified.
 //   VersionLedger    version -> manifest sha256 of the versions this worker held (bounded,
 //                    oldest forgotten first): a publication whose version number was held with
 //                    other content is refused.
@@ -59,8 +61,11 @@ class VersionLedger {
 // A publication read into owned host memory, complete and verified, waiting to be served.
 struct ReadVersion {
   std::unique_ptr<model::Weights> weights;
-  std::optional<int64_t> version;       // the manifest's (or the caller's) version
-  std::string manifest_sha256;          // "" when the folder had no manifest
+  std::optional<int64_t> version;  // the manifest's (or the caller's) version
+  std::string manifest_sha256;     // "" when the folder had no manifest
+  // With a manifest: every served tensor's digest (verified), for the served digest after later
+  // partial updates; empty otherwise.
+  std::map<std::string, std::string> tensor_sha256;
   std::optional<int64_t> delta_parent;  // set when built from a delta
   // Set when built on a copy of the served weights (a delta, or whole tensors verified against
   // a manifest): the version copied. Serving it after another version was activated would undo

@@ -59,7 +59,7 @@ absl::StatusOr<AdminOutcome> UpdateLifecycle::Run(const char* what, const Update
   // shows it) while `apply` holds the engine thread, e.g. receiving. The decision and the pause
   // are one engine-thread step: nothing starts or pauses between them.
   absl::Status status = absl::OkStatus();
-  if (options.self_pause) {
+  if (options.self_pause && options.pause_step) {
     status = engine.RunOnEngineThread([&](engine::EngineContext& ctx) {
       resume_on_failure = !ctx.paused();
       if (!Retracted(ctx)) ctx.Pause(UpdatePause(policy));
@@ -80,7 +80,7 @@ absl::StatusOr<AdminOutcome> UpdateLifecycle::Run(const char* what, const Update
             what, ": ", info.scheduler.num_running, " running and ", info.scheduler.num_waiting,
             " waiting requests; pass abort_all_requests or pause with retract first"));
       }
-      if (!options.self_pause) resume_on_failure = !ctx.paused();
+      if (!(options.self_pause && options.pause_step)) resume_on_failure = !ctx.paused();
       if (!retracted) ctx.Pause(UpdatePause(policy));
       if (policy.abort_all_requests) {
         out.num_aborted = ctx.AbortAll(absl::StrCat(what, " aborted it"));

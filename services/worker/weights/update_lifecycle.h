@@ -2,9 +2,10 @@
 // tensors, a group's broadcast, a staged receive), and the facts it leaves behind (an update in
 // progress, the last failure).
 //
-// Design: two engine-thread steps between engine steps. A self-pausing update first pauses
-// with retract in a step of its own (so the pause is visible while `apply` holds the engine);
-// then one step decides and acts: refuse while requests are active (unless abort_all_requests,
+// Design: one engine-thread step between two engine steps decides and acts (a self-pausing
+// update whose `apply` waits for data first pauses with retract in a step of its own, so the
+// pause is visible while `apply` holds the engine; an activation of data already staged does
+// not: its pause is the one step): refuse while requests are active (unless abort_all_requests,
 // an engine paused with retract, a self-pausing update, or keep_kv), pause (retract; in place
 // with keep_kv), abort if asked, apply, flush the prefix cache (keep_kv with running requests:
 // keep their KV and evict the rest), bump weight_version, resume unless keep_pause or asleep.
@@ -45,6 +46,11 @@ class UpdateLifecycle {
     // Retract active requests (running, waiting, paused in place) instead of refusing; on a
     // failure resume only an engine that was running.
     bool self_pause = false;
+    // With self_pause: pause in an engine-thread step of its own before the one that applies,
+    // so the pause is published while `apply` waits (a receive). An apply of data already in
+    // memory (an activation) leaves it false: the whole update is then one step, so the running
+    // requests lose one step's worth of time at most (plus the apply).
+    bool pause_step = false;
     // A failure leaves the engine paused and marks update_failed (distributed buckets).
     bool failure_keeps_pause = false;
   };

@@ -11,6 +11,7 @@
 #include "services/worker/model/weights.h"
 #include "services/worker/weights/staged_receive.h"
 #include "services/worker/weights/update_validation.h"
+#include "services/worker/weights/weights_checker.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::worker {
@@ -45,6 +46,7 @@ using ClaimFor = UpdateGroups::ClaimFor;
 
 WeightUpdateController::WeightUpdateController(Deps deps)
     : deps_(WithDefaults(std::move(deps))),
+      reaper_(deps_.staging_nice),
       lifecycle_({.engine = deps_.engine,
                   .sleep = deps_.sleep,
                   .updating_changed = deps_.updating_changed,
@@ -74,7 +76,8 @@ WeightUpdateStatus WeightUpdateController::status() const {
     out.staged.version = staged_->version.value_or(-1);
     out.staged.source = staged_->source;
     out.staged.bytes = staged_->bytes;
-    out.staged.sha256 = staged_->manifest_sha256;
+    out.staged.sha256 =
+        staged_->manifest_sha256.empty() ? staged_->computed_sha256 : staged_->manifest_sha256;
     out.staged.parent_version = staged_->delta_parent.value_or(-1);
   }
   return out;
@@ -148,6 +151,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
   if (!IsDeltaOnlyFolder(model_path)) {
     RETURN_IF_ERROR(CheckDiskUpdate(model_path, deps_.model_config, deps_.limits));
   }
+  reaper_.Drain();  // what an earlier update replaced is gone before this read allocates
   absl::StatusOr<ReadVersion> fresh = ReadFolder(model_path, policy.weight_version);
   if (!fresh.ok()) {
     return Annotate(fresh.status(),
@@ -163,13 +167,14 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDisk(
         RETURN_IF_ERROR(
             Annotate(runner.ActivateWeights(&fresh->weights, fresh->reload_path, fresh->identity),
                      model_path));
-        NoteServedDigest(fresh->manifest_sha256);
+        NoteServedDigest(fresh->manifest_sha256, std::move(fresh->tensor_sha256));
         return absl::OkStatus();
       },
       {});
   if (out.ok() && !fresh->manifest_sha256.empty()) {
     ledger_.Record(out->weight_version, fresh->manifest_sha256);
   }
+  reaper_.Free(std::move(fresh->weights));  // the weights served before, after the answer
   return out;
 }
 
@@ -190,8 +195,9 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
           "its answer");
     }
     staging_ = true;
-    staged_.reset();  // one staged version at most: the old one goes before the new read
+    reaper_.Free(std::move(staged_));  // one staged version at most: the old one goes ...
   }
+  reaper_.Drain();  // ... before the new read, as does what an earlier update replaced
   // Off the engine thread: it keeps generating with the served weights meanwhile. Non-finite
   // values are refused while the files are read (model_io) or the delta applied, unless
   // --allow-non-finite-weights. A folder with a manifest is verified against it (publication.h).
@@ -212,6 +218,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::StageWeightsFromDisk(
   staged->identity = std::move(read->identity);
   staged->reload_path = std::move(read->reload_path);
   staged->manifest_sha256 = read->manifest_sha256;
+  staged->tensor_sha256 = std::move(read->tensor_sha256);
   staged->delta_parent = read->delta_parent;
   staged->built_on = read->built_on;
   staged->bytes = read->weights->TotalBytes();
@@ -257,9 +264,13 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
   if (staged->version.has_value()) p.weight_version = staged->version;
   bool applied = false;  // staged tensors: the copy into the served weights started
   bool swapped = false;  // staged weights: swapped in (`staged->weights` is the old version)
+  uint64_t apply = 0;    // this apply's number (UpdateLifecycle::applies)
+  // One engine-thread step (no pause step of its own: the data is here): pause (in place with
+  // keep_kv, else retract), swap, flush or keep the KV, bump, resume.
   absl::StatusOr<AdminOutcome> out = lifecycle_.Run(
       "activate_weights", p,
       [&](model::ModelRunner& runner) -> absl::Status {
+        apply = lifecycle_.applies();
         if (staged->weights == nullptr) {
           // A staged tensor stream or group receive: verified at staging, checked again against
           // the runner before the first byte is written (ApplyStaged), then copied in.
@@ -277,19 +288,32 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
           // A version recorded since the stage (another publication) still wins.
           RETURN_IF_ERROR(ledger_.CheckSameContent(*staged->version, staged->manifest_sha256));
         }
+        if (staged->from_tensors && lifecycle_.asleep()) {
+          // Asleep: nothing to swap; the sleeping runner keeps the tensors for the wake.
+          applied = true;
+          RETURN_IF_ERROR(Annotate(CopyWeightsIn(runner, *staged->weights), staged->source));
+          NoteServedDigest(staged->computed_sha256, std::move(staged->tensor_sha256));
+          return absl::OkStatus();
+        }
         RETURN_IF_ERROR(Annotate(
             runner.ActivateWeights(&staged->weights, staged->reload_path, staged->identity),
             staged->path));
         swapped = true;
-        NoteServedDigest(staged->manifest_sha256);
+        NoteServedDigest(
+            staged->manifest_sha256.empty() ? staged->computed_sha256 : staged->manifest_sha256,
+            std::move(staged->tensor_sha256));
         return absl::OkStatus();
       },
       {.self_pause = true});
   if (out.ok() && !staged->manifest_sha256.empty()) {
     ledger_.Record(out->weight_version, staged->manifest_sha256);
   }
-  if (!out.ok() && !swapped &&
-      (staged->weights != nullptr || (!staged->tensors.empty() && !applied))) {
+  if (out.ok() && staged->weights == nullptr && !swapped) {
+    // Staged tensors copied in: the served digest from the digests computed at staging.
+    NoteTensorsApplied(apply, staged->tensor_sha256);
+  }
+  if (!out.ok() && !swapped && !applied &&
+      (staged->weights != nullptr || !staged->tensors.empty())) {
     // Not swapped in: still staged (unless a new stage came meanwhile).
     absl::MutexLock lock(&stage_mu_);
     if (staged_ == nullptr && !staging_) {
@@ -297,6 +321,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ActivateStagedWeights(
       return WithNote(out.status(), "nothing changed; the version is still staged");
     }
   }
+  reaper_.Free(std::move(staged));  // the replaced weights or the applied tensors
   return out;
 }
 
@@ -335,7 +360,8 @@ absl::StatusOr<std::unique_ptr<StageTicket>> WeightUpdateController::BeginStage(
     staging_ = true;
     old = std::move(staged_);  // one staged version at most: the old one goes first
   }
-  old.reset();  // freed outside the lock
+  reaper_.Free(std::move(old));
+  reaper_.Drain();  // freed (outside the lock) before the stage receives anything
   return std::make_unique<StageTicket>(
       [this, source, weight_version, start](std::vector<NamedTensor> tensors) {
         return CommitStage(source, weight_version, start, std::move(tensors));
@@ -372,21 +398,28 @@ absl::StatusOr<ReadVersion> WeightUpdateController::BuildDelta(
                                                    ", but the manifest names parent version ",
                                                    *m->parent_version));
   }
+  reaper_.Drain();  // what an earlier update replaced is gone before the copy allocates
   std::vector<weight_sync::DeltaTensor> views;
   views.reserve(update.deltas.size());
   for (const weight_sync::NamedDelta& d : update.deltas) {
     views.push_back({d.name, d.dtype, d.delta.view()});
   }
-  return BuildOnServedCopy(what,
-                           {.parent = update.parent_version,
-                            .manifest = m,
-                            .version = weight_version,
-                            .deltas = views,
-                            .dense = update.dense},
-                           {.engine = deps_.engine,
-                            .model_config = deps_.model_config,
-                            .limits = deps_.limits,
-                            .ledger = &ledger_});
+  auto build = [&] {
+    return BuildOnServedCopy(what,
+                             {.parent = update.parent_version,
+                              .manifest = m,
+                              .version = weight_version,
+                              .deltas = views,
+                              .dense = update.dense},
+                             {.engine = deps_.engine,
+                              .model_config = deps_.model_config,
+                              .limits = deps_.limits,
+                              .ledger = &ledger_});
+  };
+  // At the staging priority, like a disk stage's read: the copy's page faults, the apply and the
+  // verification yield the core to the engine thread.
+  if (deps_.staging_nice <= 0) return build();
+  return RunAtLowPriority(deps_.staging_nice, build);
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::CommitDeltaStage(
@@ -405,6 +438,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CommitDeltaStage(
   staged->version = read->version;
   staged->source = source;
   staged->manifest_sha256 = read->manifest_sha256;
+  staged->tensor_sha256 = std::move(read->tensor_sha256);
   staged->delta_parent = read->delta_parent;
   staged->built_on = read->built_on;
   staged->bytes = read->weights->TotalBytes();
@@ -458,9 +492,12 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromDelta(
                              "update (delta): built on version ", built_on, " but version ", served,
                              " was activated meanwhile; nothing was applied"));
                        }
-                       return runner.ActivateWeights(&fresh->weights, "", "");
+                       RETURN_IF_ERROR(runner.ActivateWeights(&fresh->weights, "", ""));
+                       NoteServedDigest(fresh->manifest_sha256, std::move(fresh->tensor_sha256));
+                       return absl::OkStatus();
                      },
                      {});
+  reaper_.Free(std::move(fresh->weights));  // the weights served before, after the answer
   if (out.ok()) {
     if (!fresh->manifest_sha256.empty())
       ledger_.Record(out->weight_version, fresh->manifest_sha256);
@@ -562,6 +599,19 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
     }
     valid = ValidateTensors(served_, infos, sizes);
   }
+  // Computed while staging (off the engine thread, at the staging priority), so the activation
+  // knows the digest it serves without hashing in the pause.
+  std::map<std::string, std::string> digests;
+  if (valid.ok()) digests = DigestTensors(tensors);
+  // Every served weight whole in its held dtype: the tensors become a Weights (no copy), served
+  // by a pointer swap at activation, and uploaded to a second device copy now on CUDA.
+  int64_t bytes = 0;
+  for (const NamedTensor& t : tensors) bytes += static_cast<int64_t>(t.bytes.size());
+  const size_t count = tensors.size();
+  std::unique_ptr<model::Weights> whole;
+  std::string device_note;
+  if (valid.ok()) whole = AsFullWeights(&tensors);
+  if (whole != nullptr) device_note = StageOnDevice(*whole);
   absl::MutexLock lock(&stage_mu_);
   staging_ = false;
   if (!valid.ok()) {
@@ -571,18 +621,62 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
   auto staged = std::make_unique<StagedVersion>();
   staged->version = weight_version;
   staged->source = source;
-  for (const NamedTensor& t : tensors) staged->bytes += static_cast<int64_t>(t.bytes.size());
-  staged->tensors = std::move(tensors);
+  staged->bytes = bytes;
+  staged->tensors = std::move(tensors);  // empty when `whole` took them
+  staged->weights = std::move(whole);
+  staged->from_tensors = staged->weights != nullptr;
+  if (CoversServed(digests)) staged->computed_sha256 = RankDigest(digests);
+  staged->tensor_sha256 = std::move(digests);
   AdminOutcome out;
-  out.message =
-      absl::StrCat("stage (", source, "): ", staged->tensors.size(), " tensors (", staged->bytes,
-                   " bytes) staged as version ",
-                   weight_version.has_value() ? absl::StrCat(*weight_version) : "current + 1",
-                   " (ActivateWeights serves it)");
+  out.message = absl::StrCat(
+      "stage (", source, "): ", count, " tensors (", staged->bytes, " bytes) staged as version ",
+      weight_version.has_value() ? absl::StrCat(*weight_version) : "current + 1",
+      staged->from_tensors ? " (every served weight: activated by a swap, not a copy)"
+                           : " (some weights: copied into the served ones at activation)",
+      device_note.empty() ? "" : absl::StrCat("; ", device_note), " (ActivateWeights serves it)");
   out.weight_version = deps_.engine->weight_version();
   out.duration_us = MicrosSince(start);
   staged_ = std::move(staged);
   return out;
+}
+
+absl::Status WeightUpdateController::CopyWeightsIn(model::ModelRunner& runner,
+                                                   const model::Weights& weights) {
+  absl::Status copied;
+  weights.Visit([&](const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
+    if (copied.ok()) copied = runner.UpdateWeight(info, bytes);
+  });
+  return copied;
+}
+
+std::unique_ptr<model::Weights> WeightUpdateController::AsFullWeights(
+    std::vector<NamedTensor>* tensors) const {
+  if (tensors->size() != served_.size()) return nullptr;
+  std::map<std::string, const model::TensorInfo*> held;
+  for (const model::TensorInfo& t : served_) held[t.name] = &t;
+  for (const NamedTensor& t : *tensors) {
+    auto it = held.find(t.info.name);
+    if (it == held.end() || it->second->dtype != t.info.dtype) return nullptr;  // converted later
+  }
+  // The tensors' buffers become the weights' (shared ownership; moving the vector keeps them).
+  auto owner = std::make_shared<std::vector<NamedTensor>>(std::move(*tensors));
+  std::vector<model::OwnedTensor> owned;
+  owned.reserve(owner->size());
+  for (NamedTensor& t : *owner) {
+    owned.push_back({.info = t.info,
+                     .data = t.bytes.data(),
+                     .owner = owner,
+                     .num_bytes = static_cast<int64_t>(t.bytes.size())});
+  }
+  absl::StatusOr<std::unique_ptr<model::Weights>> w =
+      model::WeightsFromOwnedTensors(std::move(owned), deps_.model_config);
+  if (!w.ok()) {
+    // Validated against the served weights already; keep them as tensors (copied in later).
+    spdlog::warn("stage: the staged tensors are kept as tensors: {}", w.status().ToString());
+    *tensors = std::move(*owner);
+    return nullptr;
+  }
+  return *std::move(w);
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdateStaged(
@@ -629,19 +723,89 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveWeightsStaged(
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
     std::vector<NamedTensor> tensors, const UpdatePolicy& policy) {
   if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
-  return lifecycle_.Run("update_weights_from_tensor", policy,
-                        [&](model::ModelRunner& runner) {
-                          RETURN_IF_ERROR(ApplyStaged(runner, tensors));
-                          NoteServedDigest(policy.verified_sha256);
-                          return absl::OkStatus();
-                        },
-                        {});
+  // The served digest afterwards: the verified one of a full-state stream, else computed here
+  // (off the engine thread, before the pause) when it can be known.
+  std::map<std::string, std::string> digests;
+  if (policy.verified_sha256.empty() && DigestWorthComputing(tensors, lifecycle_.applies())) {
+    digests = DigestTensors(tensors);
+  }
+  // Every served weight in its held dtype: swapped in (no copy in the pause), else copied in.
+  std::unique_ptr<model::Weights> whole = AsFullWeights(&tensors);
+  uint64_t apply = 0;
+  absl::StatusOr<AdminOutcome> out =
+      lifecycle_.Run("update_weights_from_tensor", policy,
+                     [&](model::ModelRunner& runner) -> absl::Status {
+                       apply = lifecycle_.applies();
+                       if (whole == nullptr) {
+                         RETURN_IF_ERROR(ApplyStaged(runner, tensors));
+                       } else if (lifecycle_.asleep()) {
+                         RETURN_IF_ERROR(CopyWeightsIn(runner, *whole));
+                       } else {
+                         RETURN_IF_ERROR(runner.ActivateWeights(&whole, "", ""));
+                       }
+                       if (!policy.verified_sha256.empty()) {
+                         NoteServedDigest(policy.verified_sha256);
+                       }
+                       return absl::OkStatus();
+                     },
+                     {});
+  if (out.ok() && policy.verified_sha256.empty()) NoteTensorsApplied(apply, digests);
+  reaper_.Free(std::move(whole));  // the weights served before (after a swap)
+  reaper_.Free(std::move(tensors));
+  return out;
 }
 
-void WeightUpdateController::NoteServedDigest(const std::string& sha256) {
+void WeightUpdateController::NoteServedDigest(const std::string& sha256,
+                                              std::map<std::string, std::string> tensors) {
   absl::MutexLock lock(&digest_mu_);
   digest_applies_ = lifecycle_.applies();  // this apply's (counted before it ran)
   digest_ = sha256;
+  digest_tensors_ = sha256.empty() ? std::map<std::string, std::string>() : std::move(tensors);
+}
+
+void WeightUpdateController::NoteTensorsApplied(uint64_t apply,
+                                                const std::map<std::string, std::string>& updated) {
+  absl::MutexLock lock(&digest_mu_);
+  const bool base_known = digest_applies_ + 1 == apply && !digest_tensors_.empty();
+  const bool everything = CoversServed(updated);
+  digest_applies_ = apply;
+  if (updated.empty() || (!base_known && !everything)) {
+    digest_.clear();
+    digest_tensors_.clear();
+    return;
+  }
+  if (everything) {
+    digest_tensors_ = updated;
+  } else {
+    for (const auto& [name, sha] : updated) digest_tensors_[name] = sha;
+  }
+  digest_ = RankDigest(digest_tensors_);
+}
+
+bool WeightUpdateController::CoversServed(const std::map<std::string, std::string>& digests) const {
+  if (digests.size() != served_.size()) return false;
+  for (const model::TensorInfo& t : served_) {
+    if (!digests.contains(t.name)) return false;
+  }
+  return true;
+}
+
+bool WeightUpdateController::DigestWorthComputing(const std::vector<NamedTensor>& tensors,
+                                                  uint64_t base) const {
+  if (tensors.size() >= served_.size()) return true;  // possibly every tensor: checked later
+  absl::MutexLock lock(&digest_mu_);
+  return digest_applies_ == base && !digest_tensors_.empty();
+}
+
+std::map<std::string, std::string> WeightUpdateController::DigestTensors(
+    const std::vector<NamedTensor>& tensors) {
+  auto digest = [&] {
+    std::map<std::string, std::string> out;
+    for (const NamedTensor& t : tensors) out[t.info.name] = TensorDigest(t.info, t.bytes);
+    return out;
+  };
+  if (deps_.staging_nice <= 0) return digest();
+  return RunAtLowPriority(deps_.staging_nice, digest);
 }
 
 std::string WeightUpdateController::served_sha256() const {
@@ -780,14 +944,23 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdate(
   }
   if (prepared.delta().has_value()) return CompletePreparedDelta(group_name, claim, policy, false);
   bool applying = false;
+  uint64_t apply = 0;
   absl::StatusOr<AdminOutcome> out =
       lifecycle_.Run("complete_weights_update", policy,
                      [&](model::ModelRunner& runner) {
                        applying = true;
+                       apply = lifecycle_.applies();
                        return ApplyStaged(runner, prepared.tensors());
                      },
-                     {.self_pause = true});
-  if (out.ok()) return out;
+                     {.self_pause = true, .pause_step = true});
+  if (out.ok()) {
+    // The served digest, computed after the pause from the tensors just applied.
+    const std::vector<NamedTensor>& applied = prepared.tensors();
+    NoteTensorsApplied(apply, DigestWorthComputing(applied, apply - 1)
+                                  ? DigestTensors(applied)
+                                  : std::map<std::string, std::string>());
+    return out;
+  }
   if (applying) {
     return WithNote(out.status(),
                     "the prepared update is dropped (its tensors were applied or "
@@ -804,13 +977,24 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveWeights(const std::s
                                                                     const UpdatePolicy& policy) {
   ASSIGN_OR_RETURN(const UpdateGroups::Claim claim,
                    CheckAndClaim(group_name, buckets, ClaimFor::kReceive));
-  return lifecycle_.Run("receive_weights", policy,
-                        [&](model::ModelRunner& runner) {
-                          std::vector<NamedTensor> staged;
-                          RETURN_IF_ERROR(ReceiveBuckets(claim.receiver(), buckets, &staged));
-                          return ApplyStaged(runner, staged);
-                        },
-                        {.self_pause = true});
+  std::vector<NamedTensor> staged;
+  uint64_t apply = 0;
+  absl::StatusOr<AdminOutcome> out =
+      lifecycle_.Run("receive_weights", policy,
+                     [&](model::ModelRunner& runner) {
+                       apply = lifecycle_.applies();
+                       RETURN_IF_ERROR(ReceiveBuckets(claim.receiver(), buckets, &staged));
+                       return ApplyStaged(runner, staged);
+                     },
+                     {.self_pause = true, .pause_step = true});
+  if (out.ok()) {
+    // The served digest, computed after the pause from the tensors just applied.
+    NoteTensorsApplied(apply, DigestWorthComputing(staged, apply - 1)
+                                  ? DigestTensors(staged)
+                                  : std::map<std::string, std::string>());
+  }
+  reaper_.Free(std::move(staged));
+  return out;
 }
 
 absl::StatusOr<std::vector<model::TensorInfo>> WeightUpdateController::ListWeights() {

@@ -5,12 +5,16 @@
 // state. Semantics of every call: docs/weight-updates.md.
 // Cost: the served weights' names and shapes are read once at Create; a prepared receive stages
 // every tensor it lists in host memory until Complete; a staged version holds one host copy of
-// the model until activated or dropped (a disk update holds one during its read).
+// the model until activated or dropped (a disk update holds one during its read); tensors applied
+// from memory are hashed once, off the engine thread, when that makes the served digest known
+// (docs/weight-updates.md, "Checksums"); what an update replaced is freed after it answered, on
+// the freeing thread (deferred_free.h).
 // Thread-safe: any thread, concurrently; engine state is touched only on its thread.
 #pragma once
 
 #include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -26,6 +30,7 @@
 #include "services/worker/model/sleepable_runner.h"
 #include "services/worker/model/weights.h"
 #include "services/worker/weight_sync/weight_sync.h"
+#include "services/worker/weights/deferred_free.h"
 #include "services/worker/weights/publication.h"
 #include "services/worker/weights/update_groups.h"
 #include "services/worker/weights/update_lifecycle.h"
@@ -146,7 +151,25 @@ class WeightUpdateController final : public WeightUpdates {
     // was built on (activation refuses it unless that version is still served).
     std::optional<int64_t> delta_parent;
     std::optional<int64_t> built_on;
+    // Per-tensor digests (weights_checker.h TensorDigest) of a full version (its manifest's) or
+    // of the staged tensors (computed while staging); empty when unknown.
+    std::map<std::string, std::string> tensor_sha256;
+    // Staged tensors of every served weight: their rank digest, computed while staging (reported
+    // as the staged digest when there is no manifest); "" otherwise.
+    std::string computed_sha256;
+    // `weights` are staged tensors of every served weight (AsFullWeights), not a folder or a
+    // delta: swapped in like a checkpoint, or copied in tensor by tensor while asleep.
+    bool from_tensors = false;
   };
+  // Tensors (validated against the served weights) that are every served weight in its held
+  // dtype, as Weights over their own buffers (no copy; `*tensors` is emptied); nullptr, with
+  // `*tensors` untouched, otherwise.
+  std::unique_ptr<model::Weights> AsFullWeights(std::vector<NamedTensor>* tensors) const;
+  // Copies every tensor of `weights` into the runner (UpdateWeight): a full version while
+  // asleep, where nothing can be swapped.
+  static absl::Status CopyWeightsIn(model::ModelRunner& runner, const model::Weights& weights);
+  // Whether `digests` names every served tensor (a full state).
+  bool CoversServed(const std::map<std::string, std::string>& digests) const;
 
   // StageTicket::CommitDelta of BeginStage.
   absl::StatusOr<AdminOutcome> CommitDeltaStage(const std::string& source,
@@ -166,8 +189,23 @@ class WeightUpdateController final : public WeightUpdates {
 
   explicit WeightUpdateController(Deps deps);
   // From an apply step (engine thread, after the apply succeeded): the weights it installed
-  // digest to `sha256` ("" unknown); valid until the next apply starts.
-  void NoteServedDigest(const std::string& sha256) ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // digest to `sha256` ("" unknown), with these per-tensor digests (empty: unknown); valid until
+  // the next apply starts.
+  void NoteServedDigest(const std::string& sha256, std::map<std::string, std::string> tensors = {})
+      ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // After apply number `apply` (UpdateLifecycle::applies, read in its apply step) replaced the
+  // tensors `updated` (name -> digest) and nothing else: the served digest is the one before it
+  // with those replaced, when the one before was known (the previous apply's, per tensor), or
+  // `updated`'s alone when it names every served tensor; else unknown. Any thread.
+  void NoteTensorsApplied(uint64_t apply, const std::map<std::string, std::string>& updated)
+      ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // Whether digesting tensors (NoteTensorsApplied) would give a known digest: the per-tensor
+  // digests of apply number `base` (the one the update applies on) are known, or `tensors` may
+  // be every served tensor.
+  bool DigestWorthComputing(const std::vector<NamedTensor>& tensors, uint64_t base) const
+      ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // TensorDigest of every tensor, at the staging priority (SHA-256: ~1.5 GB/s).
+  std::map<std::string, std::string> DigestTensors(const std::vector<NamedTensor>& tensors);
   // Checks every bucket against the served weights, then claims the group.
   absl::StatusOr<UpdateGroups::Claim> CheckAndClaim(const std::string& group_name,
                                                     const WeightBuckets& buckets,
@@ -182,6 +220,8 @@ class WeightUpdateController final : public WeightUpdates {
   std::string StageOnDevice(const model::Weights& weights);
 
   const Deps deps_;
+  // Frees replaced weights and applied staged tensors after the call answered (deferred_free.h).
+  DeferredFree reaper_;
   bool device_backend_ = false;  // the runner serves from device memory (CUDA): StageOnDevice
   std::vector<model::TensorInfo> served_;
   WeightShapes served_shapes_;
@@ -192,6 +232,7 @@ class WeightUpdateController final : public WeightUpdates {
   mutable absl::Mutex digest_mu_;
   uint64_t digest_applies_ ABSL_GUARDED_BY(digest_mu_) = 0;
   std::string digest_ ABSL_GUARDED_BY(digest_mu_);
+  std::map<std::string, std::string> digest_tensors_ ABSL_GUARDED_BY(digest_mu_);  // per tensor
   mutable absl::Mutex stage_mu_;
   bool staging_ ABSL_GUARDED_BY(stage_mu_) = false;
   std::unique_ptr<StagedVersion> staged_ ABSL_GUARDED_BY(stage_mu_);

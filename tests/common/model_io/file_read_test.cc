@@ -6,10 +6,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -133,6 +136,40 @@ TEST(FileReadTest, DroppedSparesAreUnmapped) {
   auto again = OwnedFile::Read(d, int64_t{1} << 30);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(AllBytesAre(**again, 'd'));
+}
+
+// A working copy (a delta's copy of the served weights) takes a spare of its size when the pool
+// has one, is faulted in by Prefault (every page resident), and goes back to the pool.
+TEST(FileReadTest, PooledBufferReusesASpareAndPrefaultsItsPages) {
+  DropSpareBuffers();
+  const size_t size = (size_t{15} << 20) + 123;  // a size no other test uses
+  uint8_t* first = nullptr;
+  {
+    auto fresh = PooledBuffer::Take(size);
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    EXPECT_FALSE((*fresh)->reused());
+    EXPECT_EQ((*fresh)->size(), size);
+    (*fresh)->Prefault();
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    std::vector<unsigned char> resident((size + page - 1) / page);
+    ASSERT_EQ(mincore((*fresh)->data(), size, resident.data()), 0);
+    EXPECT_TRUE(std::all_of(resident.begin(), resident.end(), [](unsigned char r) {
+      return (r & 1) != 0;
+    }));  // every page faulted in by Prefault, before anyone writes
+    std::memset((*fresh)->data(), 'p', size);
+    first = (*fresh)->data();
+  }  // back to the pool
+  auto again = PooledBuffer::Take(size - 1000);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)->reused());
+  EXPECT_EQ((*again)->data(), first);
+  // A file of about that size reuses it too, once given back: one pool for both.
+  again->reset();
+  const std::string g = WriteFile("g", size, 'g');
+  auto fg = OwnedFile::Read(g, int64_t{1} << 30);
+  ASSERT_TRUE(fg.ok()) << fg.status();
+  EXPECT_EQ((*fg)->bytes().data(), first);
+  EXPECT_TRUE(AllBytesAre(**fg, 'g'));
 }
 
 TEST(FileReadTest, JsonDepthIsBoundedOutsideStrings) {

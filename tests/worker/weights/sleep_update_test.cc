@@ -149,6 +149,37 @@ TEST_F(SleepUpdateTest, TensorUpdateWhileAsleepServesOnWake) {
   EXPECT_EQ(Checksum(), updated_sum);
 }
 
+// A stream of every weight (activated by a swap while awake, issue 30) is copied into the
+// sleeping runner's staged tensors instead, and served on wake.
+TEST_F(SleepUpdateTest, FullStateTensorStreamWhileAsleepServesOnWake) {
+  TempDir perturbed;
+  WritePerturbedStories(perturbed.path(), "attn", 1.5f);
+  auto ckpt = model_io::OpenCheckpoint(perturbed.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  std::vector<rl::v1::TensorChunk> chunks;
+  for (const auto& [name, t] : ckpt->tensors()) {
+    chunks.push_back(::rl::testing::Chunk(
+        name, t.shape, std::string(model_io::DTypeName(t.dtype)),
+        std::string(reinterpret_cast<const char*>(t.data.data()), t.data.size())));
+  }
+  rl::v1::AdminResponse resp;
+  const std::string original_sum = Checksum();
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(::rl::testing::SendTensorStream(*admin_, &ctx, chunks, &resp).ok());
+  }
+  const std::string perturbed_sum = Checksum();
+  ASSERT_NE(perturbed_sum, original_sum);
+  ASSERT_TRUE(UpdateFromDisk(Stories(), &resp).ok());
+  ASSERT_EQ(Checksum(), original_sum);
+  Sleep();
+  grpc::ClientContext ctx;
+  grpc::Status s = ::rl::testing::SendTensorStream(*admin_, &ctx, chunks, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  Wake();
+  EXPECT_EQ(Checksum(), perturbed_sum);
+}
+
 TEST_F(SleepUpdateTest, DiskThenTensorWhileAsleepStackInOrder) {
   TempDir dir;
   WritePerturbedStories(dir.path(), "mlp.down_proj", 1.7f);

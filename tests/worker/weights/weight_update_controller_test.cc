@@ -130,6 +130,9 @@ class WeightUpdateControllerTest : public ::testing::Test {
 
     WeightUpdateController::Deps deps;
     deps.engine = engine_.get();
+    auto config = model_io::LoadModelConfig(Stories());
+    ASSERT_TRUE(config.ok()) << config.status();
+    deps.model_config = *config;
     deps.connect = [group = group_](const weight_sync::GroupOptions& options)
         -> absl::StatusOr<std::unique_ptr<weight_sync::WeightReceiver>> {
       return std::make_unique<FakeReceiver>(group, options);
@@ -178,6 +181,46 @@ class WeightUpdateControllerTest : public ::testing::Test {
       }
     }
     return true;
+  }
+
+  // The weights checker's rank digest of what the engine serves.
+  std::string RankChecksum() {
+    std::string rank;
+    EXPECT_TRUE(engine_
+                    ->RunOnEngineThread([&](engine::EngineContext& ctx) {
+                      absl::StatusOr<CheckerResult> sums = WeightsChecker::Checksum(ctx.runner());
+                      if (sums.ok()) rank = sums->rank_sha256;
+                      return sums.status();
+                    })
+                    .ok());
+    return rank;
+  }
+
+  // Tensor `name` of the source checkpoint with every byte of it XORed with `mask` (new content).
+  NamedTensor Changed(const std::string& name, uint8_t mask) const {
+    const model_io::TensorView& t = source_->tensors().at(name);
+    NamedTensor out{{name, std::string(model_io::DTypeName(t.dtype)), t.shape},
+                    std::vector<uint8_t>(t.data.begin(), t.data.end())};
+    // Flip low mantissa bits of F32 words only: finite values stay finite.
+    for (size_t i = 0; i + 4 <= out.bytes.size(); i += 4) out.bytes[i] ^= mask;
+    return out;
+  }
+
+  // Submits a greedy request of `max_new_tokens`; its result arrives in the returned future.
+  std::future<engine::GenerateResult> Submit(const std::string& id, int max_new_tokens) {
+    engine::GenerateRequest request;
+    request.id = id;
+    request.input_ids = kPromptIds;
+    request.sampling.temperature = 0;
+    request.sampling.max_new_tokens = max_new_tokens;
+    request.sampling.ignore_eos = true;
+    auto finished = std::make_shared<std::promise<engine::GenerateResult>>();
+    engine::RequestCallbacks callbacks;
+    callbacks.on_finish = [finished](engine::GenerateResult r) {
+      finished->set_value(std::move(r));
+    };
+    EXPECT_TRUE(engine_->Submit(request, std::move(callbacks)).ok());
+    return finished->get_future();
   }
 
   static UpdatePolicy Version(int64_t v) {
@@ -363,6 +406,148 @@ TEST_F(WeightUpdateControllerTest, DestroyEndsAPostedReceive) {
   EXPECT_TRUE(updates_->status().groups.empty());
   EXPECT_EQ(updates_->CompleteWeightsUpdate("train", {}).status().code(),
             absl::StatusCode::kFailedPrecondition);
+  EXPECT_FALSE(ServesSource());
+}
+
+// Issue 30: activating a staged version holds the engine thread for one step (pause, swap, flush
+// or keep the KV, bump, resume), not a pause step and then an apply step; with keep_kv the
+// running request keeps going on its KV, with retract it is recomputed, and both end on the
+// new version.
+TEST_F(WeightUpdateControllerTest, ActivatingAStagedVersionHoldsTheEngineForOneStep) {
+  for (const bool keep_kv : {true, false}) {
+    SCOPED_TRACE(keep_kv ? "keep_kv" : "retract");
+    ASSERT_TRUE(updates_->StageWeightsFromDisk(dir_.path(), std::nullopt).ok());
+    std::future<engine::GenerateResult> running = Submit(keep_kv ? "kept" : "retracted", 200);
+    // Held in place (with whatever KV it computed) so that it surely spans the activation.
+    ASSERT_TRUE(engine_->Pause(engine::PauseMode::kInPlace).ok());
+    const int64_t version = engine_->weight_version();
+    UpdatePolicy policy;
+    policy.keep_kv = keep_kv;
+    const int64_t before = engine_->num_commands();
+    auto out = updates_->ActivateStagedWeights(policy);
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(engine_->num_commands() - before, 1);  // one engine-thread hop, the whole update
+    EXPECT_EQ(out->weight_version, version + 1);
+    EXPECT_TRUE(ServesSource());
+    EXPECT_FALSE(engine_->GetServerInfo().paused);
+    ASSERT_EQ(running.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+    const engine::GenerateResult r = running.get();
+    EXPECT_EQ(r.finish_reason.kind, engine::FinishKind::kLength);
+    EXPECT_EQ(r.weight_version, version + 1);
+    // Back to the stories weights for the next round (stage + activate the original folder).
+    ASSERT_TRUE(updates_->StageWeightsFromDisk(Stories(), std::nullopt).ok());
+    ASSERT_TRUE(updates_->ActivateStagedWeights({}).ok());
+  }
+  // A receive still pauses in a step of its own before it waits for data (two hops at least).
+  const int64_t before = engine_->num_commands();
+  group_->Release();
+  ASSERT_TRUE(updates_->ReceiveWeights("train", Buckets(), {}).ok());
+  EXPECT_GE(engine_->num_commands() - before, 2);
+}
+
+// Issue 30: the served digest (GetLoad / GetServerInfo weights_sha256) is known after group
+// receives and staged tensor activations: a receive of every tensor gives it alone, an update of
+// some tensors on a known digest updates it, anything on an unknown one leaves it unknown; it is
+// the weights checker's rank digest of what is served every time it is known.
+TEST_F(WeightUpdateControllerTest, ServedDigestIsKnownAfterReceivesAndStagedTensors) {
+  EXPECT_EQ(updates_->served_sha256(), "");  // start-up weights: not hashed
+  // One-call receive of every tensor.
+  group_->Release();
+  ASSERT_TRUE(updates_->ReceiveWeights("train", Buckets(), Version(1)).ok());
+  const std::string source_sha = updates_->served_sha256();
+  EXPECT_FALSE(source_sha.empty());
+  EXPECT_EQ(source_sha, RankChecksum());
+  // Some tensors, in one call, on that known digest.
+  const std::string name = source_->tensors().begin()->first;
+  ASSERT_TRUE(updates_->UpdateWeightsFromTensors({Changed(name, 1)}, Version(2)).ok());
+  const std::string changed_sha = updates_->served_sha256();
+  EXPECT_NE(changed_sha, source_sha);
+  EXPECT_EQ(changed_sha, RankChecksum());
+  // Two-phase receive of every tensor: back to the source's digest.
+  ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+  group_->Release();
+  ASSERT_TRUE(updates_->CompleteWeightsUpdate("train", Version(3)).ok());
+  EXPECT_EQ(updates_->served_sha256(), source_sha);
+  // A staged tensor stream of one tensor, digested while staging, activated.
+  auto ticket = updates_->BeginStage("tensor", 4);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  ASSERT_TRUE((*ticket)->Commit({Changed(name, 2)}).ok());
+  EXPECT_EQ(updates_->served_sha256(), source_sha);  // staged, not served yet
+  EXPECT_EQ(updates_->status().staged.sha256, "");   // its result depends on what is served
+  ASSERT_TRUE(updates_->ActivateStagedWeights({}).ok());
+  const std::string staged_sha = updates_->served_sha256();
+  EXPECT_NE(staged_sha, source_sha);
+  EXPECT_EQ(staged_sha, RankChecksum());
+  // A per-bucket distributed update writes as it arrives and is not digested: unknown, and an
+  // update of some tensors on an unknown digest stays unknown.
+  group_->Release();
+  ASSERT_TRUE(updates_->UpdateWeightsFromDistributed("train", Buckets()[0], Version(5)).ok());
+  EXPECT_EQ(updates_->served_sha256(), "");
+  ASSERT_TRUE(updates_->UpdateWeightsFromTensors({Changed(name, 4)}, Version(6)).ok());
+  EXPECT_EQ(updates_->served_sha256(), "");
+  // A staged stream of every tensor is known again.
+  ticket = updates_->BeginStage("tensor", 7);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  std::vector<NamedTensor> all;
+  for (const auto& [n, t] : source_->tensors()) {
+    all.push_back({{n, std::string(model_io::DTypeName(t.dtype)), t.shape},
+                   std::vector<uint8_t>(t.data.begin(), t.data.end())});
+  }
+  ASSERT_TRUE((*ticket)->Commit(std::move(all)).ok());
+  EXPECT_EQ(updates_->status().staged.sha256, source_sha);  // a full state: known when staged
+  ASSERT_TRUE(updates_->ActivateStagedWeights({}).ok());
+  EXPECT_EQ(updates_->served_sha256(), source_sha);
+}
+
+// Issue 30: tensors of every served weight in its held dtype become the served weights by a
+// pointer swap (their own buffers, no copy in the pause), staged or in one call; some tensors
+// are still copied in.
+TEST_F(WeightUpdateControllerTest, AFullStateOfTensorsIsSwappedInNotCopied) {
+  auto everything = [&] {
+    std::vector<NamedTensor> all;
+    for (const auto& [n, t] : source_->tensors()) {
+      all.push_back({{n, std::string(model_io::DTypeName(t.dtype)), t.shape},
+                     std::vector<uint8_t>(t.data.begin(), t.data.end())});
+    }
+    return all;
+  };
+  // Where the engine serves tensor `name` from.
+  auto served_at = [&](const std::string& name) {
+    const uint8_t* at = nullptr;
+    EXPECT_TRUE(engine_
+                    ->RunOnEngineThread([&](engine::EngineContext& ctx) {
+                      return ctx.runner().VisitWeights(
+                          [&](const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
+                            if (info.name == name) at = bytes.data();
+                          });
+                    })
+                    .ok());
+    return at;
+  };
+  const std::string name = source_->tensors().begin()->first;
+  // Staged.
+  std::vector<NamedTensor> all = everything();
+  const uint8_t* staged_at = all.front().bytes.data();
+  ASSERT_EQ(all.front().info.name, name);
+  auto ticket = updates_->BeginStage("tensor", 1);
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
+  auto staged = (*ticket)->Commit(std::move(all));
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_THAT(staged->message, HasSubstr("activated by a swap"));
+  ASSERT_TRUE(updates_->ActivateStagedWeights({}).ok());
+  EXPECT_EQ(served_at(name), staged_at);
+  EXPECT_TRUE(ServesSource());
+  // One call.
+  all = everything();
+  const uint8_t* pushed_at = all.front().bytes.data();
+  ASSERT_TRUE(updates_->UpdateWeightsFromTensors(std::move(all), Version(2)).ok());
+  EXPECT_EQ(served_at(name), pushed_at);
+  EXPECT_TRUE(ServesSource());
+  // Some tensors: copied in.
+  NamedTensor one = Changed(name, 1);
+  const uint8_t* one_at = one.bytes.data();
+  ASSERT_TRUE(updates_->UpdateWeightsFromTensors({std::move(one)}, Version(3)).ok());
+  EXPECT_NE(served_at(name), one_at);
   EXPECT_FALSE(ServesSource());
 }
 

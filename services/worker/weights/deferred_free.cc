@@ -1,0 +1,68 @@
+#include "services/worker/weights/deferred_free.h"
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "common/low_priority.h"
+
+namespace rl::worker {
+
+DeferredFree::DeferredFree(int nice) : thread_([this, nice] { Loop(nice); }) {}
+
+DeferredFree::~DeferredFree() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+void DeferredFree::Queue(std::unique_ptr<Garbage> g) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(g));
+  ++queued_;
+}
+
+void DeferredFree::Drain() {
+  absl::MutexLock lock(&mu_);
+  const int64_t target = queued_;
+  auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return freed_ >= target; };
+  mu_.Await(absl::Condition(&done));
+}
+
+int64_t DeferredFree::freed() const {
+  absl::MutexLock lock(&mu_);
+  return freed_;
+}
+
+void DeferredFree::Loop(int nice) {
+  if (nice > 0) {
+    const int target = CurrentThreadNice() + nice > 19 ? 19 : CurrentThreadNice() + nice;
+    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), target);
+  }
+  while (true) {
+    std::vector<std::unique_ptr<Garbage>> batch;
+    bool stop = false;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [&]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+      mu_.Await(absl::Condition(&ready));
+      batch.swap(queue_);
+      stop = stopping_;
+    }
+    const int64_t n = static_cast<int64_t>(batch.size());
+    batch.clear();  // the frees, outside the lock
+    {
+      absl::MutexLock lock(&mu_);
+      freed_ += n;
+    }
+    if (stop) {
+      absl::MutexLock lock(&mu_);
+      if (queue_.empty()) return;
+    }
+  }
+}
+
+}  // namespace rl::worker
