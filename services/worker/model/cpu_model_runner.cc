@@ -2,6 +2,7 @@
 
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -46,7 +47,15 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
                  kernels::cpu::GetKernelPlan().Describe());
   });
   ASSIGN_OR_RETURN(r->transformer_, Transformer::Create(r->config_, r->backend_.get(), slots));
+  r->CollapseServedWeights();
   return r;
+}
+
+void CpuModelRunner::CollapseServedWeights() {
+  std::vector<absl::Span<const uint8_t>> ranges;
+  weights_->Visit(
+      [&](const TensorInfo&, absl::Span<const uint8_t> bytes) { ranges.push_back(bytes); });
+  huge_pages_.Collapse(ranges);
 }
 
 absl::Status CpuModelRunner::Forward(const ForwardInput& in, ForwardOutput* out) {
@@ -81,6 +90,7 @@ absl::Status CpuModelRunner::ActivateWeights(std::unique_ptr<Weights>* weights,
   // A pointer swap: the weights served before go back to the caller, who frees them after the
   // pause (freeing a model's pages here would hold the engine thread for milliseconds per GB).
   std::swap(weights_, *weights);
+  CollapseServedWeights();
   return absl::OkStatus();
 }
 
@@ -90,6 +100,7 @@ absl::Status CpuModelRunner::SwapWeights(std::unique_ptr<Weights> weights) {
     return absl::InvalidArgumentError(absl::StrCat("SwapWeights: ", s.message()));
   }
   weights_ = std::move(weights);
+  CollapseServedWeights();
   return absl::OkStatus();
 }
 
