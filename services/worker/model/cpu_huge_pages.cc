@@ -6,9 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
+#include "absl/time/time.h"
 #include "spdlog/spdlog.h"
 
 namespace rl::model {
@@ -18,6 +21,8 @@ namespace {
 constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
 constexpr uintptr_t kJoinGap = uintptr_t{4} << 10;
 constexpr int kMadvCollapse = 25;  // MADV_COLLAPSE (Linux 6.1); older headers lack it
+constexpr int kPasses = 4;
+constexpr absl::Duration kRetryAfter = absl::Milliseconds(500);
 
 }  // namespace
 
@@ -104,21 +109,45 @@ void HugePageCollapser::Run() {
     const auto t0 = std::chrono::steady_clock::now();
     Stats job;
     bool cancelled = false;
-    for (absl::Span<const uint8_t> r : regions) {
-      {
+    auto moved_on = [&]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || generation_ != seen; };
+    // The kernel refuses a region when it finds no free 2 MiB page even after compaction
+    // (ENOMEM, EAGAIN: memory fragmented by the page cache or other processes); those are tried
+    // again in later passes, after a pause that lets reclaim and compaction catch up.
+    for (int pass = 0; pass < kPasses && !regions.empty() && !cancelled; ++pass) {
+      if (pass > 0) {
         absl::MutexLock lock(&mu_);
-        if (stop_ || generation_ != seen) {
+        if (mu_.AwaitWithTimeout(absl::Condition(&moved_on), kRetryAfter)) {
           cancelled = true;
           break;
         }
       }
-      void* p = const_cast<uint8_t*>(r.data());
-      if (::madvise(p, r.size(), kMadvCollapse) == 0) {
-        job.collapsed_bytes += static_cast<int64_t>(r.size());
-      } else {
-        job.refused_bytes += static_cast<int64_t>(r.size());
+      std::vector<absl::Span<const uint8_t>> refused;
+      for (size_t i = 0; i < regions.size(); ++i) {
+        {
+          absl::MutexLock lock(&mu_);
+          if (moved_on()) {
+            cancelled = true;
+            break;
+          }
+        }
+        void* p = const_cast<uint8_t*>(regions[i].data());
+        if (::madvise(p, regions[i].size(), kMadvCollapse) == 0) {
+          job.collapsed_bytes += static_cast<int64_t>(regions[i].size());
+          continue;
+        }
+        job.refused_errno = errno;
+        if (job.refused_errno == EINVAL || job.refused_errno == EPERM) {
+          // No MADV_COLLAPSE here (Linux < 6.1, THP disabled): nothing to retry.
+          refused.insert(refused.end(), regions.begin() + static_cast<int64_t>(i), regions.end());
+          pass = kPasses;
+          break;
+        }
+        refused.push_back(regions[i]);
       }
+      regions = std::move(refused);
     }
+    for (absl::Span<const uint8_t> r : regions) job.refused_bytes += static_cast<int64_t>(r.size());
     absl::MutexLock lock(&mu_);
     if (cancelled) continue;
     job.jobs = stats_.jobs + 1;
@@ -129,8 +158,8 @@ void HugePageCollapser::Run() {
                  job.collapsed_bytes >> 20, job.seconds,
                  job.refused_bytes == 0
                      ? ""
-                     : fmt::format(" ({} MiB refused by the kernel: they stay in 4 KiB pages)",
-                                   job.refused_bytes >> 20));
+                     : fmt::format(" ({} MiB refused by the kernel, {}: they stay in 4 KiB pages)",
+                                   job.refused_bytes >> 20, std::strerror(job.refused_errno)));
   }
 }
 

@@ -5,7 +5,9 @@
 // (matmul_bench --huge-pages, 1 thread). The loader maps fresh memory in 4 KiB pages on purpose
 // (common/model_io/file_read.cc: a huge-page fault may compact memory synchronously and made
 // the first update 10x slower), so the served copy is collapsed after the fact, off the load and
-// update paths: MADV_COLLAPSE (Linux 6.1+), one 2 MiB region per call, on a thread at nice 19.
+// update paths: MADV_COLLAPSE (Linux 6.1+), one 2 MiB region per call, on a thread at nice 19;
+// regions the kernel refuses (no free 2 MiB page, even after compaction) are tried again in up to
+// 3 more passes, 0.5 s apart.
 // MADV_COLLAPSE never changes memory contents (the kernel copies the pages into a huge page and
 // remaps them; readers never see a difference), so a region that another job replaced, or that
 // the caller freed meanwhile, costs at most wasted work, never a wrong value. Where the kernel
@@ -36,7 +38,8 @@ class HugePageCollapser {
   struct Stats {
     int64_t jobs = 0;             // jobs finished (not cancelled)
     int64_t collapsed_bytes = 0;  // of the last finished job, in 2 MiB pages now
-    int64_t refused_bytes = 0;    // of the last finished job, the kernel refused
+    int64_t refused_bytes = 0;    // of the last finished job, refused after retries
+    int refused_errno = 0;        // the last refusal's errno
     double seconds = 0;           // the last finished job's wall time
   };
 
