@@ -68,8 +68,9 @@ void HugePageCollapser::Collapse(const std::vector<absl::Span<const uint8_t>>& r
   absl::MutexLock lock(&mu_);
   if (stop_) return;
   ++generation_;  // cancels the job in progress
-  if (regions.empty() && !thread_.joinable()) {
-    done_generation_ = generation_;  // nothing to do: no thread for it
+  if (regions.empty() && !thread_.joinable()) {  // nothing to do: no thread for it
+    stats_ = Stats{.jobs = stats_.jobs + 1};
+    done_generation_ = generation_;
     return;
   }
   job_ = std::move(regions);

@@ -25,6 +25,7 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   auto r = std::unique_ptr<CpuModelRunner>(new CpuModelRunner());
   ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(options.model_dir));
   r->page_size_ = options.page_size;
+  r->huge_pages_enabled_ = options.cpu_huge_pages;
   ASSIGN_OR_RETURN(r->weights_, LoadWeights(options.model_dir, r->config_));
   if (options.reserve_update_buffers) r->weights_->ReserveUpdateBuffers();
   int64_t slots = options.num_kv_slots;
@@ -52,6 +53,7 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
 }
 
 void CpuModelRunner::CollapseServedWeights() {
+  if (!huge_pages_enabled_) return;
   std::vector<absl::Span<const uint8_t>> ranges;
   weights_->Visit(
       [&](const TensorInfo&, absl::Span<const uint8_t> bytes) { ranges.push_back(bytes); });

@@ -62,6 +62,7 @@ class CpuModelRunner final : public ModelRunner {
 
   model_io::ModelConfig config_;
   int32_t page_size_ = 16;
+  bool huge_pages_enabled_ = true;                       // RunnerOptions::cpu_huge_pages
   std::unique_ptr<kernels::cpu::OpProfile> op_profile_;  // outlives backend_
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Weights> weights_;

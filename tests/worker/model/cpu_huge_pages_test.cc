@@ -1,14 +1,20 @@
 // HugePageCollapser: which regions it works on, that collapsing never changes a byte, that a new
-// job replaces the one in progress, and that destroying it mid-job returns.
+// job replaces the one in progress, and that destroying it mid-job returns; CpuModelRunner starts
+// a job at creation and at every weight swap, and none with cpu_huge_pages off.
 #include "services/worker/model/cpu_huge_pages.h"
 
 #include <sys/mman.h>
 
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
+#include "common/model_io/model_maker.h"
 #include "gtest/gtest.h"
+#include "services/worker/model/cpu_model_runner.h"
+#include "services/worker/model/weights.h"
+#include "tests/worker/model/test_util.h"
 
 namespace rl::model {
 namespace {
@@ -109,6 +115,48 @@ TEST(HugePageCollapserTest, DestroyedMidJobReturns) {
     c.Collapse({big.span(0, 32 * kHuge)});
   }  // joins after the region in progress
   EXPECT_TRUE(big.Intact());
+}
+
+// A forward pass's logits of a short prompt.
+std::vector<float> Logits(CpuModelRunner& r) {
+  ForwardInput in;
+  SequenceInput s;
+  s.token_ids = {1, 5, 9};
+  s.kv_slots = {0, 1, 2};
+  in.seqs = {s};
+  ForwardOutput out;
+  EXPECT_TRUE(r.Forward(in, &out).ok());
+  return out.logits;
+}
+
+TEST(CpuModelRunnerHugePagesTest, AJobPerLoadAndSwapAndNoneWhenOff) {
+  const std::string dir = testing::FreshTempDir("huge_pages");
+  model_io::MakeModelOptions mo;
+  mo.arch = "qwen2";
+  mo.seed = 11;
+  mo.out_dir = dir + "/a";
+  ASSERT_TRUE(model_io::MakeModel(mo).ok());
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "cpu_huge_pages on" : "off");
+    RunnerOptions ro;
+    ro.model_dir = dir + "/a";
+    ro.num_kv_slots = 64;
+    ro.cpu_huge_pages = on;
+    auto r = CpuModelRunner::Create(ro);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const std::vector<float> before = Logits(**r);
+    EXPECT_EQ((*r)->WaitForHugePages().jobs, on ? 1 : 0);
+    ASSERT_TRUE((*r)->LoadWeightsFromDisk(dir + "/a").ok());
+    EXPECT_EQ((*r)->WaitForHugePages().jobs, on ? 2 : 0);
+    auto fresh = LoadWeights(dir + "/a", (*r)->config());
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    ASSERT_TRUE((*r)->ActivateWeights(&*fresh, "test", "").ok());
+    EXPECT_EQ((*r)->WaitForHugePages().jobs, on ? 3 : 0);
+    const std::vector<float> after = Logits(**r);
+    ASSERT_EQ(before.size(), after.size());
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0);
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
