@@ -67,7 +67,7 @@ void HugePageCollapser::Collapse(const std::vector<absl::Span<const uint8_t>>& r
   std::vector<absl::Span<const uint8_t>> regions = Regions(ranges);
   absl::MutexLock lock(&mu_);
   if (stop_) return;
-  ++generation_;  // cancels the job in progress
+  ++generation_;                                 // cancels the job in progress
   if (regions.empty() && !thread_.joinable()) {  // nothing to do: no thread for it
     stats_ = Stats{.jobs = stats_.jobs + 1};
     done_generation_ = generation_;
