@@ -1,4 +1,5 @@
-// refit_bench: issue 30's figures in one run, per model, side by side (CPU backend).
+// refit_bench: issue 30's figures in one run, per model, side by side (CPU backend; --backend
+// cuda runs every worker on the one GPU).
 //
 //   refit_bench [--quick] [--models llama:0.5b,qwen3_moe:1b] [--rounds 3] [--activations 20]
 //               [--fleet-rounds 6] [--workers 3] [--density 0.02] [--threads 1]
@@ -286,6 +287,7 @@ struct Options {
   int staging_nice = 10;
   bool compare_nice0 = true;
   bool no_update_buffers = false;  // the single worker too (memory: one checkpoint copy less)
+  std::string backend = "cpu";     // "cuda": every worker on the one GPU (staged device copies)
 };
 
 // Everything measured for one model, printed side by side at the end.
@@ -370,7 +372,7 @@ class Bench {
     rl::worker::WorkerConfig c;
     c.model_path = model;
     c.port = 0;
-    c.backend = "cpu";
+    c.backend = o_.backend;
     c.kv_cache_gb = 0.25;  // ~1,100 tokens of the 0.5B: a 256-token stream, 4 lag clients
     c.num_threads = o_.threads;
     return c;
@@ -711,6 +713,9 @@ int main(int argc, char** argv) {
              "the single worker without spare read buffers (--no-reserve-update-buffers)");
   flags.Bool("compare-nice0", &o.compare_nice0,
              "also run the staging rounds on a worker with --staging-nice 0, before");
+  flags.String("backend", &o.backend,
+               "cpu, or cuda: the workers on GPU 0 (a staged version goes to a second device copy "
+               "when it fits, else host memory; each worker holds its own copies)");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach a log at once (a run may be cut)
   if (o.quick) {
@@ -722,12 +727,16 @@ int main(int argc, char** argv) {
   }
   if (o.density <= 0 || o.density > 1 || o.rounds < 1 || o.activations < 1 || o.fleet_rounds < 1 ||
       o.workers < 1 || o.threads < 0 || o.stream_tokens < 8 || o.lag_clients < 1 ||
-      o.staging_nice < 0 || o.staging_nice > 19) {
+      o.staging_nice < 0 || o.staging_nice > 19 || (o.backend != "cpu" && o.backend != "cuda")) {
     std::fprintf(stderr, "refit_bench: a flag is out of range (see --help)\n");
     return 2;
   }
   std::fflush(stdout);
   (void)std::system("lscpu | grep 'Model name'; nproc; uptime");
+  if (o.backend == "cuda") {
+    (void)std::system(
+        "nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader");
+  }
   std::error_code ec;
   fs::remove_all(o.work, ec);
   fs::create_directories(o.work);

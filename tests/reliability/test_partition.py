@@ -44,6 +44,7 @@ class Netns:
         self.host_dev, self.ns_dev = f"rlh{tag}", f"rln{tag}"
         subnet = 10 + tag % 200
         self.host_ip, self.ns_ip = f"10.231.{subnet}.1", f"10.231.{subnet}.2"
+        self.net = f"10.231.{subnet}.0/24"
         sh("ip", "netns", "add", self.ns)
         try:
             sh("ip", "link", "add", self.host_dev, "type", "veth", "peer", "name", self.ns_dev)
@@ -54,6 +55,9 @@ class Netns:
                self.ns_dev)
             sh("ip", "netns", "exec", self.ns, "ip", "link", "set", self.ns_dev, "up")
             sh("ip", "netns", "exec", self.ns, "ip", "link", "set", "lo", "up")
+            # Whatever happens to the veth, packets for NS_IP never take the default route (the
+            # veth's own route, metric 0, wins while it exists).
+            sh("ip", "route", "add", "blackhole", self.net, "metric", "65000")
         except BaseException:
             self.close()
             raise
@@ -76,9 +80,16 @@ class Netns:
            check=False)
 
     def link(self, up):
-        sh("ip", "link", "set", self.host_dev, "up" if up else "down")
+        """Cuts (or heals) the link by taking the namespace's end down: the host's end stays up,
+        so its route to NS_IP stays and the router's packets are dropped in the veth, as on a
+        cut cable. (Taking the host's end down removed that route, and on a machine whose
+        default route leads to an HTTP proxy the router's calls reached the proxy and came back
+        as HTTP 404, UNIMPLEMENTED, instead of timing out.)"""
+        sh("ip", "netns", "exec", self.ns, "ip", "link", "set", self.ns_dev,
+           "up" if up else "down")
 
     def close(self):
+        sh("ip", "route", "del", "blackhole", self.net, "metric", "65000", check=False)
         sh("ip", "link", "del", self.host_dev, check=False)
         sh("ip", "netns", "del", self.ns, check=False)
 

@@ -6,6 +6,7 @@ Tests import it as `rltest` (tests/conftest.py puts tests/testing on sys.path)."
 
 import atexit
 import os
+import random
 import shutil
 import signal
 import socket
@@ -24,8 +25,54 @@ STORIES = DATA / "stories260K"
 GRPCURL = str(Path(sys.executable).parent / "grpcurl")
 
 
+def _ephemeral_low():
+    """The lowest port the kernel hands out to outgoing connections (ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _claim(port, hold_s=600):
+    """True when no other test process claimed `port` in the last `hold_s` seconds (a file per
+    port in a folder every test process shares; claims older than that are taken over)."""
+    folder = Path(tempfile.gettempdir()) / "rltest-ports"
+    folder.mkdir(exist_ok=True)
+    path = folder / str(port)
+    try:
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        return True
+    except FileExistsError:
+        try:
+            if time.time() - path.stat().st_mtime < hold_s:
+                return False
+            os.utime(path)  # a stale claim: ours now
+            return True
+        except OSError:
+            return False
+    except OSError:
+        return True  # no shared folder: the bind check alone
+
+
 def free_port():
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, for a server that cannot listen on
+    port 0 (SMG, its Prometheus listener, a restarted server's fixed port). Taken below the
+    kernel's ephemeral range: a port from bind(0) is one the kernel also gives the outgoing
+    connections of every concurrent test (ctest -j), and one of them can take it before the
+    server binds it (the server then exits, "address in use"). Random in [20000, that range),
+    claimed for 10 minutes against the other test processes (`_claim`) and checked by a bind;
+    bind(0) only when that range is empty or full."""
+    low = _ephemeral_low()
+    pick = random.SystemRandom()
+    for _ in range(200 if low > 20100 else 0):
+        port = pick.randrange(20000, low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if _claim(port):
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
