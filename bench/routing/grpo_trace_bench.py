@@ -2,42 +2,64 @@
 affinity, cache_aware) and the pinned SMG gateway (--policy cache_aware, round_robin) in front of
 the same three real rl-workers, each replaying the same trace.
 
-The trace is a multi-turn GRPO rollout as agentic RL runs it (Search-R1's search agent, which
-verl's SGLang multi-turn and SkyRL's SearchR1 recipes reproduce): `--groups` prompt groups of
-`--n` samples, each sample its own request (sharing the group's `group_id`), each sample an
-episode of `--turns` turns where a turn's prompt is the previous turn's prompt + its output + the
-tool's answer; every prompt starts with one shared system prompt (the tool protocol, ~60 words),
-a group's samples share its question (~16 words). The lengths follow those recipes: a turn
-generates `--max-tokens` 128 (Search-R1 and SkyRL cap a turn at 500 tokens,
-`max_response_length` / `max_generate_length=500`: a short <think> and a <search> query), the
-tool answers with 3 retrieved passages (`topk=3`) of `--followup-words` 120 words, about 300
-tokens (Search-R1 caps an observation at `max_obs_length=500`). So by turn 3 a sample's own
-history is ~80% of its prompt, as in agentic and multi-turn RL, and a turn is hundreds of
-tokens. Sampling at temperature 1 with a seed per (group, sample, turn), `ignore_eos`. The
-episodes run `--concurrency` at a time, in trace order (a group's samples together). The skewed
-trace is the same with a routing key per episode, 80% of the episodes on 2 keys (affinity keys
-on it; the others ignore keys). Before each run the workers' prefix caches are flushed and each
-gateway is fresh.
+The trace is one GRPO step of multi-turn RL as the issue describes it: `--groups` prompt groups
+of `--n` 8 samples, each sample its own request (sharing the group's `group_id`), each sample
+an episode of `--turns` 3 turns where a turn's prompt is the previous turn's prompt + its output
++ the feedback; every prompt starts with one shared system prompt, a group's samples share its
+question. Two shapes (`--trace`):
+
+- `math-tir` (the default): multi-turn tool-integrated math reasoning, as verl's multi-turn
+  examples run it (examples/sglang_multiturn: GSM8K with a `calc_gsm8k_reward` tool, and the
+  ReTool recipe with a code sandbox; SimpleTIR and SGLang's multi-turn rollouts have the same
+  shape): long generated turns, short feedback. Lengths in tokens, from those recipes: system
+  prompt ~100 (the GSM8K example's system message, ~60 words, and the tool-call header), question
+  ~100 (a GSM8K / DAPO-Math problem, 50-90 words, and the example's instruction "Let's think
+  step by step and output the final answer after `####`"), ~500 generated a turn (the GSM8K
+  example allows `max_response_length=1024` over up to 5 assistant turns, the ReTool recipe 16384
+  over up to 16: 300-1000 a turn), ~50 of feedback (the GSM8K tool answers "Current parsed
+  answer='72' reward=1.0", a sandbox the printed result, in the chat template's tool-response
+  wrapping). The bench runs those lengths divided by 8 (12 + 12 prompt tokens, `--max-tokens` 62
+  a turn, ~6 of feedback) so a run stays near a minute on 2 CPU cores: every length keeps its
+  share, so the hit rates are those of the full lengths, and prefill and decode keep their
+  proportions. 6 groups (a step has 32-512 prompts; 6 is enough that the group count is no
+  bottleneck on 3 workers: 2 groups each), all 48 episodes in flight at once, as a rollout
+  engine submits a step. A sticky policy misses only the feedback and the first turns (all in
+  flight before anything is cached), ~94% hits; round robin finds an episode's history on the
+  worker it lands on a third of the time, ~53%. So 2x round robin's hit rate is just out of reach with 3 turns on 3 workers
+  (it takes turns over ~5.5x the shared prefix).
+- `search-r1`: Search-R1's search agent (which verl's SGLang multi-turn and SkyRL's SearchR1
+  recipes reproduce): 128 generated tokens a turn (a short <think> and a <search> query; they cap
+  a turn at 500) and a tool answer of 3 retrieved passages (`topk=3`) of `--followup-words` 120
+  words, ~300 tokens (`max_obs_length=500`), a ~65-word system prompt (the tool protocol), a
+  16-word question; 2 groups, 16 episodes in flight. The tool answers are new text for every
+  policy, so a sticky policy hits ~65% and round robin ~47% (it finds the shared prefix
+  everywhere): the hit-rate ratio is capped near 1.4x whatever the router does.
+
+Sampling at temperature 1 with a seed per (group, sample, turn), `ignore_eos`. The workers run
+`--page-size 1` (SGLang's default; rl-worker's is 16), so no cached prefix is rounded down to a
+page. The skewed trace is the same with a routing key per episode, 80% of the episodes on 2 keys
+(affinity and cache_aware key on it; the others ignore keys). Before each run the workers'
+prefix caches are flushed and each gateway is fresh.
 
 Per run it prints output tokens/s (wall clock of the replay), the workers' prefix-cache hit rate
 (their rl_worker_cached_tokens_total / rl_worker_prompt_tokens_total over the run) and the
 prompt tokens they prefilled (prompt - cached: the work the cache did not save), p50 / p99
 request latency, the load spread (max / mean of the workers' running + waiting requests, sampled
 every 50 ms while any is busy, averaged) and the requests each worker served; with --rounds > 1
-the medians over rounds (runs interleaved: round 1 of every row, then round 2, ...).
+the medians over rounds (runs interleaved: round 1 of every row, then round 2, ...) and each
+row's ratio to round_robin per round.
 
-  .venv/bin/python bench/routing/grpo_trace_bench.py [--model DIR] [--layers 8] [--groups 2]
-      [--n 8] [--turns 3] [--concurrency 16] [--max-tokens 128] [--rounds 1] [--no-smg]
-      [--no-skewed] [--quick]
+  .venv/bin/python bench/routing/grpo_trace_bench.py [--trace math-tir|search-r1] [--model DIR]
+      [--layers 8] [--groups N] [--n 8] [--turns 3] [--concurrency N] [--max-tokens N]
+      [--page-size 1] [--rounds 1] [--no-smg] [--no-skewed] [--quick]
 
 Without --model it makes a Qwen3-0.6B-shaped model (`rlctl make-model --arch qwen3 --size 0.5b
 --seed 1`) into BUILD/bench-models/qwen3-0.5b once, and runs its first `--layers` 8 of 28 layers
 (BUILD/bench-models/qwen3-0.5b-8l, cut once): the same hidden size, heads and vocabulary, so
-prefill and decode keep their proportions, at a third of the compute, so that a run stays at
-about a minute on 2 shared CPU cores (stories260K's compute is trivial, so its cache effects
-hardly show). Per run groups * n * turns requests (48 at the defaults); a round of all ten runs
-takes ~8-10 minutes on 2 shared cores. `--quick` is the smallest run (1 group of 2 samples,
-2 turns of 2 tokens), for the smoke test.
+prefill and decode keep their proportions, at a third of the compute (stories260K's compute is
+trivial, so its cache effects hardly show). Per run groups * n * turns requests (144 for
+math-tir, 48 for search-r1). `--quick` is the smallest run (1 group of 2 samples, 2 turns of 2
+tokens), for the smoke test.
 Servers listen on 127.0.0.1 port 0 (SMG, which takes no port 0, on a port found free); every
 process is stopped at exit, on error, SIGINT and SIGTERM.
 """
@@ -64,6 +86,15 @@ sys.path.insert(0, str(ROOT / "tests" / "testing"))
 from rltest import Server, free_port, stop_process  # noqa: E402
 
 OURS = ("round_robin", "least_load", "affinity", "cache_aware")
+# Per trace, the defaults of the sizes not given on the command line (docstring: where each
+# length comes from). math-tir's are in tokens (one-token words and newlines): the recipe's
+# 100 / 100 / 500 / 50 divided by 8.
+TRACES = {
+    "math-tir": {"groups": 6, "max_tokens": 62, "system_words": 12, "question_words": 12,
+                 "followup_words": 6},
+    "search-r1": {"groups": 2, "concurrency": 16, "max_tokens": 128, "system_words": 20,
+                  "question_words": 16, "followup_words": 120},
+}
 SMG_POLICIES = ("cache_aware", "round_robin")
 WORDS = ("the of and to in is was for on that with as by at from his her an were which this "
          "reward policy model sample group step value token answer question proof number sum "
@@ -87,17 +118,45 @@ def on_signal(signum, _frame):
     raise SystemExit(128 + signum)
 
 
-def words(rng, count):
-    return " ".join(rng.choice(WORDS) for _ in range(count))
+def words(rng, count, vocab=WORDS):
+    return " ".join(rng.choice(vocab) for _ in range(count))
+
+
+def tokens(rng, count, vocab):
+    """`count` one-token words, each after a space."""
+    return "".join(" " + rng.choice(vocab) for _ in range(count))
+
+
+def one_token_words(model):
+    """The words of WORDS that `model`'s tokenizer makes one token each after a space (a BPE
+    vocabulary's "Ġword"), so math-tir's lengths are in tokens; all of WORDS if under 10 are."""
+    try:
+        with open(Path(model) / "tokenizer.json") as f:
+            vocab = json.load(f)["model"]["vocab"]
+    except (OSError, KeyError, ValueError):
+        return WORDS
+    one = [w for w in WORDS if "\u0120" + w in vocab]
+    return one if len(one) >= 10 else WORDS
+
+
+def count_tokens(args, text):
+    """Tokens of `text` (rlctl tokenize, no special tokens), or -1."""
+    r = subprocess.run([str(args.build / "bin" / "rlctl"), "tokenize", "--tokenizer",
+                        str(args.model), "--text", text, "--no-special"],
+                       capture_output=True, text=True, timeout=60)
+    return r.stdout.count(",") + 1 if r.returncode == 0 and r.stdout.strip() else -1
 
 
 def make_trace(args, skewed):
-    """Groups: dicts of question, group id, routing key, and per (sample, turn) tool messages."""
+    """Groups: dicts of question, group id, routing keys, and per (sample, turn) feedback."""
     rng = random.Random(args.seed)
-    system = ("System: answer the question. Reason step by step inside <think> and </think>; "
-              "to look something up, write <search> query </search> and the results come back "
-              "between <information> and </information>; give the final answer inside <answer> "
-              "and </answer>. " + words(rng, args.system_words) + "\n")
+    if args.trace == "search-r1":
+        system = ("System: answer the question. Reason step by step inside <think> and </think>; "
+                  "to look something up, write <search> query </search> and the results come "
+                  "back between <information> and </information>; give the final answer inside "
+                  "<answer> and </answer>. " + words(rng, args.system_words) + "\n")
+    else:  # lengths in tokens: one-token words, a newline after each piece
+        system = tokens(rng, args.system_words - 1, args.vocab) + "\n"
     groups = []
     for g in range(args.groups):
         # Skewed: 80% of the episodes (samples) on 2 routing keys, the rest a key each.
@@ -105,18 +164,24 @@ def make_trace(args, skewed):
                 if skewed else "" for s in range(args.n)]
         groups.append({
             "id": f"group-{g}", "keys": keys,
-            "question": f"User: question {g}: " + words(rng, args.question_words) + "\nAssistant:",
-            "followups": [[tool_message(rng, args.followup_words, s, t)
-                           for t in range(args.turns - 1)] for s in range(args.n)],
+            "question": (f"User: {g}: " + words(rng, args.question_words) + "\nAssistant:"
+                         if args.trace == "search-r1" else
+                         tokens(rng, args.question_words - 1, args.vocab) + "\n"),
+            "followups": [[feedback(args, rng, s, t) for t in range(args.turns - 1)]
+                          for s in range(args.n)],
         })
     return system, groups
 
 
-def tool_message(rng, count, sample, turn):
-    """A search tool's answer as Search-R1 formats it: 3 retrieved passages, `count` words."""
-    docs = [f"Doc {d + 1} (result {sample}.{turn}.{d}): " + words(rng, count // 3)
-            for d in range(3)]
-    return "\n<information>" + "\n".join(docs) + "</information>\nAssistant:"
+def feedback(args, rng, sample, turn):
+    """What comes back after a turn: a search tool's 3 retrieved passages as Search-R1 formats
+    them, or a code interpreter's (or verifier's) short output."""
+    count = args.followup_words
+    if args.trace == "search-r1":
+        docs = [f"Doc {d + 1} (result {sample}.{turn}.{d}): " + words(rng, count // 3)
+                for d in range(3)]
+        return "\n<information>" + "\n".join(docs) + "</information>\nAssistant:"
+    return "\n" + tokens(rng, count - 2, args.vocab) + "\n"
 
 
 def metrics(url):
@@ -236,7 +301,8 @@ class Workers:
             log = Path(_tmp.name) / f"worker{i}.log"
             s = Server([args.build / "bin" / "rl-worker", "--model", args.model, "--port", "0",
                         "--metrics-port", "0", "--threads", str(args.threads),
-                        "--kv-cache-gb", str(args.kv_cache_gb), "--no-reserve-update-buffers"],
+                        "--kv-cache-gb", str(args.kv_cache_gb), "--page-size",
+                        str(args.page_size), "--no-reserve-update-buffers"],
                        log_path=log)
             _procs.append(s)
             self.servers.append(s)
@@ -286,6 +352,9 @@ def ours(args, workers, policy):
     from rlfleet.types import build_generate_request
     router = Server([args.build / "bin" / "rl-router", "--tokenizer", args.model, "--port", "0",
                      "--policy", policy, "--health-interval-ms", "200",
+                     # A loaded shared machine delays health answers by seconds: no worker
+                     # should be taken out of routing for it mid-run.
+                     "--health-timeout-ms", "10000", "--health-failures", "20",
                      *sum((["--worker", a] for a in workers.addresses), [])],
                     log_path=Path(_tmp.name) / f"router-{policy}.log")
     _procs.append(router)
@@ -399,17 +468,24 @@ def main():
                     help="model folder (default: a made qwen3 0.5b under BUILD/bench-models)")
     ap.add_argument("--layers", type=int, default=8,
                     help="without --model: keep the made model's first N of 28 layers (0: all)")
-    ap.add_argument("--groups", type=int, default=2)
+    ap.add_argument("--trace", choices=sorted(TRACES), default="math-tir",
+                    help="math-tir: multi-turn tool-integrated math RL (the default); "
+                         "search-r1: Search-R1's search agent (long tool answers)")
+    ap.add_argument("--groups", type=int, default=None, help="prompt groups (math-tir 6)")
     ap.add_argument("--n", type=int, default=8, help="samples per group")
     ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--concurrency", type=int, default=16, help="episodes in flight")
-    ap.add_argument("--max-tokens", type=int, default=128, help="new tokens per turn")
-    ap.add_argument("--system-words", type=int, default=20)
-    ap.add_argument("--question-words", type=int, default=16)
-    ap.add_argument("--followup-words", type=int, default=120,
-                    help="words of the tool message after each turn (3 passages)")
+    ap.add_argument("--concurrency", type=int, default=None,
+                    help="episodes in flight (math-tir: all of them, as a rollout engine "
+                         "submits a step)")
+    ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per turn")
+    ap.add_argument("--system-words", type=int, default=None)
+    ap.add_argument("--question-words", type=int, default=None)
+    ap.add_argument("--followup-words", type=int, default=None,
+                    help="words of the feedback after each turn")
     ap.add_argument("--threads", type=int, default=1, help="rl-worker --threads")
     ap.add_argument("--kv-cache-gb", type=float, default=2.0)
+    ap.add_argument("--page-size", type=int, default=1,
+                    help="rl-worker --page-size (1: SGLang's default, no prefix rounded away)")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--policies", default=",".join(OURS),
@@ -419,6 +495,11 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="smallest sizes (1 group of 2, 2 turns of 2 tokens): a smoke run")
     args = ap.parse_args()
+    for k, v in TRACES[args.trace].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.concurrency is None:
+        args.concurrency = args.groups * args.n
     if args.quick:
         args.groups, args.n, args.turns, args.concurrency, args.max_tokens = 1, 2, 2, 2, 2
         args.system_words, args.question_words, args.followup_words = 4, 4, 3
@@ -426,7 +507,7 @@ def main():
     bounds = {"groups": (1, 256), "n": (1, 64), "turns": (1, 16), "concurrency": (1, 256),
               "max_tokens": (1, 1024), "system_words": (0, 4000), "question_words": (1, 4000),
               "followup_words": (1, 1000), "threads": (0, 64), "rounds": (1, 20),
-              "layers": (0, 28)}
+              "layers": (0, 28), "page_size": (1, 256)}
     for k, (lo, hi) in bounds.items():
         if not lo <= getattr(args, k) <= hi:
             ap.error(f"--{k.replace('_', '-')} must be in [{lo}, {hi}]")
@@ -456,23 +537,29 @@ def main():
                 if not (args.model / "config.json").exists():
                     print(f"making {args.model} (the first {args.layers} layers)", flush=True)
                     derive_layers(full, args.model, args.layers)
+        args.vocab = one_token_words(args.model)
         cpu = next((l.split(":", 1)[1].strip() for l in
                     subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines()
                     if l.startswith("Model name")), "?")
-        print(f"model {args.model.name}; {args.groups} groups x {args.n} samples x {args.turns} "
+        print(f"trace {args.trace}; model {args.model.name}; {args.groups} groups x {args.n} samples x {args.turns} "
               f"turns = {args.groups * args.n * args.turns} requests per run, {args.concurrency} "
               f"episodes in flight, {args.max_tokens} new tokens a turn; 3 workers "
-              f"(--threads {args.threads}); CPU {cpu}; load {os.getloadavg()[0]:.1f}", flush=True)
+              f"(--threads {args.threads}, --page-size {args.page_size}); CPU {cpu}; load {os.getloadavg()[0]:.1f}", flush=True)
+        traces = [(f"GRPO trace ({args.trace})", make_trace(args, False))]
+        system, groups = traces[0][1]
+        print(f"prompt pieces in tokens: system {count_tokens(args, system)}, question "
+              f"{count_tokens(args, groups[0]['question'])}, feedback "
+              f"{count_tokens(args, groups[0]['followups'][0][0]) if args.turns > 1 else 0}; "
+              f"{args.max_tokens} generated a turn", flush=True)
         workers = Workers(args)
-        traces = [("GRPO trace", make_trace(args, False))]
         if not args.no_skewed:
-            traces.append(("skewed trace (80% of episodes on 2 routing keys)",
+            traces.append((f"skewed trace ({args.trace}, 80% of episodes on 2 routing keys)",
                            make_trace(args, True)))
         runs = []  # (trace title, row name, gateway factory, policy)
         for title, _ in traces:
             for p in policies:
                 runs.append((title, f"rl-router {p}", ours, p))
-            if not args.no_smg and title == "GRPO trace":
+            if not args.no_smg and title.startswith("GRPO trace"):
                 for p in SMG_POLICIES:
                     runs.append((title, f"smg {p}", smg, p))
         results = {}
@@ -495,6 +582,13 @@ def main():
             base = next((r["tok_s"] for r in rows if r["name"] == "rl-router round_robin"), 0.0)
             print_table(f"{title}" + (f", medians of {args.rounds} rounds" if args.rounds > 1
                                       else ""), rows, base)
+            if args.rounds > 1:
+                rr = results[(title, "rl-router round_robin")] if "round_robin" in policies \
+                    else None
+                for t, n, _, _ in runs:
+                    if t == title and rr and n != "rl-router round_robin":
+                        print(f"  {n}: x rr by round " + ", ".join(
+                            f"{a['tok_s'] / b['tok_s']:.2f}" for a, b in zip(results[(t, n)], rr)))
         print(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
         stop_all()

@@ -69,7 +69,10 @@ int main(int argc, char** argv) {
                "trajectory, bounded load) or cache_aware (longest cached prefix, bounded load)");
   flags.Double("load-factor", &c.load_factor,
                "affinity/cache_aware: a preferred worker takes a request only within this many "
-               "times the fleet's mean load");
+               "times the fleet's mean load, or --load-slack samples above it");
+  flags.Int("load-slack", &c.load_slack,
+            "affinity/cache_aware: samples a preferred worker may hold above the fleet's mean "
+            "load whatever --load-factor says (8: a GRPO group of 8 stays together)");
   flags.Int("max-in-flight", &c.max_in_flight,
             "generations running at once (0: the workers' capacity, the sum of their "
             "--max-running-requests); more wait in fair per-client queues");

@@ -100,7 +100,7 @@ absl::Status Validate(const RouterConfig& c) {
     return bad("blocking-threads", "must be in [1, 64]");
   if (c.admin_threads < 1 || c.admin_threads > 64)
     return bad("admin-threads", "must be in [1, 64]");
-  RETURN_IF_ERROR(ValidatePolicyOptions({c.policy, c.load_factor}));
+  RETURN_IF_ERROR(ValidatePolicyOptions({c.policy, c.load_factor, c.load_slack}));
   if (c.sglang_port < -1 || c.sglang_port > 65535)
     return bad("sglang-port", "must be -1 or in [0, 65535]");
   if (c.max_episodes < 1) return bad("max-episodes", "must be >= 1");
@@ -162,7 +162,7 @@ absl::StatusOr<std::unique_ptr<RouterServer>> RouterServer::Start(const RouterCo
   pool_options.failure_threshold = config.health_failure_threshold;
   pool_options.success_threshold = config.health_success_threshold;
   ASSIGN_OR_RETURN(std::unique_ptr<RoutingPolicy> policy,
-                   MakeRoutingPolicy({config.policy, config.load_factor}));
+                   MakeRoutingPolicy({config.policy, config.load_factor, config.load_slack}));
   s->pool_ = std::make_unique<WorkerPool>(pool_options, std::move(policy));
   s->cache_follows_fleet_ =
       std::make_unique<CacheFollowsFleet>(s->cache_.get(), s->episodes_.get());

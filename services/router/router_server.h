@@ -79,9 +79,10 @@ struct RouterConfig {
   int health_timeout_ms = 2000;
   int health_failure_threshold = 2;
   int health_success_threshold = 1;
-  // --policy, --load-factor (pool/routing_policy.h).
+  // --policy, --load-factor, --load-slack (pool/routing_policy.h).
   std::string policy = "round_robin";
   double load_factor = 1.25;
+  int load_slack = 8;
   // Data plane: admission, flow control and the blocking pool (router_service.h).
   int max_in_flight = 0;  // 0: the workers' capacity (admission.h)
   int max_queued = 16384;

@@ -14,6 +14,23 @@
 #include "services/worker/tensor_update_reactor.h"
 
 namespace rl::worker {
+namespace {
+
+// The delta a group receive names (PrepareWeightsUpdate / ReceiveWeights with parent_version,
+// and optionally manifest_json), or nullopt for a dense receive.
+template <typename Request>
+absl::StatusOr<std::optional<GroupDelta>> GroupDeltaOf(const Request& req) {
+  if (!req.has_parent_version() && req.manifest_json().empty()) return std::nullopt;
+  if (!req.has_parent_version()) {
+    return absl::InvalidArgumentError(
+        "manifest_json: a group receive verifies a delta (set parent_version)");
+  }
+  ASSIGN_OR_RETURN(GroupDelta delta,
+                   GroupDeltaFrom(req.buckets(), req.parent_version(), req.manifest_json()));
+  return delta;
+}
+
+}  // namespace
 
 absl::Status AdminService::ExecutorFull(absl::string_view method, const BoundedExecutor& executor) {
   return absl::ResourceExhaustedError(
@@ -126,12 +143,13 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDistributed(
 grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
     Ctx* c, const rl::v1::PrepareWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
   return RunAsync(c, "PrepareWeightsUpdate", [this, req, resp]() -> absl::Status {
-    if (req->has_parent_version()) {
-      return absl::UnimplementedError(
-          "parent_version: a delta group receive is one ReceiveWeights call (with or without "
-          "stage), not Prepare/Complete");
-    }
     ASSIGN_OR_RETURN(WeightBuckets buckets, BucketsFrom(req->buckets()));
+    ASSIGN_OR_RETURN(std::optional<GroupDelta> delta, GroupDeltaOf(*req));
+    if (delta.has_value()) {
+      return FillFrom(weights_.PrepareDeltaWeightsUpdate(req->group_name(), std::move(buckets),
+                                                         *std::move(delta)),
+                      resp);
+    }
     return FillFrom(weights_.PrepareWeightsUpdate(req->group_name(), std::move(buckets)), resp);
   });
 }
@@ -156,15 +174,10 @@ grpc::ServerUnaryReactor* AdminService::ReceiveWeights(Ctx* c,
     ASSIGN_OR_RETURN(WeightBuckets buckets, BucketsFrom(req->buckets()));
     const UpdatePolicy policy = PolicyFrom(*req);
     if (req->stage()) RETURN_IF_ERROR(CheckStagePolicy(policy));
-    if (req->has_parent_version() || !req->manifest_json().empty()) {
-      if (!req->has_parent_version()) {
-        return absl::InvalidArgumentError(
-            "manifest_json: a group receive verifies a delta (set parent_version)");
-      }
-      ASSIGN_OR_RETURN(GroupDelta delta,
-                       GroupDeltaFrom(req->buckets(), req->parent_version(), req->manifest_json()));
+    ASSIGN_OR_RETURN(std::optional<GroupDelta> delta, GroupDeltaOf(*req));
+    if (delta.has_value()) {
       return FillFrom(weights_.ReceiveDeltaWeights(req->group_name(), std::move(buckets),
-                                                   std::move(delta), policy, req->stage()),
+                                                   *std::move(delta), policy, req->stage()),
                       resp);
     }
     if (req->stage()) {

@@ -2,10 +2,13 @@
 // keeps a key's requests (field or rl-routing-key header) and a group's on one worker and a
 // keyless episode's turns on the worker that served its previous turn, whose prefix cache then
 // serves the prompt; cache_aware does the same from the text cache alone; the routing metrics
-// (picks, keyed picks, prefix hit rate as the workers report it, per-worker counters) follow.
+// (picks, keyed picks, prefix hit rate as the workers report it, per-worker counters) follow;
+// the samples of a group sent at once meet on one worker (the bound's slack, key placement).
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "rl/v1/router.grpc.pb.h"
@@ -38,6 +41,28 @@ class RouterRoutingTest : public testing::RouterFleetTest {
     const grpc::Status s = reader->Finish();
     EXPECT_TRUE(s.ok()) << s.error_message();
     return f;
+  }
+
+  // 2 groups of 8 first turns sent at once: each group's 8 served by one worker.
+  void CheckConcurrentGroupsMeet() {
+    std::vector<std::vector<std::string>> workers(2, std::vector<std::string>(8));
+    std::vector<std::thread> threads;
+    for (int g = 0; g < 2; ++g) {
+      for (int s = 0; s < 8; ++s) {
+        threads.emplace_back([this, &workers, g, s] {
+          rl::v1::GenerateRequest req = TextRequest(
+              absl::StrCat("Once upon a time a cat named Tim found ", g, " red hats."), 24,
+              /*trajectory=*/false);
+          req.set_group_id(absl::StrCat("step-group-", g));
+          workers[static_cast<size_t>(g)][static_cast<size_t>(s)] = Run(req).worker();
+        });
+      }
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& group : workers) {
+      EXPECT_EQ(std::set<std::string>(group.begin(), group.end()).size(), 1u);
+    }
+    EXPECT_EQ(Metrics().routing().keyed_picks(), 16);
   }
 
   rl::v1::GetMetricsResponse Metrics() {
@@ -164,6 +189,20 @@ TEST_F(RouterRoutingTest, CacheAwareRoutesToTheLongestCachedPrefix) {
   EXPECT_EQ(r.policy(), "cache_aware");
   EXPECT_GT(r.prefix_hit_rate(), 0.3);
   EXPECT_GE(r.keyed_picks(), 12);
+}
+
+// A GRPO step's first turns, all in flight at once: the 8 samples of each group (separate
+// requests sharing its group_id) meet on one worker under cache_aware (its key on a first turn)
+// and affinity, where least load would spread them (the tree cannot see a question no sample
+// has finished yet).
+TEST_F(RouterRoutingTest, CacheAwareSendsAGroupsConcurrentFirstTurnsToOneWorker) {
+  StartPolicy("cache_aware");
+  CheckConcurrentGroupsMeet();
+}
+
+TEST_F(RouterRoutingTest, AffinitySendsAGroupsConcurrentFirstTurnsToOneWorker) {
+  StartPolicy("affinity");
+  CheckConcurrentGroupsMeet();
 }
 
 TEST_F(RouterRoutingTest, RoundRobinScattersEpisodesAndHitsLess) {

@@ -42,13 +42,16 @@ constexpr char kCommands[] = R"(Commands:
                  per stdin line, as rl-weight-sender prints them)
   init-group --master-address A --master-port P --world-size N --group-name G [--rank-offset R]
              [--backend tcp|nccl] [--group-timeout-ms T]      destroy-group --group-name G
-  prepare-weights --group-name G   (bucket JSON lines on stdin, e.g. rl-weight-sender --plan-only)
+  prepare-weights --group-name G [--parent-version P] [--manifest FILE]
+                  (bucket JSON lines on stdin, e.g. rl-weight-sender --plan-only)
   complete-weights --group-name G [--version N] [--abort-all] [--keep-pause] [--keep-kv]
                    [--stage]
   receive-weights --group-name G [--version N] [--abort-all] [--keep-pause] [--keep-kv]
-                  [--stage]
+                  [--stage] [--parent-version P] [--manifest FILE]
                   (buckets on stdin; --stage: received while serving, kept as the staged
-                  version for activate-weights)
+                  version for activate-weights; a delta: bucket lines with encodings, as
+                  rl-weight-sender --delta prints them, and the parent version (from the
+                  lines, or --parent-version); --manifest: verified against it)
   weights-checker --action snapshot|reset_tensors|compare|checksum
   list-weights      model-info      server-info      metrics      health
   workers list | add ADDR [--allow-unreachable] | remove ADDR | enable ADDR | disable ADDR
@@ -163,7 +166,12 @@ int main(int argc, char** argv) {
   flags.String("out", &o.out, "make-model / publish-delta: output folder");
   flags.String("parent", &o.parent, "publish-delta: the parent version's checkpoint folder");
   flags.Int("parent-version", &o.parent_version,
-            "publish / publish-delta: the parent's version (-1: none, or the parent's manifest)");
+            "publish / publish-delta: the parent's version (-1: none, or the parent's manifest); "
+            "prepare-weights / receive-weights: the receive is a delta of version P (-1: the "
+            "bucket lines' parent_version, if any)");
+  flags.String("manifest", &o.manifest,
+               "prepare-weights / receive-weights: the new version's rl-manifest.json, verified "
+               "before a delta is applied or staged");
   auto positional = flags.Parse(argc, argv);
   if (flags.help_requested()) {
     std::cout << flags.Usage() << kCommands;

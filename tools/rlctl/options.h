@@ -70,7 +70,8 @@ struct Options {
   std::string dtype;
   std::string out;
   std::string parent;           // publish-delta: the parent checkpoint folder
-  int64_t parent_version = -1;  // publish / publish-delta: -1 unset
+  int64_t parent_version = -1;  // publish / publish-delta / prepare / receive: -1 unset
+  std::string manifest;         // prepare-weights / receive-weights: a delta's rl-manifest.json
 };
 
 }  // namespace rl::rlctl

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/model_io/file_read.h"
 #include "common/status.h"
 #include "common/weight_sync/bucket_plan.h"
 #include "tools/rlctl/commands.h"
@@ -11,20 +12,55 @@
 namespace rl::rlctl {
 namespace {
 
-// Every bucket line on stdin (as `rl-weight-sender --plan-only` prints them) into `buckets`.
-absl::Status ReadBuckets(google::protobuf::RepeatedPtrField<rl::v1::WeightBucket>* buckets) {
+// A delta's manifest file is at most this big (the worker bounds it the same way).
+constexpr int64_t kMaxManifestFileBytes = int64_t{64} << 20;
+
+// Every bucket line on stdin (as `rl-weight-sender --plan-only` or `--delta` prints them) into
+// the request's buckets; a delta's (encodings in the lines, --parent-version or the lines'
+// parent_version) also sets parent_version and, with --manifest, manifest_json.
+template <typename Request>
+absl::Status ReadBuckets(const Options& o, Request* req) {
+  google::protobuf::RepeatedPtrField<rl::v1::WeightBucket>* buckets = req->mutable_buckets();
+  int64_t parent = -1;
   for (std::string line; std::getline(std::cin, line);) {
     if (line.find("\"names\"") == std::string::npos) continue;  // ready / summary lines
-    auto specs = weight_sync::ParseBucketJson(line);
-    if (!specs.ok()) return Annotate(specs.status(), absl::StrCat("bucket ", buckets->size()));
+    auto parsed = weight_sync::ParseBucketLine(line);
+    if (!parsed.ok()) return Annotate(parsed.status(), absl::StrCat("bucket ", buckets->size()));
+    if (parsed->parent_version >= 0) {
+      if (parent >= 0 && parent != parsed->parent_version) {
+        return absl::InvalidArgumentError(absl::StrCat("bucket ", buckets->size(),
+                                                       ": parent_version ", parsed->parent_version,
+                                                       ", but an earlier line names ", parent));
+      }
+      parent = parsed->parent_version;
+    }
     rl::v1::WeightBucket* b = buckets->Add();
-    for (const auto& s : *specs) {
+    for (const auto& s : parsed->specs) {
       b->add_names(s.name);
       b->add_dtypes(s.dtype);
       b->add_shapes()->mutable_dims()->Assign(s.shape.begin(), s.shape.end());
     }
+    for (const std::string& e : parsed->encodings) b->add_encodings(e);
+    b->mutable_delta_counts()->Assign(parsed->delta_counts.begin(), parsed->delta_counts.end());
+    b->mutable_payload_bytes()->Assign(parsed->payload_bytes.begin(), parsed->payload_bytes.end());
   }
   if (buckets->empty()) return absl::InvalidArgumentError("no bucket line on stdin");
+  if (o.parent_version >= 0) {
+    if (parent >= 0 && parent != o.parent_version) {
+      return absl::InvalidArgumentError(absl::StrCat("--parent-version ", o.parent_version,
+                                                     ", but the bucket lines name ", parent));
+    }
+    parent = o.parent_version;
+  }
+  if (parent >= 0) req->set_parent_version(parent);
+  if (!o.manifest.empty()) {
+    if (parent < 0) {
+      return absl::InvalidArgumentError(
+          "--manifest verifies a delta: give --parent-version (or bucket lines naming one)");
+    }
+    ASSIGN_OR_RETURN(std::string text, model_io::ReadSmallFile(o.manifest, kMaxManifestFileBytes));
+    req->set_manifest_json(std::move(text));
+  }
   return absl::OkStatus();
 }
 
@@ -113,7 +149,7 @@ int PrepareWeights(const Options& o, const Client& c) {
   if (o.group_name.empty()) return Fail(o, Usage("prepare-weights --group-name G < buckets"));
   rl::v1::PrepareWeightsUpdateRequest req;
   req.set_group_name(o.group_name);
-  if (absl::Status s = ReadBuckets(req.mutable_buckets()); !s.ok()) return Fail(o, s);
+  if (absl::Status s = ReadBuckets(o, &req); !s.ok()) return Fail(o, s);
   return AdminCall(o, c, req, &rl::v1::Admin::Stub::PrepareWeightsUpdate);
 }
 
@@ -133,7 +169,7 @@ int ReceiveWeights(const Options& o, const Client& c) {
   if (o.group_name.empty()) return Fail(o, Usage("receive-weights --group-name G < buckets"));
   rl::v1::ReceiveWeightsRequest req;
   req.set_group_name(o.group_name);
-  if (absl::Status s = ReadBuckets(req.mutable_buckets()); !s.ok()) return Fail(o, s);
+  if (absl::Status s = ReadBuckets(o, &req); !s.ok()) return Fail(o, s);
   if (o.version >= 0) req.set_weight_version(o.version);
   req.set_abort_all_requests(o.abort_all);
   req.set_keep_pause(o.keep_pause);

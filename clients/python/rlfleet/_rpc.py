@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterator, Mapping, Optional, Sequence, TypeVar
 
 import grpc
@@ -185,6 +186,16 @@ def distributed_request(names: Sequence[str], dtypes: Sequence[Any],
         req.shapes.add(dims=[int(d) for d in s])
     set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
     return req
+
+
+def set_delta(req: Any, parent_version: Optional[int],
+              manifest: Optional[dict[str, Any]]) -> None:
+    """Marks a Prepare / Receive request a delta receive of `parent_version` (issue 30),
+    verified against `manifest` (manifest_of's dict) when given."""
+    if parent_version is not None:
+        req.parent_version = parent_version
+    if manifest is not None:
+        req.manifest_json = json.dumps(manifest)
 
 
 def buckets_proto(buckets: Sequence[Any]) -> list[admin_pb2.WeightBucket]:

@@ -23,7 +23,7 @@ from rlfleet.publication import delta_messages
 from rlfleet.tensors import DEFAULT_CHUNK_BYTES, NamedTensors, total_bytes
 from rlfleet.types import (Chunk, Episode, GenerateResult, Generations, Trajectory,
                            build_generate_request, chunk_from_proto)
-from rlfleet.weight_group import check_against_served
+from rlfleet.weight_group import _check_delta_args, check_against_served
 from rlfleet.weight_sync import (DEFAULT_BUCKET_BYTES, BroadcastStats, Bucket, TcpWeightSender,
                                  plan_buckets)
 
@@ -314,9 +314,12 @@ class AsyncClient:
         return await self._admin("UpdateWeightsFromDistributed", req, timeout, load=True)
 
     async def prepare_weights_update(self, group_name: str, buckets: Sequence[Any],
+                                     parent_version: Optional[int] = None,
+                                     manifest: Optional[dict[str, Any]] = None,
                                      timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         req = admin_pb2.PrepareWeightsUpdateRequest(group_name=group_name,
                                                     buckets=_rpc.buckets_proto(buckets))
+        _rpc.set_delta(req, parent_version, manifest)
         return await self._admin("PrepareWeightsUpdate", req, timeout, load=True)
 
     async def complete_weights_update(self, group_name: str,
@@ -338,6 +341,8 @@ class AsyncClient:
                               flush_cache: Optional[bool] = None,
                               abort_all_requests: bool = False, keep_pause: bool = False,
                               keep_kv: bool = False, stage: bool = False,
+                              parent_version: Optional[int] = None,
+                              manifest: Optional[dict[str, Any]] = None,
                               timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         req = admin_pb2.ReceiveWeightsRequest(group_name=group_name,
                                               buckets=_rpc.buckets_proto(buckets),
@@ -345,6 +350,7 @@ class AsyncClient:
                                               keep_pause=keep_pause, keep_kv=keep_kv,
                                               stage=stage)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
+        _rpc.set_delta(req, parent_version, manifest)
         return await self._admin("ReceiveWeights", req, timeout, load=True)
 
     async def destroy_weights_update_group(self, group_name: str,
@@ -516,14 +522,20 @@ class AsyncWeightsGroup:
         self._served = served
         self._closed = False
 
-    async def _plan(self, named_tensors: NamedTensors,
-                    bucket_bytes: Optional[int]) -> list[Bucket]:
+    async def _plan(self, named_tensors: NamedTensors, bucket_bytes: Optional[int],
+                    parent: Optional[NamedTensors] = None) -> list[Bucket]:
         from rlfleet.tensors import iter_named_tensors
         tensors = await asyncio.to_thread(lambda: list(iter_named_tensors(named_tensors)))
         if not tensors:
             raise ValueError("named_tensors is empty: nothing to update")
         if self._served is not None:
             check_against_served(tensors, self._served)
+        if parent is not None:
+            from rlfleet.publication import delta_tensors
+            pairs = [(t.name, t) for t in tensors]
+            tensors = await asyncio.to_thread(delta_tensors, parent, pairs)
+            if not tensors:
+                raise ValueError("no tensor differs from the parent's: nothing to update")
         return plan_buckets(tensors, bucket_bytes or self.bucket_bytes)
 
     async def _push(self, buckets: Sequence[Bucket], call: "asyncio.Task[Any]",
@@ -550,14 +562,17 @@ class AsyncWeightsGroup:
                               flush_cache: Optional[bool] = None,
                               abort_all_requests: bool = False, keep_pause: bool = False,
                               bucket_bytes: Optional[int] = None, progress: Progress = None,
-                              stage: bool = False,
+                              stage: bool = False, parent: Optional[NamedTensors] = None,
+                              parent_version: Optional[int] = None,
+                              manifest: Optional[dict[str, Any]] = None,
                               timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
-        buckets = await self._plan(named_tensors, bucket_bytes)
-        with Reporter(progress, "receive_weights", total_bytes(named_tensors)) as rep:
+        _check_delta_args(parent, parent_version, weight_version, manifest)
+        buckets = await self._plan(named_tensors, bucket_bytes, parent)
+        with Reporter(progress, "receive_weights", sum(b.nbytes for b in buckets)) as rep:
             call = asyncio.ensure_future(self.client.receive_weights(
                 self.group_name, buckets, weight_version=weight_version, flush_cache=flush_cache,
                 abort_all_requests=abort_all_requests, keep_pause=keep_pause, stage=stage,
-                timeout=timeout))
+                parent_version=parent_version, manifest=manifest, timeout=timeout))
             await self._push(buckets, call, rep)
             return await call
 
@@ -566,16 +581,20 @@ class AsyncWeightsGroup:
                                    flush_cache: Optional[bool] = None,
                                    abort_all_requests: bool = False, keep_pause: bool = False,
                                    bucket_bytes: Optional[int] = None, progress: Progress = None,
-                                   stage: bool = False,
+                                   stage: bool = False, parent: Optional[NamedTensors] = None,
+                                   parent_version: Optional[int] = None,
+                                   manifest: Optional[dict[str, Any]] = None,
                                    timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
-        buckets = await self._plan(named_tensors, bucket_bytes)
+        _check_delta_args(parent, parent_version, weight_version, manifest)
+        buckets = await self._plan(named_tensors, bucket_bytes, parent)
         prep = await self.client.prepare_weights_update(self.group_name, buckets,
-                                                        timeout=timeout)
+                                                        parent_version=parent_version,
+                                                        manifest=manifest, timeout=timeout)
         if not prep.ready:
             raise FleetError(grpc.StatusCode.FAILED_PRECONDITION,
                              "PrepareWeightsUpdate answered without ready", method="prepare",
                              response=prep)
-        with Reporter(progress, "prepare_and_complete", total_bytes(named_tensors)) as rep:
+        with Reporter(progress, "prepare_and_complete", sum(b.nbytes for b in buckets)) as rep:
             for b in buckets:
                 await asyncio.to_thread(self.sender.broadcast, b)
                 for t in b.tensors:
@@ -584,6 +603,16 @@ class AsyncWeightsGroup:
             self.group_name, weight_version=weight_version, flush_cache=flush_cache,
             abort_all_requests=abort_all_requests, keep_pause=keep_pause, stage=stage,
             timeout=timeout)
+
+    async def send_delta(self, parent_tensors: NamedTensors, new_tensors: NamedTensors,
+                         weight_version: int, parent_version: int, *, two_phase: bool = False,
+                         stage: bool = False, manifest: Optional[dict[str, Any]] = None,
+                         **kwargs: Any) -> admin_pb2.AdminResponse:
+        """WeightsGroup.send_delta for asyncio."""
+        push = self.prepare_and_complete if two_phase else self.receive_weights
+        return await push(new_tensors, weight_version=weight_version, stage=stage,
+                          parent=parent_tensors, parent_version=parent_version,
+                          manifest=manifest, **kwargs)
 
     async def update_weights_from_distributed(self, named_tensors: NamedTensors, *,
                                               weight_version: Optional[int] = None,

@@ -353,6 +353,7 @@ class Client:
                    weight_version: int, parent_version: int, *, stage: bool = False,
                    manifest: Optional[dict[str, Any]] = None,
                    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                   group: Optional["WeightsGroup"] = None,
                    timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Pushes `new_tensors` as a delta of `parent_tensors` (the weights of `parent_version`,
         which every worker must serve) over the tensor stream (issue 30): only the changed words
@@ -360,7 +361,11 @@ class Client:
         their weights, refuse NaN / Inf, verify the result against `manifest` when given
         (manifest_of's dict), then apply it as `weight_version` or, with `stage`, stage it for
         activate_weights (through the router: all or none). A worker not at `parent_version`
-        refuses (FAILED_PRECONDITION naming both versions): FleetError."""
+        refuses (FAILED_PRECONDITION naming both versions): FleetError. With `group` (an open
+        tcp group), over the group instead: WeightsGroup.send_delta (one ReceiveWeights call)."""
+        if group is not None:
+            return group.send_delta(parent_tensors, new_tensors, weight_version, parent_version,
+                                    stage=stage, manifest=manifest, timeout=timeout)
         messages = delta_messages(parent_tensors, new_tensors, weight_version, parent_version,
                                   stage=stage, manifest=manifest, chunk_bytes=chunk_bytes)
         fn = self._callable("stream_unary", ADMIN, "UpdateWeightsFromTensor",
@@ -402,13 +407,18 @@ class Client:
         return self._admin("UpdateWeightsFromDistributed", req, timeout, load=True)
 
     def prepare_weights_update(self, group_name: str, buckets: Sequence[Any],
+                               parent_version: Optional[int] = None,
+                               manifest: Optional[dict[str, Any]] = None,
                                timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Two-phase receive, first half: checks the listed tensors and posts the receive of
         every bucket (Bucket objects from rlfleet.plan_buckets, WeightBucket messages or
         (names, dtypes, shapes) triples); `ready` is true once every worker listens, then the
-        trainer broadcasts. Generation goes on meanwhile."""
+        trainer broadcasts. Generation goes on meanwhile. `parent_version`: a delta receive
+        (buckets naming encodings, e.g. of rlfleet.publication.delta_tensors), verified against
+        `manifest` when given (issue 30)."""
         req = admin_pb2.PrepareWeightsUpdateRequest(group_name=group_name,
                                                     buckets=_rpc.buckets_proto(buckets))
+        _rpc.set_delta(req, parent_version, manifest)
         return self._admin("PrepareWeightsUpdate", req, timeout, load=True)
 
     def complete_weights_update(self, group_name: str, weight_version: Optional[int] = None,
@@ -430,17 +440,21 @@ class Client:
                         weight_version: Optional[int] = None,
                         flush_cache: Optional[bool] = None, abort_all_requests: bool = False,
                         keep_pause: bool = False, keep_kv: bool = False, stage: bool = False,
+                        parent_version: Optional[int] = None,
+                        manifest: Optional[dict[str, Any]] = None,
                         timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Single-call receive: pause (retract) → receive every listed bucket → apply atomically
         → flush → bump → resume unless keep_pause. The broadcast runs while the call waits.
         `stage`: receive without pausing and keep the tensors as the staged version
-        (activate_weights serves it)."""
+        (activate_weights serves it). `parent_version` / `manifest`: a delta receive, as for
+        prepare_weights_update."""
         req = admin_pb2.ReceiveWeightsRequest(group_name=group_name,
                                               buckets=_rpc.buckets_proto(buckets),
                                               abort_all_requests=abort_all_requests,
                                               keep_pause=keep_pause, keep_kv=keep_kv,
                                               stage=stage)
         _rpc.set_optional(req, weight_version=weight_version, flush_cache=flush_cache)
+        _rpc.set_delta(req, parent_version, manifest)
         return self._admin("ReceiveWeights", req, timeout, load=True)
 
     def destroy_weights_update_group(self, group_name: str,

@@ -23,13 +23,14 @@ import json
 import os
 import struct
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import numpy as np
 
 from rlfleet._stubs import admin_pb2
-from rlfleet.tensors import (DEFAULT_CHUNK_BYTES, NamedTensors, WeightTensor, iter_named_tensors,
-                             rank_sha256, read_safetensors, tensor_sha256)
+from rlfleet.tensors import (DEFAULT_CHUNK_BYTES, NamedTensors, TensorPayload, WeightTensor,
+                             as_payload, iter_named_tensors, rank_sha256, read_safetensors,
+                             tensor_sha256)
 
 MANIFEST_FILE = "rl-manifest.json"
 MANIFEST_FORMAT = "rlfleet.manifest.v1"
@@ -240,6 +241,46 @@ def _tensor_bytes(named: NamedTensors) -> dict[str, tuple[str, tuple[int, ...], 
     return out
 
 
+def _delta_entries(parent_tensors: NamedTensors, new_tensors: NamedTensors
+                   ) -> Iterator[tuple[TensorPayload, bytes, Optional[tuple[str, int]]]]:
+    """Per tensor of `new_tensors` that changed: (the tensor, the bytes to send, (encoding,
+    count) when they are its delta payload against `parent_tensors`, None when they are the
+    tensor whole: it has no counterpart there). Unchanged tensors are left out. ValueError for a
+    dtype or shape that differs from the parent's."""
+    parent = _tensor_bytes(parent_tensors)
+    for t in iter_named_tensors(new_tensors):
+        data = b"".join(bytes(c) for c in t.chunks())
+        if t.name not in parent:
+            yield t, data, None
+            continue
+        pdtype, pshape, pdata = parent[t.name]
+        if (pdtype, pshape) != (t.dtype, t.shape):
+            raise ValueError(f"tensor {t.name!r}: {t.dtype}{list(t.shape)} but the parent's "
+                             f"is {pdtype}{list(pshape)} (a delta changes values only)")
+        encoding, count, payload = encode_delta(
+            t.dtype, np.frombuffer(pdata, dtype=_WORD[t.dtype]),
+            np.frombuffer(data, dtype=_WORD[t.dtype]))
+        if count == 0:
+            continue  # unchanged: the worker keeps the parent's
+        yield t, payload, (encoding, count)
+
+
+def delta_tensors(parent_tensors: NamedTensors, new_tensors: NamedTensors) -> list[TensorPayload]:
+    """The tensors a delta group receive broadcasts (issue 30; WeightsGroup.send_delta): every
+    tensor of `new_tensors` that differs from its counterpart in `parent_tensors` as an
+    rlfleet.weight_sync.EncodedPayload (encode_delta: the smaller of overwrite and xor), a
+    tensor without a counterpart whole, an unchanged one not at all. ValueError for a dtype or
+    shape that differs from the parent's."""
+    from rlfleet.weight_sync import EncodedPayload
+    out: list[TensorPayload] = []
+    for t, data, encoded in _delta_entries(parent_tensors, new_tensors):
+        if encoded is None:
+            out.append(as_payload(t.name, WeightTensor(data, t.dtype, t.shape)))
+        else:
+            out.append(EncodedPayload(t.name, t.dtype, t.shape, encoded[0], encoded[1], data))
+    return out
+
+
 def delta_messages(parent_tensors: NamedTensors, new_tensors: NamedTensors, weight_version: int,
                    parent_version: int, *, stage: bool = False,
                    manifest: Optional[dict[str, Any]] = None,
@@ -255,28 +296,17 @@ def delta_messages(parent_tensors: NamedTensors, new_tensors: NamedTensors, weig
         raise ValueError("weight_version must be greater than parent_version >= 0")
     if not 0 < chunk_bytes:
         raise ValueError("chunk_bytes must be > 0")
-    parent = _tensor_bytes(parent_tensors)
     first = admin_pb2.UpdateWeightsFromTensorRequest(
         weight_version=weight_version, parent_version=parent_version, stage=stage,
         manifest_json=json.dumps(manifest) if manifest is not None else "")
     messages: list[bytes] = []
     names: set[str] = set()
     num_bytes = 0
-    for t in iter_named_tensors(new_tensors):
-        data = b"".join(bytes(c) for c in t.chunks())
+    for t, data, encoded in _delta_entries(parent_tensors, new_tensors):
         chunk = admin_pb2.TensorChunk(name=t.name, dtype=t.dtype, shape=t.shape)
-        if t.name in parent:
-            pdtype, pshape, pdata = parent[t.name]
-            if (pdtype, pshape) != (t.dtype, t.shape):
-                raise ValueError(f"tensor {t.name!r}: {t.dtype}{list(t.shape)} but the parent's "
-                                 f"is {pdtype}{list(pshape)} (a delta changes values only)")
-            encoding, count, payload = encode_delta(
-                t.dtype, np.frombuffer(pdata, dtype=_WORD[t.dtype]),
-                np.frombuffer(data, dtype=_WORD[t.dtype]))
-            if count == 0:
-                continue  # unchanged: the worker keeps the parent's
-            chunk.encoding, chunk.delta_count, chunk.payload_bytes = encoding, count, len(payload)
-            data = payload
+        if encoded is not None:
+            chunk.encoding, chunk.delta_count, chunk.payload_bytes = (encoded[0], encoded[1],
+                                                                       len(data))
         else:
             chunk.encoding = "dense"
         word = _WORD[t.dtype].itemsize
@@ -302,4 +332,4 @@ def delta_messages(parent_tensors: NamedTensors, new_tensors: NamedTensors, weig
 
 
 __all__ = ["MANIFEST_FILE", "DELTA_FILE", "manifest_of", "write_manifest", "read_manifest",
-           "encode_delta", "write_delta", "delta_messages"]
+           "encode_delta", "write_delta", "delta_messages", "delta_tensors"]

@@ -31,6 +31,9 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequenc
 import numpy as np
 
 DTYPE_SIZES: dict[str, int] = {"F32": 4, "BF16": 2, "F16": 2}
+# What a payload may be on the weight-sync wire: a served dtype, or U8 (a delta receive's
+# encoded tensor, rlfleet.weight_sync.EncodedPayload).
+WIRE_DTYPE_SIZES: dict[str, int] = {**DTYPE_SIZES, "U8": 1}
 # Other spellings a trainer uses for the same dtypes (NumPy, PyTorch, SGLang's metadata).
 _DTYPE_ALIASES: dict[str, str] = {
     "f32": "F32", "float32": "F32", "float": "F32", "torch.float32": "F32", "torch.float": "F32",
@@ -77,7 +80,7 @@ class TensorPayload:
         self.shape: tuple[int, ...] = tuple(int(d) for d in shape)
         if any(d < 0 for d in self.shape):
             raise ValueError(f"tensor {name!r}: negative dimension in {list(self.shape)}")
-        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * DTYPE_SIZES[dtype]
+        self.nbytes = int(np.prod(self.shape, dtype=np.int64)) * WIRE_DTYPE_SIZES[dtype]
         self._blocks = blocks
         # Whether chunks are views of the caller's memory (no copy).
         self.zero_copy = zero_copy
@@ -85,7 +88,7 @@ class TensorPayload:
     def chunks(self, max_bytes: int = DEFAULT_CHUNK_BYTES) -> Iterator[memoryview]:
         """The tensor's bytes in order, every chunk at most `max_bytes` (and at least one byte;
         a tensor of 0 bytes yields nothing). Each chunk is valid until the next is taken."""
-        if max_bytes < DTYPE_SIZES[self.dtype]:
+        if max_bytes < WIRE_DTYPE_SIZES[self.dtype]:
             raise ValueError(f"chunk size {max_bytes} is smaller than one {self.dtype} value")
         done = 0
         for block in self._blocks(max_bytes):

@@ -10,6 +10,14 @@ Three ways to push, as the workers offer them:
   arrive into host memory), then CompleteWeightsUpdate (a short pause to apply). One version.
 - with `stage=True` (receive_weights, prepare_and_complete): the workers receive without
   pausing and keep the tensors as their staged version; activate_weights serves it (issue 30).
+- deltas (issue 30): `send_delta(parent, new, weight_version, parent_version)`, or `parent=` /
+  `parent_version=` on `receive_weights` and `prepare_and_complete`: only the changed words
+  travel (rlfleet.publication.delta_tensors: per tensor encode_delta's overwrite or xor payload,
+  sent as U8 bytes; a tensor without a counterpart whole; an unchanged one not at all). Every
+  worker must serve `parent_version` (else FleetError FAILED_PRECONDITION naming both versions,
+  before a byte is broadcast); it builds the new version on a copy of its weights, refuses NaN /
+  Inf, verifies it against `manifest` when given, and applies or (with `stage`) stages it, or
+  nothing at all.
 - `update_weights_from_distributed`: SGLang's per-bucket call; each bucket is applied as it
   arrives and bumps the version (a failure leaves partial weights, the worker out of routing).
   `weight_version` goes on the last bucket.
@@ -25,6 +33,7 @@ open a new one.
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
@@ -36,7 +45,7 @@ from rlfleet._stubs import admin_pb2, router_pb2
 from rlfleet.errors import FleetError
 from rlfleet.tensors import NamedTensors, TensorPayload, iter_named_tensors, total_bytes
 from rlfleet.weight_sync import (DEFAULT_BUCKET_BYTES, BroadcastStats, Bucket, TcpWeightSender,
-                                 plan_buckets)
+                                 listed_shape, plan_buckets)
 
 if TYPE_CHECKING:
     from rlfleet.client import Client
@@ -79,10 +88,31 @@ def check_against_served(tensors: Sequence[TensorPayload],
             raise FleetError(grpc.StatusCode.INVALID_ARGUMENT,
                              f"tensor '{t.name}' is not a served weight (list_weights())",
                              method="weights group")
-        if shapes[t.name] != t.shape:
+        shape = listed_shape(t)
+        if shapes[t.name] != shape:
             raise FleetError(grpc.StatusCode.INVALID_ARGUMENT,
-                             f"tensor '{t.name}' has shape {list(t.shape)}, the served weight "
+                             f"tensor '{t.name}' has shape {list(shape)}, the served weight "
                              f"{list(shapes[t.name])}", method="weights group")
+
+
+def _check_delta_args(parent: Optional[NamedTensors], parent_version: Optional[int],
+                      weight_version: Optional[int], manifest: Optional[dict[str, Any]]) -> None:
+    """ValueError unless `parent` and `parent_version` come together (a delta), the new version
+    is above the parent's, and a manifest only verifies a delta."""
+    if (parent is None) != (parent_version is None):
+        raise ValueError("a delta needs both parent (the tensors) and parent_version")
+    if parent_version is None:
+        if manifest is not None:
+            raise ValueError("manifest verifies a delta: give parent and parent_version")
+        return
+    if parent_version < 0:
+        raise ValueError("parent_version must be >= 0")
+    if weight_version is not None and weight_version <= parent_version:
+        raise ValueError("weight_version must be greater than parent_version")
+
+
+def _sent_bytes(buckets: Sequence[Bucket]) -> int:
+    return sum(b.nbytes for b in buckets)
 
 
 class WeightsGroup:
@@ -120,13 +150,18 @@ class WeightsGroup:
 
     # Pushes -------------------------------------------------------------------------------
 
-    def _plan(self, named_tensors: NamedTensors,
-              bucket_bytes: Optional[int]) -> list[Bucket]:
+    def _plan(self, named_tensors: NamedTensors, bucket_bytes: Optional[int],
+              parent: Optional[NamedTensors] = None) -> list[Bucket]:
         tensors = list(iter_named_tensors(named_tensors))
         if not tensors:
             raise ValueError("named_tensors is empty: nothing to update")
         if self._served is not None:
             check_against_served(tensors, self._served)
+        if parent is not None:
+            from rlfleet.publication import delta_tensors
+            tensors = delta_tensors(parent, [(t.name, t) for t in tensors])
+            if not tensors:
+                raise ValueError("no tensor differs from the parent's: nothing to update")
         return plan_buckets(tensors, bucket_bytes or self.bucket_bytes)
 
     def _broadcast_all(self, buckets: Sequence[Bucket], call: Any, method: str,
@@ -166,11 +201,15 @@ class WeightsGroup:
                         weight_version: Optional[int] = None, flush_cache: Optional[bool] = None,
                         abort_all_requests: bool = False, keep_pause: bool = False,
                         bucket_bytes: Optional[int] = None, progress: Progress = None,
-                        stage: bool = False,
+                        stage: bool = False, parent: Optional[NamedTensors] = None,
+                        parent_version: Optional[int] = None,
+                        manifest: Optional[dict[str, Any]] = None,
                         timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """Pushes the tensors with one ReceiveWeights call (atomic, one version bump); with
-        `stage`, staged instead (no pause; activate_weights serves them)."""
-        buckets = self._plan(named_tensors, bucket_bytes)
+        `stage`, staged instead (no pause; activate_weights serves them). With `parent` (the
+        tensors of `parent_version`), a delta of it (the module docstring)."""
+        _check_delta_args(parent, parent_version, weight_version, manifest)
+        buckets = self._plan(named_tensors, bucket_bytes, parent)
         req = admin_pb2.ReceiveWeightsRequest(group_name=self.group_name,
                                               buckets=[b.to_proto() for b in buckets],
                                               abort_all_requests=abort_all_requests,
@@ -179,7 +218,11 @@ class WeightsGroup:
             req.weight_version = weight_version
         if flush_cache is not None:
             req.flush_cache = flush_cache
-        with Reporter(progress, "receive_weights", total_bytes(named_tensors)) as rep:
+        if parent_version is not None:
+            req.parent_version = parent_version
+        if manifest is not None:
+            req.manifest_json = json.dumps(manifest)
+        with Reporter(progress, "receive_weights", _sent_bytes(buckets)) as rep:
             call = self.client._unary_future("rl.v1.Admin", "ReceiveWeights", req,
                                              admin_pb2.AdminResponse,
                                              timeout or self.client.load_timeout)
@@ -192,19 +235,26 @@ class WeightsGroup:
                              abort_all_requests: bool = False, keep_pause: bool = False,
                              bucket_bytes: Optional[int] = None, progress: Progress = None,
                              before_complete: Optional[Callable[[], None]] = None,
-                             stage: bool = False,
+                             stage: bool = False, parent: Optional[NamedTensors] = None,
+                             parent_version: Optional[int] = None,
+                             manifest: Optional[dict[str, Any]] = None,
                              timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         """The two-phase receive: PrepareWeightsUpdate (generation goes on), the broadcast,
         `before_complete()` if given (e.g. the trainer's own bookkeeping), then
         CompleteWeightsUpdate (a short pause: apply atomically, one version bump; with `stage`,
-        no pause: the tensors become the staged version, served by activate_weights)."""
-        buckets = self._plan(named_tensors, bucket_bytes)
-        prep = self.client.prepare_weights_update(self.group_name, buckets, timeout=timeout)
+        no pause: the tensors become the staged version, served by activate_weights). With
+        `parent` (the tensors of `parent_version`), a delta of it (the module docstring): a
+        worker that does not serve the parent refuses at Prepare, before the broadcast."""
+        _check_delta_args(parent, parent_version, weight_version, manifest)
+        buckets = self._plan(named_tensors, bucket_bytes, parent)
+        prep = self.client.prepare_weights_update(self.group_name, buckets,
+                                                  parent_version=parent_version,
+                                                  manifest=manifest, timeout=timeout)
         if not prep.ready:
             raise FleetError(grpc.StatusCode.FAILED_PRECONDITION,
                              "PrepareWeightsUpdate answered without ready", method="prepare",
                              response=prep)
-        with Reporter(progress, "prepare_and_complete", total_bytes(named_tensors)) as rep:
+        with Reporter(progress, "prepare_and_complete", _sent_bytes(buckets)) as rep:
             for b in buckets:
                 self.sender.broadcast(b)
                 for t in b.tensors:
@@ -215,6 +265,22 @@ class WeightsGroup:
             self.group_name, weight_version=weight_version, flush_cache=flush_cache,
             abort_all_requests=abort_all_requests, keep_pause=keep_pause, stage=stage,
             timeout=timeout)
+
+    def send_delta(self, parent_tensors: NamedTensors, new_tensors: NamedTensors,
+                   weight_version: int, parent_version: int, *, two_phase: bool = False,
+                   stage: bool = False, manifest: Optional[dict[str, Any]] = None,
+                   **kwargs: Any) -> admin_pb2.AdminResponse:
+        """Sends `new_tensors` as a delta of `parent_tensors` (the weights of `parent_version`,
+        which every worker must serve) over the group: one ReceiveWeights call, or with
+        `two_phase` PrepareWeightsUpdate / CompleteWeightsUpdate (generation goes on while the
+        payloads arrive). `stage`: staged for activate_weights (through the router all or none);
+        `manifest` (manifest_of's dict of the new version): verified before it is applied or
+        staged. Other keyword arguments go to receive_weights / prepare_and_complete. FleetError
+        when refused (FAILED_PRECONDITION naming both versions for a parent not served)."""
+        push = self.prepare_and_complete if two_phase else self.receive_weights
+        return push(new_tensors, weight_version=weight_version, stage=stage,
+                    parent=parent_tensors, parent_version=parent_version, manifest=manifest,
+                    **kwargs)
 
     def update_weights_from_distributed(self, named_tensors: NamedTensors, *,
                                         weight_version: Optional[int] = None,

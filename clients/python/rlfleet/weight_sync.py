@@ -29,7 +29,7 @@ import struct
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import crc32c as _crc32c
 import grpc
@@ -121,9 +121,42 @@ def _peer_closed_or_readable(sock: socket.socket) -> bool:
 
 # Buckets ------------------------------------------------------------------------------------
 
+class EncodedPayload(TensorPayload):
+    """A tensor of a delta receive (issue 30) sent as its delta payload: on the wire it is
+    U8[len(payload)] under the tensor's name; the gRPC request lists the tensor's own dtype and
+    shape (`listed_dtype`, `listed_shape`) with its `encoding` ("overwrite" / "xor") and `count`
+    (rlfleet.publication.encode_delta's output, as rl-worker decodes it)."""
+
+    def __init__(self, name: str, dtype: str, shape: Sequence[int], encoding: str, count: int,
+                 payload: bytes) -> None:
+        view = memoryview(payload)
+
+        def blocks(max_bytes: int) -> Iterator[memoryview]:
+            for at in range(0, len(view), max_bytes):
+                yield view[at:at + max_bytes]
+
+        super().__init__(name, "U8", (len(payload),), blocks, zero_copy=True)
+        self.listed_dtype = dtype
+        self.listed_shape: tuple[int, ...] = tuple(int(d) for d in shape)
+        self.encoding = encoding
+        self.count = count
+
+
+def listed_dtype(t: TensorPayload) -> str:
+    """The dtype a receive request lists for `t` (an encoded tensor's own, not its payload's)."""
+    return t.listed_dtype if isinstance(t, EncodedPayload) else t.dtype
+
+
+def listed_shape(t: TensorPayload) -> tuple[int, ...]:
+    """The shape a receive request lists for `t` (an encoded tensor's own)."""
+    return t.listed_shape if isinstance(t, EncodedPayload) else t.shape
+
+
 @dataclass
 class Bucket:
-    """The tensors of one broadcast and the metadata the workers' calls carry for it."""
+    """The tensors of one broadcast and the metadata the workers' calls carry for it. A bucket
+    of a delta receive holds EncodedPayloads beside whole tensors: its proto then names every
+    tensor's encoding, count and payload bytes."""
     tensors: list[TensorPayload] = field(default_factory=list)
 
     @property
@@ -136,16 +169,25 @@ class Bucket:
 
     @property
     def dtypes(self) -> list[str]:
-        return [t.dtype for t in self.tensors]
+        return [listed_dtype(t) for t in self.tensors]
 
     @property
     def shapes(self) -> list[list[int]]:
-        return [list(t.shape) for t in self.tensors]
+        return [list(listed_shape(t)) for t in self.tensors]
+
+    @property
+    def is_delta(self) -> bool:
+        return any(isinstance(t, EncodedPayload) for t in self.tensors)
 
     def to_proto(self) -> admin_pb2.WeightBucket:
         b = admin_pb2.WeightBucket(names=self.names, dtypes=self.dtypes)
         for s in self.shapes:
             b.shapes.add(dims=s)
+        if self.is_delta:
+            for t in self.tensors:
+                b.encodings.append(t.encoding if isinstance(t, EncodedPayload) else "dense")
+                b.delta_counts.append(t.count if isinstance(t, EncodedPayload) else 0)
+                b.payload_bytes.append(t.nbytes)
         return b
 
 
@@ -553,5 +595,5 @@ def bucket_metadata(buckets: Sequence[Bucket]) -> list[admin_pb2.WeightBucket]:
     return [b.to_proto() for b in buckets]
 
 
-__all__ = ["TcpWeightSender", "Bucket", "BroadcastStats", "plan_buckets", "iter_buckets",
-           "bucket_metadata", "encode_frame", "read_frame", "crc32c"]
+__all__ = ["TcpWeightSender", "Bucket", "EncodedPayload", "BroadcastStats", "plan_buckets",
+           "iter_buckets", "bucket_metadata", "encode_frame", "read_frame", "crc32c"]

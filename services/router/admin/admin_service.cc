@@ -329,17 +329,38 @@ grpc::ServerUnaryReactor* AdminService::DestroyWeightsUpdateGroup(
                  &AsyncAdmin::DestroyWeightsUpdateGroup);
 }
 
+void AdminService::NotePrepared(const std::string& group, bool delta) {
+  constexpr size_t kMaxGroups = 1024;  // group names are the callers': keep the set bounded
+  absl::MutexLock lock(&delta_mu_);
+  if (!delta) {
+    delta_prepared_.erase(group);
+  } else if (delta_prepared_.size() < kMaxGroups) {
+    delta_prepared_.insert(group);
+  }
+}
+
+bool AdminService::TakeDeltaPrepared(const std::string& group) {
+  absl::MutexLock lock(&delta_mu_);
+  return delta_prepared_.erase(group) > 0;
+}
+
 // Answers ready only when every worker posted its receive (the trainer broadcasts after that).
+// A delta (parent_version) is refused by every worker that does not serve the parent, before it
+// posts anything: the answer then says which, and the trainer broadcasts nothing.
 grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
     Ctx* c, const rl::v1::PrepareWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
+  NotePrepared(req->group_name(), req->has_parent_version());
   return Forward(c, req, resp, {.what = "PrepareWeightsUpdate", .deadline = Deadline::kLoad},
                  &AsyncAdmin::PrepareWeightsUpdate);
 }
 
 // The applying half of the two-phase receive and the single-call receive: like
-// UpdateWeightsFromDistributed, and the fleet stays paused with keep_pause.
+// UpdateWeightsFromDistributed, and the fleet stays paused with keep_pause. Staged, all or none
+// (ForwardStage). A delta (prepared with parent_version, or a ReceiveWeights naming one) is
+// built whole before it is swapped in: a failed worker keeps its old weights and stays routed.
 grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
     Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
+  const bool delta = TakeDeltaPrepared(req->group_name());
   if (req->stage()) {
     return ForwardStage(c, req, resp, "CompleteWeightsUpdate (stage)",
                         &AsyncAdmin::CompleteWeightsUpdate);
@@ -348,7 +369,7 @@ grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
                  {.what = "CompleteWeightsUpdate",
                   .deadline = Deadline::kLoad,
                   .hold = true,
-                  .partial = Partial::kDistributed,
+                  .partial = delta ? Partial::kDelta : Partial::kDistributed,
                   .bumps_version = true,
                   .source = FleetWeights::Source::kDistributed,
                   .sets_paused = req->keep_pause()},
@@ -365,7 +386,7 @@ grpc::ServerUnaryReactor* AdminService::ReceiveWeights(Ctx* c,
                  {.what = "ReceiveWeights",
                   .deadline = Deadline::kLoad,
                   .hold = true,
-                  .partial = Partial::kDistributed,
+                  .partial = req->has_parent_version() ? Partial::kDelta : Partial::kDistributed,
                   .bumps_version = true,
                   .source = FleetWeights::Source::kDistributed,
                   .sets_paused = req->keep_pause()},

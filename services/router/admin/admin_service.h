@@ -13,8 +13,12 @@
 
 #include <functional>
 #include <memory>
+#include <set>
+#include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "common/auth.h"
 #include "common/bounded_executor.h"
 #include "common/drain_gate.h"
@@ -127,6 +131,12 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   grpc::ServerUnaryReactor* Forward(Ctx* c, const Request* req, rl::v1::AdminResponse* resp,
                                     Plan plan, AsyncMethod<Request, rl::v1::AdminResponse> method);
 
+  // Records whether the group's last PrepareWeightsUpdate was a delta; TakeDeltaPrepared answers
+  // it for the group's Complete (and forgets it). A router restarted in between answers false:
+  // the Complete is then treated like a dense one (conservatively).
+  void NotePrepared(const std::string& group, bool delta) ABSL_LOCKS_EXCLUDED(delta_mu_);
+  bool TakeDeltaPrepared(const std::string& group) ABSL_LOCKS_EXCLUDED(delta_mu_);
+
   WorkerPool* const pool_;
   const BearerAuth* const auth_;
   BoundedExecutor* const executor_;
@@ -135,6 +145,8 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   Broadcaster broadcaster_;
   std::unique_ptr<CatchUp> catch_up_;          // after broadcaster_: stopped first
   std::unique_ptr<LeaseKeeper> lease_keeper_;  // after broadcaster_: stopped first
+  absl::Mutex delta_mu_;
+  std::set<std::string> delta_prepared_ ABSL_GUARDED_BY(delta_mu_);  // bounded by kMaxGroups
 };
 
 }  // namespace rl::router::admin

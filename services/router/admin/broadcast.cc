@@ -48,6 +48,8 @@ bool MayBePartial(Partial partial, grpc::StatusCode code) {
       return !Refused(code);
     case Partial::kGroup:
       return !Refused(code) && code != grpc::StatusCode::INVALID_ARGUMENT;
+    case Partial::kDelta:
+      return code == grpc::StatusCode::INTERNAL || code == grpc::StatusCode::UNKNOWN;
   }
   return false;
 }

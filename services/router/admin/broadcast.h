@@ -58,8 +58,10 @@ using WorkerCall =
     std::function<void(Worker&, size_t, grpc::ClientContext*, rl::v1::AdminResponse*, Done)>;
 
 enum class Deadline { kControl, kLoad };
-// Which failures may leave a worker's weights partial (it then stays out of routing).
-enum class Partial { kNever, kTensor, kDistributed, kGroup };
+// Which failures may leave a worker's weights partial (it then stays out of routing). kDelta: a
+// delta group receive (issue 30), built whole on a copy of the served weights and swapped in, so
+// only a failure of the swap itself (INTERNAL / UNKNOWN) may.
+enum class Partial { kNever, kTensor, kDistributed, kGroup, kDelta };
 
 // How one admin call is broadcast.
 struct Plan {

@@ -16,6 +16,10 @@ absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--load-factor: must be in [1, 100], got ", options.load_factor));
   }
+  if (options.load_slack < 0 || options.load_slack > 1000000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--load-slack: must be in [0, 1000000], got ", options.load_slack));
+  }
   return absl::OkStatus();
 }
 

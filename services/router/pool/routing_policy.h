@@ -80,12 +80,14 @@ class RoutingPolicy {
   virtual double load_factor() const { return 0; }
 };
 
-// --policy and --load-factor.
+// --policy, --load-factor and --load-slack.
 struct PolicyOptions {
   std::string name = "round_robin";
   // affinity / cache_aware: a preferred worker takes a request only while its load stays
-  // within load_factor times the fleet's mean (docs/routing.md). >= 1.
+  // within load_factor times the fleet's mean, or within load_slack samples above the mean
+  // (policies/load_bound.h, docs/routing.md). load_factor >= 1; load_slack >= 0.
   double load_factor = 1.25;
+  int32_t load_slack = 8;
 };
 
 // The names --policy accepts, comma-separated (for messages).

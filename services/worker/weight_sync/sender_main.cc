@@ -7,9 +7,20 @@
 // BucketJson line per bucket (bucket_plan.h), then {"done": true, ...} with totals.
 // --plan-only prints only the bucket lines. Logs go to stderr. Exit 0 on success, 1 on a
 // failed sync, 2 on bad flags.
+//
+// --delta sends the folder's weights.rldelta (a delta publication, `rlctl publish-delta`)
+// instead of its checkpoint (issue 30): every changed tensor as its delta payload, U8 bytes on
+// the wire; the bucket lines list each tensor's own dtype and shape with its encoding, count and
+// payload bytes, and the delta's parent_version, which is what `rlctl receive-weights` /
+// `prepare-weights` send the workers (docs/weight-sync.md). The delta file is read whole into
+// memory (its size: a few percent of the checkpoint).
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
+#include <limits>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "common/flags.h"
@@ -17,6 +28,7 @@
 #include "common/model_io/safetensors.h"
 #include "common/server_main.h"
 #include "common/weight_sync/bucket_plan.h"
+#include "common/weight_sync/delta_file.h"
 #include "nlohmann/json.hpp"
 #include "services/worker/weight_sync/weight_sync.h"
 
@@ -32,8 +44,34 @@ struct SenderConfig {
   double timeout_s = 60.0;
   int cuda_device = 0;
   bool plan_only = false;
+  bool delta = false;
   std::string log_level = "info";
 };
+
+// The delta file's tensors as buckets (greedy by payload bytes, like PlanBuckets): each travels
+// as U8[payload bytes] and is listed with its own dtype and shape (the manifest's).
+std::vector<rl::weight_sync::Bucket> PlanDeltaBuckets(const rl::weight_sync::DeltaFile& delta,
+                                                      int64_t bucket_bytes) {
+  std::vector<rl::weight_sync::Bucket> buckets;
+  rl::weight_sync::Bucket current;
+  for (const rl::weight_sync::DeltaTensor& t : delta.tensors) {
+    const int64_t bytes = static_cast<int64_t>(t.delta.payload.size());
+    if (!current.specs.empty() && current.bytes + bytes > bucket_bytes) {
+      buckets.push_back(std::move(current));
+      current = rl::weight_sync::Bucket();
+    }
+    current.specs.push_back({t.name, "U8", {bytes}});
+    current.data.push_back(t.delta.payload);
+    current.bytes += bytes;
+    // ParseDeltaFile checked that every tensor is in the manifest with its dtype.
+    current.listed.push_back({t.name, std::string(rl::model_io::DTypeName(t.dtype)),
+                              delta.manifest.tensors.at(t.name).shape});
+    current.encodings.emplace_back(rl::weight_sync::DeltaEncodingName(t.delta.encoding));
+    current.delta_counts.push_back(t.delta.count);
+  }
+  if (!current.specs.empty()) buckets.push_back(std::move(current));
+  return buckets;
+}
 
 // "HOST:PORT" or "[V6]:PORT".
 bool SplitHostPort(const std::string& text, std::string* host, int* port) {
@@ -48,7 +86,10 @@ bool SplitHostPort(const std::string& text, std::string* host, int* port) {
 
 absl::Status Validate(const SenderConfig& c) {
   auto bad = [](const char* what) { return absl::InvalidArgumentError(what); };
-  if (c.checkpoint.empty()) return bad("--checkpoint is required");
+  if (c.checkpoint.empty())
+    return bad(
+        "--checkpoint is required (a folder; with --delta, one "
+        "holding weights.rldelta)");
   if (!(c.bucket_mb * (1 << 20) >= 1)) return bad("--bucket-mb must be > 0");
   if (c.plan_only) return absl::OkStatus();
   if (c.listen.empty()) return bad("--listen HOST:PORT is required");
@@ -65,20 +106,37 @@ void PrintLine(const std::string& line) {
 }
 
 int Run(const SenderConfig& config) {
-  auto checkpoint = rl::model_io::OpenCheckpoint(config.checkpoint);
-  if (!checkpoint.ok()) {
-    std::cerr << "rl-weight-sender: " << checkpoint.status().message() << "\n";
-    return 1;
+  const int64_t bucket_bytes = static_cast<int64_t>(config.bucket_mb * (1 << 20));
+  // The bytes the buckets point into: the checkpoint, or the delta file.
+  absl::StatusOr<rl::model_io::Checkpoint> checkpoint;
+  absl::StatusOr<rl::weight_sync::DeltaFile> delta;
+  absl::StatusOr<std::vector<rl::weight_sync::Bucket>> buckets;
+  int64_t parent_version = -1;
+  if (config.delta) {
+    const std::string path =
+        (std::filesystem::path(config.checkpoint) / rl::weight_sync::kDeltaFileName).string();
+    delta = rl::weight_sync::ReadDeltaFile(path, std::numeric_limits<int64_t>::max());
+    if (!delta.ok()) {
+      std::cerr << "rl-weight-sender: " << delta.status().message() << "\n";
+      return 1;
+    }
+    buckets = PlanDeltaBuckets(*delta, bucket_bytes);
+    parent_version = *delta->manifest.parent_version;
+  } else {
+    checkpoint = rl::model_io::OpenCheckpoint(config.checkpoint);
+    if (!checkpoint.ok()) {
+      std::cerr << "rl-weight-sender: " << checkpoint.status().message() << "\n";
+      return 1;
+    }
+    buckets = rl::weight_sync::PlanBuckets(*checkpoint, bucket_bytes);
   }
-  auto buckets =
-      rl::weight_sync::PlanBuckets(*checkpoint, static_cast<int64_t>(config.bucket_mb * (1 << 20)));
   if (!buckets.ok()) {
     std::cerr << "rl-weight-sender: " << buckets.status().message() << "\n";
     return 1;
   }
   if (config.plan_only) {
     for (size_t i = 0; i < buckets->size(); ++i) {
-      PrintLine(rl::weight_sync::BucketJson((*buckets)[i], i, buckets->size()));
+      PrintLine(rl::weight_sync::BucketJson((*buckets)[i], i, buckets->size(), parent_version));
     }
     return 0;
   }
@@ -107,7 +165,7 @@ int Run(const SenderConfig& config) {
   double total_seconds = 0;
   for (size_t i = 0; i < buckets->size(); ++i) {
     const rl::weight_sync::Bucket& bucket = (*buckets)[i];
-    PrintLine(rl::weight_sync::BucketJson(bucket, i, buckets->size()));
+    PrintLine(rl::weight_sync::BucketJson(bucket, i, buckets->size(), parent_version));
     auto stats = (*sender)->Broadcast(bucket.specs, bucket.data);
     if (!stats.ok()) {
       std::cerr << "rl-weight-sender: bucket " << i << ": " << stats.status().message() << "\n";
@@ -144,6 +202,10 @@ int main(int argc, char** argv) {
                "bound on group formation and on any stall during a broadcast");
   flags.Int("cuda-device", &config.cuda_device, "nccl: the CUDA device of this rank");
   flags.Bool("plan-only", &config.plan_only, "print the bucket plan and exit");
+  flags.Bool("delta", &config.delta,
+             "send CHECKPOINT/weights.rldelta (a delta publication) instead of the checkpoint: "
+             "the changed tensors' delta payloads; the bucket lines name encodings and the "
+             "parent version");
   rl::MainOptions options{
       .program = "rl-weight-sender", .flags = &flags, .log_level = &config.log_level};
   options.validate = [&config] { return Validate(config); };

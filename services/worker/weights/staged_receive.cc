@@ -1,6 +1,8 @@
 #include "services/worker/weights/staged_receive.h"
 
+#include <map>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -33,14 +35,19 @@ absl::Status CheckFinite(const NamedTensor& t) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StagedReceive>> StagedReceive::Post(
-    std::shared_ptr<weight_sync::WeightReceiver> receiver, WeightBuckets buckets) {
+    std::shared_ptr<weight_sync::WeightReceiver> receiver, WeightBuckets buckets,
+    std::optional<GroupDelta> delta) {
   std::unique_ptr<StagedReceive> r(new StagedReceive());
   StagedReceive* raw = r.get();
+  raw->delta_ = std::move(delta);
   raw->thread_ = std::thread([raw, receiver = std::move(receiver), buckets = std::move(buckets)] {
-    raw->status_ = ReceiveBuckets(receiver.get(), buckets, &raw->tensors_, [raw] {
-      raw->posted_ = true;
-      raw->settled_.Notify();
-    });
+    raw->status_ = ReceiveBuckets(
+        receiver.get(), buckets, &raw->tensors_,
+        [raw] {
+          raw->posted_ = true;
+          raw->settled_.Notify();
+        },
+        raw->delta_.has_value() ? &*raw->delta_ : nullptr);
     if (!raw->posted_) raw->settled_.Notify();
   });
   raw->settled_.WaitForNotification();
@@ -58,6 +65,55 @@ StagedReceive::~StagedReceive() {
 absl::Status StagedReceive::Wait() {
   if (thread_.joinable()) thread_.join();
   return status_;
+}
+
+DeltaUpdate StagedReceive::TakeDeltaUpdate() {
+  return GroupDeltaUpdate(std::move(tensors_), std::move(*delta_));
+}
+
+absl::Status CheckGroupDelta(const WeightBuckets& buckets, const GroupDelta& delta,
+                             const RequestLimits& limits) {
+  std::map<std::string, const model::TensorInfo*> listed;
+  for (const auto& bucket : buckets) {
+    for (const model::TensorInfo& t : bucket) listed[t.name] = &t;
+  }
+  int64_t payload_total = 0;
+  for (const auto& [name, e] : delta.encoded) {
+    auto it = listed.find(name);
+    if (it == listed.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buckets: encoded tensor ", QuoteForError(name, 128), " is not listed"));
+    }
+    RETURN_IF_ERROR(CheckEncodedTensor(*it->second, e, limits));
+    payload_total += e.payload_bytes;  // each at most --max-update-bytes: no overflow
+    if (payload_total > limits.max_update_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("buckets: the delta payloads need more than --max-update-bytes (",
+                       limits.max_update_bytes, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+DeltaUpdate GroupDeltaUpdate(std::vector<NamedTensor> received, GroupDelta delta) {
+  DeltaUpdate update;
+  update.parent_version = delta.parent_version;
+  update.manifest = std::move(delta.manifest);
+  for (NamedTensor& t : received) {
+    auto it = delta.encoded.find(t.info.name);
+    if (it == delta.encoded.end()) {
+      update.dense.push_back(std::move(t));
+      continue;
+    }
+    weight_sync::NamedDelta d;
+    d.name = t.info.name;
+    d.dtype = *model_io::ParseDType(t.info.dtype);  // validated with the buckets
+    d.delta.encoding = it->second.encoding;
+    d.delta.count = it->second.count;
+    d.delta.payload = std::move(t.bytes);
+    update.deltas.push_back(std::move(d));
+  }
+  return update;
 }
 
 absl::Status ReceiveBuckets(weight_sync::WeightReceiver* receiver, const WeightBuckets& buckets,

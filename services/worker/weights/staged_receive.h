@@ -2,6 +2,10 @@
 // CompleteWeightsUpdate waits for it and applies), plus the two steps every group receive
 // shares: receiving buckets into host staging and applying staged tensors.
 //
+// A delta receive (issue 30) keeps its GroupDelta with it: the encoded tensors travel as their
+// payloads, and Complete builds the update from them (GroupDeltaUpdate) through the one delta
+// path every transport shares (publication.h, BuildOnServedCopy).
+//
 // Design: Post starts the receive on a thread of its own and returns once the first bucket's
 // receive is posted (the transport waits for its header: tcp buffers what the trainer sends,
 // nccl joins the broadcast after it), or with the receive's error when it ended first. The
@@ -14,12 +18,14 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
+#include "common/request_limits.h"
 #include "services/worker/model/model_runner.h"
 #include "services/worker/weight_sync/weight_sync.h"
 #include "services/worker/weights/weight_updates.h"
@@ -28,10 +34,12 @@ namespace rl::worker {
 
 class StagedReceive {
  public:
-  // Starts receiving `buckets` (see the file comment). The error of a receive that ended before
-  // it was posted (a closed or broken group), its thread joined.
+  // Starts receiving `buckets` (see the file comment); with `delta`, the tensors it names
+  // encoded arrive as their payloads. The error of a receive that ended before it was posted (a
+  // closed or broken group), its thread joined.
   static absl::StatusOr<std::unique_ptr<StagedReceive>> Post(
-      std::shared_ptr<weight_sync::WeightReceiver> receiver, WeightBuckets buckets);
+      std::shared_ptr<weight_sync::WeightReceiver> receiver, WeightBuckets buckets,
+      std::optional<GroupDelta> delta = std::nullopt);
   // Joins the thread: close the receiver first for a prompt return.
   ~StagedReceive();
   StagedReceive(const StagedReceive&) = delete;
@@ -43,6 +51,10 @@ class StagedReceive {
   const std::vector<NamedTensor>& tensors() const { return tensors_; }
   // Moves the received tensors out (a staged Complete keeps them as the staged version).
   std::vector<NamedTensor> TakeTensors() { return std::move(tensors_); }
+  // The delta this receive carries (Post's), if any.
+  const std::optional<GroupDelta>& delta() const { return delta_; }
+  // The update a delta receive built after an OK Wait (GroupDeltaUpdate); moves the tensors out.
+  DeltaUpdate TakeDeltaUpdate();
 
  private:
   StagedReceive() = default;
@@ -54,6 +66,7 @@ class StagedReceive {
   bool posted_ = false;
   absl::Status status_;
   std::vector<NamedTensor> tensors_;
+  std::optional<GroupDelta> delta_;  // set by Post, read by the thread and after
 };
 
 // Receives `buckets` in order, copying every tensor into `out`. `on_posted` (may be empty) runs
@@ -67,6 +80,17 @@ absl::Status ReceiveBuckets(weight_sync::WeightReceiver* receiver, const WeightB
                             std::vector<NamedTensor>* out,
                             const std::function<void()>& on_posted = nullptr,
                             const GroupDelta* delta = nullptr);
+
+// The checks of a delta receive that need no engine, before anything is posted: every encoded
+// tensor is one the buckets list, its count and payload bytes fit its dtype and shape
+// (weight_sync::MaxDeltaPayloadBytes), and the payloads together fit --max-update-bytes.
+// INVALID_ARGUMENT naming the tensor.
+absl::Status CheckGroupDelta(const WeightBuckets& buckets, const GroupDelta& delta,
+                             const RequestLimits& limits);
+
+// The DeltaUpdate of a delta receive: `received` (ReceiveBuckets' output) split into the delta
+// payloads `delta` names encoded and the whole tensors, with its parent and manifest.
+DeltaUpdate GroupDeltaUpdate(std::vector<NamedTensor> received, GroupDelta delta);
 
 // Validates every staged tensor against `runner`'s weights, then writes them into it (nothing
 // changes on a validation error).

@@ -27,6 +27,13 @@ absl::Status WithNote(const absl::Status& status, absl::string_view note) {
   return absl::Status(status.code(), absl::StrCat(status.message(), "; ", note));
 }
 
+// A Complete whose prepared receive failed changed nothing: FAILED_PRECONDITION (the router then
+// knows the worker's weights are whole), the receive's own code and message kept in the text.
+absl::Status PreparedReceiveFailed(const absl::Status& received, absl::string_view what) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, ": ", absl::StatusCodeToString(received.code()), ": ", received.message()));
+}
+
 WeightUpdateController::Deps WithDefaults(WeightUpdateController::Deps deps) {
   if (!deps.connect) deps.connect = weight_sync::ConnectReceiver;
   return deps;
@@ -469,26 +476,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveDeltaWeights(
   if (policy.weight_version.has_value() && *policy.weight_version < 0) {
     return absl::InvalidArgumentError("weight_version: must be >= 0");
   }
-  // Every encoded tensor is one the buckets list, with a count and payload bound that fit it.
-  std::map<std::string, const model::TensorInfo*> listed;
-  for (const auto& bucket : buckets) {
-    for (const model::TensorInfo& t : bucket) listed[t.name] = &t;
-  }
-  int64_t payload_total = 0;
-  for (const auto& [name, e] : delta.encoded) {
-    auto it = listed.find(name);
-    if (it == listed.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("buckets: encoded tensor ", QuoteForError(name, 128), " is not listed"));
-    }
-    RETURN_IF_ERROR(CheckEncodedTensor(*it->second, e, deps_.limits));
-    payload_total += e.payload_bytes;  // each at most --max-update-bytes: no overflow
-    if (payload_total > deps_.limits.max_update_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("buckets: the delta payloads need more than --max-update-bytes (",
-                       deps_.limits.max_update_bytes, ")"));
-    }
-  }
+  RETURN_IF_ERROR(CheckGroupDelta(buckets, delta, deps_.limits));
   RETURN_IF_ERROR(CheckDeltaParent(delta.parent_version));
   ASSIGN_OR_RETURN(const UpdateGroups::Claim claim,
                    CheckAndClaim(group_name, buckets, ClaimFor::kReceive));
@@ -505,25 +493,57 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveDeltaWeights(
     return Annotate(s, stage ? "receive_weights (delta, stage): nothing is staged"
                              : "receive_weights (delta): nothing was applied");
   }
-  DeltaUpdate update;
-  update.parent_version = delta.parent_version;
-  update.manifest = std::move(delta.manifest);
-  for (NamedTensor& t : received) {
-    auto it = delta.encoded.find(t.info.name);
-    if (it == delta.encoded.end()) {
-      update.dense.push_back(std::move(t));
-      continue;
-    }
-    weight_sync::NamedDelta d;
-    d.name = t.info.name;
-    d.dtype = *model_io::ParseDType(t.info.dtype);  // validated with the buckets
-    d.delta.encoding = it->second.encoding;
-    d.delta.count = it->second.count;
-    d.delta.payload = std::move(t.bytes);
-    update.deltas.push_back(std::move(d));
-  }
+  DeltaUpdate update = GroupDeltaUpdate(std::move(received), std::move(delta));
   if (stage) return ticket->CommitDelta(std::move(update));
   return UpdateWeightsFromDelta(std::move(update), policy);
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::CompletePreparedDelta(
+    const std::string& group_name, UpdateGroups::Claim& claim, const UpdatePolicy& policy,
+    bool stage) {
+  StagedReceive& prepared = *claim.prepared();
+  const GroupDelta& delta = *prepared.delta();
+  const std::string what =
+      stage ? "complete_weights_update (delta, stage)" : "complete_weights_update (delta)";
+  // Refusals before the received data is used keep the prepared receive for a retry.
+  absl::Status early;
+  if (policy.weight_version.has_value() && *policy.weight_version < 0) {
+    early = absl::InvalidArgumentError("weight_version: must be >= 0");
+  } else if (policy.weight_version.has_value() && delta.manifest.has_value() &&
+             *policy.weight_version != delta.manifest->version) {
+    early = absl::InvalidArgumentError(absl::StrCat("weight_version: ", *policy.weight_version,
+                                                    ", but the prepared delta's manifest is of "
+                                                    "version ",
+                                                    delta.manifest->version));
+  } else if (!stage && lifecycle_.asleep()) {
+    early = absl::FailedPreconditionError(
+        absl::StrCat(what,
+                     ": the worker is asleep (a delta applies to the served weights; wake "
+                     "it first)"));
+  }
+  std::unique_ptr<StageTicket> ticket;
+  if (early.ok() && stage) {
+    absl::StatusOr<std::unique_ptr<StageTicket>> begun =
+        BeginStage(absl::StrCat("group:", group_name), policy.weight_version);
+    if (begun.ok()) {
+      ticket = *std::move(begun);
+    } else {
+      early = begun.status();
+    }
+  }
+  if (!early.ok()) {
+    const bool kept = groups_.GiveBack(group_name, claim);
+    return WithNote(early, kept
+                               ? "nothing is applied or staged and the prepared update is kept "
+                                 "(call CompleteWeightsUpdate again)"
+                               : "nothing is applied or staged; the group was destroyed meanwhile");
+  }
+  // The one delta path of every transport (publication.h, BuildOnServedCopy), as ReceiveWeights.
+  DeltaUpdate update = prepared.TakeDeltaUpdate();
+  absl::StatusOr<AdminOutcome> out = stage ? ticket->CommitDelta(std::move(update))
+                                           : UpdateWeightsFromDelta(std::move(update), policy);
+  if (!out.ok()) return WithNote(out.status(), "the prepared update is dropped (prepare again)");
+  return out;
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
@@ -570,9 +590,14 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdateStaged
   ASSIGN_OR_RETURN(UpdateGroups::Claim claim, groups_.Take(group_name, ClaimFor::kComplete));
   StagedReceive& prepared = *claim.prepared();
   if (absl::Status received = prepared.Wait(); !received.ok()) {
-    return Annotate(received,
-                    "complete_weights_update (stage): the prepared receive failed (nothing is "
-                    "staged; prepare again)");
+    return PreparedReceiveFailed(received,
+                                 "complete_weights_update (stage): the prepared receive failed "
+                                 "(nothing is staged; prepare again)");
+  }
+  if (prepared.delta().has_value()) {
+    UpdatePolicy policy;
+    policy.weight_version = weight_version;
+    return CompletePreparedDelta(group_name, claim, policy, true);
   }
   absl::StatusOr<std::unique_ptr<StageTicket>> ticket =
       BeginStage(absl::StrCat("group:", group_name), weight_version);
@@ -703,13 +728,30 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::DestroyWeightsUpdateGroup(
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::PrepareWeightsUpdate(
     const std::string& group_name, WeightBuckets buckets) {
+  return PostPrepared(group_name, std::move(buckets), std::nullopt);
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::PrepareDeltaWeightsUpdate(
+    const std::string& group_name, WeightBuckets buckets, GroupDelta delta) {
+  // The checks of the one-call delta receive, before anything is posted: no payload travels for
+  // a worker that cannot use it.
+  RETURN_IF_ERROR(CheckGroupDelta(buckets, delta, deps_.limits));
+  RETURN_IF_ERROR(CheckDeltaParent(delta.parent_version));
+  return PostPrepared(group_name, std::move(buckets), std::move(delta));
+}
+
+absl::StatusOr<AdminOutcome> WeightUpdateController::PostPrepared(const std::string& group_name,
+                                                                  WeightBuckets buckets,
+                                                                  std::optional<GroupDelta> delta) {
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(const UpdateGroups::Claim claim,
                    CheckAndClaim(group_name, buckets, ClaimFor::kPrepare));
   int64_t num_tensors = 0;
   for (const auto& b : buckets) num_tensors += static_cast<int64_t>(b.size());
+  const std::string kind =
+      delta.has_value() ? absl::StrCat(" (a delta of version ", delta->parent_version, ")") : "";
   absl::StatusOr<std::unique_ptr<StagedReceive>> prepared =
-      StagedReceive::Post(claim.shared_receiver(), std::move(buckets));
+      StagedReceive::Post(claim.shared_receiver(), std::move(buckets), std::move(delta));
   if (!prepared.ok()) {
     return Annotate(prepared.status(), "prepare_weights_update: the receive could not be posted");
   }
@@ -720,8 +762,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::PrepareWeightsUpdate(
   }
   AdminOutcome out;
   out.ready = true;
-  out.message = absl::StrCat("prepare_weights_update: receive of ", num_tensors,
-                             " tensors posted on group '", group_name, "'");
+  out.message = absl::StrCat("prepare_weights_update: receive of ", num_tensors, " tensors", kind,
+                             " posted on group '", group_name, "'");
   out.weight_version = deps_.engine->weight_version();
   out.duration_us = MicrosSince(start);
   return out;
@@ -732,10 +774,11 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdate(
   ASSIGN_OR_RETURN(UpdateGroups::Claim claim, groups_.Take(group_name, ClaimFor::kComplete));
   StagedReceive& prepared = *claim.prepared();
   if (absl::Status received = prepared.Wait(); !received.ok()) {
-    return Annotate(received,
-                    "complete_weights_update: the prepared receive failed (nothing "
-                    "was applied; prepare again)");
+    return PreparedReceiveFailed(received,
+                                 "complete_weights_update: the prepared receive failed (nothing "
+                                 "was applied; prepare again)");
   }
+  if (prepared.delta().has_value()) return CompletePreparedDelta(group_name, claim, policy, false);
   bool applying = false;
   absl::StatusOr<AdminOutcome> out =
       lifecycle_.Run("complete_weights_update", policy,

@@ -111,8 +111,22 @@ class WeightUpdateController final : public WeightUpdates {
   absl::StatusOr<AdminOutcome> ReceiveDeltaWeights(const std::string& group_name,
                                                    WeightBuckets buckets, GroupDelta delta,
                                                    const UpdatePolicy& policy, bool stage) override;
+  absl::StatusOr<AdminOutcome> PrepareDeltaWeightsUpdate(const std::string& group_name,
+                                                         WeightBuckets buckets,
+                                                         GroupDelta delta) override;
 
  private:
+  // Prepare{,Delta}WeightsUpdate once the request passed its checks: claims the group and posts
+  // the receive.
+  absl::StatusOr<AdminOutcome> PostPrepared(const std::string& group_name, WeightBuckets buckets,
+                                            std::optional<GroupDelta> delta);
+  // Complete{,Staged} of a prepared delta receive that arrived whole (claim.prepared()): builds
+  // it through UpdateWeightsFromDelta, or stages it (BeginStage + CommitDelta). A refusal before
+  // the data is used (a bad weight_version, asleep, another stage in progress) keeps the prepared
+  // receive for a retry; any later one drops it.
+  absl::StatusOr<AdminOutcome> CompletePreparedDelta(const std::string& group_name,
+                                                     UpdateGroups::Claim& claim,
+                                                     const UpdatePolicy& policy, bool stage);
   // A version read or received ahead into owned host memory, waiting for its activation: a
   // checkpoint (`weights`, from disk) or tensors (a tensor stream or a group receive; activated by
   // copying them into the served weights).

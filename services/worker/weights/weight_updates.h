@@ -284,6 +284,15 @@ class WeightUpdates {
                                                            const UpdatePolicy& policy, bool stage) {
     return absl::UnimplementedError("ReceiveDeltaWeights");
   }
+  // PrepareWeightsUpdate{parent_version}: the checks of ReceiveDeltaWeights (the parent served,
+  // the encodings bounded), then posts the receive of `buckets` (the encoded tensors as their
+  // payloads) while the engine keeps generating. Complete (or Complete{stage}) then builds the
+  // delta through the same path as ReceiveDeltaWeights: applied, or staged; nothing partial.
+  virtual absl::StatusOr<AdminOutcome> PrepareDeltaWeightsUpdate(const std::string& group_name,
+                                                                 WeightBuckets buckets,
+                                                                 GroupDelta delta) {
+    return absl::UnimplementedError("PrepareDeltaWeightsUpdate");
+  }
 };
 
 }  // namespace rl::worker

@@ -1,6 +1,6 @@
 """Smoke run of bench/routing/grpo_trace_bench.py: smallest sizes on stories260K, every policy
-of rl-router on both traces and SMG's two on the GRPO trace print a row with figures, and no
-process is left behind."""
+of rl-router on both traces and SMG's two on the GRPO trace print a row with figures (the
+default math-tir shape; search-r1 once), and no process is left behind."""
 
 import re
 import subprocess
@@ -27,6 +27,17 @@ def test_prints_every_row():
     # 2 samples x 2 turns = 4 requests per run, all served.
     for m in re.finditer(rf"(?:rl-router|smg) \w+{ROW}", r.stdout):
         assert sum(int(x) for x in m.group(0).split()[-1].split("/")) == 4, m.group(0)
+
+
+def test_search_r1_trace_runs():
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "routing" / "grpo_trace_bench.py"), "--build",
+         str(BUILD), "--model", str(STORIES), "--quick", "--trace", "search-r1", "--no-smg",
+         "--no-skewed", "--policies", "affinity"],
+        capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "trace search-r1" in r.stdout and "GRPO trace (search-r1)" in r.stdout, r.stdout
+    assert re.search(rf"rl-router affinity{ROW}", r.stdout), r.stdout
 
 
 def test_rejects_out_of_range_sizes():

@@ -1,6 +1,8 @@
 #include "common/weight_sync/bucket_plan.h"
 
 #include <set>
+#include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -56,6 +58,43 @@ TEST(BucketPlanTest, JsonLineRoundTrips) {
   EXPECT_TRUE((*specs)[1].shape.empty());
   EXPECT_TRUE(absl::IsInvalidArgument(ParseBucketJson("listening on x").status()));
   EXPECT_TRUE(absl::IsInvalidArgument(ParseBucketJson("{\"done\":true}").status()));
+}
+
+// A delta bucket's line (issue 30): the tensors as listed (their own dtype and shape, not the
+// U8 payload they travel as), their encodings, counts and payload bytes, and the parent version.
+TEST(BucketPlanTest, DeltaLineRoundTrips) {
+  const std::vector<uint8_t> a(7), b(40);
+  Bucket bucket;
+  bucket.specs = {{"w.a", "U8", {7}}, {"w.b", "F32", {2, 5}}};
+  bucket.data = {absl::MakeConstSpan(a), absl::MakeConstSpan(b)};
+  bucket.bytes = 47;
+  bucket.listed = {{"w.a", "BF16", {3, 4}}, {"w.b", "F32", {2, 5}}};
+  bucket.encodings = {"xor", "dense"};
+  bucket.delta_counts = {5, 0};
+  auto parsed = ParseBucketLine(BucketJson(bucket, 0, 1, 6));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  ASSERT_EQ(parsed->specs.size(), 2u);
+  EXPECT_EQ(parsed->specs[0].dtype, "BF16");
+  EXPECT_EQ(parsed->specs[0].shape, (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(parsed->encodings, (std::vector<std::string>{"xor", "dense"}));
+  EXPECT_EQ(parsed->delta_counts, (std::vector<int64_t>{5, 0}));
+  EXPECT_EQ(parsed->payload_bytes, (std::vector<int64_t>{7, 40}));
+  EXPECT_EQ(parsed->parent_version, 6);
+  // A dense line carries none of it.
+  bucket.listed.clear();
+  parsed = ParseBucketLine(BucketJson(bucket, 0, 1));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_TRUE(parsed->encodings.empty());
+  EXPECT_EQ(parsed->parent_version, -1);
+  // Lists that do not cover every name, and a negative parent, are refused.
+  EXPECT_FALSE(ParseBucketLine(R"({"names": ["a"], "dtypes": ["F32"], "shapes": [[1]],
+      "encodings": ["xor", "xor"], "delta_counts": [1], "payload_bytes": [2]})")
+                   .ok());
+  EXPECT_FALSE(ParseBucketLine(R"({"names": ["a"], "dtypes": ["F32"], "shapes": [[1]],
+      "encodings": ["xor"]})")
+                   .ok());
+  EXPECT_FALSE(
+      ParseBucketLine(R"({"names": [], "dtypes": [], "shapes": [], "parent_version": -2})").ok());
 }
 
 }  // namespace

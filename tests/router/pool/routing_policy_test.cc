@@ -29,6 +29,13 @@ TEST(RoutingPolicyTest, RefusesBadOptionsNamingTheFlag) {
     EXPECT_NE(s.message().find("--load-factor"), std::string::npos);
   }
   EXPECT_TRUE(ValidatePolicyOptions({"affinity", 1.0}).ok());
+  for (int32_t slack : {-1, 1000001}) {
+    auto s = ValidatePolicyOptions({"affinity", 1.25, slack});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << slack;
+    EXPECT_NE(s.message().find("--load-slack"), std::string::npos);
+  }
+  EXPECT_TRUE(ValidatePolicyOptions({"affinity", 1.25, 0}).ok());
+  EXPECT_EQ(PolicyOptions{}.load_slack, 8);
 }
 
 }  // namespace

@@ -441,7 +441,7 @@ TEST(WorkerPoolTest, FleetWeightsReachObserversAndBehindWorkersAreHandedToCatchU
 // A lease holds its request's samples as load; the pool counts picks, keyed picks, moves and
 // the load spread after each pick (routing metrics, docs/routing.md "Policies").
 TEST(WorkerPoolTest, LeasesCarryTheirSamplesAndPicksAreCounted) {
-  auto policy = MakeRoutingPolicy({"affinity", 1.25});
+  auto policy = MakeRoutingPolicy({"affinity", 1.25, /*load_slack=*/0});  // the relative bound
   ASSERT_TRUE(policy.ok());
   WorkerPool pool(Manual(), *std::move(policy));
   EXPECT_STREQ(pool.policy_name(), "affinity");

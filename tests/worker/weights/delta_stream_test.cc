@@ -15,7 +15,10 @@
 //     after `end` before the half-close (cancelled) stages nothing and leaves the served
 //     checksum as it was; the same for a staged delta group receive (the trainer dies before the
 //     first bucket or after any bucket, or broadcasts a payload cut at a random byte offset, or
-//     a corrupted one);
+//     a corrupted one), staged or applied;
+//   - the tcp group tests run twice: one ReceiveWeights call, and the two-phase
+//     PrepareWeightsUpdate{parent_version} / CompleteWeightsUpdate (the parent checked at Prepare,
+//     and again at Complete when another version was activated in between);
 //   - GetServerInfo's staged_weights_sha256 / staged_parent_version for a staged delta.
 #include <algorithm>
 #include <cstring>
@@ -419,8 +422,11 @@ TEST_F(DeltaStreamTest, AStagedDeltaStreamCutAnywhereStagesNothing) {
 
 // ---- the tcp group ----
 
-class DeltaGroupTest : public ::testing::Test {
+// A worker and a tcp group "train" with this process as rank 0; two_phase(): receives through
+// Prepare / Complete, else one ReceiveWeights call.
+class DeltaGroupBase : public ::testing::Test {
  protected:
+  virtual bool two_phase() const = 0;
   void SetUp() override {
     worker_ = std::make_unique<Worker>(Stories());
     ASSERT_TRUE(worker_->ok());
@@ -497,8 +503,10 @@ class DeltaGroupTest : public ::testing::Test {
   }
 
   // Starts the receive, broadcasts the first `buckets` buckets (all: -1), returns the call's
-  // status; with `close_after` the trainer then dies.
+  // status; with `close_after` the trainer then dies. Two-phase: Prepare (answered once the
+  // receive is posted), the broadcast, then Complete with the request's version and stage.
   grpc::Status Receive(const Wire& w, int buckets, bool close_after, rl::v1::AdminResponse* resp) {
+    if (two_phase()) return PrepareComplete(w, buckets, close_after, resp);
     auto call = std::async(std::launch::async,
                            [&] { return worker_->Call(&Stub::ReceiveWeights, w.request, resp); });
     const size_t n = buckets < 0 ? w.specs.size() : static_cast<size_t>(buckets);
@@ -509,11 +517,56 @@ class DeltaGroupTest : public ::testing::Test {
     return call.get();
   }
 
+  static rl::v1::PrepareWeightsUpdateRequest PrepareOf(const Wire& w) {
+    rl::v1::PrepareWeightsUpdateRequest prepare;
+    prepare.set_group_name(w.request.group_name());
+    *prepare.mutable_buckets() = w.request.buckets();
+    if (w.request.has_parent_version()) prepare.set_parent_version(w.request.parent_version());
+    prepare.set_manifest_json(w.request.manifest_json());
+    return prepare;
+  }
+  grpc::Status Complete(const Wire& w, rl::v1::AdminResponse* resp) {
+    rl::v1::CompleteWeightsUpdateRequest complete;
+    complete.set_group_name(w.request.group_name());
+    if (w.request.has_weight_version()) complete.set_weight_version(w.request.weight_version());
+    complete.set_stage(w.request.stage());
+    return worker_->Call(&Stub::CompleteWeightsUpdate, complete, resp);
+  }
+  grpc::Status PrepareComplete(const Wire& w, int buckets, bool close_after,
+                               rl::v1::AdminResponse* resp) {
+    const grpc::Status prepared = worker_->Call(&Stub::PrepareWeightsUpdate, PrepareOf(w), resp);
+    if (!prepared.ok()) return prepared;
+    EXPECT_TRUE(resp->ready());
+    const size_t n = buckets < 0 ? w.specs.size() : static_cast<size_t>(buckets);
+    for (size_t i = 0; i < n; ++i) {
+      if (!sender_->Broadcast(w.specs[i], w.data[i]).ok()) break;
+    }
+    if (close_after) sender_->Close();
+    return Complete(w, resp);
+  }
+
   std::unique_ptr<Worker> worker_;
   std::unique_ptr<weight_sync::WeightSender> sender_;
 };
 
-TEST_F(DeltaGroupTest, RandomDeltaReceivesEqualTheDenseState) {
+// GetParam(): the two-phase Prepare / Complete receive, else one ReceiveWeights call.
+class DeltaGroupTest : public DeltaGroupBase, public ::testing::WithParamInterface<bool> {
+ protected:
+  bool two_phase() const override { return GetParam(); }
+};
+
+// The two-phase receive only (what happens between Prepare and Complete).
+class DeltaPrepareTest : public DeltaGroupBase {
+ protected:
+  bool two_phase() const override { return true; }
+};
+
+INSTANTIATE_TEST_SUITE_P(Receive, DeltaGroupTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "PrepareComplete" : "OneCall";
+                         });
+
+TEST_P(DeltaGroupTest, RandomDeltaReceivesEqualTheDenseState) {
   State state = ReadState(Stories());
   std::mt19937 rng(5);
   for (int step = 1; step <= 6; ++step) {
@@ -539,14 +592,87 @@ TEST_F(DeltaGroupTest, RandomDeltaReceivesEqualTheDenseState) {
   State next = state;
   const Wire w = WireOf(RandomStep(&next, rng), 2, 9, true, "");
   rl::v1::AdminResponse resp;
-  const grpc::Status s = worker_->Call(&Stub::ReceiveWeights, w.request, &resp);
+  const grpc::Status s = two_phase()
+                             ? worker_->Call(&Stub::PrepareWeightsUpdate, PrepareOf(w), &resp)
+                             : worker_->Call(&Stub::ReceiveWeights, w.request, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_NE(s.error_message().find("applies to version 2"), std::string::npos);
+  EXPECT_NE(s.error_message().find("serves version 6"), std::string::npos);
   worker_->ExpectServes(state, 6);
 }
 
-// A staged delta receive cut anywhere stages nothing and leaves the served weights as they were.
-TEST_F(DeltaGroupTest, AStagedDeltaReceiveCutAnywhereStagesNothing) {
+// Prepared against the served version, then another version is activated before Complete: the
+// Complete refuses (naming both versions), applies and stages nothing; the group stays usable.
+TEST_F(DeltaPrepareTest, AParentThatMovedBeforeCompleteIsRefused) {
+  State state = ReadState(Stories());
+  std::mt19937 rng(23);
+  for (const bool stage : {false, true}) {
+    SCOPED_TRACE(stage ? "stage" : "apply");
+    const int64_t served = worker_->server().weight_version();
+    State next = state;
+    const std::vector<Change> changes = RandomStep(&next, rng);
+    Wire w = WireOf(changes, served, served + 2, stage, "");
+    rl::v1::AdminResponse resp;
+    grpc::Status s = worker_->Call(&Stub::PrepareWeightsUpdate, PrepareOf(w), &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    // Another version (the same tensors, whole) is served meanwhile.
+    std::vector<Change> whole = changes;
+    for (Change& c : whole) c.delta.reset();
+    Request bump;
+    bump.set_weight_version(served + 1);
+    ASSERT_TRUE(
+        worker_->Send(::rl::testing::StreamMessages(ChunksOf(whole, rng), bump), &resp).ok());
+    state = next;
+    for (size_t i = 0; i < w.specs.size(); ++i) {
+      ASSERT_TRUE(sender_->Broadcast(w.specs[i], w.data[i]).ok());
+    }
+    s = Complete(w, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_NE(s.error_message().find(absl::StrCat("its parent is version ", served)),
+              std::string::npos)
+        << s.error_message();
+    EXPECT_NE(s.error_message().find(absl::StrCat("serves version ", served + 1)),
+              std::string::npos)
+        << s.error_message();
+    worker_->ExpectServes(state, served + 1);
+  }
+  // The group is still in step: a delta of the served version goes through.
+  const int64_t served = worker_->server().weight_version();
+  const std::vector<Change> changes = RandomStep(&state, rng);  // the wire's spans point here
+  const Wire w = WireOf(changes, served, served + 1, false, "");
+  rl::v1::AdminResponse resp;
+  const grpc::Status s = Receive(w, -1, false, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  worker_->ExpectServes(state, served + 1);
+}
+
+// A Complete refused before the received delta is used (a version its manifest does not name)
+// keeps the prepared receive: the retry with the right version applies it.
+TEST_F(DeltaPrepareTest, ACompleteRefusedEarlyKeepsThePreparedDelta) {
+  State state = ReadState(Stories());
+  std::mt19937 rng(29);
+  const std::vector<Change> changes = RandomStep(&state, rng);
+  Wire w = WireOf(changes, 0, 1, false, ManifestToJson(ManifestOf(state, 1, 0)));
+  rl::v1::AdminResponse resp;
+  ASSERT_TRUE(worker_->Call(&Stub::PrepareWeightsUpdate, PrepareOf(w), &resp).ok());
+  for (size_t i = 0; i < w.specs.size(); ++i) {
+    ASSERT_TRUE(sender_->Broadcast(w.specs[i], w.data[i]).ok());
+  }
+  Wire wrong = w;
+  wrong.request.set_weight_version(7);
+  grpc::Status s = Complete(wrong, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("prepared update is kept"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(worker_->server().weight_version(), 0);
+  s = Complete(w, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  worker_->ExpectServes(state, 1);
+}
+
+// A delta receive cut anywhere, staged or applied, stages and applies nothing and leaves the
+// served weights as they were.
+TEST_P(DeltaGroupTest, ADeltaReceiveCutAnywhereChangesNothing) {
   const State state = ReadState(Stories());
   std::mt19937 rng(11);
   State next = state;
@@ -561,40 +687,45 @@ TEST_F(DeltaGroupTest, AStagedDeltaReceiveCutAnywhereStagesNothing) {
     }
   }
   const std::string manifest = ManifestToJson(ManifestOf(next, 1, 0));
-  const Wire w = WireOf(changes, 0, 1, true, manifest);
-  // The trainer dies before the first bucket, or after any bucket but the last.
-  for (size_t k = 0; k < changes.size(); ++k) {
-    SCOPED_TRACE(absl::StrCat("trainer dies after ", k, " buckets"));
-    rl::v1::AdminResponse resp;
-    const grpc::Status s = Receive(w, static_cast<int>(k), true, &resp);
-    EXPECT_FALSE(s.ok());
-    EXPECT_NE(s.error_message().find("nothing is staged"), std::string::npos) << s.error_message();
-    worker_->ExpectServes(state, 0);
-    Join();
-  }
-  // A payload cut at a random byte offset (the bucket no longer matches what was announced), and
-  // a corrupted one (a flipped byte: refused when applied or verified).
-  for (int round = 0; round < 4; ++round) {
-    SCOPED_TRACE(absl::StrCat("payload round ", round));
-    std::vector<std::vector<uint8_t>> payloads;
-    for (const Change& c : changes) payloads.push_back(c.delta->payload);
-    const size_t i = rng() % payloads.size();
-    Wire cut = w;
-    if (payloads[i].empty()) payloads[i].push_back(0);
-    if (round % 2 == 0) {
-      payloads[i].resize(rng() % payloads[i].size());
-    } else {
-      payloads[i][rng() % payloads[i].size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+  for (const bool stage : {true, false}) {
+    SCOPED_TRACE(stage ? "staged" : "applied");
+    const Wire w = WireOf(changes, 0, 1, stage, manifest);
+    const std::string nothing = stage ? "nothing is staged" : "nothing was applied";
+    // The trainer dies before the first bucket, or after any bucket but the last.
+    for (size_t k = 0; k < changes.size(); ++k) {
+      SCOPED_TRACE(absl::StrCat("trainer dies after ", k, " buckets"));
+      rl::v1::AdminResponse resp;
+      const grpc::Status s = Receive(w, static_cast<int>(k), true, &resp);
+      EXPECT_FALSE(s.ok());
+      EXPECT_NE(s.error_message().find(nothing), std::string::npos) << s.error_message();
+      worker_->ExpectServes(state, 0);
+      Join();
     }
-    cut.specs[i] = {{changes[i].name, "U8", {static_cast<int64_t>(payloads[i].size())}}};
-    for (size_t j = 0; j < payloads.size(); ++j) cut.data[j] = {absl::MakeConstSpan(payloads[j])};
-    rl::v1::AdminResponse resp;
-    const grpc::Status s =
-        Receive(cut, round % 2 == 0 ? static_cast<int>(i) + 1 : -1, round % 2 == 0, &resp);
-    EXPECT_FALSE(s.ok());
-    worker_->ExpectServes(state, 0);
-    Join();
+    // A payload cut at a random byte offset (the bucket no longer matches what was announced), and
+    // a corrupted one (a flipped byte: refused when applied or verified).
+    for (int round = 0; round < 4; ++round) {
+      SCOPED_TRACE(absl::StrCat("payload round ", round));
+      std::vector<std::vector<uint8_t>> payloads;
+      for (const Change& c : changes) payloads.push_back(c.delta->payload);
+      const size_t i = rng() % payloads.size();
+      Wire cut = w;
+      if (payloads[i].empty()) payloads[i].push_back(0);
+      if (round % 2 == 0) {
+        payloads[i].resize(rng() % payloads[i].size());
+      } else {
+        payloads[i][rng() % payloads[i].size()] ^= static_cast<uint8_t>(1 + rng() % 255);
+      }
+      cut.specs[i] = {{changes[i].name, "U8", {static_cast<int64_t>(payloads[i].size())}}};
+      for (size_t j = 0; j < payloads.size(); ++j) cut.data[j] = {absl::MakeConstSpan(payloads[j])};
+      rl::v1::AdminResponse resp;
+      const grpc::Status s =
+          Receive(cut, round % 2 == 0 ? static_cast<int>(i) + 1 : -1, round % 2 == 0, &resp);
+      EXPECT_FALSE(s.ok());
+      worker_->ExpectServes(state, 0);
+      Join();
+    }
   }
+  const Wire w = WireOf(changes, 0, 1, true, manifest);
   // The whole receive stages, verified against its manifest.
   rl::v1::AdminResponse resp;
   const grpc::Status s = Receive(w, -1, false, &resp);

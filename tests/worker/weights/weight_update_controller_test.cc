@@ -345,8 +345,10 @@ TEST_F(WeightUpdateControllerTest, ACompleteThatFailsBeforeApplyingCanBeRetried)
   ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
   group_->Release(absl::DataLossError("fake checksum mismatch"));
   auto lost = updates_->CompleteWeightsUpdate("train", {});
-  EXPECT_EQ(lost.status().code(), absl::StatusCode::kDataLoss);
+  // Nothing changed: a refusal (the router keeps the worker routed), the cause named.
+  EXPECT_EQ(lost.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(lost.status().message(), HasSubstr("prepare again"));
+  EXPECT_THAT(lost.status().message(), HasSubstr("DATA_LOSS: fake checksum mismatch"));
   auto none = updates_->CompleteWeightsUpdate("train", {});
   EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(none.status().message(), HasSubstr("no prepared update"));

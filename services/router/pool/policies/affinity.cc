@@ -21,7 +21,7 @@ int64_t FindCandidate(absl::Span<const Candidate> candidates, std::string_view a
 }  // namespace
 
 Choice AffinityPolicy::Choose(const PickRequest& request, absl::Span<const Candidate> candidates) {
-  const LoadBound bound(candidates, request.units, load_factor_);
+  const LoadBound bound(candidates, request.units, load_factor_, load_slack_);
   Choice choice;
   // 1. The trajectory this prompt extends: of the workers holding all of it (usually one; two
   // when a turn was retried or replayed elsewhere), the least loaded within the bound.
@@ -45,27 +45,13 @@ Choice AffinityPolicy::Choose(const PickRequest& request, absl::Span<const Candi
       return choice;
     }
   }
-  // 2. The key's worker on the ring, or the next ones within the bound.
-  std::string key;
-  if (!request.routing_key.empty()) {
-    key = "k:";
-    key.append(request.routing_key);
-  } else if (!request.group_id.empty()) {
-    key = "g:";
-    key.append(request.group_id);
-  }
-  if (!key.empty()) {
-    ring_.Sync(candidates);
-    const int64_t i = ring_.Walk(StableHash(key), [&](size_t c) {
-      if (bound.Admits(candidates[c])) return true;
-      choice.moved = true;
-      return false;
-    });
-    if (i >= 0) {
-      choice.index = static_cast<size_t>(i);
-      choice.keyed = true;
-      return choice;
-    }
+  // 2. The key's worker (key_placement.h): a new key on the first worker in ring order at or
+  // below the mean load, a placed one where it was placed, within the bound.
+  if (const std::string key = PlacementKey(request); !key.empty()) {
+    Choice placed = placement_.Place(key, bound, candidates, request.exclude);
+    placed.moved = placed.moved || choice.moved;
+    if (placed.keyed) return placed;
+    choice.moved = placed.moved;
   }
   // 3. No preference (or every preferred worker is over the bound).
   choice.index = LeastLoadedIndex(candidates, turn_++);

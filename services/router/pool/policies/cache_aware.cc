@@ -1,6 +1,7 @@
 #include "services/router/pool/policies/cache_aware.h"
 
 #include <algorithm>
+#include <string>
 
 #include "services/router/pool/policies/least_load.h"
 #include "services/router/pool/policies/load_bound.h"
@@ -9,9 +10,17 @@ namespace rl::router {
 
 Choice CacheAwarePolicy::Choose(const PickRequest& request,
                                 absl::Span<const Candidate> candidates) {
-  const LoadBound bound(candidates, request.units, load_factor_);
+  const LoadBound bound(candidates, request.units, load_factor_, load_slack_);
   Choice choice;
   const size_t start = turn_++;
+  // A first turn with a key: the key's worker, so a group's samples share their question.
+  if (request.trajectory_tokens == 0) {
+    if (const std::string key = PlacementKey(request); !key.empty()) {
+      const Choice placed = placement_.Place(key, bound, candidates, request.exclude);
+      if (placed.keyed) return placed;
+      choice.moved = placed.moved;
+    }
+  }
   const absl::Span<const PrefixHolder> holders = request.prefix_holders;
   // Holders come longest first; take them a run of equal lengths at a time.
   for (size_t run = 0; run < holders.size();) {

@@ -11,9 +11,10 @@ namespace rl::router {
 absl::StatusOr<std::unique_ptr<RoutingPolicy>> MakeRoutingPolicy(const PolicyOptions& options) {
   if (absl::Status s = ValidatePolicyOptions(options); !s.ok()) return s;
   if (options.name == "least_load") return std::make_unique<LeastLoadPolicy>();
-  if (options.name == "affinity") return std::make_unique<AffinityPolicy>(options.load_factor);
+  if (options.name == "affinity")
+    return std::make_unique<AffinityPolicy>(options.load_factor, options.load_slack);
   if (options.name == "cache_aware") {
-    return std::make_unique<CacheAwarePolicy>(options.load_factor);
+    return std::make_unique<CacheAwarePolicy>(options.load_factor, options.load_slack);
   }
   return std::make_unique<RoundRobinPolicy>();
 }

@@ -5,7 +5,9 @@
 #include "services/router/pool/policies/affinity.h"
 
 #include <map>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -101,14 +103,14 @@ TEST(AffinityPolicyTest, WithoutKeyOrTrajectoryItIsLeastLoad) {
   EXPECT_FALSE(choice.moved);
 }
 
-// Only the joining worker's keys move to it; only the leaving worker's keys move away.
-TEST(AffinityPolicyTest, OnlyTheChangedWorkersKeysMove) {
-  AffinityPolicy p(1.25);
+// The ring: a joining worker takes only the keys whose walk now meets it first, a leaving one's
+// keys move and no other (fresh routers on an idle fleet place every key on its ring worker).
+TEST(AffinityPolicyTest, OnTheRingOnlyTheChangedWorkersKeysMove) {
   FakeFleet four({"a:1", "b:1", "c:1", "d:1"});
   const std::vector<std::string> keys = Keys(2000);
-  // d not there yet.
-  const auto before = Placement(p, four, keys, {"d:1"});
-  const auto joined = Placement(p, four, keys);
+  AffinityPolicy p1(1.25, 8), p2(1.25, 8), p3(1.25, 8);
+  const auto before = Placement(p1, four, keys, {"d:1"});  // d not there yet
+  const auto joined = Placement(p2, four, keys);
   int moved_to_d = 0;
   for (const auto& k : keys) {
     if (joined.at(k) != before.at(k)) {
@@ -118,8 +120,7 @@ TEST(AffinityPolicyTest, OnlyTheChangedWorkersKeysMove) {
   }
   EXPECT_GT(moved_to_d, 300);  // about a quarter
   EXPECT_LT(moved_to_d, 700);
-  // b leaves: its keys spread over the others, nobody else's key moves.
-  const auto left = Placement(p, four, keys, {"b:1"});
+  const auto left = Placement(p3, four, keys, {"b:1"});
   int moved = 0;
   for (const auto& k : keys) {
     if (joined.at(k) == "b:1") {
@@ -130,15 +131,43 @@ TEST(AffinityPolicyTest, OnlyTheChangedWorkersKeysMove) {
     }
   }
   EXPECT_GT(moved, 300);
-  // b back: exactly the old placement.
-  EXPECT_EQ(Placement(p, four, keys), joined);
+}
+
+// In one router a placed key stays where its cache is: a joining worker takes none of them (it
+// takes new keys), a leaving worker's keys are placed again and no other key moves.
+TEST(AffinityPolicyTest, PlacedKeysStayWhenAWorkerJoinsAndOnlyALeaversKeysMove) {
+  AffinityPolicy p(1.25, 8);
+  FakeFleet four({"a:1", "b:1", "c:1", "d:1"});
+  const std::vector<std::string> keys = Keys(2000);
+  const auto before = Placement(p, four, keys, {"d:1"});  // d not there yet
+  EXPECT_EQ(Placement(p, four, keys), before);            // d joined: no placed key moves
+  std::vector<std::string> fresh;
+  for (int i = 0; i < 2000; ++i) fresh.push_back(absl::StrCat("new-", i));
+  int on_d = 0;
+  for (const auto& [k, w] : Placement(p, four, fresh)) on_d += w == "d:1";
+  EXPECT_GT(on_d, 300);  // new keys: about a quarter on d (the ring, on an idle fleet)
+  EXPECT_LT(on_d, 700);
+  const auto left = Placement(p, four, keys, {"b:1"});
+  int moved = 0;
+  for (const auto& k : keys) {
+    if (before.at(k) == "b:1") {
+      EXPECT_NE(left.at(k), "b:1");
+      ++moved;
+    } else {
+      EXPECT_EQ(left.at(k), before.at(k)) << k;
+    }
+  }
+  EXPECT_GT(moved, 400);  // about a third
+  // b back: its old keys were placed again elsewhere and stay there; nothing else moves.
+  EXPECT_EQ(Placement(p, four, keys), left);
 }
 
 // 80% of the requests carry one of two hot keys and stay in flight: no worker ever goes past
 // the bound (load + units <= factor * mean after the pick, or it was idle), hot keys move.
 TEST(AffinityPolicyTest, BoundHoldsUnderASkewedKeySet) {
-  for (double factor : {1.0, 1.25, 2.0}) {
-    AffinityPolicy p(factor);
+  for (const auto& [factor, slack] : std::vector<std::pair<double, int32_t>>{
+           {1.0, 0}, {1.25, 0}, {2.0, 0}, {1.25, 8}, {1.0, 3}}) {
+    AffinityPolicy p(factor, slack);
     FakeFleet fleet({"a:1", "b:1", "c:1"});
     int moves = 0;
     for (int i = 0; i < 600; ++i) {
@@ -149,7 +178,8 @@ TEST(AffinityPolicyTest, BoundHoldsUnderASkewedKeySet) {
       std::vector<Candidate> c = fleet.Candidates();
       int64_t total = 0;
       for (const Candidate& x : c) total += x.load;
-      const double cap = factor * static_cast<double>(total + units) / 3.0;
+      const double mean = static_cast<double>(total + units) / 3.0;
+      const double cap = std::max(factor * mean, mean + slack);
       Choice choice;
       const std::string w = fleet.Pick(p, Keyed(key, units), /*take=*/false, &choice);
       const int32_t before = fleet.load(w);
@@ -158,7 +188,8 @@ TEST(AffinityPolicyTest, BoundHoldsUnderASkewedKeySet) {
       int32_t min_load = 1 << 30;
       for (const auto& a : fleet.addresses()) min_load = std::min(min_load, fleet.load(a));
       EXPECT_TRUE(before == 0 || before + units <= cap + 1e-9 || before == min_load)
-          << "factor " << factor << " pick " << i << " load " << before << " cap " << cap;
+          << "factor " << factor << " slack " << slack << " pick " << i << " load " << before
+          << " cap " << cap;
       fleet.load(w) += units;
       if (choice.moved) ++moves;
       // Requests finish now and then (the oldest load drains).
@@ -166,13 +197,13 @@ TEST(AffinityPolicyTest, BoundHoldsUnderASkewedKeySet) {
         for (const auto& a : fleet.addresses()) fleet.load(a) = fleet.load(a) * 3 / 4;
       }
     }
-    EXPECT_GT(moves, 0) << factor;
+    EXPECT_GT(moves, 0) << factor << " " << slack;
     int32_t hi = 0, total = 0;
     for (const auto& a : fleet.addresses()) {
       hi = std::max(hi, fleet.load(a));
       total += fleet.load(a);
     }
-    EXPECT_LE(hi, factor * total / 3.0 + 8) << factor;
+    EXPECT_LE(hi, std::max(factor * total / 3.0, total / 3.0 + slack) + 8) << factor;
   }
 }
 
@@ -221,12 +252,12 @@ TEST(AffinityPolicyTest, AnExcludedWorkersKeysGoToTheNextOnTheRing) {
   }
 }
 
-// The GRPO burst: two groups of 8 samples sent together, as separate requests sharing each
-// group's id, none finished yet. The bound caps every worker at 1.25 x the mean (6 of 16 here),
-// so a group cannot gather on one worker; it bounds the most loaded worker only, so the least
-// loaded one may hold as few as 16 - 2 x 6 = 4.
-TEST(AffinityPolicyTest, AGroupBurstStaysWithinTheBound) {
-  AffinityPolicy p(1.25);
+// The GRPO burst with no slack (--load-slack 0): two groups of 8 samples sent together, as
+// separate requests sharing each group's id, none finished yet. The bound caps every worker at
+// 1.25 x the mean (6 of 16 here), so a group cannot gather on one worker; it bounds the most
+// loaded worker only, so the least loaded one may hold as few as 16 - 2 x 6 = 4.
+TEST(AffinityPolicyTest, WithoutSlackAGroupBurstStaysWithinTheRelativeBound) {
+  AffinityPolicy p(1.25, 0);
   FakeFleet fleet({"a:1", "b:1", "c:1"});
   int keyed = 0;
   for (int g = 0; g < 2; ++g) {
@@ -247,6 +278,51 @@ TEST(AffinityPolicyTest, AGroupBurstStaysWithinTheBound) {
   }
   EXPECT_EQ(total, 16);
   EXPECT_GT(keyed, 8);  // most samples still placed by their group's key
+}
+
+// A GRPO step: 6 groups of 8 samples sent at once, none finished. With the default slack each
+// group stays on one worker (8 over a mean of 8/3 at the first group's last sample), and new
+// groups go to the workers at or below the mean load: 2 groups on each worker, whatever the
+// groups' hashes (hashing alone puts 3 or more of 6 on one worker 7 times in 8).
+TEST(AffinityPolicyTest, AStepsGroupsSpreadByLoadAndStayTogether) {
+  for (int step = 0; step < 20; ++step) {
+    AffinityPolicy p(1.25, 8);
+    FakeFleet fleet({"a:1", "b:1", "c:1"});
+    for (int g = 0; g < 6; ++g) {
+      std::set<std::string> workers;
+      for (int s = 0; s < 8; ++s) {
+        PickRequest r;
+        const std::string group = absl::StrCat("step-", step, "-group-", g);
+        r.group_id = group;
+        Choice choice;
+        workers.insert(fleet.Pick(p, r, /*take=*/true, &choice));
+        EXPECT_TRUE(choice.keyed);
+        EXPECT_FALSE(choice.moved);
+      }
+      EXPECT_EQ(workers.size(), 1u) << "step " << step << " group " << g;
+    }
+    for (const auto& a : fleet.addresses()) EXPECT_EQ(fleet.load(a), 16) << a << " " << step;
+  }
+}
+
+// A hot key under the slack: it stays on its worker up to `slack` samples above the mean, then
+// walks on along the ring; no worker ever goes past max(1.25 x mean, mean + 8).
+TEST(AffinityPolicyTest, AHotKeyFillsItsWorkerUpToTheSlackThenSpreads) {
+  AffinityPolicy p(1.25, 8);
+  FakeFleet fleet({"a:1", "b:1", "c:1"});
+  std::string home;
+  int moves = 0;
+  for (int i = 0; i < 60; ++i) {
+    Choice choice;
+    const std::string w = fleet.Pick(p, Keyed("hot"), /*take=*/true, &choice);
+    if (i == 0) home = w;
+    if (choice.moved) ++moves;
+    EXPECT_TRUE(choice.keyed);
+  }
+  // 60 in flight: mean 20, so the hot key's worker holds 28; every other pick moved.
+  EXPECT_EQ(fleet.load(home), 28);
+  EXPECT_EQ(moves, 32);
+  for (const auto& a : fleet.addresses()) EXPECT_LE(fleet.load(a), 28) << a;
 }
 
 // A trajectory held whole by two workers (a turn retried elsewhere): the less loaded one.

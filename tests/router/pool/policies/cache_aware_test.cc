@@ -3,6 +3,7 @@
 #include "services/router/pool/policies/cache_aware.h"
 
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -97,6 +98,57 @@ TEST(CacheAwarePolicyTest, AWidelySharedPrefixDoesNotBuildAHotWorker) {
   EXPECT_GT(moves, 0);
   EXPECT_LE(fleet.load("a:1"), 1.25 * 30 + 1);
   EXPECT_GE(fleet.load("a:1"), 30);
+}
+
+// A group's first turn: its samples share the question, which no worker holds yet (the tree
+// knows only the system prompt, everywhere). By the group's key they all go to one worker
+// (without it, least load spreads them and each worker prefills the question); groups spread by
+// load. A later turn (its prompt extends a cached trajectory) follows the tree, not the key.
+TEST(CacheAwarePolicyTest, AGroupsFirstTurnGoesTogetherThenTheTree) {
+  CacheAwarePolicy p(1.25, 8);
+  FakeFleet fleet({"a:1", "b:1", "c:1"});
+  const PrefixHolder system[] = {{"a:1", 100}, {"b:1", 100}, {"c:1", 100}};
+  std::map<std::string, int> groups_per_worker;
+  for (int g = 0; g < 6; ++g) {
+    std::set<std::string> workers;
+    const std::string group = "group-" + std::to_string(g);
+    for (int s = 0; s < 8; ++s) {
+      PickRequest r = WithHolders(system);
+      r.group_id = group;
+      Choice choice;
+      workers.insert(fleet.Pick(p, r, /*take=*/true, &choice));
+      EXPECT_TRUE(choice.keyed);
+      EXPECT_FALSE(choice.moved);
+    }
+    ASSERT_EQ(workers.size(), 1u) << group;
+    ++groups_per_worker[*workers.begin()];
+  }
+  EXPECT_EQ(groups_per_worker, (std::map<std::string, int>{{"a:1", 2}, {"b:1", 2}, {"c:1", 2}}));
+  // Turn 2 of a sample of group-0 whose turn 1 ran elsewhere (a retry): its history's worker.
+  std::string other;
+  for (const auto& a : fleet.addresses()) {
+    PickRequest first = WithHolders(system);
+    first.group_id = "group-0";
+    if (a != fleet.Pick(p, first)) other = a;
+  }
+  const PrefixHolder history[] = {{other, 700}, {"a:1", 100}, {"b:1", 100}, {"c:1", 100}};
+  PickRequest turn2 = WithHolders(history);
+  turn2.group_id = "group-0";
+  turn2.trajectory_tokens = 650;
+  EXPECT_EQ(fleet.Pick(p, turn2), other);
+}
+
+// A hot key's first turns (the skewed trace's 2 keys) spread once its worker is `slack` over
+// the mean: no worker past max(1.25 x mean, mean + 8).
+TEST(CacheAwarePolicyTest, AHotKeysFirstTurnsSpreadPastTheSlack) {
+  CacheAwarePolicy p(1.25, 8);
+  FakeFleet fleet({"a:1", "b:1", "c:1"});
+  for (int i = 0; i < 90; ++i) {
+    PickRequest r;
+    r.routing_key = i % 2 == 0 ? "hot-0" : "hot-1";
+    fleet.Pick(p, r, /*take=*/true);
+  }
+  for (const auto& a : fleet.addresses()) EXPECT_LE(fleet.load(a), 38) << a;  // 30 + 8
 }
 
 }  // namespace
