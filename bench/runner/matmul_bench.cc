@@ -3,7 +3,7 @@
 // other as in a checkpoint), against a read-only stream of the same buffer by the same threads.
 //
 //   matmul_bench [--threads N] [--rows 1,16,64] [--layers 28] [--reps 5] [--wall]
-//                [--bf16-products] [--shapes N:K,...]
+//                [--bf16-products] [--shapes N:K,...] [--huge-pages]
 //
 // Times are process CPU time by default (robust on a shared machine: another process running
 // does not count; use --threads 1 with it, as spinning pool workers also count) or wall-clock
@@ -11,6 +11,9 @@
 // GB/s of weights streamed, GFLOP/s, and the matmul time as a share of the read time.
 // --bf16-products runs the bf16-products kernels (kernels/cpu/matmul_bf16.h) instead; --shapes
 // replaces the layer's seven (n, k) shapes, e.g. --shapes 1024:3072 for the down projection;
+// --huge-pages puts the weights in 2 MiB pages (MADV_HUGEPAGE; the line "weights in huge pages"
+// says how much of them the kernel gave), else they are in 4 KiB pages as the loader maps them.
+#include <sys/mman.h>
 #include <time.h>
 
 #include <algorithm>
@@ -45,12 +48,51 @@ struct Shape {
 
 volatile uint64_t g_sink = 0;
 
+// kB of AnonHugePages in this process (/proc/self/smaps_rollup), -1 when unreadable.
+int64_t AnonHugeKb() {
+  FILE* f = std::fopen("/proc/self/smaps_rollup", "r");
+  if (f == nullptr) return -1;
+  char line[256];
+  int64_t kb = -1;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    long long v = 0;
+    if (std::sscanf(line, "AnonHugePages: %lld kB", &v) == 1) kb = v;
+  }
+  std::fclose(f);
+  return kb;
+}
+
+// `bytes` of anonymous memory at a 2 MiB boundary, in 4 KiB pages (MADV_NOHUGEPAGE) or, with
+// `huge`, in 2 MiB pages where the kernel has them (MADV_HUGEPAGE).
+struct Mapping {
+  Mapping(size_t size, bool huge) : bytes(size + (size_t{2} << 20)) {
+    base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) {
+      base = nullptr;
+      return;
+    }
+    const uintptr_t a = (reinterpret_cast<uintptr_t>(base) + (uintptr_t{2} << 20) - 1) &
+                        ~((uintptr_t{2} << 20) - 1);
+    data = reinterpret_cast<void*>(a);
+    (void)::madvise(data, size, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  }
+  ~Mapping() {
+    if (base != nullptr) ::munmap(base, bytes);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  size_t bytes;
+  void* base = nullptr;
+  void* data = nullptr;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int threads = 1, layers = 28, reps = 5;
   bool wall = false;
   bool bf16_products = false;
+  bool huge_pages = false;
   std::string rows_flag = "1,16,64";
   std::string shapes_flag;
   rl::FlagSet flags("matmul_bench");
@@ -61,6 +103,7 @@ int main(int argc, char** argv) {
   flags.Bool("wall", &wall, "wall-clock instead of process CPU time");
   flags.Bool("bf16-products", &bf16_products, "the bf16-products kernels (not exact)");
   flags.String("shapes", &shapes_flag, "comma-separated N:K weight shapes (default: a layer's)");
+  flags.Bool("huge-pages", &huge_pages, "weights in 2 MiB pages (MADV_HUGEPAGE)");
   if (std::optional<int> exit = flags.ParseMain(argc, argv)) return *exit;
   std::vector<int64_t> rows;
   for (absl::string_view part : absl::StrSplit(rows_flag, ',')) {
@@ -105,9 +148,14 @@ int main(int argc, char** argv) {
   for (const Shape& s : layer) per_layer += s.n * s.k;
   const int64_t elems = per_layer * layers;
   const int64_t bytes = elems * 2;
-  std::vector<uint16_t> w(static_cast<size_t>(elems));
+  Mapping mapping(static_cast<size_t>(bytes), huge_pages);
+  if (mapping.data == nullptr) {
+    std::fprintf(stderr, "matmul_bench: cannot map %lld bytes\n", static_cast<long long>(bytes));
+    return 1;
+  }
+  auto* w = static_cast<uint16_t*>(mapping.data);
   for (int64_t i = 0; i < elems; ++i) {  // bf16 values in [1, 2) of varied mantissas
-    w[static_cast<size_t>(i)] = static_cast<uint16_t>(0x3F80 + (i * 2654435761u >> 20) % 128);
+    w[i] = static_cast<uint16_t>(0x3F80 + (i * 2654435761u >> 20) % 128);
   }
   const int64_t max_m = *std::max_element(rows.begin(), rows.end());
   int64_t max_n = 0;
@@ -121,6 +169,8 @@ int main(int argc, char** argv) {
   std::printf("matmul_bench: %d threads, %d layers, %.0f MiB bf16 weights, %s time%s\n", threads,
               layers, static_cast<double>(bytes) / (1 << 20), wall ? "wall-clock" : "CPU",
               bf16_products ? ", bf16 products" : "");
+  std::printf("weights in huge pages: %lld of %lld MiB\n",
+              static_cast<long long>(AnonHugeKb() / 1024), static_cast<long long>(bytes >> 20));
   for (int64_t m : rows) {
     double best_mm = 1e30, best_read = 1e30;
     for (int rep = 0; rep < reps; ++rep) {
@@ -130,7 +180,7 @@ int main(int argc, char** argv) {
         for (const Shape& s : layer) {
           rl::kernels::MatmulParams p;
           p.x = x.data();
-          p.w = w.data() + off;
+          p.w = w + off;
           p.w_dtype = rl::model_io::DType::kBF16;
           p.y = y.data();
           p.m = m;
@@ -148,7 +198,7 @@ int main(int argc, char** argv) {
       t0 = Now(wall);
       pool.ParallelFor(threads, [&](int64_t b, int64_t e, int) {
         const int64_t lo = bytes * b / threads, hi = bytes * e / threads;
-        g_sink = g_sink ^ kc::XorWords(reinterpret_cast<const uint8_t*>(w.data()) + lo, hi - lo);
+        g_sink = g_sink ^ kc::XorWords(reinterpret_cast<const uint8_t*>(w) + lo, hi - lo);
       });
       best_read = std::min(best_read, Now(wall) - t0);
     }

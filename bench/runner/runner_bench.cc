@@ -9,6 +9,7 @@
 //                [--make-llama-8b=true|false] [--make-qwen3-moe-1b] [--batches 1,8,32]
 //                [--prompt-len N] [--decode-steps N] [--threads N] [--batch-invariant]
 //                [--bf16-products] [--prefill-reps N] [--decode-warmup N] [--op-profile]
+//                [--huge-pages=true|false]
 // With no --model it runs stories260K from $RL_TEST_DATA and a 0.5B-class random Qwen3 (bf16)
 // made into a temp dir; with --backend cuda also an 8B-class random Llama-3 (bf16), batches
 // 1,16,64,256 and 256-token prompts by default, and the nominal bf16 peak for the prefill.
@@ -139,6 +140,7 @@ struct Options {
   int threads = 0;
   bool batch_invariant = false;
   bool bf16_products = false;
+  bool huge_pages = true;
   bool op_profile = false;
 };
 
@@ -197,6 +199,9 @@ std::optional<int> ParseArgs(int argc, char** argv, Options* o) {
             "timed prefills after the warm-up; the mean is printed (llama-bench's -r)");
   flags.Int("threads", &o->threads, "CPU threads (0: all)");
   flags.Bool("batch-invariant", &o->batch_invariant, "batch-invariant GEMMs");
+  flags.Bool("huge-pages", &o->huge_pages,
+             "cpu: the served weights in 2 MiB pages (the worker's --cpu-huge-pages; the bench "
+             "waits until they are moved before it times anything)");
   flags.Bool("bf16-products", &o->bf16_products,
              "cpu: bf16 activations and products (the worker's --cpu-bf16-products; not exact)");
   flags.Bool("op-profile", &o->op_profile, "cpu: time per op and shape after each phase");
@@ -232,13 +237,17 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
   ro.num_kv_slots = static_cast<int64_t>(max_batch) * stride;
   ro.batch_invariant = o.batch_invariant;
   ro.cpu_bf16_products = o.bf16_products;
+  ro.cpu_huge_pages = o.huge_pages;
   ro.cpu_op_profile = o.op_profile && !cuda;
   rl::kernels::cpu::OpProfile* profile = nullptr;
+  std::optional<rl::model::HugePageCollapser::Stats> huge_pages;
   absl::StatusOr<std::unique_ptr<rl::model::ModelRunner>> runner;
   if (cuda) {
     runner = rl::model::CreateCudaModelRunner(ro);
   } else if (auto cpu = rl::model::CpuModelRunner::Create(ro); cpu.ok()) {
     profile = (*cpu)->op_profile();
+    // Nothing is timed while the weights move into 2 MiB pages (the worker serves meanwhile).
+    huge_pages = (*cpu)->WaitForHugePages();
     runner = std::unique_ptr<rl::model::ModelRunner>(std::move(*cpu));
   } else {
     runner = cpu.status();
@@ -267,6 +276,11 @@ int Bench(const std::string& name, const std::string& dir, const Options& o, dou
       cuda ? (o.batch_invariant ? "cuda, batch-invariant" : "cuda")
            : (std::to_string(o.threads) + " threads" + (o.bf16_products ? ", bf16 products" : ""))
                  .c_str());
+  if (huge_pages) {
+    std::printf("weights in 2 MiB pages: %.0f MiB (moved in %.2f s; %.0f MiB refused)\n",
+                static_cast<double>(huge_pages->collapsed_bytes) / (1 << 20), huge_pages->seconds,
+                static_cast<double>(huge_pages->refused_bytes) / (1 << 20));
+  }
   for (int batch : o.batches) {
     ForwardInput in;
     ForwardOutput out;

@@ -137,7 +137,7 @@ std::string KernelPlan::Describe() const {
   std::string out = absl::StrCat("exact matmul: Highway ", highway_target, " tiles");
   if (highway_target == "AVX3") {
     absl::StrAppend(&out,
-                    " (BF16 weights: hand-scheduled 6x4 / 2x8 / 1x8, 16 horizontal sums "
+                    " (BF16 weights: hand-scheduled 6x4 / 2x8, 1x4 for one row, 16 horizontal sums "
                     "at once)");
   }
   absl::StrAppend(&out, "; bf16 products: ");

@@ -144,6 +144,13 @@ HWY_INLINE void SumEach(DF d, const VF* v, float* sums) {
 // Columns (rows of W) per pass of a single row of x: one accumulator and one weight vector
 // each, so 8 on the 32-register targets and 4 on AVX2 (16 registers).
 constexpr int kGemvCols = HWY_TARGET == HWY_AVX2 ? 4 : 8;
+// Columns (rows of W) per tile of a lone row of x (batch-1 decode): 4, whose prefetch of the
+// next tile runs 8-24 KiB ahead (k = 1024-3072) over 4 row streams. With 8 (the 2-row tiles'
+// width) it ran 16-48 KiB ahead over 8 streams, and at k = 3072 a tile's lines were prefetched
+// one L1's worth ahead of their use: Zen 5, 1 thread, weights in 2 MiB pages, the m = 1 matmuls
+// of a layer at 79-80% of the read-only stream with 8, 86-87% with 4, 75-77% with 2 (prefetching
+// two tiles ahead instead: 77-78%). Which tile computes an element changes none of its bits.
+constexpr int kGemv1Cols = 4;
 // The many-row tiles: kGemmRows × kGemmCols accumulators, 6 × 4 on the 32-register targets
 // (24 accumulators + 4 weight vectors + x; measured 1.3-1.6x faster than 8 × 3, whose x
 // loads the compiler folds into every FMA) and 4 × 3 on AVX2.
@@ -184,8 +191,7 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
   RL_UNROLL for (int r = 0; r < kR; ++r) xrow[r] = x + (r0 + r) * k;
 #if HWY_TARGET == HWY_AVX3 && RL_HAVE_ASM_TILES
   // BF16 weights on AVX-512: the same operations from the asm loops of tiles_avx512.h.
-  if constexpr (kW == DType::kBF16 && kPrefetch &&
-                ((kR == 6 && kC == 4) || (kR == 2 && kC == 8) || (kR == 1 && kC == 8))) {
+  if constexpr (kW == DType::kBF16 && kPrefetch && ((kR == 6 && kC == 4) || (kR == 2 && kC == 8))) {
     if (kR > 2 || (span.first && span.last)) {
       HWY_ALIGN float mem[kR * kC * HWY_LANES(float)];
       avx512::TileLoopArgs a;
@@ -216,10 +222,8 @@ HWY_INLINE void Tile(const float* x, const void* w, float* y, int64_t r0, int64_
       a.reduce = span.last && kvec == k;  // no tail: the asm sums the accumulators
       if constexpr (kR == 6) {
         avx512::Exact6x4(a);
-      } else if constexpr (kR == 2) {
-        avx512::Exact2x8(a);
       } else {
-        avx512::Exact1x8(a);
+        avx512::Exact2x8(a);
       }
       if (!span.last) return;
       if (a.reduce) {
@@ -362,7 +366,7 @@ void MatmulSlab(const float* x, const void* w, float* y, int64_t m, int64_t n, i
   for (; r + 4 <= m; r += 4) RowBlock<kW, 4, kGemmCols>(x, w, y, r, n, k, s0, s1, carry);
   // Two rows at once (decode of a few sequences), streaming W once for both.
   for (; r + 2 <= m; r += 2) RowBlock<kW, 2, kGemvCols>(x, w, y, r, n, k, s0, s1, carry);
-  for (; r < m; ++r) RowBlock<kW, 1, kGemvCols>(x, w, y, r, n, k, s0, s1, carry);
+  for (; r < m; ++r) RowBlock<kW, 1, kGemv1Cols>(x, w, y, r, n, k, s0, s1, carry);
 }
 
 // Columns [c_begin, c_end) of all m rows. Column slabs keep a slice of W hot in cache while all

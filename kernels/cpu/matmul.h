@@ -9,10 +9,10 @@
 // reduction is never split across threads (blocks of rows run over a long k in chunks, their
 // accumulators carried in order).
 // Cost: m·n·k FMAs. Register tiles of 6 × 4 (rows of x × rows of W; 4 × 3 on AVX2), then
-// 4-, 2- and 1-row tiles for the rest (a 1- or 2-row tile takes 8 rows of W, 4 on AVX2), over
-// column slabs of W kept in L2; W is widened in registers (BF16 pairs: one shift or AND per
+// 4-, 2- and 1-row tiles for the rest (a 2-row tile takes 8 rows of W, 4 on AVX2; a 1-row tile 4),
+// over column slabs of W kept in L2; W is widened in registers (BF16 pairs: one shift or AND per
 // vector, against x packed to match once per call) and the next tile prefetched in address
-// order. On AVX-512 the BF16 6 × 4, 2 × 8 and 1 × 8 tiles run hand-scheduled asm loops
+// order. On AVX-512 the BF16 6 × 4 and 2 × 8 tiles run hand-scheduled asm loops
 // (tiles_avx512.h: the same operations) and end with 16 horizontal sums at a time
 // (reduce_avx512.h: the same additions); a scalar model of the arithmetic is tested bit for bit.
 #pragma once

@@ -77,6 +77,10 @@ int main(int argc, char** argv) {
              "cpu: matmuls of bf16 weights round activations to bf16 and add bf16 products "
              "(AVX512-BF16 vdpbf16ps, like a bf16 trainer): faster prefill, NOT exact (see the "
              "README's performance section for the logprob difference); off by default");
+  flags.Bool("cpu-huge-pages", &config.cpu_huge_pages,
+             "cpu: after every load or weight swap, move the served weights into 2 MiB pages "
+             "on a background thread at nice 19 (MADV_COLLAPSE; decode streams them, and a TLB "
+             "miss per 4 KiB page cost it ~10%); --cpu-huge-pages=false keeps 4 KiB pages");
   flags.Bool("disable-cuda-graph", &config.disable_cuda_graph,
              "cuda: run decode steps eagerly instead of replaying captured CUDA graphs");
   flags.Int("threads", &config.num_threads, "compute threads (0: all cores)");

@@ -41,6 +41,7 @@ struct WorkerConfig {
   bool allow_non_finite_weights = false;    // load checkpoints holding NaN / Inf
   int staging_nice = 10;  // a disk stage's read runs this much nicer than the engine (0..19)
   bool cpu_bf16_products = false;       // RunnerOptions::cpu_bf16_products (not exact; off)
+  bool cpu_huge_pages = true;           // RunnerOptions::cpu_huge_pages
   std::string kv_cache_dtype = "auto";  // auto | float32 | bfloat16 (cuda only)
   int num_threads = 0;                  // 0: all cores
   int max_running_requests = 256;

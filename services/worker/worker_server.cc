@@ -105,6 +105,7 @@ absl::StatusOr<std::unique_ptr<WorkerServer>> WorkerServer::Start(const WorkerCo
   runner_options.cuda_graphs = !config.disable_cuda_graph;
   runner_options.reserve_update_buffers = !config.no_update_buffers;
   runner_options.cpu_bf16_products = config.cpu_bf16_products;
+  runner_options.cpu_huge_pages = config.cpu_huge_pages;
   runner_options.kv_cache_dtype = config.kv_cache_dtype;
   const auto make_runner = use_cuda ? model::CreateCudaModelRunner : model::CreateCpuModelRunner;
   const std::string spill_dir =

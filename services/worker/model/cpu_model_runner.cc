@@ -2,6 +2,7 @@
 
 #include <mutex>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -24,6 +25,7 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   auto r = std::unique_ptr<CpuModelRunner>(new CpuModelRunner());
   ASSIGN_OR_RETURN(r->config_, model_io::LoadModelConfig(options.model_dir));
   r->page_size_ = options.page_size;
+  r->huge_pages_enabled_ = options.cpu_huge_pages;
   ASSIGN_OR_RETURN(r->weights_, LoadWeights(options.model_dir, r->config_));
   if (options.reserve_update_buffers) r->weights_->ReserveUpdateBuffers();
   int64_t slots = options.num_kv_slots;
@@ -46,7 +48,16 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
                  kernels::cpu::GetKernelPlan().Describe());
   });
   ASSIGN_OR_RETURN(r->transformer_, Transformer::Create(r->config_, r->backend_.get(), slots));
+  r->CollapseServedWeights();
   return r;
+}
+
+void CpuModelRunner::CollapseServedWeights() {
+  if (!huge_pages_enabled_) return;
+  std::vector<absl::Span<const uint8_t>> ranges;
+  weights_->Visit(
+      [&](const TensorInfo&, absl::Span<const uint8_t> bytes) { ranges.push_back(bytes); });
+  huge_pages_.Collapse(ranges);
 }
 
 absl::Status CpuModelRunner::Forward(const ForwardInput& in, ForwardOutput* out) {
@@ -81,6 +92,7 @@ absl::Status CpuModelRunner::ActivateWeights(std::unique_ptr<Weights>* weights,
   // A pointer swap: the weights served before go back to the caller, who frees them after the
   // pause (freeing a model's pages here would hold the engine thread for milliseconds per GB).
   std::swap(weights_, *weights);
+  CollapseServedWeights();
   return absl::OkStatus();
 }
 
@@ -90,6 +102,7 @@ absl::Status CpuModelRunner::SwapWeights(std::unique_ptr<Weights> weights) {
     return absl::InvalidArgumentError(absl::StrCat("SwapWeights: ", s.message()));
   }
   weights_ = std::move(weights);
+  CollapseServedWeights();
   return absl::OkStatus();
 }
 

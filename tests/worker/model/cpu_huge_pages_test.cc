@@ -1,0 +1,163 @@
+// HugePageCollapser: which regions it works on, that collapsing never changes a byte, that a new
+// job replaces the one in progress, and that destroying it mid-job returns; CpuModelRunner starts
+// a job at creation and at every weight swap, and none with cpu_huge_pages off.
+#include "services/worker/model/cpu_huge_pages.h"
+
+#include <sys/mman.h>
+
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <vector>
+
+#include "common/model_io/model_maker.h"
+#include "gtest/gtest.h"
+#include "services/worker/model/cpu_model_runner.h"
+#include "services/worker/model/weights.h"
+#include "tests/worker/model/test_util.h"
+
+namespace rl::model {
+namespace {
+
+constexpr size_t kHuge = size_t{2} << 20;
+
+// `size` bytes of anonymous memory at a 2 MiB boundary, in 4 KiB pages, filled with a pattern.
+class Buffer {
+ public:
+  explicit Buffer(size_t size) : size_(size), mapped_(size + kHuge) {
+    base_ = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    EXPECT_NE(base_, MAP_FAILED);
+    const auto a = (reinterpret_cast<uintptr_t>(base_) + kHuge - 1) / kHuge * kHuge;
+    data_ = reinterpret_cast<uint8_t*>(a);
+    (void)::madvise(data_, size_, MADV_NOHUGEPAGE);
+    for (size_t i = 0; i < size_; ++i) data_[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+    (void)::madvise(data_, size_, MADV_HUGEPAGE);  // MADV_COLLAPSE needs no more than this
+  }
+  ~Buffer() { ::munmap(base_, mapped_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+
+  uint8_t* data() { return data_; }
+  absl::Span<const uint8_t> span(size_t begin, size_t end) const {
+    return absl::Span<const uint8_t>(data_ + begin, end - begin);
+  }
+  bool Intact() const {
+    for (size_t i = 0; i < size_; ++i) {
+      if (data_[i] != static_cast<uint8_t>(i * 2654435761u >> 13)) return false;
+    }
+    return true;
+  }
+
+ private:
+  size_t size_;
+  size_t mapped_;
+  void* base_ = nullptr;
+  uint8_t* data_ = nullptr;
+};
+
+TEST(HugePageCollapserTest, RegionsAreAlignedAndInsideTheJoinedRanges) {
+  Buffer b(5 * kHuge);
+  const uint8_t* base = b.data();
+  // Two ranges 1 KiB apart (joined), covering [100, 10 MiB - 7): the three whole 2 MiB regions
+  // from 2 MiB on.
+  auto regions =
+      HugePageCollapser::Regions({b.span(3 * kHuge, 5 * kHuge - 7), b.span(100, 3 * kHuge - 1024)});
+  ASSERT_EQ(regions.size(), 3u);
+  for (size_t i = 0; i < regions.size(); ++i) {
+    EXPECT_EQ(regions[i].data(), base + (i + 1) * kHuge);
+    EXPECT_EQ(regions[i].size(), kHuge);
+  }
+  // 8 KiB apart: not joined, and neither part holds a whole aligned region.
+  EXPECT_TRUE(
+      HugePageCollapser::Regions({b.span(4096, kHuge + 4096), b.span(kHuge + 12288, 2 * kHuge + 8)})
+          .empty());
+  // Exactly aligned, empty spans ignored.
+  EXPECT_EQ(HugePageCollapser::Regions({b.span(0, 4 * kHuge), b.span(7, 7)}).size(), 4u);
+  EXPECT_TRUE(HugePageCollapser::Regions({}).empty());
+}
+
+TEST(HugePageCollapserTest, CollapsesWithoutChangingAByte) {
+  Buffer b(4 * kHuge);
+  HugePageCollapser c;
+  EXPECT_EQ(c.Wait().jobs, 0);  // no job: returns at once
+  c.Collapse({b.span(0, 4 * kHuge)});
+  const HugePageCollapser::Stats s = c.Wait();
+  EXPECT_EQ(s.jobs, 1);
+  // Every region is accounted for; the kernel may refuse (old kernel, THP off), never corrupt.
+  EXPECT_EQ(s.collapsed_bytes + s.refused_bytes, static_cast<int64_t>(4 * kHuge));
+  EXPECT_TRUE(b.Intact());
+  // The memory stays writable and readable as before.
+  b.data()[12345] ^= 0xFF;
+  b.data()[12345] ^= 0xFF;
+  EXPECT_TRUE(b.Intact());
+}
+
+TEST(HugePageCollapserTest, ANewJobReplacesTheOneInProgress) {
+  Buffer big(32 * kHuge);
+  Buffer small(2 * kHuge);
+  HugePageCollapser c;
+  c.Collapse({big.span(0, 32 * kHuge)});
+  c.Collapse({small.span(0, 2 * kHuge)});
+  const HugePageCollapser::Stats s = c.Wait();
+  EXPECT_GE(s.jobs, 1);
+  // The stats are the last job's: the small buffer's two regions.
+  EXPECT_EQ(s.collapsed_bytes + s.refused_bytes, static_cast<int64_t>(2 * kHuge));
+  EXPECT_TRUE(big.Intact());
+  EXPECT_TRUE(small.Intact());
+  c.Collapse({});  // nothing to do: done at once
+  EXPECT_EQ(c.Wait().collapsed_bytes + c.stats().refused_bytes, 0);
+}
+
+TEST(HugePageCollapserTest, DestroyedMidJobReturns) {
+  Buffer big(32 * kHuge);
+  {
+    HugePageCollapser c;
+    c.Collapse({big.span(0, 32 * kHuge)});
+  }  // joins after the region in progress
+  EXPECT_TRUE(big.Intact());
+}
+
+// A forward pass's logits of a short prompt.
+std::vector<float> Logits(CpuModelRunner& r) {
+  ForwardInput in;
+  SequenceInput s;
+  s.token_ids = {1, 5, 9};
+  s.kv_slots = {0, 1, 2};
+  in.seqs = {s};
+  ForwardOutput out;
+  EXPECT_TRUE(r.Forward(in, &out).ok());
+  return out.logits;
+}
+
+TEST(CpuModelRunnerHugePagesTest, AJobPerLoadAndSwapAndNoneWhenOff) {
+  const std::string dir = testing::FreshTempDir("huge_pages");
+  model_io::MakeModelOptions mo;
+  mo.arch = "qwen2";
+  mo.seed = 11;
+  mo.out_dir = dir + "/a";
+  ASSERT_TRUE(model_io::MakeModel(mo).ok());
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "cpu_huge_pages on" : "off");
+    RunnerOptions ro;
+    ro.model_dir = dir + "/a";
+    ro.num_kv_slots = 64;
+    ro.cpu_huge_pages = on;
+    auto r = CpuModelRunner::Create(ro);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const std::vector<float> before = Logits(**r);
+    EXPECT_EQ((*r)->WaitForHugePages().jobs, on ? 1 : 0);
+    ASSERT_TRUE((*r)->LoadWeightsFromDisk(dir + "/a").ok());
+    EXPECT_EQ((*r)->WaitForHugePages().jobs, on ? 2 : 0);
+    auto fresh = LoadWeights(dir + "/a", (*r)->config());
+    ASSERT_TRUE(fresh.ok()) << fresh.status();
+    ASSERT_TRUE((*r)->ActivateWeights(&*fresh, "test", "").ok());
+    EXPECT_EQ((*r)->WaitForHugePages().jobs, on ? 3 : 0);
+    const std::vector<float> after = Logits(**r);
+    ASSERT_EQ(before.size(), after.size());
+    EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace rl::model
