@@ -334,6 +334,17 @@ TEST_F(DeltaStreamTest, RefusedDeltaStreamsChangeNothing) {
 }
 
 // A staged delta stream cut anywhere stages nothing and leaves the served weights as they were.
+// Waits (up to 10 s) until the worker's GetServerInfo says `staging`. A client's cancel ends its
+// call at once, while the worker may not even have read the stream's first message yet (under
+// load): waiting for the slot to be taken first, then released, is what makes "nothing was left
+// staged" a check and not a race.
+void AwaitStaging(Worker& w, bool staging) {
+  for (int i = 0; i < 5000 && w.Info().staging() != staging; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  EXPECT_EQ(w.Info().staging(), staging);
+}
+
 TEST_F(DeltaStreamTest, AStagedDeltaStreamCutAnywhereStagesNothing) {
   Worker w(Stories());
   ASSERT_TRUE(w.ok());
@@ -373,12 +384,11 @@ TEST_F(DeltaStreamTest, AStagedDeltaStreamCutAnywhereStagesNothing) {
         grpc::ClientContext ctx;
         auto writer = w.admin().UpdateWeightsFromTensor(&ctx, &resp);
         for (const Request& r : prefix) ASSERT_TRUE(writer->Write(r));
+        if (k > 0) AwaitStaging(w, true);  // the worker took the slot for this call
         ctx.TryCancel();
         EXPECT_FALSE(writer->Finish().ok());
       }
-      for (int i = 0; i < 2000 && w.Info().staging(); ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
+      AwaitStaging(w, false);
       w.ExpectServes(state, 0);
     }
     // After the end, before the half-close: cancelled.
@@ -387,11 +397,10 @@ TEST_F(DeltaStreamTest, AStagedDeltaStreamCutAnywhereStagesNothing) {
       grpc::ClientContext ctx;
       auto writer = w.admin().UpdateWeightsFromTensor(&ctx, &resp);
       for (const Request& r : whole) ASSERT_TRUE(writer->Write(r));
+      AwaitStaging(w, true);
       ctx.TryCancel();
       EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
-      for (int i = 0; i < 2000 && w.Info().staging(); ++i) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
+      AwaitStaging(w, false);
       w.ExpectServes(state, 0);
     }
     // Inside a payload: a chunk cut at a random byte offset, the end counting what was sent.
