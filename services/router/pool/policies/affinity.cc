@@ -7,18 +7,6 @@
 #include "services/router/pool/policies/load_bound.h"
 
 namespace rl::router {
-namespace {
-
-// The candidate index of `address`, or -1 (candidates are sorted by address).
-int64_t FindCandidate(absl::Span<const Candidate> candidates, std::string_view address) {
-  auto it = std::lower_bound(
-      candidates.begin(), candidates.end(), address,
-      [](const Candidate& c, std::string_view a) { return std::string_view(*c.address) < a; });
-  if (it == candidates.end() || *it->address != address) return -1;
-  return it - candidates.begin();
-}
-
-}  // namespace
 
 Choice AffinityPolicy::Choose(const PickRequest& request, absl::Span<const Candidate> candidates) {
   const LoadBound bound(candidates, request.units, load_factor_, load_slack_);

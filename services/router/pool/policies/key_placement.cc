@@ -7,7 +7,10 @@
 namespace rl::router {
 namespace {
 
-// The candidate index of `address`, or -1 (candidates are sorted by address).
+constexpr size_t kNone = std::numeric_limits<size_t>::max();
+
+}  // namespace
+
 int64_t FindCandidate(absl::Span<const Candidate> candidates, std::string_view address) {
   auto it = std::lower_bound(
       candidates.begin(), candidates.end(), address,
@@ -15,10 +18,6 @@ int64_t FindCandidate(absl::Span<const Candidate> candidates, std::string_view a
   if (it == candidates.end() || *it->address != address) return -1;
   return it - candidates.begin();
 }
-
-constexpr size_t kNone = std::numeric_limits<size_t>::max();
-
-}  // namespace
 
 std::string PlacementKey(const PickRequest& request) {
   std::string key;

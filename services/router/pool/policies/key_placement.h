@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <set>
 #include <string>
@@ -30,6 +31,9 @@
 #include "services/router/pool/routing_policy.h"
 
 namespace rl::router {
+
+// The index of `address` among `candidates` (sorted by address), or -1.
+int64_t FindCandidate(absl::Span<const Candidate> candidates, std::string_view address);
 
 // The key a request is placed by: "k:" + its routing key, else "g:" + its group id, else "".
 std::string PlacementKey(const PickRequest& request);
