@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "bench/weights/train_step.h"
 #include "common/flags.h"
 #include "common/model_io/model_maker.h"
 #include "common/model_io/safetensors.h"
@@ -64,41 +65,6 @@ int64_t DirBytes(const std::string& dir) {
     if (e.path().extension() == ".safetensors") total += static_cast<int64_t>(e.file_size());
   }
   return total;
-}
-
-// The child checkpoint: `density` of each tensor's elements moved by a small random step.
-absl::Status WriteStep(const std::string& parent, const std::string& child, double density,
-                       uint64_t seed) {
-  ASSIGN_OR_RETURN(rl::model_io::Checkpoint ckpt, rl::model_io::OpenCheckpoint(parent));
-  std::filesystem::create_directories(child);
-  std::filesystem::copy_file(parent + "/config.json", child + "/config.json",
-                             std::filesystem::copy_options::overwrite_existing);
-  std::vector<rl::model_io::TensorToWrite> specs;
-  std::vector<const rl::model_io::TensorView*> views;
-  for (const auto& [name, v] : ckpt.tensors()) {
-    specs.push_back({name, v.dtype, v.shape, {}});
-    views.push_back(&v);
-  }
-  std::mt19937_64 rng(seed);
-  return rl::model_io::WriteCheckpoint(
-      child, specs,
-      [&](size_t i, absl::Span<uint8_t> out) -> absl::Status {
-        const rl::model_io::TensorView& v = *views[i];
-        std::memcpy(out.data(), v.data.data(), v.data.size());
-        const int64_t width = rl::model_io::DTypeSize(v.dtype);
-        const int64_t numel = static_cast<int64_t>(out.size()) / width;
-        // Geometric gaps: exactly the Bernoulli(density) pattern without a draw per element.
-        std::geometric_distribution<int64_t> gap(density);
-        std::normal_distribution<float> step(0.0f, 0.01f);
-        for (int64_t k = gap(rng); k < numel; k += 1 + gap(rng)) {
-          float f;
-          rl::model_io::ConvertToF32(v.dtype, out.data() + k * width, 1, &f);
-          f += step(rng) + (f >= 0 ? 1e-2f : -1e-2f) * std::abs(f);
-          rl::model_io::ConvertFromF32(&f, 1, v.dtype, out.data() + k * width);
-        }
-        return absl::OkStatus();
-      },
-      int64_t{2} << 30);
 }
 
 }  // namespace
@@ -141,7 +107,7 @@ int main(int argc, char** argv) {
     std::filesystem::remove_all(work);
     return 1;
   };
-  if (absl::Status s = WriteStep(model, child, density, 7); !s.ok()) return fail(s);
+  if (absl::Status s = rl::bench::WriteStep(model, child, density, 7); !s.ok()) return fail(s);
 
   // Publish: the parent as version 0, the child dense (manifest) as version 1, and as a delta.
   auto t = Clock::now();
