@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
+#include "tests/testing/generate_stream.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::worker::testing {
@@ -29,65 +30,7 @@ constexpr auto kHangGuard = std::chrono::seconds(60);
 // Long enough that a request is still running when the test pauses it (the context is 512).
 constexpr int kLong = 400;
 
-// One Generate stream read on its own thread.
-class Stream {
- public:
-  Stream(rl::v1::Worker::Stub* stub, rl::v1::GenerateRequest req) {
-    thread_ = std::thread([this, stub, req = std::move(req)] {
-      grpc::ClientContext ctx;
-      ctx.set_deadline(std::chrono::system_clock::now() + kHangGuard);
-      auto reader = stub->Generate(&ctx, req);
-      rl::v1::GenerateResponse msg;
-      while (reader->Read(&msg)) {
-        absl::MutexLock lock(&mu_);
-        if (msg.has_chunk()) {
-          tokens_.insert(tokens_.end(), msg.chunk().token_ids().begin(),
-                         msg.chunk().token_ids().end());
-        }
-        if (msg.has_final()) final_ = msg.final();
-      }
-      grpc::Status s = reader->Finish();
-      absl::MutexLock lock(&mu_);
-      status_ = s;
-      done_ = true;
-    });
-  }
-  ~Stream() { thread_.join(); }
-
-  // Waits until `n` tokens streamed (or the call ended).
-  bool WaitTokens(size_t n) {
-    absl::MutexLock lock(&mu_);
-    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return tokens_.size() >= n || done_; };
-    return mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(60)) && tokens_.size() >= n;
-  }
-  // Waits for the end of the call; its status.
-  grpc::Status Wait() {
-    absl::MutexLock lock(&mu_);
-    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
-    mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Seconds(90));
-    return done_ ? status_ : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "hung");
-  }
-  bool done() {
-    absl::MutexLock lock(&mu_);
-    return done_;
-  }
-  rl::v1::GenerateFinal final_msg() {
-    absl::MutexLock lock(&mu_);
-    return final_;
-  }
-  std::vector<int32_t> tokens() {
-    absl::MutexLock lock(&mu_);
-    return tokens_;
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<int32_t> tokens_ ABSL_GUARDED_BY(mu_);
-  rl::v1::GenerateFinal final_ ABSL_GUARDED_BY(mu_);
-  grpc::Status status_ ABSL_GUARDED_BY(mu_);
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
+using Stream = ::rl::testing::GenerateStream<rl::v1::Worker::Stub>;
 
 class AsyncRlTest : public WorkerFixture {
  protected:

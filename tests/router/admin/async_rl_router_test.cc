@@ -10,12 +10,14 @@
 #include <thread>
 
 #include "absl/synchronization/mutex.h"
-#include "tests/router/admin/router_stream.h"
+#include "tests/testing/generate_stream.h"
 #include "tests/testing/router_fleet.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router::testing {
 namespace {
+
+using Stream = ::rl::testing::GenerateStream<rl::v1::Router::Stub>;
 
 using Stub = rl::v1::Admin::Stub;
 

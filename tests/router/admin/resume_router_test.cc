@@ -13,12 +13,14 @@
 
 #include "absl/synchronization/mutex.h"
 #include "services/router/resume_store.h"
-#include "tests/router/admin/router_stream.h"
+#include "tests/testing/generate_stream.h"
 #include "tests/testing/router_fleet.h"
 #include "tests/worker/worker_test_util.h"
 
 namespace rl::router::testing {
 namespace {
+
+using Stream = ::rl::testing::GenerateStream<rl::v1::Router::Stub>;
 
 constexpr int kMaxNew = 200;
 constexpr float kLogprobTolerance = 2e-3f;
