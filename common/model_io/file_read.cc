@@ -268,7 +268,8 @@ PooledBuffer::~PooledBuffer() {
   }
 }
 
-void PooledBuffer::Prefault() { PopulateWrite(data_, capacity_); }
+// The bytes asked for only: a reused spare may be larger (and MADV_FREEd); its tail stays out.
+void PooledBuffer::Prefault() { PopulateWrite(data_, size_); }
 
 void DropSpareBuffers() { SparePool::Get().DropAll(); }
 

@@ -23,7 +23,7 @@ from rlfleet.publication import delta_messages
 from rlfleet.tensors import DEFAULT_CHUNK_BYTES, NamedTensors, total_bytes
 from rlfleet.types import (Chunk, Episode, GenerateResult, Generations, Trajectory,
                            build_generate_request, chunk_from_proto)
-from rlfleet.weight_group import _check_delta_args, check_against_served
+from rlfleet.weight_group import _check_delta_args, _sent_bytes, check_against_served
 from rlfleet.weight_sync import (DEFAULT_BUCKET_BYTES, BroadcastStats, Bucket, TcpWeightSender,
                                  plan_buckets)
 
@@ -568,7 +568,7 @@ class AsyncWeightsGroup:
                               timeout: Optional[float] = None) -> admin_pb2.AdminResponse:
         _check_delta_args(parent, parent_version, weight_version, manifest)
         buckets = await self._plan(named_tensors, bucket_bytes, parent)
-        with Reporter(progress, "receive_weights", sum(b.nbytes for b in buckets)) as rep:
+        with Reporter(progress, "receive_weights", _sent_bytes(buckets)) as rep:
             call = asyncio.ensure_future(self.client.receive_weights(
                 self.group_name, buckets, weight_version=weight_version, flush_cache=flush_cache,
                 abort_all_requests=abort_all_requests, keep_pause=keep_pause, stage=stage,
@@ -594,7 +594,7 @@ class AsyncWeightsGroup:
             raise FleetError(grpc.StatusCode.FAILED_PRECONDITION,
                              "PrepareWeightsUpdate answered without ready", method="prepare",
                              response=prep)
-        with Reporter(progress, "prepare_and_complete", sum(b.nbytes for b in buckets)) as rep:
+        with Reporter(progress, "prepare_and_complete", _sent_bytes(buckets)) as rep:
             for b in buckets:
                 await asyncio.to_thread(self.sender.broadcast, b)
                 for t in b.tensors:

@@ -33,14 +33,13 @@ open a new one.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 import grpc
 
 from rlfleet._progress import Progress, Reporter
-from rlfleet._rpc import check_admin, distributed_request
+from rlfleet._rpc import check_admin, distributed_request, set_delta
 from rlfleet._stubs import admin_pb2, router_pb2
 from rlfleet.errors import FleetError
 from rlfleet.tensors import NamedTensors, TensorPayload, iter_named_tensors, total_bytes
@@ -218,10 +217,7 @@ class WeightsGroup:
             req.weight_version = weight_version
         if flush_cache is not None:
             req.flush_cache = flush_cache
-        if parent_version is not None:
-            req.parent_version = parent_version
-        if manifest is not None:
-            req.manifest_json = json.dumps(manifest)
+        set_delta(req, parent_version, manifest)
         with Reporter(progress, "receive_weights", _sent_bytes(buckets)) as rep:
             call = self.client._unary_future("rl.v1.Admin", "ReceiveWeights", req,
                                              admin_pb2.AdminResponse,

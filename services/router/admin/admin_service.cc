@@ -325,23 +325,35 @@ grpc::ServerUnaryReactor* AdminService::UpdateWeightsFromDistributed(
 
 grpc::ServerUnaryReactor* AdminService::DestroyWeightsUpdateGroup(
     Ctx* c, const rl::v1::DestroyWeightsUpdateGroupRequest* req, rl::v1::AdminResponse* resp) {
+  if (auth_->Check(*c).ok()) TakeDeltaPrepared(req->group_name());
   return Forward(c, req, resp, {.what = "DestroyWeightsUpdateGroup"},
                  &AsyncAdmin::DestroyWeightsUpdateGroup);
 }
 
 void AdminService::NotePrepared(const std::string& group, bool delta) {
-  constexpr size_t kMaxGroups = 1024;  // group names are the callers': keep the set bounded
+  // Group names are the callers': at most kMaxGroups are remembered, the oldest forgotten
+  // first (its Complete is then judged like a dense one: conservatively).
+  constexpr size_t kMaxGroups = 1024;
   absl::MutexLock lock(&delta_mu_);
-  if (!delta) {
-    delta_prepared_.erase(group);
-  } else if (delta_prepared_.size() < kMaxGroups) {
-    delta_prepared_.insert(group);
+  ForgetLocked(group);
+  if (!delta) return;
+  if (delta_order_.size() >= kMaxGroups) {
+    delta_prepared_.erase(delta_order_.front());
+    delta_order_.pop_front();
   }
+  delta_prepared_.insert(group);
+  delta_order_.push_back(group);
 }
 
 bool AdminService::TakeDeltaPrepared(const std::string& group) {
   absl::MutexLock lock(&delta_mu_);
-  return delta_prepared_.erase(group) > 0;
+  return ForgetLocked(group);
+}
+
+bool AdminService::ForgetLocked(const std::string& group) {
+  if (delta_prepared_.erase(group) == 0) return false;
+  delta_order_.erase(std::find(delta_order_.begin(), delta_order_.end(), group));
+  return true;
 }
 
 // Answers ready only when every worker posted its receive (the trainer broadcasts after that).
@@ -349,7 +361,8 @@ bool AdminService::TakeDeltaPrepared(const std::string& group) {
 // posts anything: the answer then says which, and the trainer broadcasts nothing.
 grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
     Ctx* c, const rl::v1::PrepareWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
-  NotePrepared(req->group_name(), req->has_parent_version());
+  // Only an authorized caller's Prepare is remembered (Forward refuses the others).
+  if (auth_->Check(*c).ok()) NotePrepared(req->group_name(), req->has_parent_version());
   return Forward(c, req, resp, {.what = "PrepareWeightsUpdate", .deadline = Deadline::kLoad},
                  &AsyncAdmin::PrepareWeightsUpdate);
 }
@@ -360,7 +373,7 @@ grpc::ServerUnaryReactor* AdminService::PrepareWeightsUpdate(
 // built whole before it is swapped in: a failed worker keeps its old weights and stays routed.
 grpc::ServerUnaryReactor* AdminService::CompleteWeightsUpdate(
     Ctx* c, const rl::v1::CompleteWeightsUpdateRequest* req, rl::v1::AdminResponse* resp) {
-  const bool delta = TakeDeltaPrepared(req->group_name());
+  const bool delta = auth_->Check(*c).ok() && TakeDeltaPrepared(req->group_name());
   if (req->stage()) {
     return ForwardStage(c, req, resp, "CompleteWeightsUpdate (stage)",
                         &AsyncAdmin::CompleteWeightsUpdate);

@@ -11,6 +11,7 @@
 // Thread-safe.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <set>
@@ -136,6 +137,8 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   // the Complete is then treated like a dense one (conservatively).
   void NotePrepared(const std::string& group, bool delta) ABSL_LOCKS_EXCLUDED(delta_mu_);
   bool TakeDeltaPrepared(const std::string& group) ABSL_LOCKS_EXCLUDED(delta_mu_);
+  // Forgets `group`; whether it was remembered.
+  bool ForgetLocked(const std::string& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(delta_mu_);
 
   WorkerPool* const pool_;
   const BearerAuth* const auth_;
@@ -147,6 +150,7 @@ class AdminService final : public rl::v1::Admin::CallbackService {
   std::unique_ptr<LeaseKeeper> lease_keeper_;  // after broadcaster_: stopped first
   absl::Mutex delta_mu_;
   std::set<std::string> delta_prepared_ ABSL_GUARDED_BY(delta_mu_);  // bounded by kMaxGroups
+  std::deque<std::string> delta_order_ ABSL_GUARDED_BY(delta_mu_);   // the same, oldest first
 };
 
 }  // namespace rl::router::admin

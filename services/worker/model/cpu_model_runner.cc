@@ -101,7 +101,9 @@ absl::Status CpuModelRunner::SwapWeights(std::unique_ptr<Weights> weights) {
   if (absl::Status s = CheckSameArchitecture(config_, weights->config()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("SwapWeights: ", s.message()));
   }
-  weights_ = std::move(weights);
+  // The old weights are freed at the return, after the collapser moved on to the new ones
+  // (never MADV_COLLAPSE memory while it is being unmapped or handed to the spare pool).
+  std::swap(weights_, weights);
   CollapseServedWeights();
   return absl::OkStatus();
 }
