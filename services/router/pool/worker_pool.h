@@ -145,6 +145,7 @@ class WorkerPool final : public WorkerSource {
   // ---- routing figures ----
   const char* policy_name() const { return policy_->name(); }
   double policy_load_factor() const { return policy_->load_factor(); }
+  int32_t policy_load_slack() const { return policy_->load_slack(); }
   RoutingStats routing_stats() const;
   // Max / mean load (samples in flight) of the routable workers now; 0 when none is loaded.
   double LoadSpread() const;
