@@ -91,11 +91,13 @@ class Dispatcher {
   // Draining: sends Router.Abort(group_id) to each group with a call in flight, once per group
   // for the dispatcher's life; a group none of whose calls started is never aborted (no call
   // starts once draining, so the set is final). A group whose requests are still being written
-  // waits for a later call (an abort must not overtake the request it should stop). An abort
-  // that failed in transport (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED) is sent again
-  // by a later call after a backoff (retry_backoff_ms doubled up to max_backoff_ms), at most
-  // max_attempts times in all; any other failure is logged and not repeated. The caller calls
-  // it again and again while draining (its writer loop). Returns the Router.Abort calls made.
+  // waits for a later call: an abort sent before a request would miss it for sure (the router
+  // aborts the members it holds; one written before can still, rarely, arrive after the abort:
+  // that call then runs to its end and is kept whole). An abort that failed in transport
+  // (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED) is sent again by a later call after a
+  // backoff (retry_backoff_ms doubled up to max_backoff_ms), at most max_attempts times in all;
+  // any other failure is logged and not repeated. The caller calls it again and again while
+  // draining (its writer loop). Returns the Router.Abort calls made.
   int AbortStartedGroups();
   // Cancels every call in flight (on stop: a long generation need not run to its end before
   // the collector can save and exit). Their samples stay pending for the next run.
