@@ -1,9 +1,5 @@
 #include "services/worker/weights/deferred_free.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include "common/low_priority.h"
 
 namespace rl::worker {
@@ -37,10 +33,7 @@ int64_t DeferredFree::freed() const {
 }
 
 void DeferredFree::Loop(int nice) {
-  if (nice > 0) {
-    const int target = CurrentThreadNice() + nice > 19 ? 19 : CurrentThreadNice() + nice;
-    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), target);
-  }
+  LowerThreadPriority(nice);
   while (true) {
     std::vector<std::unique_ptr<Garbage>> batch;
     bool stop = false;
