@@ -367,8 +367,9 @@ absl::StatusOr<std::unique_ptr<StageTicket>> WeightUpdateController::BeginStage(
   reaper_.Free(std::move(old));
   reaper_.Drain();  // freed (outside the lock) before the stage receives anything
   return std::make_unique<StageTicket>(
-      [this, source, weight_version, start](std::vector<NamedTensor> tensors) {
-        return CommitStage(source, weight_version, start, std::move(tensors));
+      [this, source, weight_version, start](std::vector<NamedTensor> tensors,
+                                            std::map<std::string, std::string> digests) {
+        return CommitStage(source, weight_version, start, std::move(tensors), std::move(digests));
       },
       [this] {
         absl::MutexLock lock(&stage_mu_);
@@ -589,7 +590,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CompletePreparedDelta(
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
     const std::string& source, std::optional<int64_t> weight_version,
-    std::chrono::steady_clock::time_point start, std::vector<NamedTensor> tensors) {
+    std::chrono::steady_clock::time_point start, std::vector<NamedTensor> tensors,
+    std::map<std::string, std::string> digests) {
   // Checked again here whatever the source did: only complete, served-shaped tensors are staged.
   absl::Status valid;
   if (tensors.empty()) {
@@ -604,9 +606,11 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
     valid = ValidateTensors(served_, infos, sizes);
   }
   // Computed while staging (off the engine thread, at the staging priority), so the activation
-  // knows the digest it serves without hashing in the pause.
-  std::map<std::string, std::string> digests;
-  if (valid.ok()) digests = DigestTensors(tensors);
+  // knows the digest it serves without hashing in the pause; taken as given when the caller
+  // computed them already (a verified full-state stream) and they name exactly these tensors.
+  bool given = valid.ok() && digests.size() == tensors.size();
+  for (const NamedTensor& t : tensors) given = given && digests.contains(t.info.name);
+  if (valid.ok() && !given) digests = DigestTensors(tensors);
   // Every served weight whole in its held dtype: the tensors become a Weights (no copy), served
   // by a pointer swap at activation, and uploaded to a second device copy now on CUDA.
   int64_t bytes = 0;
@@ -748,7 +752,7 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
                          RETURN_IF_ERROR(runner.ActivateWeights(&whole, "", ""));
                        }
                        if (!policy.verified_sha256.empty()) {
-                         NoteServedDigest(policy.verified_sha256);
+                         NoteServedDigest(policy.verified_sha256, policy.verified_tensor_sha256);
                        }
                        return absl::OkStatus();
                      },

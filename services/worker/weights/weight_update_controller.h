@@ -196,10 +196,13 @@ class WeightUpdateController final : public WeightUpdates {
                                          std::optional<int64_t> weight_version);
 
   // StageTicket::Commit of BeginStage.
+  // StageTicket::Commit of BeginStage; `digests` the tensors' TensorDigests when known (else
+  // computed here).
   absl::StatusOr<AdminOutcome> CommitStage(const std::string& source,
                                            std::optional<int64_t> weight_version,
                                            std::chrono::steady_clock::time_point start,
-                                           std::vector<NamedTensor> tensors);
+                                           std::vector<NamedTensor> tensors,
+                                           std::map<std::string, std::string> digests);
 
   explicit WeightUpdateController(Deps deps);
   // From an apply step (engine thread, after the apply succeeded): the weights it installed
