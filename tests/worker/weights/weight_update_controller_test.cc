@@ -568,16 +568,20 @@ TEST_F(WeightUpdateControllerTest, CompleteAndReceiveAnswerBeforeTheDigestIsComp
     const std::string before = updates_->served_sha256();
     ASSERT_FALSE(before.empty());
     digest_gate_->Close();
-    absl::StatusOr<AdminOutcome> out;
-    if (two_phase) {
-      ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
-      group_->Release();
-      out = updates_->CompleteWeightsUpdate("train", Version(version));
-    } else {
-      group_->Release();
-      out = updates_->ReceiveWeights("train", Buckets(), Version(version));
+    if (two_phase) ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+    group_->Release();
+    std::future<absl::StatusOr<AdminOutcome>> call = std::async(std::launch::async, [&] {
+      return two_phase ? updates_->CompleteWeightsUpdate("train", Version(version))
+                       : updates_->ReceiveWeights("train", Buckets(), Version(version));
+    });
+    // Answered while the hash is held (an answer that waited for the hash never comes: the gate
+    // is opened after the hang guard so the call can end).
+    if (call.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      digest_gate_->Open();
+      FAIL() << "the call waited for the digest";
     }
-    // Answered while the hash is held: the weights are served, the digest is pending.
+    absl::StatusOr<AdminOutcome> out = call.get();
+    // The weights are served, the digest is pending.
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_EQ(out->weight_version, version);
     EXPECT_TRUE(ServesSource());
