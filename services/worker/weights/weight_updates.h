@@ -196,7 +196,9 @@ class WeightUpdates {
   virtual WeightUpdateStatus status() const = 0;
   // The SHA-256 rank digest (rl-manifest.json's `sha256`) of the weights served now when an
   // update established it (a manifest-verified disk update, a verified full-state tensor
-  // stream) and no apply started since; "" otherwise. Never hashes anything.
+  // stream, tensors hashed while staged or after the update answered) and no apply started
+  // since; "" otherwise, and while the hash of an update that answered first is still running
+  // (pending). Never hashes anything.
   virtual std::string served_sha256() const { return ""; }
   // The served weights' shapes as read at start (what every update is checked against).
   virtual const WeightShapes& served_shapes() const = 0;
