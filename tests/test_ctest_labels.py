@@ -41,7 +41,7 @@ def test_every_test_is_in_exactly_one_group_with_the_right_label():
         if exe == "router_abort_test":
             assert groups == ["unit"], f"{name}: {labels}"
         if name in ("python_client_tests", "rlctl_tests", "worker_python_tests", "ctest_labels_test",
-                    "helm_tests", "collector_e2e"):
+                    "helm_tests", "collector_e2e", "rltest_tests"):
             assert groups == ["python"], f"{name}: {labels}"
         if name == "interop_tests":
             assert groups == ["interop"], f"{name}: {labels}"

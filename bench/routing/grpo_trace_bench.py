@@ -8,25 +8,33 @@ an episode of `--turns` 3 turns where a turn's prompt is the previous turn's pro
 + the feedback; every prompt starts with one shared system prompt, a group's samples share its
 question. Two shapes (`--trace`):
 
-- `math-tir` (the default): multi-turn tool-integrated math reasoning, as verl's multi-turn
-  examples run it (examples/sglang_multiturn: GSM8K with a `calc_gsm8k_reward` tool, and the
-  ReTool recipe with a code sandbox; SimpleTIR and SGLang's multi-turn rollouts have the same
-  shape): long generated turns, short feedback. Lengths in tokens, from those recipes: system
-  prompt ~100 (the GSM8K example's system message, ~60 words, and the tool-call header), question
-  ~100 (a GSM8K / DAPO-Math problem, 50-90 words, and the example's instruction "Let's think
-  step by step and output the final answer after `####`"), ~500 generated a turn (the GSM8K
-  example allows `max_response_length=1024` over up to 5 assistant turns, the ReTool recipe 16384
-  over up to 16: 300-1000 a turn), ~50 of feedback (the GSM8K tool answers "Current parsed
-  answer='72' reward=1.0", a sandbox the printed result, in the chat template's tool-response
-  wrapping). The bench runs those lengths divided by 8 (12 + 12 prompt tokens, `--max-tokens` 62
-  a turn, ~6 of feedback) so a run stays near a minute on 2 CPU cores: every length keeps its
-  share, so the hit rates are those of the full lengths, and prefill and decode keep their
-  proportions. 6 groups (a step has 32-512 prompts; 6 is enough that the group count is no
-  bottleneck on 3 workers: 2 groups each), all 48 episodes in flight at once, as a rollout
-  engine submits a step. A sticky policy misses only the feedback and the first turns (all in
-  flight before anything is cached), ~94% hits; round robin finds an episode's history on the
-  worker it lands on a third of the time, ~53%. So 2x round robin's hit rate is just out of reach with 3 turns on 3 workers
-  (it takes turns over ~5.5x the shared prefix).
+- `retool` (the default): multi-turn tool-integrated math RL with a reasoning model, as verl's
+  ReTool recipe runs it (recipe/retool: DAPO-Math-17k problems, a code sandbox as the tool,
+  `max_turns=8`, `max_response_length=16384`, n=16; its Qwen3 variants think before each
+  call). Lengths in tokens: system prompt ~150 (the chat template's tool header and the
+  `code_interpreter` schema), question ~140 (a DAPO-Math-17k prompt: its answer-format
+  instruction and the problem), ~2,048 generated a turn (the recipe's budget: 16,384 response
+  tokens over up to 8 turns), ~50 of feedback (the sandbox's stdout in the tool-response
+  wrapping). The bench runs those lengths divided by 16 (9 + 9 prompt tokens, `--max-tokens`
+  128 a turn, 3 of feedback) so a run stays near a minute on 2 CPU cores.
+- `math-tir`: the same shape at the lengths of verl's GSM8K multi-turn example
+  (examples/sglang_multiturn: a `calc_gsm8k_reward` tool): system prompt ~100 (the example's
+  system message, ~60 words, and the tool-call header), question ~100 (a GSM8K problem and the
+  example's "Let's think step by step and output the final answer after `####`"), ~500
+  generated a turn (`max_response_length=1024` over up to 5 assistant turns), ~50 of feedback
+  ("Current parsed answer='72' reward=1.0" in the tool-response wrapping), divided by 8 (12 +
+  12 prompt tokens, `--max-tokens` 62, 6 of feedback).
+
+  For both: every length keeps its share, so the hit rates are those of the full lengths, and
+  prefill and decode keep their proportions. 6 groups (a step has 32-512 prompts; 6 is enough
+  that the group count is no bottleneck on 3 workers: 2 groups each), all 48 episodes in flight
+  at once, as a rollout engine submits a step. A sticky policy misses only the feedback and the
+  first turns (all in flight before anything is cached); round robin finds the shared prefix
+  (system prompt and question) on every worker but an episode's history only on the third of
+  its turns that land where the previous turn ran. The hit-rate ratio therefore grows with the
+  generated share of a turn (retool, where a turn generates ~7x the shared prefix: ~2.1x;
+  math-tir, 2.5x: ~1.8x), while the tokens/s gain shrinks as decode takes a larger share of the
+  work.
 - `search-r1`: Search-R1's search agent (which verl's SGLang multi-turn and SkyRL's SearchR1
   recipes reproduce): 128 generated tokens a turn (a short <think> and a <search> query; they cap
   a turn at 500) and a tool answer of 3 retrieved passages (`topk=3`) of `--followup-words` 120
@@ -42,23 +50,26 @@ page. The skewed trace is the same with a routing key per episode, 80% of the ep
 prefix caches are flushed and each gateway is fresh.
 
 Per run it prints output tokens/s (wall clock of the replay), the workers' prefix-cache hit rate
-(their rl_worker_cached_tokens_total / rl_worker_prompt_tokens_total over the run) and the
+(their rl_worker_cached_tokens_total / rl_worker_prompt_tokens_total over the run), each as a
+ratio to round_robin's ("x rr"), the
 prompt tokens they prefilled (prompt - cached: the work the cache did not save), p50 / p99
 request latency, the load spread (max / mean of the workers' running + waiting requests, sampled
 every 50 ms while any is busy, averaged) and the requests each worker served; with --rounds > 1
 the medians over rounds (runs interleaved: round 1 of every row, then round 2, ...) and each
-row's ratio to round_robin per round.
+row's ratios to round_robin per round.
 
-  .venv/bin/python bench/routing/grpo_trace_bench.py [--trace math-tir|search-r1] [--model DIR]
-      [--layers 8] [--groups N] [--n 8] [--turns 3] [--concurrency N] [--max-tokens N]
-      [--page-size 1] [--rounds 1] [--no-smg] [--no-skewed] [--quick]
+  .venv/bin/python bench/routing/grpo_trace_bench.py [--trace retool|math-tir|search-r1]
+      [--model DIR] [--layers 8] [--groups N] [--n 8] [--turns 3] [--concurrency N]
+      [--max-tokens N] [--system-words N] [--question-words N] [--followup-words N]
+      [--threads 1] [--kv-cache-gb 2] [--page-size 1] [--policies LIST] [--rounds 1] [--seed 1]
+      [--no-smg] [--no-skewed] [--quick]
 
 Without --model it makes a Qwen3-0.6B-shaped model (`rlctl make-model --arch qwen3 --size 0.5b
 --seed 1`) into BUILD/bench-models/qwen3-0.5b once, and runs its first `--layers` 8 of 28 layers
 (BUILD/bench-models/qwen3-0.5b-8l, cut once): the same hidden size, heads and vocabulary, so
 prefill and decode keep their proportions, at a third of the compute (stories260K's compute is
 trivial, so its cache effects hardly show). Per run groups * n * turns requests (144 for
-math-tir, 48 for search-r1). `--quick` is the smallest run (1 group of 2 samples, 2 turns of 2
+retool and math-tir, 48 for search-r1). `--quick` is the smallest run (1 group of 2 samples, 2 turns of 2
 tokens), for the smoke test.
 Servers listen on 127.0.0.1 port 0 (SMG, which takes no port 0, on a port found free); every
 process is stopped at exit, on error, SIGINT and SIGTERM.
@@ -87,9 +98,11 @@ from rltest import Server, free_port, stop_process  # noqa: E402
 
 OURS = ("round_robin", "least_load", "affinity", "cache_aware")
 # Per trace, the defaults of the sizes not given on the command line (docstring: where each
-# length comes from). math-tir's are in tokens (one-token words and newlines): the recipe's
-# 100 / 100 / 500 / 50 divided by 8.
+# length comes from). retool's and math-tir's are in tokens (one-token words and newlines):
+# the recipes' 150 / 140 / 2048 / 50 divided by 16 and 100 / 100 / 500 / 50 divided by 8.
 TRACES = {
+    "retool": {"groups": 6, "max_tokens": 128, "system_words": 9, "question_words": 9,
+               "followup_words": 3},
     "math-tir": {"groups": 6, "max_tokens": 62, "system_words": 12, "question_words": 12,
                  "followup_words": 6},
     "search-r1": {"groups": 2, "concurrency": 16, "max_tokens": 128, "system_words": 20,
@@ -129,7 +142,7 @@ def tokens(rng, count, vocab):
 
 def one_token_words(model):
     """The words of WORDS that `model`'s tokenizer makes one token each after a space (a BPE
-    vocabulary's "Ġword"), so math-tir's lengths are in tokens; all of WORDS if under 10 are."""
+    vocabulary's "Ġword"), so retool's and math-tir's lengths are in tokens; all of WORDS if under 10 are."""
     try:
         with open(Path(model) / "tokenizer.json") as f:
             vocab = json.load(f)["model"]["vocab"]
@@ -444,13 +457,15 @@ def smg(args, workers, policy):
 
 
 def print_table(title, rows, base):
+    """`base`: round_robin's row (None when it did not run); "x rr" columns are ratios to it."""
     print(f"\n{title}")
-    print(f"{'gateway / policy':<24} {'out tok/s':>9} {'x rr':>5} {'hit rate':>8} "
+    print(f"{'gateway / policy':<24} {'out tok/s':>9} {'x rr':>5} {'hit rate':>8} {'x rr':>5} "
           f"{'prefilled':>9} {'p50 ms':>8} {'p99 ms':>8} {'spread':>6}  requests per worker")
     for r in rows:
-        ratio = r["tok_s"] / base if base else 0.0
+        ratio = r["tok_s"] / base["tok_s"] if base and base["tok_s"] else 0.0
+        hit_ratio = r["hit"] / base["hit"] if base and base["hit"] else 0.0
         print(f"{r['name']:<24} {r['tok_s']:9.1f} {ratio:5.2f} {r['hit'] * 100:7.1f}% "
-              f"{r['prefilled']:9.0f} {r['p50']:8.0f} {r['p99']:8.0f} {r['spread']:6.2f}  {r['reqs']}", flush=True)
+              f"{hit_ratio:5.2f} {r['prefilled']:9.0f} {r['p50']:8.0f} {r['p99']:8.0f} {r['spread']:6.2f}  {r['reqs']}", flush=True)
 
 
 def median_row(rows):
@@ -468,14 +483,15 @@ def main():
                     help="model folder (default: a made qwen3 0.5b under BUILD/bench-models)")
     ap.add_argument("--layers", type=int, default=8,
                     help="without --model: keep the made model's first N of 28 layers (0: all)")
-    ap.add_argument("--trace", choices=sorted(TRACES), default="math-tir",
-                    help="math-tir: multi-turn tool-integrated math RL (the default); "
-                         "search-r1: Search-R1's search agent (long tool answers)")
-    ap.add_argument("--groups", type=int, default=None, help="prompt groups (math-tir 6)")
+    ap.add_argument("--trace", choices=sorted(TRACES), default="retool",
+                    help="retool: multi-turn tool-integrated math RL with a reasoning model "
+                         "(the default); math-tir: the same at GSM8K lengths; search-r1: "
+                         "Search-R1's search agent (long tool answers)")
+    ap.add_argument("--groups", type=int, default=None, help="prompt groups (retool 6)")
     ap.add_argument("--n", type=int, default=8, help="samples per group")
     ap.add_argument("--turns", type=int, default=3)
     ap.add_argument("--concurrency", type=int, default=None,
-                    help="episodes in flight (math-tir: all of them, as a rollout engine "
+                    help="episodes in flight (retool, math-tir: all of them, as a rollout engine "
                          "submits a step)")
     ap.add_argument("--max-tokens", type=int, default=None, help="new tokens per turn")
     ap.add_argument("--system-words", type=int, default=None)
@@ -579,7 +595,7 @@ def main():
                       + (f", picks {row['routing']}" if row["routing"] else ""), flush=True)
         for title, _ in traces:
             rows = [median_row(results[(t, n)]) for t, n, _, _ in runs if t == title]
-            base = next((r["tok_s"] for r in rows if r["name"] == "rl-router round_robin"), 0.0)
+            base = next((r for r in rows if r["name"] == "rl-router round_robin"), None)
             print_table(f"{title}" + (f", medians of {args.rounds} rounds" if args.rounds > 1
                                       else ""), rows, base)
             if args.rounds > 1:
@@ -587,8 +603,11 @@ def main():
                     else None
                 for t, n, _, _ in runs:
                     if t == title and rr and n != "rl-router round_robin":
-                        print(f"  {n}: x rr by round " + ", ".join(
-                            f"{a['tok_s'] / b['tok_s']:.2f}" for a, b in zip(results[(t, n)], rr)))
+                        print(f"  {n}: x rr by round: tok/s " + ", ".join(
+                            f"{a['tok_s'] / b['tok_s']:.2f}" for a, b in zip(results[(t, n)], rr))
+                            + "; hit rate " + ", ".join(
+                            f"{a['hit'] / b['hit']:.2f}" if b["hit"] else "-"
+                            for a, b in zip(results[(t, n)], rr)))
         print(f"\nload average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     finally:
         stop_all()

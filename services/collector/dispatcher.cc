@@ -6,6 +6,7 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace rl::collector {
 namespace {
@@ -117,21 +118,70 @@ std::string Dispatcher::GroupId(int64_t index) const {
                           : absl::StrCat("collect-", run_tag_, "-", index);
 }
 
-absl::Status Dispatcher::AbortGroup(int64_t index) {
+grpc::Status Dispatcher::SendAbort(int64_t index) {
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   if (!c_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + c_.api_key);
   rl::v1::AbortRequest req;
   req.set_group_id(GroupId(index));
   rl::v1::AbortResponse resp;
-  grpc::Status s = stubs_[0]->Abort(&ctx, req, &resp);
-  if (s.ok()) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat("Router.Abort(group_id ", req.group_id(), "): ",
-                                             CodeName(s.error_code()), ": ", s.error_message()));
+  return stubs_[0]->Abort(&ctx, req, &resp);
+}
+
+int Dispatcher::AbortStartedGroups() {
+  if (!Draining()) return 0;
+  std::vector<int64_t> due;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto now = Clock::now();
+    for (const auto& [index, calls] : group_calls_) {
+      AbortState& a = aborts_[index];
+      if (a.settled || calls.unsent > 0 || now < a.next_try) continue;
+      due.push_back(index);
+    }
+  }
+  for (int64_t index : due) {
+    const grpc::Status s = SendAbort(index);
+    const grpc::StatusCode code = s.error_code();
+    const bool transport = code == grpc::StatusCode::UNAVAILABLE ||
+                           code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                           code == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    int attempts;
+    {
+      absl::MutexLock lock(&mu_);
+      AbortState& a = aborts_[index];
+      attempts = ++a.attempts;
+      a.settled = s.ok() || !transport || attempts >= c_.max_attempts;
+      if (!a.settled) {
+        // retry_backoff_ms x 2^(attempts - 1), capped, jittered like the calls' retries.
+        auto backoff = std::chrono::milliseconds(std::max(1, c_.retry_backoff_ms));
+        for (int i = 1; i < attempts && backoff.count() < c_.max_backoff_ms; ++i) backoff *= 2;
+        a.next_try =
+            Clock::now() +
+            Jittered(std::min(backoff, std::chrono::milliseconds(std::max(1, c_.max_backoff_ms))));
+      }
+    }
+    if (!s.ok()) {
+      const std::string next = !transport ? "not retried"
+                               : attempts >= c_.max_attempts
+                                   ? absl::StrCat("given up after ", attempts, " attempts")
+                                   : "retried after a backoff";
+      spdlog::warn("rl-collect: Router.Abort(group_id {}): {}: {} ({}; its calls run on)",
+                   GroupId(index), CodeName(code), s.error_message(), next);
+    }
+  }
+  return static_cast<int>(due.size());
+}
+
+void Dispatcher::EndCall(grpc::ClientContext* ctx, int64_t index) {
+  absl::MutexLock lock(&mu_);
+  in_flight_.erase(ctx);
+  auto it = group_calls_.find(index);
+  if (it != group_calls_.end() && --it->second.running == 0) group_calls_.erase(it);
 }
 
 void Dispatcher::CancelInFlight() {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   for (grpc::ClientContext* ctx : in_flight_) ctx->TryCancel();
 }
 
@@ -213,24 +263,31 @@ Result Dispatcher::Run(const Task& t, size_t slot) {
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(c_.request_timeout_s));
     if (!c_.api_key.empty()) ctx.AddMetadata("authorization", "Bearer " + c_.api_key);
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (Stopping()) {  // checked under the lock: CancelInFlight cannot miss this call
+      absl::MutexLock lock(&mu_);
+      // Checked under the lock: CancelInFlight cannot miss this call, and once draining
+      // AbortStartedGroups knows every call that will ever start.
+      if (Stopping()) {
         res.cancelled = true;
         return res;
       }
       in_flight_.insert(&ctx);
+      GroupCalls& g = group_calls_[t.row->index];
+      ++g.running;
+      ++g.unsent;
     }
+    // Returns once the request is written (a blocking client stream sends it first).
     auto reader = stub->Generate(&ctx, req);
+    {
+      absl::MutexLock lock(&mu_);
+      --group_calls_[t.row->index].unsent;
+    }
     rl::v1::GenerateResponse msg;
     std::optional<rl::v1::GenerateFinal> final;
     while (reader->Read(&msg)) {
       if (msg.has_final()) final = std::move(*msg.mutable_final());
     }
     grpc::Status s = reader->Finish();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_flight_.erase(&ctx);
-    }
+    EndCall(&ctx, t.row->index);
     if (Stopping() && s.error_code() == grpc::StatusCode::CANCELLED) {
       res.cancelled = true;
       return res;

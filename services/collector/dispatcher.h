@@ -10,9 +10,12 @@
 // back `cancelled` (they stay pending for the next run). Every sample of a prompt row carries
 // the row's group_id (GroupId) and a routing key (the row's "routing_key" field, else the
 // group id: the group's samples share a worker's prefix cache, issue 32). Over-sampling
-// (oversample.h) sets `drain` once its batch is complete: no call starts, and a call the
-// router aborts (AbortGroup) comes back with its partial output instead of being retried.
-// Thread safety: Run and CancelInFlight from any thread. Cost: one gRPC stream per attempt.
+// (oversample.h) sets `drain` once its batch is complete: no call starts, AbortStartedGroups
+// aborts the groups that have calls in flight (Router.Abort by group_id, once per group), and
+// a call the router aborts comes back with its partial output instead of being retried.
+// Thread safety: Run, CancelInFlight and AbortStartedGroups from any thread. Cost: one gRPC
+// stream per attempt; while draining, one Router.Abort per group with a call in flight (plus
+// bounded retries of one that failed in transport).
 #pragma once
 
 #include <atomic>
@@ -27,8 +30,10 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "rl/v1/router.grpc.pb.h"
 #include "services/collector/checkpoint.h"
@@ -83,8 +88,17 @@ class Dispatcher {
   bool Draining() const { return drain_ != nullptr && drain_->load(); }
   // The group id of prompt row `index` in this run.
   std::string GroupId(int64_t index) const;
-  // Router.Abort(group_id): the group's calls in flight end with their partial output.
-  absl::Status AbortGroup(int64_t index);
+  // Draining: sends Router.Abort(group_id) to each group with a call in flight, once per group
+  // for the dispatcher's life; a group none of whose calls started is never aborted (no call
+  // starts once draining, so the set is final). A group whose requests are still being written
+  // waits for a later call: an abort sent before a request would miss it for sure (the router
+  // aborts the members it holds; one written before can still, rarely, arrive after the abort:
+  // that call then runs to its end and is kept whole). An abort that failed in transport
+  // (UNAVAILABLE, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED) is sent again by a later call after a
+  // backoff (retry_backoff_ms doubled up to max_backoff_ms), at most max_attempts times in all;
+  // any other failure is logged and not repeated. The caller calls it again and again while
+  // draining (its writer loop). Returns the Router.Abort calls made.
+  int AbortStartedGroups();
   // Cancels every call in flight (on stop: a long generation need not run to its end before
   // the collector can save and exit). Their samples stay pending for the next run.
   void CancelInFlight();
@@ -92,15 +106,34 @@ class Dispatcher {
   Result Run(const Task& t, size_t slot);
 
  private:
+  // A group's calls in flight (an attempt counts from its start under mu_ to its end).
+  struct GroupCalls {
+    int running = 0;  // calls started and not ended
+    int unsent = 0;   // of those, calls whose request is not yet written to the router
+  };
+  // Where a group's Router.Abort stands.
+  struct AbortState {
+    int attempts = 0;      // Router.Abort calls made
+    bool settled = false;  // answered (or failed for good): never sent again
+    std::chrono::steady_clock::time_point next_try{};  // after a transport failure
+  };
+
   rl::v1::GenerateRequest BuildRequest(const Task& t, std::string* error) const;
+  // One Router.Abort(group_id) call.
+  grpc::Status SendAbort(int64_t index);
+  // Forgets call `ctx` of group `index`, ended.
+  void EndCall(grpc::ClientContext* ctx, int64_t index);
 
   const CollectConfig& c_;
   const std::atomic<bool>* stop_;
   const std::atomic<bool>* drain_;
   const std::string run_tag_;
   std::vector<std::unique_ptr<rl::v1::Router::Stub>> stubs_;
-  std::mutex mu_;
-  absl::flat_hash_set<grpc::ClientContext*> in_flight_;  // guarded by mu_
+  absl::Mutex mu_;
+  absl::flat_hash_set<grpc::ClientContext*> in_flight_ ABSL_GUARDED_BY(mu_);
+  // Groups with a call in flight (an entry is erased when its last call ends).
+  absl::flat_hash_map<int64_t, GroupCalls> group_calls_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int64_t, AbortState> aborts_ ABSL_GUARDED_BY(mu_);
 };
 
 // Per-sample sampling seed derived from the base seed, the row index and the sample number.

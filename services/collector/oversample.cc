@@ -34,7 +34,6 @@ using Clock = std::chrono::steady_clock;
 using Json = nlohmann::json;
 
 constexpr size_t kMaxFilterOutputBytes = 4096;
-constexpr auto kAbortResend = std::chrono::seconds(1);
 
 // One submitted group as the writer sees it.
 struct GroupState {
@@ -191,14 +190,6 @@ absl::Status RunBatch(const CollectConfig& config, const PromptSet& prompts,
   auto forget_partials = [&](int64_t index) {
     std::erase_if(ckpt->partials, [&](const PartialSample& p) { return p.key.index == index; });
   };
-  auto abort_running = [&] {
-    for (auto& [index, g] : groups) {
-      if (g.complete || g.heard == g.expected) continue;
-      if (absl::Status s = dispatcher.AbortGroup(index); !s.ok()) {
-        spdlog::warn("rl-collect: {}", std::string(s.message()));
-      }
-    }
-  };
   auto group_done = [&](GroupState& g) -> absl::Status {
     g.complete = true;
     const bool all_ok =
@@ -240,7 +231,7 @@ absl::Status RunBatch(const CollectConfig& config, const PromptSet& prompts,
       RETURN_IF_ERROR(group_done(g));
       if (kept >= batch) {
         drain.store(true);
-        abort_running();
+        dispatcher.AbortStartedGroups();
       }
     }
     return absl::OkStatus();
@@ -248,17 +239,14 @@ absl::Status RunBatch(const CollectConfig& config, const PromptSet& prompts,
 
   const auto idle = std::chrono::milliseconds(config.idle_flush_ms);
   auto last_result = Clock::now();
-  auto last_abort = Clock::now();
   bool cancelled_in_flight = false;
   while (status.ok()) {
     if (stop != nullptr && stop->load() && !cancelled_in_flight) {
       dispatcher.CancelInFlight();
       cancelled_in_flight = true;
     }
-    if (drain.load() && Clock::now() - last_abort >= kAbortResend) {
-      abort_running();  // a call that registered after the last abort
-      last_abort = Clock::now();
-    }
+    // Groups whose requests were still being written at the drain, and aborts to retry.
+    if (drain.load() && !cancelled_in_flight) dispatcher.AbortStartedGroups();
     std::optional<Result> r =
         queue.PopUntil(std::min(Clock::now() + std::chrono::milliseconds(100), last_result + idle));
     if (r && r->exited) {

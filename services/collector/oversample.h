@@ -6,17 +6,18 @@
 // partial samples from an earlier run first, then in file order); a group that completes with
 // every sample ok is shown to the filter (a shell command reading the group as JSON on stdin
 // and printing keep or drop) and, kept, written whole to the shards; once batch_groups groups
-// are kept, no call starts, the groups still running are aborted through the router
-// (Router.Abort by group_id, re-sent every second while calls of theirs run), and their samples
-// are saved in checkpoint.json's `partials`: an aborted sample's earlier output with its
-// dispatch version, resumed by the next run within its budget (ResumeFrom by tokens), and a
-// finished sample of an unfinished group kept whole. A dropped group is recorded as such and
+// are kept, no call starts, the groups with calls in flight are aborted through the router
+// (Router.Abort by group_id, once per group; a group never sent is never aborted), and their
+// samples are saved in checkpoint.json's `partials`: an aborted sample's earlier output with
+// its dispatch version, resumed by the next run within its budget (ResumeFrom by tokens), and
+// a finished sample of an unfinished group kept whole. A dropped group is recorded as such and
 // never collected again; a group with a failed sample is written (its failed samples are
 // retried by a later run) and does not count toward the batch. A run that kept its batch, or
 // found nothing more to submit, merges everything saved so far.
 //
 // Threads as in collector.h: `concurrency` dispatcher threads, the calling thread writes.
-// Cost: the filter runs once per completed group, in the writer thread (a process per group).
+// Cost: the filter runs once per completed group, in the writer thread (a process per group);
+// at the batch, one Router.Abort per group with a call in flight (at most `concurrency`).
 #pragma once
 
 #include <atomic>

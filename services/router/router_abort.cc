@@ -195,6 +195,7 @@ class GroupAbort {
   GroupAbort(int members, Done done)
       : pending_(members), marked_(members), done_(std::move(done)) {}
   void One(const absl::StatusOr<int32_t>& n) {
+    absl::StatusOr<int32_t> result;
     {
       absl::MutexLock lock(&mu_);
       if (n.ok()) {
@@ -203,10 +204,12 @@ class GroupAbort {
         first_error_ = n.status();  // a member that ended meanwhile is not an error
       }
       if (--pending_ > 0) return;
+      // The outcome is read under the lock like every other access, not on the argument that
+      // no other member's callback can run after the last one.
+      result = first_error_.ok() ? absl::StatusOr<int32_t>(std::max(total_, marked_))
+                                 : absl::StatusOr<int32_t>(first_error_);
     }
     Done done = std::move(done_);
-    absl::StatusOr<int32_t> result =
-        first_error_.ok() ? absl::StatusOr<int32_t>(std::max(total_, marked_)) : first_error_;
     delete this;
     done(std::move(result));
   }

@@ -142,8 +142,8 @@ RouterMetrics::RouterMetrics(MetricsRegistry* registry, const WorkerPool* pool,
       "Picks placed by a preference: routing key, group id, cached trajectory or prefix.", policy,
       [pool] { return double(pool->routing_stats().keyed_picks); });
   m.SetGaugeCallback("rl_router_routing_key_moves_total",
-                     "Picks that passed over a preferred worker above --load-factor times the "
-                     "fleet's mean load.",
+                     "Picks that passed over a preferred worker above its load bound "
+                     "(--load-factor times the fleet's mean, or --load-slack above it).",
                      policy, [pool] { return double(pool->routing_stats().key_moves); });
   m.SetGaugeCallback("rl_router_routing_load_spread",
                      "Max / mean load (samples in flight) of the routable workers now.", policy,
@@ -218,6 +218,7 @@ void RouterMetrics::Fill(rl::v1::GetMetricsResponse* out) const {
   rl::v1::RoutingMetrics* r = out->mutable_routing();
   r->set_policy(pool_->policy_name());
   r->set_load_factor(pool_->policy_load_factor());
+  r->set_load_slack(pool_->policy_load_slack());
   r->set_picks(stats.picks);
   r->set_keyed_picks(stats.keyed_picks);
   r->set_key_moves(stats.key_moves);

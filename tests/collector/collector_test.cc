@@ -2,11 +2,17 @@
 // failures, interrupt + resume to the same bytes, cancellation, idle flushes, bounds.
 #include "services/collector/collector.h"
 
+#include <algorithm>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "common/server_runner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -299,6 +305,139 @@ TEST(Collector, RowsTimesNIsBounded) {
   EXPECT_THAT(s.status().message(), HasSubstr("more than the limit of 50000000"));
   EXPECT_THAT(s.status().message(), HasSubstr(std::to_string(rows) + " rows x --n 1024"));
   EXPECT_FALSE(fs::exists(dir + "/out/checkpoint.json"));
+}
+
+// Over-sampling prompts: rows 0..rows-1 in index order, text "row I" (held rows: "hold I").
+std::string WriteBatchPrompts(const std::string& dir, int rows, const std::vector<int>& held) {
+  const std::string path = dir + "/batch.jsonl";
+  std::ofstream out(path);
+  for (int i = 0; i < rows; ++i) {
+    const bool hold = std::find(held.begin(), held.end(), i) != held.end();
+    out << "{\"index\":" << i << ",\"text\":\"" << (hold ? "hold " : "row ") << i << "\"}\n";
+  }
+  return path;
+}
+
+// The row index a collector group id ("collect-TAG-INDEX") names.
+int64_t IndexOfGroup(const std::string& group_id) {
+  return std::stoll(group_id.substr(group_id.rfind('-') + 1));
+}
+
+// Records by (index, sample) from a merged output.
+std::map<std::pair<int64_t, int32_t>, SampleRecord> Merged(const std::string& out) {
+  std::map<std::pair<int64_t, int32_t>, SampleRecord> by_key;
+  auto merged = DecodeShard(Slurp(out + "/trajectories.safetensors"), "merged");
+  EXPECT_TRUE(merged.ok()) << merged.status();
+  if (!merged.ok()) return by_key;
+  for (SampleRecord& r : *merged) by_key[{r.key.index, r.key.sample}] = std::move(r);
+  return by_key;
+}
+
+// Over-sampling's drain aborts exactly the groups with a call in flight, once each: rows 0 and
+// 3 are held by the router until aborted (and answer 1.5 s after the abort, longer than any
+// re-send period), rows 1 and 2 answer at once and make the batch of 2. Three dispatcher
+// threads: two hold row 0's samples, the third does rows 1 and 2 and then (unless the batch
+// was complete first) holds on row 3, so rows 4..9 are never sent. Row 0 (and row 3 when it
+// was sent) is aborted exactly once; no other group, sent or not, is aborted. The output is
+// the calls' own: groups 1 and 2 whole, row 0's samples saved as partials with the first half
+// of what a plain collection makes.
+TEST(OverSampling, AbortsOnlyTheGroupsInFlightOnceEach) {
+  const rl::testing::TempDir tmp;
+  const std::string dir = tmp.path();
+  const std::string prompts = WriteBatchPrompts(dir, 10, {0, 3});
+  Fleet plain(FakeRouterOptions{});
+  CollectConfig ref = Config(plain, prompts, dir + "/ref");
+  ASSERT_TRUE(RunCollect(ref).ok());
+  const auto want = Merged(ref.out);
+  ASSERT_EQ(want.size(), 20u);
+
+  Fleet fleet(FakeRouterOptions{.hold_texts = {"hold 0", "hold 3"}, .abort_reply_ms = 1500});
+  CollectConfig c = Config(fleet, prompts, dir + "/out");
+  c.concurrency = 3;
+  c.batch_groups = 2;
+  c.over_sample = 5;  // all ten rows submitted
+  auto s = RunCollect(c);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->kept_groups, 2);
+
+  const absl::flat_hash_set<std::string> sent = fleet.router.generated_groups();
+  absl::flat_hash_set<int64_t> sent_rows;
+  for (const std::string& g : sent) sent_rows.insert(IndexOfGroup(g));
+  EXPECT_TRUE(sent_rows.contains(0));
+  for (int64_t i = 4; i < 10; ++i) EXPECT_FALSE(sent_rows.contains(i)) << i;
+  std::map<int64_t, int> aborts;
+  for (const auto& [group, n] : fleet.router.aborts()) aborts[IndexOfGroup(group)] = n;
+  std::map<int64_t, int> expected = {{0, 1}};
+  if (sent_rows.contains(3)) expected[3] = 1;
+  EXPECT_EQ(aborts, expected);
+
+  auto ckpt = LoadCheckpoint(c.out + "/checkpoint.json");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const auto got = Merged(c.out);
+  ASSERT_EQ(got.size(), 4u);
+  for (const auto& [key, r] : got) {
+    EXPECT_TRUE(key.first == 1 || key.first == 2) << key.first;
+    EXPECT_EQ(r.tokens, want.at(key).tokens) << key.first << "/" << key.second;
+  }
+  int row0_partials = 0;
+  for (const PartialSample& p : ckpt->partials) {
+    if (p.key.index != 0) continue;
+    ++row0_partials;
+    ASSERT_FALSE(p.record.has_value());
+    const SampleRecord& full = want.at({0, p.key.sample});
+    const std::vector<int32_t> first_half(full.tokens.begin() + full.prompt_len,
+                                          full.tokens.begin() + full.prompt_len + 4);
+    EXPECT_EQ(p.output_ids, first_half);
+  }
+  EXPECT_EQ(row0_partials, 2);
+}
+
+// An abort that fails in transport (UNAVAILABLE) is sent again after a backoff until it is
+// answered, at most --max-attempts times; any other failure is not repeated. The held row's
+// calls then run to their end (hold_ms) and are kept whole for the next run.
+TEST(OverSampling, RetriesAFailedAbortOnlyInTransportAndBounded) {
+  struct Case {
+    grpc::StatusCode code;
+    int fail_first;
+    int max_attempts;
+    int want_aborts;
+    bool aborted;  // the held calls ended by the abort (else by hold_ms)
+  };
+  for (const Case& k : {Case{grpc::StatusCode::UNAVAILABLE, 2, 10, 3, true},
+                        Case{grpc::StatusCode::RESOURCE_EXHAUSTED, 100, 3, 3, false},
+                        Case{grpc::StatusCode::PERMISSION_DENIED, 1, 10, 1, false}}) {
+    SCOPED_TRACE(::testing::Message() << "abort fails " << k.fail_first << "x with code " << k.code
+                                      << ", max_attempts " << k.max_attempts);
+    const rl::testing::TempDir tmp;
+    const std::string dir = tmp.path();
+    const std::string prompts = WriteBatchPrompts(dir, 4, {0});
+    Fleet fleet(FakeRouterOptions{.hold_texts = {"hold 0"},
+                                  .hold_ms = 1000,
+                                  .abort_fail_first = k.fail_first,
+                                  .abort_fail_code = k.code});
+    CollectConfig c = Config(fleet, prompts, dir + "/out");
+    c.concurrency = 3;
+    c.batch_groups = 1;
+    c.over_sample = 2;  // rows 0 and 1
+    c.max_attempts = k.max_attempts;
+    auto s = RunCollect(c);
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->kept_groups, 1);
+    std::map<int64_t, int> aborts;
+    for (const auto& [group, n] : fleet.router.aborts()) aborts[IndexOfGroup(group)] = n;
+    EXPECT_EQ(aborts, (std::map<int64_t, int>{{0, k.want_aborts}}));
+    auto ckpt = LoadCheckpoint(c.out + "/checkpoint.json");
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    int partials = 0;
+    for (const PartialSample& p : ckpt->partials) {
+      if (p.key.index != 0) continue;
+      ++partials;
+      EXPECT_EQ(p.record.has_value(), !k.aborted);  // a finished sample is kept whole
+      if (!k.aborted) continue;
+      EXPECT_EQ(p.output_ids.size(), 4u);
+    }
+    EXPECT_EQ(partials, 2);
+  }
 }
 
 // --group-filter: the first word of the command's output decides; anything else, a failed

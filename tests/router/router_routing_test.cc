@@ -122,6 +122,7 @@ TEST_F(RouterRoutingTest, AffinityKeepsAKeysRequestsOnOneWorker) {
   const rl::v1::RoutingMetrics r = Metrics().routing();
   EXPECT_EQ(r.policy(), "affinity");
   EXPECT_DOUBLE_EQ(r.load_factor(), 1.25);
+  EXPECT_EQ(r.load_slack(), 8);
   EXPECT_EQ(r.picks(), 36);
   EXPECT_EQ(r.keyed_picks(), 36);
   EXPECT_EQ(r.key_moves(), 0);  // one request at a time: never over the bound

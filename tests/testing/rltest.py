@@ -5,6 +5,7 @@ freeze, stop), free ports, polling, and the rlfleet package installed as a user 
 Tests import it as `rltest` (tests/conftest.py puts tests/testing on sys.path)."""
 
 import atexit
+import fcntl
 import os
 import random
 import shutil
@@ -33,25 +34,84 @@ def _ephemeral_low():
         return 32768
 
 
+# The claims this process holds: claim file -> its open descriptor (flock'ed until exit).
+_claims = {}
+
+
+def _release_claims():
+    """Removes this process's claim files (atexit): its ports are free to the others at once."""
+    for path, fd in list(_claims.items()):
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.unlink(path)  # under our lock: a racer that opened it finds it gone
+        except OSError:
+            pass
+        os.close(fd)
+    _claims.clear()
+
+
+atexit.register(_release_claims)
+
+
+def _hold(path, fd):
+    """Keeps `fd` (locked, on `path`) as one of this process's claims when `path` still names
+    it (not removed or replaced meanwhile); else closes it. True when kept."""
+    try:
+        same = os.stat(path).st_ino == os.fstat(fd).st_ino
+    except OSError:
+        same = False
+    if same:
+        _claims[str(path)] = fd
+    else:
+        os.close(fd)
+    return same
+
+
 def _claim(port, hold_s=600):
-    """True when no other test process claimed `port` in the last `hold_s` seconds (a file per
-    port in a folder every test process shares; claims older than that are taken over)."""
+    """True when `port` is now this process's, claimed against the other test processes: a file
+    per port in a folder they all share, holding an exclusive flock for the claimant's life and
+    removed at its exit. A claim file nobody holds (its process died without removing it) is
+    taken over once it is `hold_s` seconds old. Both ways are atomic: a new claim is a fresh,
+    already locked file linked into place (link fails when the name exists); a takeover is the
+    flock on the old file (one process gets it) while the name still names that file."""
     folder = Path(tempfile.gettempdir()) / "rltest-ports"
-    folder.mkdir(exist_ok=True)
     path = folder / str(port)
     try:
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-        return True
-    except FileExistsError:
-        try:
-            if time.time() - path.stat().st_mtime < hold_s:
-                return False
-            os.utime(path)  # a stale claim: ours now
-            return True
-        except OSError:
-            return False
+        folder.mkdir(exist_ok=True)
+        fresh = folder / f".{port}.{os.getpid()}.{random.getrandbits(64):016x}"
+        fd = os.open(fresh, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     except OSError:
         return True  # no shared folder: the bind check alone
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # nobody else knows the name yet
+        os.link(fresh, path)
+        return _hold(path, fd)
+    except FileExistsError:
+        os.close(fd)
+    except OSError:
+        os.close(fd)
+        return False
+    finally:
+        try:
+            os.unlink(fresh)
+        except OSError:
+            pass
+    # Claimed already: ours to take only when its holder is gone and the claim is old.
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False  # removed meanwhile: the next port will do
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # fails while its holder lives
+        stale = time.time() - os.fstat(fd).st_mtime >= hold_s
+        if stale:
+            os.utime(fd)  # ours now: fresh again
+    except OSError:
+        stale = False
+    if not stale:
+        os.close(fd)
+        return False
+    return _hold(path, fd)
 
 
 def free_port():
@@ -60,8 +120,9 @@ def free_port():
     kernel's ephemeral range: a port from bind(0) is one the kernel also gives the outgoing
     connections of every concurrent test (ctest -j), and one of them can take it before the
     server binds it (the server then exits, "address in use"). Random in [20000, that range),
-    claimed for 10 minutes against the other test processes (`_claim`) and checked by a bind;
-    bind(0) only when that range is empty or full."""
+    claimed against the other test processes until this one exits (`_claim`; 10 minutes when
+    it dies without cleaning up) and checked by a bind; bind(0) only when that range is empty
+    or full."""
     low = _ephemeral_low()
     pick = random.SystemRandom()
     for _ in range(200 if low > 20100 else 0):

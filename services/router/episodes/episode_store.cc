@@ -125,8 +125,9 @@ absl::Status EpisodeStore::Record(absl::string_view episode_id, EpisodeTurnRecor
     it->second.touched = now;
   }
   Episode& e = it->second;
+  // The token bound is inside the bytes one: every turn's bytes are at least
+  // kEpisodeBytesPerToken per token, so e.bytes + bytes >= kEpisodeBytesPerToken x (e.tokens + n).
   if (static_cast<int64_t>(e.turns.size()) >= options_.max_turns ||
-      e.tokens + static_cast<int64_t>(n) > options_.max_episode_tokens ||
       (e.bytes + bytes + kEpisodeBytesPerToken - 1) / kEpisodeBytesPerToken >
           options_.max_episode_tokens) {
     ++stats_.refused_turns;

@@ -78,6 +78,8 @@ class RoutingPolicy {
   virtual Choice Choose(const PickRequest& request, absl::Span<const Candidate> candidates) = 0;
   // The load bound's factor (--load-factor); 0 for policies without a bound.
   virtual double load_factor() const { return 0; }
+  // The load bound's absolute allowance (--load-slack); 0 for policies without a bound.
+  virtual int32_t load_slack() const { return 0; }
 };
 
 // --policy, --load-factor and --load-slack.

@@ -42,7 +42,8 @@ absl::Status NoWorker(const std::string& address) {
 WorkerPool::WorkerPool(const PoolOptions& options, std::unique_ptr<RoutingPolicy> policy)
     : options_(options),
       thresholds_{options.failure_threshold, options.success_threshold},
-      policy_(policy != nullptr ? std::move(policy) : MakeRoundRobinPolicy()) {
+      policy_(policy != nullptr ? std::move(policy) : MakeRoundRobinPolicy()),
+      policy_config_{policy_->name(), policy_->load_factor(), policy_->load_slack()} {
   health_ = std::make_unique<HealthChecker>(
       HealthCheckOptions{options.health_interval, options.health_timeout},
       [this] { return Snapshot(); },

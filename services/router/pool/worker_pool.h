@@ -143,8 +143,10 @@ class WorkerPool final : public WorkerSource {
   void ClearPartial(Worker* w);
 
   // ---- routing figures ----
-  const char* policy_name() const { return policy_->name(); }
-  double policy_load_factor() const { return policy_->load_factor(); }
+  // The policy's configuration, fixed at construction (read without the lock).
+  const char* policy_name() const { return policy_config_.name; }
+  double policy_load_factor() const { return policy_config_.load_factor; }
+  int32_t policy_load_slack() const { return policy_config_.load_slack; }
   RoutingStats routing_stats() const;
   // Max / mean load (samples in flight) of the routable workers now; 0 when none is loaded.
   double LoadSpread() const;
@@ -275,6 +277,12 @@ class WorkerPool final : public WorkerSource {
   mutable absl::Mutex mu_;
   std::vector<Entry> entries_ ABSL_GUARDED_BY(mu_);  // sorted by address
   const std::unique_ptr<RoutingPolicy> policy_ ABSL_PT_GUARDED_BY(mu_);
+  struct PolicyConfig {
+    const char* name;
+    double load_factor;
+    int32_t load_slack;
+  };
+  const PolicyConfig policy_config_;
   FleetWeights fleet_ ABSL_GUARDED_BY(mu_);
   RoutingStats routing_stats_ ABSL_GUARDED_BY(mu_);
   double load_spread_sum_ ABSL_GUARDED_BY(mu_) = 0;

@@ -1,6 +1,6 @@
 """Smoke run of bench/routing/grpo_trace_bench.py: smallest sizes on stories260K, every policy
 of rl-router on both traces and SMG's two on the GRPO trace print a row with figures (the
-default math-tir shape; search-r1 once), and no process is left behind."""
+default retool shape; search-r1 once), and no process is left behind."""
 
 import re
 import subprocess
@@ -8,7 +8,7 @@ import sys
 
 from rltest import BUILD, ROOT, STORIES
 
-ROW = r"\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+%\s+\d+\s+\d+\s+\d+\s+\S+\s+\d+/\d+/\d+"
+ROW = r"\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+%\s+[0-9.]+\s+\d+\s+\d+\s+\d+\s+\S+\s+\d+/\d+/\d+"
 
 
 def test_prints_every_row():

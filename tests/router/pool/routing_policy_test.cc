@@ -16,6 +16,8 @@ TEST(RoutingPolicyTest, MakesEveryNamedPolicy) {
   }
   EXPECT_EQ((*MakeRoutingPolicy({"affinity", 1.5}))->load_factor(), 1.5);
   EXPECT_EQ((*MakeRoutingPolicy({"round_robin", 1.5}))->load_factor(), 0);
+  EXPECT_EQ((*MakeRoutingPolicy({"cache_aware", 1.5, 3}))->load_slack(), 3);
+  EXPECT_EQ((*MakeRoutingPolicy({"least_load", 1.5, 3}))->load_slack(), 0);
 }
 
 TEST(RoutingPolicyTest, RefusesBadOptionsNamingTheFlag) {

@@ -28,6 +28,7 @@ class CacheAwarePolicy final : public RoutingPolicy {
   const char* name() const override { return "cache_aware"; }
   Choice Choose(const PickRequest& request, absl::Span<const Candidate> candidates) override;
   double load_factor() const override { return load_factor_; }
+  int32_t load_slack() const override { return load_slack_; }
 
  private:
   const double load_factor_;
