@@ -25,14 +25,20 @@ inline int CurrentThreadNice() {
   return getpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)));
 }
 
+// Lowers the calling thread's priority by `nice` levels from `base` (its own nice value unless
+// given), capped at 19; nothing for `nice` <= 0. Best effort: a refusal leaves it unchanged. For
+// a thread that runs background work for the rest of its life (it cannot be raised back).
+inline void LowerThreadPriority(int nice, int base = CurrentThreadNice()) {
+  if (nice <= 0) return;
+  const int target = base + nice > 19 ? 19 : base + nice;
+  (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), target);
+}
+
 template <typename Fn>
 auto RunAtLowPriority(int nice, Fn&& fn) -> decltype(fn()) {
   using Result = decltype(fn());
-  const int base = CurrentThreadNice();
-  auto lowered = [&] {
-    const int target = base + nice > 19 ? 19 : base + nice;
-    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), target);
-  };
+  const int base = CurrentThreadNice();  // the caller's: the new thread is lowered from it
+  auto lowered = [&] { LowerThreadPriority(nice, base); };
   if constexpr (std::is_void_v<Result>) {
     std::thread t([&] {
       lowered();

@@ -95,6 +95,30 @@ uint8_t* MapFresh(size_t size) {
   return p == MAP_FAILED ? nullptr : static_cast<uint8_t*>(p);
 }
 
+// `size` bytes (> 0) of owned memory: a spare of about that size when `size` is at least
+// kMinSpareBytes and the pool has one (`*reused`), else fresh; `*capacity` is what is mapped.
+// nullptr when it cannot be mapped. Give it back with ReleaseMemory.
+uint8_t* TakeMemory(size_t size, size_t* capacity, bool* reused) {
+  uint8_t* data = size >= kMinSpareBytes ? SparePool::Get().Take(size, capacity) : nullptr;
+  *reused = data != nullptr;
+  if (data == nullptr) {
+    *capacity = size;
+    data = MapFresh(size);
+  }
+  return data;
+}
+
+// Memory from TakeMemory (nullptr: nothing): a spare for the next reads when large enough, else
+// unmapped.
+void ReleaseMemory(uint8_t* data, size_t capacity) {
+  if (data == nullptr) return;
+  if (capacity >= kMinSpareBytes) {
+    SparePool::Get().Give(data, capacity);
+  } else {
+    ::munmap(data, capacity);
+  }
+}
+
 // Reads [begin, end) of `fd` into `data`, in preads that end at multiples of `chunk` (file
 // offsets), calling `visit` (when set) after each one.
 absl::Status ReadRange(int fd, const std::string& path, uint8_t* data, size_t size, size_t begin,
@@ -148,17 +172,13 @@ absl::StatusOr<OwnedFileReader> OwnedFileReader::Open(const std::string& path, i
         absl::StrCat(path, " is ", st.st_size, " bytes, more than the limit of ", max_bytes));
   }
   const size_t size = static_cast<size_t>(st.st_size);
-  uint8_t* data = nullptr;
-  size_t capacity = size;
-  if (size >= kMinSpareBytes) data = SparePool::Get().Take(size, &capacity);
-  if (data == nullptr && size > 0) {
-    capacity = size;
-    data = MapFresh(size);
-    if (data == nullptr) {
-      ::close(fd);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("cannot allocate ", size, " bytes to read ", path));
-    }
+  uint8_t* data = nullptr;  // an empty file: no memory
+  size_t capacity = 0;
+  bool reused = false;
+  if (size > 0 && (data = TakeMemory(size, &capacity, &reused)) == nullptr) {
+    ::close(fd);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate ", size, " bytes to read ", path));
   }
   return OwnedFileReader(fd, std::shared_ptr<OwnedFile>(new OwnedFile(path, data, size, capacity)));
 }
@@ -248,25 +268,15 @@ absl::StatusOr<std::shared_ptr<PooledBuffer>> PooledBuffer::Take(size_t size) {
   const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
   const size_t want = std::max(page, (size + page - 1) / page * page);
   size_t capacity = 0;
-  uint8_t* data = want >= kMinSpareBytes ? SparePool::Get().Take(want, &capacity) : nullptr;
-  const bool reused = data != nullptr;
-  if (!reused) {
-    data = MapFresh(want);
-    capacity = want;
-    if (data == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat("cannot map ", want, " bytes"));
-    }
+  bool reused = false;
+  uint8_t* data = TakeMemory(want, &capacity, &reused);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot map ", want, " bytes"));
   }
   return std::shared_ptr<PooledBuffer>(new PooledBuffer(data, size, capacity, reused));
 }
 
-PooledBuffer::~PooledBuffer() {
-  if (capacity_ >= kMinSpareBytes) {
-    SparePool::Get().Give(data_, capacity_);
-  } else {
-    ::munmap(data_, capacity_);
-  }
-}
+PooledBuffer::~PooledBuffer() { ReleaseMemory(data_, capacity_); }
 
 // The bytes asked for only: a reused spare may be larger (and MADV_FREEd); its tail stays out.
 void PooledBuffer::Prefault() { PopulateWrite(data_, size_); }
@@ -275,14 +285,7 @@ void DropSpareBuffers() { SparePool::Get().DropAll(); }
 
 void SetSpareBuffersReclaimable(bool reclaimable) { SparePool::Get().SetReclaimable(reclaimable); }
 
-OwnedFile::~OwnedFile() {
-  if (data_ == nullptr) return;
-  if (capacity_ >= kMinSpareBytes) {
-    SparePool::Get().Give(data_, capacity_);
-  } else {
-    ::munmap(data_, capacity_);
-  }
-}
+OwnedFile::~OwnedFile() { ReleaseMemory(data_, capacity_); }
 
 absl::StatusOr<std::string> ReadSmallFile(const std::string& path, int64_t max_bytes) {
   absl::StatusOr<std::shared_ptr<OwnedFile>> file = OwnedFile::Read(path, max_bytes);

@@ -354,11 +354,17 @@ absl::Status TensorUpdateReactor::Apply() {
   for (auto& [name, p] : pending_) tensors.push_back(std::move(p.tensor));
   pending_.clear();
   // Peer catch-up (peer_sender.h): the whole state, verified against the sender's digest.
+  // Its per-tensor digests are kept: the stage or the served digest reuses them (hashed once).
+  std::map<std::string, std::string> digests;
   if (!expected_rank_sha256_.empty()) {
-    RETURN_IF_ERROR(VerifyFullState(tensors, weights_.served_shapes(), expected_rank_sha256_));
+    ASSIGN_OR_RETURN(digests,
+                     VerifyFullState(tensors, weights_.served_shapes(), expected_rank_sha256_));
   }
-  if (stage_ != nullptr) return FillFrom(stage_->Commit(std::move(tensors)), response_);
+  if (stage_ != nullptr) {
+    return FillFrom(stage_->Commit(std::move(tensors), std::move(digests)), response_);
+  }
   policy_.verified_sha256 = expected_rank_sha256_;  // the served digest once applied (GetLoad)
+  policy_.verified_tensor_sha256 = std::move(digests);
   RETURN_IF_ERROR(
       FillFrom(weights_.UpdateWeightsFromTensors(std::move(tensors), policy_), response_));
   if (!expected_rank_sha256_.empty()) response_->set_weights_sha256(expected_rank_sha256_);

@@ -114,9 +114,6 @@ absl::Status ValidateRequest(const GenerateRequest& r, const EngineLimits& limit
                                   " output ids (or send none: unknown)"));
     }
     const int64_t earlier = static_cast<int64_t>(r.resumed_ids.size());
-    if (s.min_new_tokens > s.max_new_tokens) {
-      return Invalid("min_new_tokens", "must not exceed max_new_tokens");
-    }
     RETURN_IF_ERROR(
         CheckResumeBudget(prompt_len, earlier, s.max_new_tokens, limits.max_context_len));
     if (prompt_len + s.max_new_tokens > limits.max_kv_tokens) {

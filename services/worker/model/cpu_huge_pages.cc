@@ -125,6 +125,7 @@ void HugePageCollapser::Run() {
       }
       std::vector<absl::Span<const uint8_t>> refused;
       for (size_t i = 0; i < regions.size(); ++i) {
+        if (before_region_) before_region_();
         {
           absl::MutexLock lock(&mu_);
           if (moved_on()) {

@@ -18,7 +18,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -29,7 +31,10 @@ namespace rl::model {
 
 class HugePageCollapser {
  public:
-  HugePageCollapser() = default;
+  // `before_region` (may be empty) runs on the collapsing thread before each region is checked
+  // for cancellation and collapsed: tests hold a job in progress with it.
+  explicit HugePageCollapser(std::function<void()> before_region = nullptr)
+      : before_region_(std::move(before_region)) {}
   // Stops the current job after the region in progress and joins the thread.
   ~HugePageCollapser();
   HugePageCollapser(const HugePageCollapser&) = delete;
@@ -58,6 +63,8 @@ class HugePageCollapser {
 
  private:
   void Run();
+
+  const std::function<void()> before_region_;
 
   mutable absl::Mutex mu_;
   std::vector<absl::Span<const uint8_t>> job_ ABSL_GUARDED_BY(mu_);

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -134,19 +135,24 @@ absl::StatusOr<std::unique_ptr<Weights>> WeightsFromOwnedTensors(std::vector<Own
     v.shape = t.info.shape;
     v.data = absl::Span<const uint8_t>(t.data, static_cast<size_t>(t.num_bytes));
     (*views)[t.info.name] = std::move(v);
-    // Tensors of one arena are usually adjacent: it is kept once.
-    if (t.owner != nullptr && (w->arenas_.empty() || w->arenas_.back() != t.owner)) {
-      w->arenas_.push_back(std::move(t.owner));
-    }
   }
   absl::StatusOr<std::unique_ptr<Weights>> out =
       Weights::Build(std::move(w), [views](const std::string& name) -> const model_io::TensorView* {
         auto it = views->find(name);
         return it == views->end() ? nullptr : &it->second;
       });
-  if (out.ok()) {
-    // Drop what the architecture does not use (copies made for alignment); an arena stays
-    // whole while any tensor of it is served.
+  if (!out.ok()) return out;
+  // Keep the arenas of the served tensors only: one that holds nothing the architecture uses, or
+  // only tensors Build copied for alignment, is released here (at the return, with `tensors`);
+  // an arena stays whole while any tensor of it is served, and is kept once.
+  Weights& built = **out;
+  std::set<const void*> kept;
+  for (const OwnedTensor& t : tensors) {
+    if (t.owner == nullptr || !built.tensors_.contains(t.info.name) ||
+        built.owned_.contains(t.info.name)) {
+      continue;
+    }
+    if (kept.insert(t.owner.get()).second) built.arenas_.push_back(t.owner);
   }
   return out;
 }

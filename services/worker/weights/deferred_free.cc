@@ -1,9 +1,5 @@
 #include "services/worker/weights/deferred_free.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include "common/low_priority.h"
 
 namespace rl::worker {
@@ -18,9 +14,9 @@ DeferredFree::~DeferredFree() {
   thread_.join();
 }
 
-void DeferredFree::Queue(std::unique_ptr<Garbage> g) {
+void DeferredFree::Post(absl::AnyInvocable<void()> task) {
   absl::MutexLock lock(&mu_);
-  queue_.push_back(std::move(g));
+  queue_.push_back(std::move(task));
   ++queued_;
 }
 
@@ -37,12 +33,9 @@ int64_t DeferredFree::freed() const {
 }
 
 void DeferredFree::Loop(int nice) {
-  if (nice > 0) {
-    const int target = CurrentThreadNice() + nice > 19 ? 19 : CurrentThreadNice() + nice;
-    (void)setpriority(PRIO_PROCESS, static_cast<id_t>(syscall(SYS_gettid)), target);
-  }
+  LowerThreadPriority(nice);
   while (true) {
-    std::vector<std::unique_ptr<Garbage>> batch;
+    std::vector<absl::AnyInvocable<void()>> batch;
     bool stop = false;
     {
       absl::MutexLock lock(&mu_);
@@ -53,7 +46,8 @@ void DeferredFree::Loop(int nice) {
       stop = stopping_;
     }
     const int64_t n = static_cast<int64_t>(batch.size());
-    batch.clear();  // the frees, outside the lock
+    for (absl::AnyInvocable<void()>& task : batch) task();  // outside the lock
+    batch.clear();                                          // the frees, outside the lock too
     {
       absl::MutexLock lock(&mu_);
       freed_ += n;

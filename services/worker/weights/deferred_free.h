@@ -5,6 +5,8 @@
 // nor the activation's answer waits for it. Memory stays bounded by the one-staged-version rule:
 // a new stage or read first waits (Drain) until everything queued is freed, so a stage never
 // holds its copy while the old one is still resident.
+// The same thread runs other background work of an update in order (Post): the controller keeps
+// a second one that hashes applied tensors after the answer (weight_update_controller.h).
 // Cost: one thread for the controller's life; a queue of at most a few entries.
 // Thread-safe.
 #pragma once
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/synchronization/mutex.h"
 
 namespace rl::worker {
@@ -31,27 +34,20 @@ class DeferredFree {
   // Queues `value` (a unique_ptr, a vector of tensors, ...) to be destroyed on the thread.
   template <typename T>
   void Free(T value) {
-    Queue(std::make_unique<Holder<T>>(std::move(value)));
+    Post([value = std::move(value)]() mutable { T gone = std::move(value); });
   }
-  // Waits until everything queued before the call has been freed.
+  // Queues `task` to run on the thread (then destroyed there), after everything queued before.
+  void Post(absl::AnyInvocable<void()> task);
+  // Waits until everything queued before the call has been freed (or run).
   void Drain();
-  // Objects freed so far (tests).
+  // Objects freed and tasks run so far (tests).
   int64_t freed() const;
 
  private:
-  struct Garbage {
-    virtual ~Garbage() = default;
-  };
-  template <typename T>
-  struct Holder : Garbage {
-    explicit Holder(T v) : value(std::move(v)) {}
-    T value;
-  };
-  void Queue(std::unique_ptr<Garbage> g);
   void Loop(int nice);
 
   mutable absl::Mutex mu_;
-  std::vector<std::unique_ptr<Garbage>> queue_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::AnyInvocable<void()>> queue_ ABSL_GUARDED_BY(mu_);
   int64_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t freed_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -302,8 +302,9 @@ absl::StatusOr<PeerSender::Outcome> PeerSender::SendLocked(const Request& r,
   return out;
 }
 
-absl::Status VerifyFullState(const std::vector<NamedTensor>& tensors, const WeightShapes& served,
-                             const std::string& expected_rank_sha256) {
+absl::StatusOr<std::map<std::string, std::string>> VerifyFullState(
+    const std::vector<NamedTensor>& tensors, const WeightShapes& served,
+    const std::string& expected_rank_sha256) {
   std::map<std::string, std::string> digests;
   for (const NamedTensor& t : tensors) digests[t.info.name] = TensorDigest(t.info, t.bytes);
   for (const auto& [name, shape] : served) {
@@ -320,7 +321,7 @@ absl::Status VerifyFullState(const std::vector<NamedTensor>& tensors, const Weig
                      QuoteForError(expected_rank_sha256, 80),
                      "; nothing applied, the old weights keep serving"));
   }
-  return absl::OkStatus();
+  return digests;
 }
 
 }  // namespace rl::worker

@@ -23,6 +23,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -41,10 +42,12 @@ namespace rl::worker {
 
 // The receiving side's check of a full-state stream (TensorStreamEnd.rank_sha256): every served
 // weight arrived and the rank digest of what arrived (names, the dtypes sent, shapes, bytes)
-// equals `expected_rank_sha256`. INVALID_ARGUMENT naming what differs; the caller then applies
-// nothing.
-absl::Status VerifyFullState(const std::vector<NamedTensor>& tensors, const WeightShapes& served,
-                             const std::string& expected_rank_sha256);
+// equals `expected_rank_sha256`. Returns the per-tensor digests it computed (TensorDigest, by
+// name: the caller keeps them instead of hashing again); INVALID_ARGUMENT naming what differs,
+// and the caller then applies nothing.
+absl::StatusOr<std::map<std::string, std::string>> VerifyFullState(
+    const std::vector<NamedTensor>& tensors, const WeightShapes& served,
+    const std::string& expected_rank_sha256);
 
 class PeerSender {
  public:

@@ -50,7 +50,8 @@ WeightUpdateController::WeightUpdateController(Deps deps)
       lifecycle_({.engine = deps_.engine,
                   .sleep = deps_.sleep,
                   .updating_changed = deps_.updating_changed,
-                  .record_duration = deps_.record_duration}) {}
+                  .record_duration = deps_.record_duration}),
+      hasher_(deps_.staging_nice) {}
 
 absl::StatusOr<std::unique_ptr<WeightUpdateController>> WeightUpdateController::Create(Deps deps) {
   std::unique_ptr<WeightUpdateController> c(new WeightUpdateController(std::move(deps)));
@@ -63,7 +64,10 @@ absl::StatusOr<std::unique_ptr<WeightUpdateController>> WeightUpdateController::
   return c;
 }
 
-WeightUpdateController::~WeightUpdateController() { Shutdown(); }
+WeightUpdateController::~WeightUpdateController() {
+  stopping_.store(true);  // a hash in progress stops; hasher_ is joined first (declared last)
+  Shutdown();
+}
 
 WeightUpdateStatus WeightUpdateController::status() const {
   WeightUpdateStatus out;
@@ -363,8 +367,9 @@ absl::StatusOr<std::unique_ptr<StageTicket>> WeightUpdateController::BeginStage(
   reaper_.Free(std::move(old));
   reaper_.Drain();  // freed (outside the lock) before the stage receives anything
   return std::make_unique<StageTicket>(
-      [this, source, weight_version, start](std::vector<NamedTensor> tensors) {
-        return CommitStage(source, weight_version, start, std::move(tensors));
+      [this, source, weight_version, start](std::vector<NamedTensor> tensors,
+                                            std::map<std::string, std::string> digests) {
+        return CommitStage(source, weight_version, start, std::move(tensors), std::move(digests));
       },
       [this] {
         absl::MutexLock lock(&stage_mu_);
@@ -585,7 +590,8 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CompletePreparedDelta(
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
     const std::string& source, std::optional<int64_t> weight_version,
-    std::chrono::steady_clock::time_point start, std::vector<NamedTensor> tensors) {
+    std::chrono::steady_clock::time_point start, std::vector<NamedTensor> tensors,
+    std::map<std::string, std::string> digests) {
   // Checked again here whatever the source did: only complete, served-shaped tensors are staged.
   absl::Status valid;
   if (tensors.empty()) {
@@ -600,9 +606,11 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CommitStage(
     valid = ValidateTensors(served_, infos, sizes);
   }
   // Computed while staging (off the engine thread, at the staging priority), so the activation
-  // knows the digest it serves without hashing in the pause.
-  std::map<std::string, std::string> digests;
-  if (valid.ok()) digests = DigestTensors(tensors);
+  // knows the digest it serves without hashing in the pause; taken as given when the caller
+  // computed them already (a verified full-state stream) and they name exactly these tensors.
+  bool given = valid.ok() && digests.size() == tensors.size();
+  for (const NamedTensor& t : tensors) given = given && digests.contains(t.info.name);
+  if (valid.ok() && !given) digests = DigestTensors(tensors);
   // Every served weight whole in its held dtype: the tensors become a Weights (no copy), served
   // by a pointer swap at activation, and uploaded to a second device copy now on CUDA.
   int64_t bytes = 0;
@@ -723,12 +731,12 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveWeightsStaged(
 absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
     std::vector<NamedTensor> tensors, const UpdatePolicy& policy) {
   if (tensors.empty()) return absl::InvalidArgumentError("chunk: the stream carried no tensor");
-  // The served digest afterwards: the verified one of a full-state stream, else computed here
-  // (off the engine thread, before the pause) when it can be known.
+  // The served digest afterwards: the verified one of a full-state stream; else, for tensors
+  // swapped in (they become the served weights, which a later update may write in place), computed
+  // here before the pause; for tensors copied in, after the answer (DigestAfterAnswer).
   std::map<std::string, std::string> digests;
-  if (policy.verified_sha256.empty() && DigestWorthComputing(tensors, lifecycle_.applies())) {
-    digests = DigestTensors(tensors);
-  }
+  const bool maybe_whole = tensors.size() == served_.size();
+  if (policy.verified_sha256.empty() && maybe_whole) digests = DigestTensors(tensors);
   // Every served weight in its held dtype: swapped in (no copy in the pause), else copied in.
   std::unique_ptr<model::Weights> whole = AsFullWeights(&tensors);
   uint64_t apply = 0;
@@ -744,14 +752,22 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::UpdateWeightsFromTensors(
                          RETURN_IF_ERROR(runner.ActivateWeights(&whole, "", ""));
                        }
                        if (!policy.verified_sha256.empty()) {
-                         NoteServedDigest(policy.verified_sha256);
+                         NoteServedDigest(policy.verified_sha256, policy.verified_tensor_sha256);
                        }
                        return absl::OkStatus();
                      },
                      {});
-  if (out.ok() && policy.verified_sha256.empty()) NoteTensorsApplied(apply, digests);
   reaper_.Free(std::move(whole));  // the weights served before (after a swap)
-  reaper_.Free(std::move(tensors));
+  if (out.ok() && policy.verified_sha256.empty()) {
+    if (!digests.empty()) {
+      NoteTensorsApplied(apply, digests);
+      reaper_.Free(std::move(tensors));
+    } else {
+      DigestAfterAnswer(apply, std::move(tensors));  // copied in: hashed after the answer
+    }
+  } else {
+    reaper_.Free(std::move(tensors));
+  }
   return out;
 }
 
@@ -759,6 +775,7 @@ void WeightUpdateController::NoteServedDigest(const std::string& sha256,
                                               std::map<std::string, std::string> tensors) {
   absl::MutexLock lock(&digest_mu_);
   digest_applies_ = lifecycle_.applies();  // this apply's (counted before it ran)
+  digest_pending_ = false;
   digest_ = sha256;
   digest_tensors_ = sha256.empty() ? std::map<std::string, std::string>() : std::move(tensors);
 }
@@ -766,9 +783,12 @@ void WeightUpdateController::NoteServedDigest(const std::string& sha256,
 void WeightUpdateController::NoteTensorsApplied(uint64_t apply,
                                                 const std::map<std::string, std::string>& updated) {
   absl::MutexLock lock(&digest_mu_);
-  const bool base_known = digest_applies_ + 1 == apply && !digest_tensors_.empty();
+  if (digest_applies_ > apply) return;  // a later apply noted its own already
+  const bool base_known =
+      digest_applies_ + 1 == apply && !digest_pending_ && !digest_tensors_.empty();
   const bool everything = CoversServed(updated);
   digest_applies_ = apply;
+  digest_pending_ = false;
   if (updated.empty() || (!base_known && !everything)) {
     digest_.clear();
     digest_tensors_.clear();
@@ -790,18 +810,63 @@ bool WeightUpdateController::CoversServed(const std::map<std::string, std::strin
   return true;
 }
 
-bool WeightUpdateController::DigestWorthComputing(const std::vector<NamedTensor>& tensors,
-                                                  uint64_t base) const {
-  if (tensors.size() >= served_.size()) return true;  // possibly every tensor: checked later
-  absl::MutexLock lock(&digest_mu_);
-  return digest_applies_ == base && !digest_tensors_.empty();
+void WeightUpdateController::DigestAfterAnswer(uint64_t apply, std::vector<NamedTensor> tensors) {
+  {
+    absl::MutexLock lock(&digest_mu_);
+    if (digest_applies_ >= apply || lifecycle_.applies() != apply) {
+      // Another apply started since: it says what is served (its digest, pending or unknown).
+      reaper_.Free(std::move(tensors));
+      return;
+    }
+    const bool base_known =
+        digest_applies_ + 1 == apply && !digest_pending_ && !digest_tensors_.empty();
+    digest_applies_ = apply;
+    digest_.clear();
+    digest_pending_ = false;
+    if (!base_known) digest_tensors_.clear();
+    // Possibly every served weight (checked once hashed), or some on known per-tensor digests.
+    if (!base_known && tensors.size() < served_.size()) {
+      reaper_.Free(std::move(tensors));
+      return;
+    }
+    digest_pending_ = true;
+  }
+  hasher_.Post([this, apply, tensors = std::move(tensors)] {
+    if (deps_.before_digest) deps_.before_digest();
+    // Stops at the first tensor after another apply started (or the controller goes): that
+    // apply replaced what this one served, so the digest would never be published.
+    auto dropped = [&] { return stopping_.load() || lifecycle_.applies() != apply; };
+    std::map<std::string, std::string> digests;
+    for (const NamedTensor& t : tensors) {
+      if (dropped()) break;
+      digests[t.info.name] = TensorDigest(t.info, t.bytes);
+      hashed_bytes_.fetch_add(static_cast<int64_t>(t.bytes.size()));
+    }
+    absl::MutexLock lock(&digest_mu_);
+    if (digest_applies_ != apply || !digest_pending_) return;  // a later apply noted its own
+    digest_pending_ = false;
+    const bool everything = CoversServed(digests);
+    if (digests.size() != tensors.size() || dropped() || (!everything && digest_tensors_.empty())) {
+      digest_tensors_.clear();  // unknown: dropped, or some tensors on unknown ones
+      return;
+    }
+    if (everything) {
+      digest_tensors_ = std::move(digests);
+    } else {
+      for (auto& [name, sha] : digests) digest_tensors_[name] = std::move(sha);
+    }
+    digest_ = RankDigest(digest_tensors_);
+  });
 }
 
 std::map<std::string, std::string> WeightUpdateController::DigestTensors(
     const std::vector<NamedTensor>& tensors) {
   auto digest = [&] {
     std::map<std::string, std::string> out;
-    for (const NamedTensor& t : tensors) out[t.info.name] = TensorDigest(t.info, t.bytes);
+    for (const NamedTensor& t : tensors) {
+      out[t.info.name] = TensorDigest(t.info, t.bytes);
+      hashed_bytes_.fetch_add(static_cast<int64_t>(t.bytes.size()));
+    }
     return out;
   };
   if (deps_.staging_nice <= 0) return digest();
@@ -810,7 +875,12 @@ std::map<std::string, std::string> WeightUpdateController::DigestTensors(
 
 std::string WeightUpdateController::served_sha256() const {
   absl::MutexLock lock(&digest_mu_);
-  return digest_applies_ == lifecycle_.applies() ? digest_ : "";
+  return digest_applies_ == lifecycle_.applies() && !digest_pending_ ? digest_ : "";
+}
+
+bool WeightUpdateController::served_digest_pending() const {
+  absl::MutexLock lock(&digest_mu_);
+  return digest_applies_ == lifecycle_.applies() && digest_pending_;
 }
 
 absl::StatusOr<AdminOutcome> WeightUpdateController::InitWeightsUpdateGroup(const GroupRequest& r) {
@@ -954,11 +1024,9 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::CompleteWeightsUpdate(
                      },
                      {.self_pause = true, .pause_step = true});
   if (out.ok()) {
-    // The served digest, computed after the pause from the tensors just applied.
-    const std::vector<NamedTensor>& applied = prepared.tensors();
-    NoteTensorsApplied(apply, DigestWorthComputing(applied, apply - 1)
-                                  ? DigestTensors(applied)
-                                  : std::map<std::string, std::string>());
+    // The served digest: computed from the tensors just applied after this answer, on the
+    // hashing thread, which holds (then frees) them; pending until then.
+    DigestAfterAnswer(apply, prepared.TakeTensors());
     return out;
   }
   if (applying) {
@@ -988,12 +1056,11 @@ absl::StatusOr<AdminOutcome> WeightUpdateController::ReceiveWeights(const std::s
                      },
                      {.self_pause = true, .pause_step = true});
   if (out.ok()) {
-    // The served digest, computed after the pause from the tensors just applied.
-    NoteTensorsApplied(apply, DigestWorthComputing(staged, apply - 1)
-                                  ? DigestTensors(staged)
-                                  : std::map<std::string, std::string>());
+    // The served digest: computed after this answer (see CompleteWeightsUpdate).
+    DigestAfterAnswer(apply, std::move(staged));
+  } else {
+    reaper_.Free(std::move(staged));
   }
-  reaper_.Free(std::move(staged));
   return out;
 }
 

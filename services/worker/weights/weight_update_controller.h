@@ -6,12 +6,15 @@
 // Cost: the served weights' names and shapes are read once at Create; a prepared receive stages
 // every tensor it lists in host memory until Complete; a staged version holds one host copy of
 // the model until activated or dropped (a disk update holds one during its read); tensors applied
-// from memory are hashed once, off the engine thread, when that makes the served digest known
-// (docs/weight-updates.md, "Checksums"); what an update replaced is freed after it answered, on
-// the freeing thread (deferred_free.h).
+// from memory are hashed once, when that makes the served digest known (docs/weight-updates.md,
+// "Checksums"): a staged version while it is staged, tensors copied into the served weights after
+// the update answered, on the hashing thread (at --staging-nice; the digest is pending until it
+// is done, and a later update drops a hash in progress), which holds the tensors until then; what
+// an update replaced is freed after it answered, on the freeing thread (deferred_free.h).
 // Thread-safe: any thread, concurrently; engine state is touched only on its thread.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -57,6 +60,9 @@ class WeightUpdateController final : public WeightUpdates {
     std::function<absl::StatusOr<std::unique_ptr<weight_sync::WeightReceiver>>(
         const weight_sync::GroupOptions&)>
         connect;
+    // Runs on the hashing thread before each served-digest job (tests hold a job with it); may
+    // be empty.
+    std::function<void()> before_digest;
   };
   // Reads the served weights' names and shapes once (the engine must be awake): they never
   // change, so checking a request against them never waits for the engine thread.
@@ -75,6 +81,14 @@ class WeightUpdateController final : public WeightUpdates {
   uint64_t applies() const { return lifecycle_.applies(); }
   WeightUpdateStatus status() const override;
   std::string served_sha256() const override ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // The served digest is being computed (after an update that answered before hashing what it
+  // applied): served_sha256() is "" until it is done.
+  bool served_digest_pending() const ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // Waits until no served digest is being computed (the digest is then known or unknown; tests,
+  // benchmarks).
+  void WaitForServedDigest() { hasher_.Drain(); }
+  // Bytes hashed for served or staged digests so far (tests: what was hashed twice).
+  int64_t hashed_bytes() const { return hashed_bytes_.load(); }
   const WeightShapes& served_shapes() const override { return served_shapes_; }
   // The served weights as read at Create (fixed for the life of the process).
   const std::vector<model::TensorInfo>& served_weights() const { return served_; }
@@ -182,15 +196,18 @@ class WeightUpdateController final : public WeightUpdates {
                                          std::optional<int64_t> weight_version);
 
   // StageTicket::Commit of BeginStage.
+  // StageTicket::Commit of BeginStage; `digests` the tensors' TensorDigests when known (else
+  // computed here).
   absl::StatusOr<AdminOutcome> CommitStage(const std::string& source,
                                            std::optional<int64_t> weight_version,
                                            std::chrono::steady_clock::time_point start,
-                                           std::vector<NamedTensor> tensors);
+                                           std::vector<NamedTensor> tensors,
+                                           std::map<std::string, std::string> digests);
 
   explicit WeightUpdateController(Deps deps);
   // From an apply step (engine thread, after the apply succeeded): the weights it installed
   // digest to `sha256` ("" unknown), with these per-tensor digests (empty: unknown); valid until
-  // the next apply starts.
+  // the next apply starts. A served digest still pending for an earlier apply is dropped.
   void NoteServedDigest(const std::string& sha256, std::map<std::string, std::string> tensors = {})
       ABSL_LOCKS_EXCLUDED(digest_mu_);
   // After apply number `apply` (UpdateLifecycle::applies, read in its apply step) replaced the
@@ -199,10 +216,13 @@ class WeightUpdateController final : public WeightUpdates {
   // `updated`'s alone when it names every served tensor; else unknown. Any thread.
   void NoteTensorsApplied(uint64_t apply, const std::map<std::string, std::string>& updated)
       ABSL_LOCKS_EXCLUDED(digest_mu_);
-  // Whether digesting tensors (NoteTensorsApplied) would give a known digest: the per-tensor
-  // digests of apply number `base` (the one the update applies on) are known, or `tensors` may
-  // be every served tensor.
-  bool DigestWorthComputing(const std::vector<NamedTensor>& tensors, uint64_t base) const
+  // After apply number `apply` (read in its apply step) copied `tensors` into the served weights
+  // and answered: when their digests would make the served digest known (the per-tensor digests
+  // of the apply before are known, or `tensors` may be every served weight), the digest is
+  // pending and the tensors are hashed on the hashing thread, which then publishes it
+  // (NoteTensorsApplied) unless another apply started meanwhile (the hash stops and is dropped);
+  // else it is unknown. Takes `tensors` (freed on the hashing or the freeing thread). Any thread.
+  void DigestAfterAnswer(uint64_t apply, std::vector<NamedTensor> tensors)
       ABSL_LOCKS_EXCLUDED(digest_mu_);
   // TensorDigest of every tensor, at the staging priority (SHA-256: ~1.5 GB/s).
   std::map<std::string, std::string> DigestTensors(const std::vector<NamedTensor>& tensors);
@@ -229,13 +249,23 @@ class WeightUpdateController final : public WeightUpdates {
   UpdateGroups groups_;
   VersionLedger ledger_;  // version -> manifest digest of the versions served here
   // The served weights' digest and the apply (UpdateLifecycle::applies) that installed them.
+  // While `digest_pending_`, a job on hasher_ computes the digest of apply `digest_applies_`;
+  // `digest_tensors_` are then the per-tensor digests it builds on (the apply before's; empty:
+  // none). A job publishes only while `digest_applies_` and the applies started are still its.
   mutable absl::Mutex digest_mu_;
   uint64_t digest_applies_ ABSL_GUARDED_BY(digest_mu_) = 0;
+  bool digest_pending_ ABSL_GUARDED_BY(digest_mu_) = false;
   std::string digest_ ABSL_GUARDED_BY(digest_mu_);
   std::map<std::string, std::string> digest_tensors_ ABSL_GUARDED_BY(digest_mu_);  // per tensor
+  std::atomic<int64_t> hashed_bytes_{0};
   mutable absl::Mutex stage_mu_;
   bool staging_ ABSL_GUARDED_BY(stage_mu_) = false;
   std::unique_ptr<StagedVersion> staged_ ABSL_GUARDED_BY(stage_mu_);
+  // Set by the destructor: a hash in progress stops.
+  std::atomic<bool> stopping_{false};
+  // Hashes applied tensors after the answer (DigestAfterAnswer), at --staging-nice. Declared
+  // last: destroyed (its jobs stopped and joined) before the state they read.
+  DeferredFree hasher_;
 };
 
 }  // namespace rl::worker

@@ -56,8 +56,11 @@ struct UpdatePolicy {
   // engine is paused in place. Unlocked prefix-cache entries are evicted instead of a flush.
   bool keep_kv = false;
   // The tensors were verified to be the whole served state with this rank digest
-  // (TensorStreamEnd.rank_sha256): the served weights' digest once applied (GetLoad).
+  // (TensorStreamEnd.rank_sha256): the served weights' digest once applied (GetLoad), with the
+  // per-tensor digests the check computed (name -> digest; the base of a later partial update's
+  // digest; empty: not known).
   std::string verified_sha256;
+  std::map<std::string, std::string> verified_tensor_sha256;
 };
 
 // One tensor of an UpdateWeightsFromTensor stream, assembled.
@@ -127,7 +130,8 @@ struct StagedStatus {
 // Thread-safety: one owner; it must not outlive the WeightUpdates that made it.
 class StageTicket {
  public:
-  using CommitFn = std::function<absl::StatusOr<AdminOutcome>(std::vector<NamedTensor>)>;
+  using CommitFn = std::function<absl::StatusOr<AdminOutcome>(std::vector<NamedTensor>,
+                                                              std::map<std::string, std::string>)>;
   using CommitDeltaFn = std::function<absl::StatusOr<AdminOutcome>(DeltaUpdate)>;
   StageTicket(CommitFn commit, std::function<void()> abandon, CommitDeltaFn commit_delta = nullptr)
       : commit_(std::move(commit)),
@@ -140,14 +144,17 @@ class StageTicket {
   StageTicket& operator=(const StageTicket&) = delete;
 
   // Validates `tensors` against the served weights (names, dtypes, shapes, sizes; at least one)
-  // and stages them; on error nothing is staged. Once only.
-  absl::StatusOr<AdminOutcome> Commit(std::vector<NamedTensor> tensors) {
+  // and stages them; on error nothing is staged. `tensor_sha256`: their TensorDigests when the
+  // caller computed them already (a verified full-state stream), so they are not hashed again;
+  // empty: computed here. Once only.
+  absl::StatusOr<AdminOutcome> Commit(std::vector<NamedTensor> tensors,
+                                      std::map<std::string, std::string> tensor_sha256 = {}) {
     abandon_ = nullptr;
     CommitFn commit = std::move(commit_);
     commit_ = nullptr;
     commit_delta_ = nullptr;
     if (!commit) return absl::FailedPreconditionError("stage: committed twice");
-    return commit(std::move(tensors));
+    return commit(std::move(tensors), std::move(tensor_sha256));
   }
   // A delta (or a dense update verified against a manifest): built on a copy of the served
   // weights, verified, then staged (DeltaUpdate); on error nothing is staged. Once only.
@@ -189,7 +196,9 @@ class WeightUpdates {
   virtual WeightUpdateStatus status() const = 0;
   // The SHA-256 rank digest (rl-manifest.json's `sha256`) of the weights served now when an
   // update established it (a manifest-verified disk update, a verified full-state tensor
-  // stream) and no apply started since; "" otherwise. Never hashes anything.
+  // stream, tensors hashed while staged or after the update answered) and no apply started
+  // since; "" otherwise, and while the hash of an update that answered first is still running
+  // (pending). Never hashes anything.
   virtual std::string served_sha256() const { return ""; }
   // The served weights' shapes as read at start (what every update is checked against).
   virtual const WeightShapes& served_shapes() const = 0;

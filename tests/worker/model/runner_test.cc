@@ -2,6 +2,8 @@
 // single-tensor updates, atomic reloads from disk, load errors naming tensor and shape.
 #include <cstring>
 #include <filesystem>
+#include <memory>
+#include <vector>
 
 #include "common/model_io/model_maker.h"
 #include "common/model_io/safetensors.h"
@@ -208,6 +210,42 @@ TEST_F(RunnerTest, ActivateWeightsSwapsInWeightsReadAhead) {
   EXPECT_EQ(Logits({9, 8, 7}), b);
   std::unique_ptr<Weights> none;
   EXPECT_EQ(runner_->ActivateWeights(&none, "", "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Logits({9, 8, 7}), b);
+}
+
+// WeightsFromOwnedTensors keeps the arena of every served tensor alive and releases the arenas
+// that hold only tensors the architecture does not use.
+TEST_F(RunnerTest, OwnedTensorsKeepOnlyTheArenasOfServedTensors) {
+  auto ckpt = model_io::OpenCheckpoint(dir_ + "/b");
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  std::vector<OwnedTensor> tensors;
+  std::vector<std::weak_ptr<const void>> served_arenas;
+  auto add = [&](const std::string& name, const std::string& dtype,
+                 const std::vector<int64_t>& shape, absl::Span<const uint8_t> bytes) {
+    auto arena = std::make_shared<std::vector<uint8_t>>(bytes.begin(), bytes.end());
+    tensors.push_back({.info = {name, dtype, shape},
+                       .data = arena->data(),
+                       .owner = arena,
+                       .num_bytes = static_cast<int64_t>(arena->size())});
+    return std::weak_ptr<const void>(arena);
+  };
+  for (const auto& [name, t] : ckpt->tensors()) {
+    served_arenas.push_back(add(name, std::string(model_io::DTypeName(t.dtype)), t.shape, t.data));
+  }
+  const std::vector<uint8_t> extra(64, 0);
+  const std::weak_ptr<const void> unused = add("extra.unused_by_the_model", "F32", {16}, extra);
+  auto w = WeightsFromOwnedTensors(std::move(tensors), runner_->config());
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE(unused.expired());  // released with the call
+  for (const auto& a : served_arenas) EXPECT_FALSE(a.expired());
+  // Served as the checkpoint it was copied from.
+  const std::vector<float> a = Logits({9, 8, 7});
+  ASSERT_TRUE(runner_->ActivateWeights(&*w, "owned", "").ok());
+  w->reset();
+  for (const auto& arena : served_arenas) EXPECT_FALSE(arena.expired());
+  const std::vector<float> b = Logits({9, 8, 7});
+  ASSERT_TRUE(runner_->LoadWeightsFromDisk(dir_ + "/b").ok());
+  EXPECT_NE(b, a);
   EXPECT_EQ(Logits({9, 8, 7}), b);
 }
 

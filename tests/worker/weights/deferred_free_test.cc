@@ -1,6 +1,6 @@
 // DeferredFree (services/worker/weights/deferred_free.h): what an update replaced is destroyed on
 // the freeing thread, never the caller's; Drain waits for everything queued before it; the
-// destructor frees what is still queued.
+// destructor frees what is still queued. Posted tasks run there too, in order with the frees.
 #include "services/worker/weights/deferred_free.h"
 
 #include <atomic>
@@ -58,6 +58,26 @@ TEST(DeferredFreeTest, FreesOnItsOwnThreadAndDrainWaitsForIt) {
   reaper.Drain();
   EXPECT_EQ(alive.load(), 0);
   EXPECT_EQ(reaper.freed(), 3);
+}
+
+TEST(DeferredFreeTest, PostedTasksRunOnTheThreadInOrder) {
+  DeferredFree worker(/*nice=*/3);
+  std::vector<int> order;  // written on the thread only; read after Drain
+  std::thread::id ran_on;
+  std::atomic<int> alive{0};
+  std::thread::id freed_on;
+  worker.Post([&] {
+    order.push_back(1);
+    ran_on = std::this_thread::get_id();
+  });
+  worker.Free(std::make_unique<Tracked>(&alive, &freed_on, nullptr));
+  worker.Post([&, owned = std::make_unique<int>(2)] { order.push_back(*owned); });
+  worker.Drain();
+  EXPECT_EQ(order, (std::vector<int>{1, 2}));
+  EXPECT_NE(ran_on, std::this_thread::get_id());
+  EXPECT_EQ(freed_on, ran_on);
+  EXPECT_EQ(alive.load(), 0);
+  EXPECT_EQ(worker.freed(), 3);
 }
 
 TEST(DeferredFreeTest, DestructorFreesWhatIsStillQueued) {

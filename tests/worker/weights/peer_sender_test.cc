@@ -270,6 +270,61 @@ TEST_F(PeerSenderTest, TheReceiverRefusesAWrongDigest) {
   EXPECT_EQ(receiver_.Checksum(), sender_.Checksum());
 }
 
+// Session 42: a full-state stream's per-tensor digests, computed once by the rank_sha256 check,
+// are reused: a staged one is not hashed again when committed, and a one-call one keeps them as
+// the base of the served digest, so a partial update after it still knows the digest.
+TEST_F(PeerSenderTest, AFullStateStreamIsHashedOnceAndItsDigestsOutliveIt) {
+  std::vector<rl::v1::TensorChunk> chunks;
+  ASSERT_TRUE(sender_.server->engine()
+                  .RunOnEngineThread([&](engine::EngineContext& c) {
+                    return c.runner().VisitWeights([&](const model::TensorInfo& info,
+                                                       absl::Span<const uint8_t> bytes) {
+                      chunks.push_back(::rl::testing::Chunk(
+                          info.name, info.shape, info.dtype,
+                          std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
+                    });
+                  })
+                  .ok());
+  auto& receiver = dynamic_cast<WeightUpdateController&>(receiver_.server->weights());
+  const std::string sent = sender_.Checksum();
+  // Staged: committed with the check's digests (nothing hashed by the controller), known staged.
+  rl::v1::UpdateWeightsFromTensorRequest stage;
+  stage.set_stage(true);
+  auto messages = ::rl::testing::StreamMessages(chunks, stage);
+  messages.back().mutable_end()->set_rank_sha256(sent);
+  rl::v1::AdminResponse resp;
+  const int64_t hashed = receiver.hashed_bytes();
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = ::rl::testing::SendMessages(*receiver_.admin, &ctx, messages, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(receiver.hashed_bytes(), hashed);  // the stage reused the check's digests
+  EXPECT_EQ(receiver.status().staged.sha256, sent);
+  ASSERT_TRUE(receiver.DropStagedWeights().ok());
+  // One call: served with the digest and the per-tensor digests behind it.
+  messages = ::rl::testing::StreamMessages(chunks);
+  messages.back().mutable_end()->set_rank_sha256(sent);
+  {
+    grpc::ClientContext ctx;
+    const grpc::Status s = ::rl::testing::SendMessages(*receiver_.admin, &ctx, messages, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(receiver.hashed_bytes(), hashed);
+  EXPECT_EQ(receiver.served_sha256(), sent);
+  // A partial update on it: its digest is known (the base's per-tensor digests were kept).
+  const std::vector<float> ones(64, 1.0f);
+  std::vector<NamedTensor> partial;
+  partial.push_back({{"model.norm.weight", "F32", {64}},
+                     std::vector<uint8_t>(reinterpret_cast<const uint8_t*>(ones.data()),
+                                          reinterpret_cast<const uint8_t*>(ones.data()) + 256)});
+  ASSERT_TRUE(receiver.UpdateWeightsFromTensors(std::move(partial), {}).ok());
+  receiver.WaitForServedDigest();
+  EXPECT_NE(receiver.served_sha256(), "");
+  EXPECT_NE(receiver.served_sha256(), sent);
+  EXPECT_EQ(receiver.served_sha256(), receiver_.Checksum());
+}
+
 // Admin.SendWeightsToPeer: a control call on the sender, with the caller's key forwarded to the
 // receiver (both keyed alike).
 TEST(PeerSenderRpcTest, SendWeightsToPeerForwardsTheKey) {

@@ -4,6 +4,7 @@
 #include "services/worker/weights/weight_update_controller.h"
 
 #include <future>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -109,6 +110,37 @@ class FakeReceiver final : public weight_sync::WeightReceiver {
   weight_sync::GroupOptions options_;
 };
 
+// Holds the controller's served-digest jobs (Deps::before_digest) while closed.
+class DigestGate {
+ public:
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    open_ = false;
+  }
+  void Open() {
+    absl::MutexLock lock(&mu_);
+    open_ = true;
+  }
+  // On the hashing thread: counts the job, then waits while the gate is closed.
+  void Pass() {
+    absl::MutexLock lock(&mu_);
+    ++entered_;
+    auto open = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return open_; };
+    mu_.Await(absl::Condition(&open));
+  }
+  // Waits until `n` jobs reached the gate; false on the hang guard.
+  bool WaitEntered(int n) {
+    absl::MutexLock lock(&mu_);
+    auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return entered_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&done), kHangGuard);
+  }
+
+ private:
+  absl::Mutex mu_;
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  int entered_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 class WeightUpdateControllerTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -137,6 +169,7 @@ class WeightUpdateControllerTest : public ::testing::Test {
         -> absl::StatusOr<std::unique_ptr<weight_sync::WeightReceiver>> {
       return std::make_unique<FakeReceiver>(group, options);
     };
+    deps.before_digest = [gate = digest_gate_] { gate->Pass(); };
     auto updates = WeightUpdateController::Create(std::move(deps));
     ASSERT_TRUE(updates.ok()) << updates.status();
     updates_ = *std::move(updates);
@@ -150,6 +183,7 @@ class WeightUpdateControllerTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    digest_gate_->Open();  // a held digest job ends (the controller joins it)
     if (updates_) updates_->Shutdown();
     updates_.reset();
     engine_.reset();
@@ -229,7 +263,26 @@ class WeightUpdateControllerTest : public ::testing::Test {
     return p;
   }
 
+  // Every tensor of the source checkpoint, the first one Changed by `mask` (0: unchanged).
+  std::vector<NamedTensor> AllTensors(uint8_t mask = 0) const {
+    std::vector<NamedTensor> all;
+    for (const auto& [n, t] : source_->tensors()) {
+      all.push_back(mask != 0 && all.empty()
+                        ? Changed(n, mask)
+                        : NamedTensor{{n, std::string(model_io::DTypeName(t.dtype)), t.shape},
+                                      std::vector<uint8_t>(t.data.begin(), t.data.end())});
+    }
+    return all;
+  }
+  // Their per-tensor digests.
+  static std::map<std::string, std::string> Digests(const std::vector<NamedTensor>& tensors) {
+    std::map<std::string, std::string> out;
+    for (const NamedTensor& t : tensors) out[t.info.name] = TensorDigest(t.info, t.bytes);
+    return out;
+  }
+
   TempDir dir_;
+  std::shared_ptr<DigestGate> digest_gate_ = std::make_shared<DigestGate>();
   std::unique_ptr<model_io::Checkpoint> source_;
   std::shared_ptr<FakeGroup> group_;
   std::unique_ptr<engine::Engine> engine_;
@@ -454,12 +507,14 @@ TEST_F(WeightUpdateControllerTest, ServedDigestIsKnownAfterReceivesAndStagedTens
   // One-call receive of every tensor.
   group_->Release();
   ASSERT_TRUE(updates_->ReceiveWeights("train", Buckets(), Version(1)).ok());
+  updates_->WaitForServedDigest();  // hashed after the answer
   const std::string source_sha = updates_->served_sha256();
   EXPECT_FALSE(source_sha.empty());
   EXPECT_EQ(source_sha, RankChecksum());
   // Some tensors, in one call, on that known digest.
   const std::string name = source_->tensors().begin()->first;
   ASSERT_TRUE(updates_->UpdateWeightsFromTensors({Changed(name, 1)}, Version(2)).ok());
+  updates_->WaitForServedDigest();
   const std::string changed_sha = updates_->served_sha256();
   EXPECT_NE(changed_sha, source_sha);
   EXPECT_EQ(changed_sha, RankChecksum());
@@ -467,6 +522,7 @@ TEST_F(WeightUpdateControllerTest, ServedDigestIsKnownAfterReceivesAndStagedTens
   ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
   group_->Release();
   ASSERT_TRUE(updates_->CompleteWeightsUpdate("train", Version(3)).ok());
+  updates_->WaitForServedDigest();
   EXPECT_EQ(updates_->served_sha256(), source_sha);
   // A staged tensor stream of one tensor, digested while staging, activated.
   auto ticket = updates_->BeginStage("tensor", 4);
@@ -484,6 +540,7 @@ TEST_F(WeightUpdateControllerTest, ServedDigestIsKnownAfterReceivesAndStagedTens
   ASSERT_TRUE(updates_->UpdateWeightsFromDistributed("train", Buckets()[0], Version(5)).ok());
   EXPECT_EQ(updates_->served_sha256(), "");
   ASSERT_TRUE(updates_->UpdateWeightsFromTensors({Changed(name, 4)}, Version(6)).ok());
+  EXPECT_FALSE(updates_->served_digest_pending());  // not even hashed: it could not be known
   EXPECT_EQ(updates_->served_sha256(), "");
   // A staged stream of every tensor is known again.
   ticket = updates_->BeginStage("tensor", 7);
@@ -497,6 +554,81 @@ TEST_F(WeightUpdateControllerTest, ServedDigestIsKnownAfterReceivesAndStagedTens
   EXPECT_EQ(updates_->status().staged.sha256, source_sha);  // a full state: known when staged
   ASSERT_TRUE(updates_->ActivateStagedWeights({}).ok());
   EXPECT_EQ(updates_->served_sha256(), source_sha);
+}
+
+// Session 42: Complete and the one-call ReceiveWeights answer once the weights are served,
+// before the tensors they applied are hashed: the served digest is pending (never the previous
+// version's) until the hashing thread, which holds the tensors, publishes it.
+TEST_F(WeightUpdateControllerTest, CompleteAndReceiveAnswerBeforeTheDigestIsComputed) {
+  for (bool two_phase : {true, false}) {
+    SCOPED_TRACE(two_phase ? "Prepare + Complete" : "ReceiveWeights");
+    const int64_t version = two_phase ? 1 : 2;
+    // A known digest before, to be sure the answer does not report it for the new weights.
+    ASSERT_TRUE(updates_->UpdateWeightsFromTensors(AllTensors(7), Version(version * 10)).ok());
+    const std::string before = updates_->served_sha256();
+    ASSERT_FALSE(before.empty());
+    digest_gate_->Close();
+    if (two_phase) ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+    group_->Release();
+    std::future<absl::StatusOr<AdminOutcome>> call = std::async(std::launch::async, [&] {
+      return two_phase ? updates_->CompleteWeightsUpdate("train", Version(version))
+                       : updates_->ReceiveWeights("train", Buckets(), Version(version));
+    });
+    // Answered while the hash is held (an answer that waited for the hash never comes: the gate
+    // is opened after the hang guard so the call can end).
+    if (call.wait_for(std::chrono::seconds(60)) != std::future_status::ready) {
+      digest_gate_->Open();
+      FAIL() << "the call waited for the digest";
+    }
+    absl::StatusOr<AdminOutcome> out = call.get();
+    // The weights are served, the digest is pending.
+    ASSERT_TRUE(out.ok()) << out.status();
+    EXPECT_EQ(out->weight_version, version);
+    EXPECT_TRUE(ServesSource());
+    EXPECT_FALSE(engine_->GetServerInfo().paused);
+    ASSERT_TRUE(digest_gate_->WaitEntered(static_cast<int>(version)));
+    EXPECT_TRUE(updates_->served_digest_pending());
+    EXPECT_EQ(updates_->served_sha256(), "");
+    digest_gate_->Open();
+    updates_->WaitForServedDigest();
+    EXPECT_FALSE(updates_->served_digest_pending());
+    EXPECT_EQ(updates_->served_sha256(), RankChecksum());
+    EXPECT_NE(updates_->served_sha256(), before);
+  }
+}
+
+// Session 42: an update that starts while the digest of the previous one is being computed drops
+// that hash (it stops, nothing of it is published): the digest is then the new update's own.
+TEST_F(WeightUpdateControllerTest, AnUpdateDuringTheHashDropsIt) {
+  // A per-bucket distributed update (digest unknown) while the hash is held.
+  digest_gate_->Close();
+  group_->Release();
+  ASSERT_TRUE(updates_->ReceiveWeights("train", Buckets(), Version(1)).ok());
+  ASSERT_TRUE(digest_gate_->WaitEntered(1));
+  group_->Release();
+  ASSERT_TRUE(updates_->UpdateWeightsFromDistributed("train", Buckets()[0], Version(2)).ok());
+  const int64_t hashed = updates_->hashed_bytes();
+  digest_gate_->Open();
+  updates_->WaitForServedDigest();
+  EXPECT_EQ(updates_->hashed_bytes(), hashed);  // stopped before its first tensor
+  EXPECT_FALSE(updates_->served_digest_pending());
+  EXPECT_EQ(updates_->served_sha256(), "");
+  // A verified full state while the hash is held: its digest stands.
+  digest_gate_->Close();
+  ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+  group_->Release();
+  ASSERT_TRUE(updates_->CompleteWeightsUpdate("train", Version(3)).ok());
+  ASSERT_TRUE(digest_gate_->WaitEntered(2));
+  std::vector<NamedTensor> changed = AllTensors(3);
+  UpdatePolicy verified = Version(4);
+  verified.verified_sha256 = RankDigest(Digests(changed));
+  ASSERT_TRUE(updates_->UpdateWeightsFromTensors(std::move(changed), verified).ok());
+  EXPECT_EQ(updates_->served_sha256(), verified.verified_sha256);
+  digest_gate_->Open();
+  updates_->WaitForServedDigest();
+  EXPECT_EQ(updates_->hashed_bytes(), hashed);
+  EXPECT_EQ(updates_->served_sha256(), verified.verified_sha256);
+  EXPECT_EQ(updates_->served_sha256(), RankChecksum());
 }
 
 // Issue 30: tensors of every served weight in its held dtype become the served weights by a
