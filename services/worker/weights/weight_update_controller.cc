@@ -96,11 +96,20 @@ absl::StatusOr<UpdateGroups::Claim> WeightUpdateController::CheckAndClaim(
     for (const auto& s : bucket) infos.push_back(&s);
   }
   RETURN_IF_ERROR(ValidateTensors(served_, infos, std::vector<int64_t>(infos.size(), -1)));
-  return groups_.Take(group_name, what);
+  absl::StatusOr<UpdateGroups::Claim> claim = groups_.Take(group_name, what);
+  if (claim.ok()) ReceiveStarts();
+  return claim;
+}
+
+void WeightUpdateController::ReceiveStarts() {
+  // A served-digest hash still running holds the tensors an earlier update received: it stops
+  // (DigestAfterAnswer), so they are freed before this receive fills its own buffers.
+  receives_.fetch_add(1);
 }
 
 absl::StatusOr<ReadVersion> WeightUpdateController::ReadFolder(
     const std::string& model_path, std::optional<int64_t> weight_version) {
+  ReceiveStarts();
   auto read = [&] {
     return ReadPublication(model_path, weight_version,
                            {.engine = deps_.engine,
@@ -364,6 +373,7 @@ absl::StatusOr<std::unique_ptr<StageTicket>> WeightUpdateController::BeginStage(
     staging_ = true;
     old = std::move(staged_);  // one staged version at most: the old one goes first
   }
+  ReceiveStarts();
   reaper_.Free(std::move(old));
   reaper_.Drain();  // freed (outside the lock) before the stage receives anything
   return std::make_unique<StageTicket>(
@@ -831,11 +841,15 @@ void WeightUpdateController::DigestAfterAnswer(uint64_t apply, std::vector<Named
     }
     digest_pending_ = true;
   }
-  hasher_.Post([this, apply, tensors = std::move(tensors)] {
+  hasher_.Post([this, apply, receives = receives_.load(), tensors = std::move(tensors)] {
     if (deps_.before_digest) deps_.before_digest();
     // Stops at the first tensor after another apply started (or the controller goes): that
-    // apply replaced what this one served, so the digest would never be published.
-    auto dropped = [&] { return stopping_.load() || lifecycle_.applies() != apply; };
+    // apply replaced what this one served, so the digest would never be published. Stops too
+    // when another receive starts (ReceiveStarts): the tensors held here are freed before that
+    // receive's arrive, so a worker never holds two received copies; the digest is then unknown.
+    auto dropped = [&] {
+      return stopping_.load() || lifecycle_.applies() != apply || receives_.load() != receives;
+    };
     std::map<std::string, std::string> digests;
     for (const NamedTensor& t : tensors) {
       if (dropped()) break;

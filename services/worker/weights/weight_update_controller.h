@@ -224,6 +224,9 @@ class WeightUpdateController final : public WeightUpdates {
   // else it is unknown. Takes `tensors` (freed on the hashing or the freeing thread). Any thread.
   void DigestAfterAnswer(uint64_t apply, std::vector<NamedTensor> tensors)
       ABSL_LOCKS_EXCLUDED(digest_mu_);
+  // A receive (group claim, stage, disk read) starts: a served-digest hash in progress stops and
+  // frees the tensors it holds.
+  void ReceiveStarts();
   // TensorDigest of every tensor, at the staging priority (SHA-256: ~1.5 GB/s).
   std::map<std::string, std::string> DigestTensors(const std::vector<NamedTensor>& tensors);
   // Checks every bucket against the served weights, then claims the group.
@@ -258,6 +261,9 @@ class WeightUpdateController final : public WeightUpdates {
   std::string digest_ ABSL_GUARDED_BY(digest_mu_);
   std::map<std::string, std::string> digest_tensors_ ABSL_GUARDED_BY(digest_mu_);  // per tensor
   std::atomic<int64_t> hashed_bytes_{0};
+  // Receives started (group claims, stages, disk reads): a served-digest hash posted before the
+  // latest one stops (ReceiveStarts).
+  std::atomic<uint64_t> receives_{0};
   mutable absl::Mutex stage_mu_;
   bool staging_ ABSL_GUARDED_BY(stage_mu_) = false;
   std::unique_ptr<StagedVersion> staged_ ABSL_GUARDED_BY(stage_mu_);

@@ -597,7 +597,7 @@ TEST_F(WeightUpdateControllerTest, CompleteAndReceiveAnswerBeforeTheDigestIsComp
   }
 }
 
-// Session 42: an update that starts while the digest of the previous one is being computed drops
+// An update that starts while the digest of the previous one is being computed drops
 // that hash (it stops, nothing of it is published): the digest is then the new update's own.
 TEST_F(WeightUpdateControllerTest, AnUpdateDuringTheHashDropsIt) {
   // A per-bucket distributed update (digest unknown) while the hash is held.
@@ -628,6 +628,27 @@ TEST_F(WeightUpdateControllerTest, AnUpdateDuringTheHashDropsIt) {
   updates_->WaitForServedDigest();
   EXPECT_EQ(updates_->hashed_bytes(), hashed);
   EXPECT_EQ(updates_->served_sha256(), verified.verified_sha256);
+  EXPECT_EQ(updates_->served_sha256(), RankChecksum());
+}
+
+// A receive that starts while the previous update's digest is being computed stops that hash,
+// so the tensors it holds are freed before the new ones arrive (one received copy at a time);
+// the earlier version's digest is then unknown, the new one's computed as usual.
+TEST_F(WeightUpdateControllerTest, AReceiveDuringTheHashDropsIt) {
+  digest_gate_->Close();
+  group_->Release();
+  ASSERT_TRUE(updates_->ReceiveWeights("train", Buckets(), Version(1)).ok());
+  ASSERT_TRUE(digest_gate_->WaitEntered(1));
+  const int64_t hashed = updates_->hashed_bytes();
+  ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+  digest_gate_->Open();
+  updates_->WaitForServedDigest();
+  EXPECT_EQ(updates_->hashed_bytes(), hashed);  // stopped before its first tensor
+  EXPECT_FALSE(updates_->served_digest_pending());
+  EXPECT_EQ(updates_->served_sha256(), "");
+  group_->Release();
+  ASSERT_TRUE(updates_->CompleteWeightsUpdate("train", Version(2)).ok());
+  updates_->WaitForServedDigest();
   EXPECT_EQ(updates_->served_sha256(), RankChecksum());
 }
 
