@@ -78,18 +78,47 @@ Choice KeyPlacement::Place(const std::string& key, const LoadBound& bound,
     if (exclude != nullptr && exclude->contains(it->second)) return walk_within_bound();
     // Its worker is gone (removed, dead, held, at another version): placed again below.
   }
-  // A new key: the first worker in ring order at or below the mean load and within the bound
-  // (the least loaded worker qualifies unless the request is heavier than the bound allows;
-  // then none, and the caller falls back to least load without placing the key).
+  // A new key on an idle fleet: the first worker in ring order within the bound (consistent
+  // hashing: routers agree, and a worker that joins or leaves moves only its own keys). While
+  // requests run: among the workers within the bound, those that took the fewest of the last
+  // kRecentKeys new keys (a group's samples arrive over a moment: a worker that just took a key
+  // looks underloaded until they do), the first of them in ring order at or below the mean load,
+  // else the first of them in ring order. The least loaded worker qualifies unless the request
+  // is heavier than the bound allows; then none, and the caller falls back to least load without
+  // placing the key.
   const int64_t n = static_cast<int64_t>(candidates.size());
-  const int64_t i = ring_.Walk(hash, [&](size_t c) {
-    return candidates[c].load * n <= bound.total() && bound.Admits(candidates[c]);
-  });
+  const bool idle = bound.total() == 0;
+  int fewest = std::numeric_limits<int>::max();
+  for (const Candidate& c : candidates) {
+    if (bound.Admits(c)) fewest = std::min(fewest, idle ? 0 : RecentKeys(*c.address));
+  }
+  if (fewest == std::numeric_limits<int>::max()) return choice;
+  const auto fewest_keys = [&](size_t c) {
+    return bound.Admits(candidates[c]) && (idle || RecentKeys(*candidates[c].address) == fewest);
+  };
+  int64_t i = ring_.Walk(
+      hash, [&](size_t c) { return fewest_keys(c) && candidates[c].load * n <= bound.total(); });
+  if (i < 0) i = ring_.Walk(hash, fewest_keys);
   if (i < 0) return choice;
   choice.index = static_cast<size_t>(i);
   choice.keyed = true;
-  Remember(key, *candidates[choice.index].address);
+  const std::string& address = *candidates[choice.index].address;
+  Remember(key, address);
+  recent_.push_back(address);
+  ++recent_count_[address];
+  if (recent_.size() > kRecentKeys) {
+    if (auto it = recent_count_.find(recent_.front());
+        it != recent_count_.end() && --it->second == 0) {
+      recent_count_.erase(it);
+    }
+    recent_.pop_front();
+  }
   return choice;
+}
+
+int KeyPlacement::RecentKeys(const std::string& address) const {
+  auto it = recent_count_.find(address);
+  return it == recent_count_.end() ? 0 : it->second;
 }
 
 }  // namespace rl::router

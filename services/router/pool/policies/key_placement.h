@@ -1,10 +1,14 @@
 // KeyPlacement: where a routing key lives (the request's routing_key, else its GRPO group_id),
-// for affinity and for cache_aware's first turns. A key seen for the first time is placed on the
-// first worker in its hash ring order (hash_ring.h) whose load is at most the fleet's mean (and
-// within the load bound), so new keys (the prompt groups of a GRPO step, arriving together) spread
-// over the workers by load instead of wherever their hashes fall (with 8 groups on 3 workers,
-// hashing alone puts 4 or more on one worker 3 times in 4); on an idle fleet that is
-// the key's ring worker, so a fresh router places keys as before. The placement is remembered, and
+// for affinity and for cache_aware's first turns. A key seen for the first time on an idle fleet
+// goes to the first worker in its hash ring order (hash_ring.h) within the load bound: routers
+// agree, and a worker that joins or leaves moves only its own keys. While requests run it goes to
+// a worker within the bound that took the fewest of the last 64 new keys, the first of those in
+// ring order whose load is at most the fleet's mean (else the first of them): the prompt groups
+// of a GRPO step, arriving together, spread evenly instead of wherever their hashes fall (with 8
+// groups on 3 workers, hashing alone puts 4 or more on one worker 3 times in 4), and a worker that
+// just took a group is not taken for idle while that group's samples are still arriving (by load
+// alone, 6 groups' first turns in a random order put 3 on one worker in most orders). The
+// placement is remembered, and
 // the key's later requests go there while it is within the load bound (load_bound.h); past it they
 // walk on along the ring to the next worker within the bound (a key move), and the key stays placed
 // where its cache is. A worker that joins takes no placed key (their caches stay where they
@@ -14,7 +18,8 @@
 // first, then placed again as new): 32768 keys of at most 256 bytes, under 12 MiB.
 //
 // Cost per pick: a hash lookup, the ring's Sync (O(#candidates)) and walk (O(log R) and the
-// points walked), O(#candidates) for the mean. Not thread-safe (the pool's lock, as Choose).
+// points walked), O(#candidates) for the mean; a new key one more walk at most and
+// O(#candidates) lookups of the recent keys. Not thread-safe (the pool's lock, as Choose).
 #pragma once
 
 #include <cstddef>
@@ -41,6 +46,8 @@ std::string PlacementKey(const PickRequest& request);
 class KeyPlacement {
  public:
   static constexpr size_t kMaxKeys = 32768;
+  // New keys remembered per worker for spreading the next ones (a step's prompt groups).
+  static constexpr size_t kRecentKeys = 64;
 
   // Where a request of `key` (non-empty) goes among `candidates` (non-empty, sorted by
   // address): choice.keyed when a worker was found; index -1 (SIZE_MAX) when every worker on
@@ -53,10 +60,14 @@ class KeyPlacement {
 
  private:
   void Remember(const std::string& key, const std::string& address);
+  // How many of the last kRecentKeys new keys `address` took.
+  int RecentKeys(const std::string& address) const;
 
   HashRing ring_;
   absl::flat_hash_map<std::string, std::string> where_;  // key -> worker address
   std::deque<std::string> order_;                        // keys, oldest first
+  std::deque<std::string> recent_;  // the workers of the last kRecentKeys new keys, oldest first
+  absl::flat_hash_map<std::string, int> recent_count_;  // worker address -> its keys in recent_
 };
 
 }  // namespace rl::router

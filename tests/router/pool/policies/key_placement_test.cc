@@ -3,6 +3,9 @@
 // the bounded memory; the bound's relative and absolute parts.
 #include "services/router/pool/policies/key_placement.h"
 
+#include <algorithm>
+#include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -103,6 +106,31 @@ TEST(KeyPlacementTest, PlacementKeyIsTheRoutingKeyElseTheGroup) {
   EXPECT_EQ(PlacementKey(r), "g:g1");
   r.routing_key = "g1";
   EXPECT_EQ(PlacementKey(r), "k:g1");
+}
+
+// A GRPO step's first turns arriving together, in any order: 6 groups of 8 samples on 3 workers
+// end 2 groups a worker, whatever the interleaving (a worker whose group's samples have not all
+// arrived yet looks underloaded, but already holds that group).
+TEST(KeyPlacementTest, AStepsGroupsSpreadEvenlyInAnyArrivalOrder) {
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 200; ++trial) {
+    FakeFleet fleet({"a:1", "b:1", "c:1"});
+    KeyPlacement placement;
+    std::vector<int> arrivals;
+    for (int g = 0; g < 6; ++g) arrivals.insert(arrivals.end(), 8, g);
+    std::shuffle(arrivals.begin(), arrivals.end(), rng);
+    std::map<int, std::string> home;
+    for (int g : arrivals) {
+      const std::string key = absl::StrCat("g:trial", trial, "-", g);
+      const std::string w = Place(placement, fleet, key);
+      ASSERT_FALSE(w.empty());
+      if (!home.contains(g)) home[g] = w;
+      ++fleet.load(w);
+    }
+    std::map<std::string, int> groups;
+    for (const auto& [g, w] : home) ++groups[w];
+    for (const auto& [w, n] : groups) EXPECT_LE(n, 2) << "trial " << trial << ": " << w;
+  }
 }
 
 }  // namespace
