@@ -94,7 +94,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests" / "testing"))
-from rltest import Server, free_port, stop_process  # noqa: E402
+from rltest import Server, free_port, prometheus, stop_process  # noqa: E402
 
 OURS = ("round_robin", "least_load", "affinity", "cache_aware")
 # Per trace, the defaults of the sizes not given on the command line (docstring: where each
@@ -198,14 +198,7 @@ def feedback(args, rng, sample, turn):
 
 
 def metrics(url):
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^(rl_worker_[a-z_]+)(?:\{[^}]*\})? ([0-9.eE+-]+)$", line)
-        if m:
-            out[m.group(1)] = float(m.group(2))
-    return out
+    return prometheus(url, "rl_worker_")
 
 
 class LoadSampler(threading.Thread):

@@ -8,6 +8,7 @@ import atexit
 import fcntl
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -255,6 +257,18 @@ class Fleet:
         for s in ([self.router] if self.router else []) + self.workers:
             s.stop()
 
+
+def prometheus(url, prefix="", timeout_s=10):
+    """{name: value} of the samples on a Prometheus text page whose names start with `prefix`,
+    each name's samples summed over their labels."""
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        text = r.read().decode()
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{[^}]*\})? ([0-9.eE+-]+|NaN|[+-]Inf)$", line)
+        if m and m.group(1).startswith(prefix):
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 def wait_for(pred, what, timeout_s=30.0, interval_s=0.1, detail=None):
     """Polls `pred` until it returns a truthy value (returned); fails naming `what` (and

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rltest import BIN, STORIES, Server, free_port, stop_process, wait_for
+from rltest import BIN, STORIES, Server, free_port, prometheus, stop_process, wait_for
 
 SMG = Path(sys.executable).parent / "smg"
 CHAT_TEMPLATE = Path(__file__).resolve().parent / "chat_template.jinja"
@@ -26,15 +26,7 @@ PROMPT_TOKENS = 240  # 15 blocks of the workers' default --page-size 16
 
 
 def metrics(url):
-    """{name: value} of the unlabelled samples of a Prometheus text page."""
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
-    out = {}
-    for line in text.splitlines():
-        m = re.match(r"^([a-z_]+)(?:\{[^}]*\})? ([0-9.eE+-]+)$", line)
-        if m:
-            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
-    return out
+    return prometheus(url)
 
 
 def post(url, body, timeout=60):

@@ -103,6 +103,19 @@ class PeerSenderTest : public ::testing::Test {
     return r;
   }
   // The receiver is where it started: version 0, its own weights.
+  // Every weight the sender serves, one chunk each, as a full-state stream carries them.
+  bool SenderWeightChunks(std::vector<rl::v1::TensorChunk>* chunks) {
+    return sender_.server->engine()
+        .RunOnEngineThread([&](engine::EngineContext& c) {
+          return c.runner().VisitWeights(
+              [&](const model::TensorInfo& info, absl::Span<const uint8_t> bytes) {
+                chunks->push_back(::rl::testing::Chunk(
+                    info.name, info.shape, info.dtype,
+                    std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
+              });
+        })
+        .ok();
+  }
   void ExpectReceiverUnchanged(const std::string& checksum) {
     EXPECT_EQ(receiver_.server->weight_version(), 0);
     EXPECT_EQ(receiver_.Checksum(), checksum);
@@ -241,16 +254,7 @@ TEST_F(PeerSenderTest, TheReceiverRefusesAFullStateStreamMissingAWeight) {
 TEST_F(PeerSenderTest, TheReceiverRefusesAWrongDigest) {
   const std::string before = receiver_.Checksum();
   std::vector<rl::v1::TensorChunk> chunks;
-  ASSERT_TRUE(sender_.server->engine()
-                  .RunOnEngineThread([&](engine::EngineContext& c) {
-                    return c.runner().VisitWeights([&](const model::TensorInfo& info,
-                                                       absl::Span<const uint8_t> bytes) {
-                      chunks.push_back(::rl::testing::Chunk(
-                          info.name, info.shape, info.dtype,
-                          std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
-                    });
-                  })
-                  .ok());
+  ASSERT_TRUE(SenderWeightChunks(&chunks));
   auto messages = ::rl::testing::StreamMessages(chunks);
   messages.back().mutable_end()->set_rank_sha256(receiver_.Checksum());  // not what is sent
   rl::v1::AdminResponse resp;
@@ -270,21 +274,12 @@ TEST_F(PeerSenderTest, TheReceiverRefusesAWrongDigest) {
   EXPECT_EQ(receiver_.Checksum(), sender_.Checksum());
 }
 
-// Session 42: a full-state stream's per-tensor digests, computed once by the rank_sha256 check,
+// A full-state stream's per-tensor digests, computed once by the rank_sha256 check,
 // are reused: a staged one is not hashed again when committed, and a one-call one keeps them as
 // the base of the served digest, so a partial update after it still knows the digest.
 TEST_F(PeerSenderTest, AFullStateStreamIsHashedOnceAndItsDigestsOutliveIt) {
   std::vector<rl::v1::TensorChunk> chunks;
-  ASSERT_TRUE(sender_.server->engine()
-                  .RunOnEngineThread([&](engine::EngineContext& c) {
-                    return c.runner().VisitWeights([&](const model::TensorInfo& info,
-                                                       absl::Span<const uint8_t> bytes) {
-                      chunks.push_back(::rl::testing::Chunk(
-                          info.name, info.shape, info.dtype,
-                          std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
-                    });
-                  })
-                  .ok());
+  ASSERT_TRUE(SenderWeightChunks(&chunks));
   auto& receiver = dynamic_cast<WeightUpdateController&>(receiver_.server->weights());
   const std::string sent = sender_.Checksum();
   // Staged: committed with the check's digests (nothing hashed by the controller), known staged.
