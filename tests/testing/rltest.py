@@ -1,6 +1,7 @@
 """The Python tests' shared helpers: where the build, the test data and the checkout are, one
 process helper for servers that print `listening on HOST:PORT` when ready (start, restart,
-freeze, stop), free ports, polling, and the rlfleet package installed as a user installs it.
+freeze, stop), free ports, polling, reading a Prometheus page, and the rlfleet package installed
+as a user installs it.
 
 Tests import it as `rltest` (tests/conftest.py puts tests/testing on sys.path)."""
 
