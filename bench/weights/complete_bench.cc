@@ -2,17 +2,18 @@
 // CompleteWeightsUpdate of every served tensor) takes to answer, and how long until the worker
 // knows the served digest (GetLoad.weights_sha256), on the CPU runner.
 //
-//   complete_bench [--model DIR] [--rounds 5] [--staging-nice 10] [--threads 1]
+//   complete_bench [--size 0.5b] [--rounds 5] [--staging-nice 10] [--threads 1] [--work DIR]
 //
-// Without --model it makes the 0.5B-class Llama (bf16, seed 1) in a scratch folder. The trainer
-// side is in process: a receiver that hands out the tensors of a second made checkpoint (seed 2)
-// at memory speed, so the figures are the worker's own (the wait for the received data is
-// excluded: each Complete starts once the receive has ended). Per round it prints the answer
+// It makes two Llama checkpoints of --size (bf16, seeds 1 and 2; `tiny` for a smoke run) in
+// --work: the served one, and the trainer's, handed out by an in-process receiver at memory
+// speed, so the figures are the worker's own (the wait for the received data is excluded: each
+// Complete starts once the receiver has handed out every tensor). Per round it prints the answer
 // time of Complete (apply into the served weights, flush, version bump, resume) and the time
 // from the call until the served digest is known (polled every millisecond); medians at the end.
 // The digest is computed after the answer (docs/weight-updates.md, "The digest after the
 // answer"), so the second figure is what the answer cost when it waited for the hash.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -47,11 +48,13 @@ double Median(std::vector<double> v) {
   return v.empty() ? 0 : v[v.size() / 2];
 }
 
-// The trainer's side of a group, in process: every Receive hands out the checkpoint's tensors.
+// The trainer's side of a group, in process: every Receive hands out the checkpoint's tensors
+// and then counts itself in `*received`.
 class CheckpointReceiver final : public rl::weight_sync::WeightReceiver {
  public:
-  CheckpointReceiver(const rl::model_io::Checkpoint* source, rl::weight_sync::GroupOptions options)
-      : source_(source), options_(std::move(options)) {}
+  CheckpointReceiver(const rl::model_io::Checkpoint* source, rl::weight_sync::GroupOptions options,
+                     std::atomic<int>* received)
+      : source_(source), options_(std::move(options)), received_(received) {}
   absl::Status Receive(const std::vector<rl::weight_sync::TensorSpec>& specs,
                        const rl::weight_sync::TensorCallback& on_tensor,
                        const std::function<void()>& on_posted) override {
@@ -61,6 +64,7 @@ class CheckpointReceiver final : public rl::weight_sync::WeightReceiver {
         return s;
       }
     }
+    received_->fetch_add(1);
     return absl::OkStatus();
   }
   void Close() override {}
@@ -69,6 +73,7 @@ class CheckpointReceiver final : public rl::weight_sync::WeightReceiver {
  private:
   const rl::model_io::Checkpoint* source_;
   rl::weight_sync::GroupOptions options_;
+  std::atomic<int>* received_;
 };
 
 absl::Status Run(const std::string& model_dir, const std::string& trainer_dir, int rounds,
@@ -86,9 +91,10 @@ absl::Status Run(const std::string& model_dir, const std::string& trainer_dir, i
   deps.engine = engine.get();
   ASSIGN_OR_RETURN(deps.model_config, rl::model_io::LoadModelConfig(model_dir));
   deps.staging_nice = staging_nice;
-  deps.connect = [&trainer](const rl::weight_sync::GroupOptions& options)
+  std::atomic<int> received{0};
+  deps.connect = [&trainer, &received](const rl::weight_sync::GroupOptions& options)
       -> absl::StatusOr<std::unique_ptr<rl::weight_sync::WeightReceiver>> {
-    return std::make_unique<CheckpointReceiver>(&trainer, options);
+    return std::make_unique<CheckpointReceiver>(&trainer, options, &received);
   };
   ASSIGN_OR_RETURN(std::unique_ptr<rl::worker::WeightUpdateController> updates,
                    rl::worker::WeightUpdateController::Create(std::move(deps)));
@@ -111,7 +117,11 @@ absl::Status Run(const std::string& model_dir, const std::string& trainer_dir, i
   std::vector<double> answer_ms, digest_ms;
   for (int round = 0; round < rounds; ++round) {
     RETURN_IF_ERROR(updates->PrepareWeightsUpdate("train", buckets).status());
-    std::this_thread::sleep_for(std::chrono::seconds(3));  // the receive ends meanwhile
+    const Clock::time_point posted = Clock::now();
+    while (received.load() <= round && MsSince(posted) < 600e3) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (received.load() <= round) return absl::InternalError("the receive did not end in 600 s");
     const Clock::time_point start = Clock::now();
     rl::worker::UpdatePolicy policy;
     policy.weight_version = round + 1;
@@ -136,11 +146,11 @@ absl::Status Run(const std::string& model_dir, const std::string& trainer_dir, i
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model;
+  std::string size = "0.5b";
   std::string work = (fs::temp_directory_path() / "complete_bench").string();
   int rounds = 5, staging_nice = 10, threads = 1;
   rl::FlagSet flags("complete_bench");
-  flags.String("model", &model, "served model folder (default: the made 0.5B Llama, bf16)");
+  flags.String("size", &size, "the made Llama's size: tiny, 0.5b, 1b, 8b");
   flags.String("work", &work, "scratch folder for the made models (removed at the end)");
   flags.Int("rounds", &rounds, "full syncs (medians)");
   flags.Int("staging-nice", &staging_nice, "the worker's --staging-nice");
@@ -158,17 +168,16 @@ int main(int argc, char** argv) {
   fs::create_directories(work);
   rl::model_io::MakeModelOptions m;
   m.arch = "llama";
-  m.size = "0.5b";
+  m.size = size;
   m.seed = 2;
   m.out_dir = work + "/trainer";
   absl::Status s = rl::model_io::MakeModel(m);
-  if (s.ok() && model.empty()) {
+  if (s.ok()) {
     m.seed = 1;
     m.out_dir = work + "/served";
-    model = m.out_dir;
     s = rl::model_io::MakeModel(m);
   }
-  if (s.ok()) s = Run(model, work + "/trainer", rounds, staging_nice, threads);
+  if (s.ok()) s = Run(work + "/served", work + "/trainer", rounds, staging_nice, threads);
   fs::remove_all(work, ec);
   (void)std::system("uptime");
   if (!s.ok()) {
