@@ -103,8 +103,10 @@ absl::StatusOr<UpdateGroups::Claim> WeightUpdateController::CheckAndClaim(
 
 void WeightUpdateController::ReceiveStarts() {
   // A served-digest hash still running holds the tensors an earlier update received: it stops
-  // (DigestAfterAnswer), so they are freed before this receive fills its own buffers.
+  // at its next tensor (DigestAfterAnswer) and they are freed (the hashing thread's Drain, as a
+  // stage drains the freeing thread) before this receive fills its own buffers.
   receives_.fetch_add(1);
+  hasher_.Drain();
 }
 
 absl::StatusOr<ReadVersion> WeightUpdateController::ReadFolder(

@@ -89,6 +89,8 @@ class WeightUpdateController final : public WeightUpdates {
   void WaitForServedDigest() { hasher_.Drain(); }
   // Bytes hashed for served or staged digests so far (tests: what was hashed twice).
   int64_t hashed_bytes() const { return hashed_bytes_.load(); }
+  // Receives started so far (ReceiveStarts; tests).
+  uint64_t receives_started() const { return receives_.load(); }
   const WeightShapes& served_shapes() const override { return served_shapes_; }
   // The served weights as read at Create (fixed for the life of the process).
   const std::vector<model::TensorInfo>& served_weights() const { return served_; }
@@ -225,7 +227,7 @@ class WeightUpdateController final : public WeightUpdates {
   void DigestAfterAnswer(uint64_t apply, std::vector<NamedTensor> tensors)
       ABSL_LOCKS_EXCLUDED(digest_mu_);
   // A receive (group claim, stage, disk read) starts: a served-digest hash in progress stops and
-  // frees the tensors it holds.
+  // the tensors it holds are freed before this returns (at most one tensor's hash later).
   void ReceiveStarts();
   // TensorDigest of every tensor, at the staging priority (SHA-256: ~1.5 GB/s).
   std::map<std::string, std::string> DigestTensors(const std::vector<NamedTensor>& tensors);

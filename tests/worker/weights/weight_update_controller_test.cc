@@ -640,9 +640,19 @@ TEST_F(WeightUpdateControllerTest, AReceiveDuringTheHashDropsIt) {
   ASSERT_TRUE(updates_->ReceiveWeights("train", Buckets(), Version(1)).ok());
   ASSERT_TRUE(digest_gate_->WaitEntered(1));
   const int64_t hashed = updates_->hashed_bytes();
-  ASSERT_TRUE(updates_->PrepareWeightsUpdate("train", Buckets()).ok());
+  // The Prepare stops the hash and waits until its tensors are freed: it answers once the gate
+  // lets the held job run (and end at once).
+  const uint64_t receives = updates_->receives_started();
+  std::future<absl::StatusOr<AdminOutcome>> prepare = std::async(
+      std::launch::async, [&] { return updates_->PrepareWeightsUpdate("train", Buckets()); });
+  // Open once the Prepare has started its receive (the hash must see it to stop).
+  for (int i = 0; i < 60000 && updates_->receives_started() == receives; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_NE(updates_->receives_started(), receives);
   digest_gate_->Open();
-  updates_->WaitForServedDigest();
+  ASSERT_EQ(prepare.wait_for(std::chrono::seconds(60)), std::future_status::ready);
+  ASSERT_TRUE(prepare.get().ok());
   EXPECT_EQ(updates_->hashed_bytes(), hashed);  // stopped before its first tensor
   EXPECT_FALSE(updates_->served_digest_pending());
   EXPECT_EQ(updates_->served_sha256(), "");
