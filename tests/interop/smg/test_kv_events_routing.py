@@ -42,8 +42,9 @@ class Fleet:
         try:
             for i in range(WORKERS):
                 log = logs / f"worker{i}.log"
-                s = Server([BIN / "rl-worker", "--model", STORIES, "--port", "0",
-                            "--metrics-port", "0"], log)
+                # A fixed port: a restarted worker comes back where the gateway looks for it.
+                s = Server([BIN / "rl-worker", "--model", STORIES, "--port", str(free_port()),
+                            "--metrics-port", "0"], log, tries=20)
                 self.workers.append(s)
                 m = wait_for(lambda: re.search(r"metrics on (http://\S+/metrics)",
                                                log.read_text()), f"worker {i}'s metrics address",
@@ -109,36 +110,55 @@ def rlctl_generate(worker, ids):
     assert r.returncode == 0, r.stderr
 
 
+def seed_and_route(fleet, rng, target, i):
+    """Caches a fresh prompt on worker `target` behind the gateway's back, waits until the
+    gateway counted its block stores, sends it (8 tokens longer) through the gateway and checks
+    it was served by `target` from its cache."""
+    vocab = range(3, 500)  # stories260K's 512 ids, past the specials
+    ids = [1] + [rng.choice(vocab) for _ in range(PROMPT_TOKENS - 1)]
+    blocks = fleet.smg_metrics().get("smg_kv_event_blocks_total", 0)
+    rlctl_generate(fleet.workers[target].address, ids)
+    # The stores reach the gateway asynchronously: wait until it counted them.
+    wait_for(lambda: fleet.smg_metrics().get("smg_kv_event_blocks_total", 0)
+             >= blocks + PROMPT_TOKENS // 16,
+             f"smg to receive prompt {i}'s block stores", timeout_s=20, detail=fleet.log_tail)
+    seen = [metrics(u) for u in fleet.metric_urls]
+    status, body = post(fleet.url + "/generate", {
+        "model": str(STORIES), "input_ids": ids + [rng.choice(vocab) for _ in range(8)],
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
+    assert status == 200, body
+    after = [metrics(u) for u in fleet.metric_urls]
+    served = [after[w]["rl_worker_prompt_tokens_total"] - seen[w]["rl_worker_prompt_tokens_total"]
+              for w in range(WORKERS)]
+    cached = [after[w]["rl_worker_cached_tokens_total"] - seen[w]["rl_worker_cached_tokens_total"]
+              for w in range(WORKERS)]
+    assert served[target] == PROMPT_TOKENS + 8, (
+        f"prompt {i} cached on worker {target} went elsewhere: prompt tokens per worker "
+        f"{served}\n{fleet.log_tail()}")
+    assert cached[target] >= PROMPT_TOKENS - 16, (i, cached)
+
+
 def test_cache_aware_routes_a_prefix_to_the_worker_that_holds_it(fleet):
     rng = random.Random(7)
-    vocab = range(3, 500)  # stories260K's 512 ids, past the specials
-    before = [metrics(u) for u in fleet.metric_urls]
-    batches0 = fleet.smg_metrics().get("smg_kv_event_blocks_total", 0)
     for i in range(PROMPTS):
-        ids = [1] + [rng.choice(vocab) for _ in range(PROMPT_TOKENS - 1)]
-        target = i % WORKERS
-        rlctl_generate(fleet.workers[target].address, ids)
-        # The stores reach the gateway asynchronously: wait until it counted them.
-        want = batches0 + (i + 1) * (PROMPT_TOKENS // 16)
-        wait_for(lambda: fleet.smg_metrics().get("smg_kv_event_blocks_total", 0) >= want,
-                 f"smg to receive prompt {i}'s block stores", timeout_s=20,
-                 detail=fleet.log_tail)
-        seen = [metrics(u) for u in fleet.metric_urls]
-        # The same prompt and a few new tokens, through the gateway.
-        status, body = post(fleet.url + "/generate", {
-            "model": str(STORIES), "input_ids": ids + [rng.choice(vocab) for _ in range(8)],
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0}})
-        assert status == 200, body
-        after = [metrics(u) for u in fleet.metric_urls]
-        served = [after[w]["rl_worker_prompt_tokens_total"] - seen[w]["rl_worker_prompt_tokens_total"]
-                  for w in range(WORKERS)]
-        cached = [after[w]["rl_worker_cached_tokens_total"] - seen[w]["rl_worker_cached_tokens_total"]
-                  for w in range(WORKERS)]
-        assert served[target] == PROMPT_TOKENS + 8, (
-            f"prompt {i} cached on worker {target} went elsewhere: prompt tokens per worker "
-            f"{served}\n{fleet.log_tail()}")
-        assert cached[target] >= PROMPT_TOKENS - 16, (i, cached)
-    # Every seeded prompt was prefilled where it was sent and served from that cache after.
-    total = [metrics(u)["rl_worker_cached_tokens_total"] - before[w]["rl_worker_cached_tokens_total"]
-             for w, u in enumerate(fleet.metric_urls)]
-    assert all(t >= 2 * (PROMPT_TOKENS - 16) for t in total), total
+        seed_and_route(fleet, rng, i % WORKERS, i)
+
+
+def test_a_restarted_worker_is_subscribed_to_again(fleet):
+    """A worker killed and restarted (its cache empty, its event stream new) is subscribed to
+    again, and a prefix cached on it afterwards is routed to it."""
+    subscriptions = fleet.smg_metrics().get("smg_kv_event_subscriptions_total", 0)
+    worker = fleet.workers[1]
+    worker.kill()
+    worker.start(tries=20)
+    wait_for(lambda: fleet.smg_metrics().get("smg_kv_event_subscriptions_total", 0)
+             > subscriptions, "smg to subscribe to the restarted worker", timeout_s=60,
+             interval_s=0.25, detail=fleet.log_tail)
+    # Its metrics listener moved (--metrics-port 0): read the new address.
+    urls = wait_for(lambda: re.findall(r"metrics on (http://\S+/metrics)",
+                                       worker.log_path.read_text())[1:],
+                    "the restarted worker's metrics address")
+    fleet.metric_urls[1] = urls[-1]
+    rng = random.Random(11)
+    for i in range(3):
+        seed_and_route(fleet, rng, 1, i)
