@@ -80,7 +80,8 @@ int main(int argc, char** argv) {
   flags.Bool("cpu-huge-pages", &config.cpu_huge_pages,
              "cpu: after every load or weight swap, move the served weights into 2 MiB pages "
              "on a background thread at nice 19 (MADV_COLLAPSE; decode streams them, and a TLB "
-             "miss per 4 KiB page cost it ~10%); --cpu-huge-pages=false keeps 4 KiB pages");
+             "miss per 4 KiB page cost it ~10%), and allocate the KV cache in 2 MiB pages "
+             "(MADV_HUGEPAGE); --cpu-huge-pages=false keeps 4 KiB pages");
   flags.Bool("disable-cuda-graph", &config.disable_cuda_graph,
              "cuda: run decode steps eagerly instead of replaying captured CUDA graphs");
   flags.Int("threads", &config.num_threads, "compute threads (0: all cores)");

@@ -57,6 +57,9 @@ class Backend {
 
   // Uninitialised memory (the OS commits host pages on first touch).
   virtual absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes) = 0;
+  // A layer's K or V cache: allocated once, when the model is set up, and read by every decode
+  // step. A backend may place it where that pays (the CPU's in 2 MiB pages); by default Allocate.
+  virtual absl::StatusOr<DeviceBuffer> AllocateKvCache(int64_t bytes) { return Allocate(bytes); }
   // Host → backend; `src` may be reused as soon as the call returns.
   virtual absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) = 0;
   // Backend → host, after every op queued before it has finished.

@@ -40,6 +40,7 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   CpuBackendOptions backend_options;
   backend_options.num_threads = options.num_threads;
   backend_options.bf16_products = options.cpu_bf16_products;
+  backend_options.huge_page_kv_cache = options.cpu_huge_pages;
   backend_options.profile = r->op_profile_.get();
   ASSIGN_OR_RETURN(r->backend_, CreateCpuBackend(backend_options));
   static std::once_flag logged;  // the CPU and the plan are the process's: one line

@@ -5,16 +5,20 @@
 // Memory: weights are read into memory the process owns, in their stored dtype; the KV cache
 // is float32, KvBytesPerSlot = layers · 2 · kv_heads · head_dim · 4 bytes per token slot,
 // allocated once, its pages committed up front (no page fault when a decode step writes a new
-// slot). The served weights are moved into 2 MiB pages in the background after every load or
-// swap (cpu_huge_pages.h: batch-1 decode streams them and a TLB miss per 4 KiB cost it 8-10%).
+// slot), in 2 MiB pages with cpu_huge_pages (CpuBackendOptions::huge_page_kv_cache: decode
+// attention reads one KV head's slice of each slot's row, a page per position in 4 KiB pages).
+// The served weights are moved into 2 MiB pages in the background after every load or swap
+// (cpu_huge_pages.h: batch-1 decode streams them and a TLB miss per 4 KiB cost it 8-10%).
 // Thread safety: as ModelRunner (engine thread only).
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/cpu/op_profile.h"
 #include "services/worker/model/backend.h"
 #include "services/worker/model/cpu_huge_pages.h"
@@ -54,6 +58,10 @@ class CpuModelRunner final : public ModelRunner {
   // Waits until the served weights' move into 2 MiB pages is done (or refused); for benchmarks
   // and tests, which should not time a forward pass while it runs.
   HugePageCollapser::Stats WaitForHugePages() { return huge_pages_.Wait(); }
+  // Each layer's K and V cache buffer (tests check where they live).
+  std::vector<absl::Span<const uint8_t>> KvCacheBytes() const {
+    return transformer_->KvCacheBytes();
+  }
 
  private:
   CpuModelRunner() = default;

@@ -28,12 +28,22 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
   const int64_t layer_bytes = (num_kv_slots + 1) * config.num_key_value_heads * config.head_dim *
                               model_io::DTypeSize(kv_dtype);
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    ASSIGN_OR_RETURN(DeviceBuffer k, backend->Allocate(layer_bytes));
-    ASSIGN_OR_RETURN(DeviceBuffer v, backend->Allocate(layer_bytes));
+    ASSIGN_OR_RETURN(DeviceBuffer k, backend->AllocateKvCache(layer_bytes));
+    ASSIGN_OR_RETURN(DeviceBuffer v, backend->AllocateKvCache(layer_bytes));
     t->k_cache_.push_back(std::move(k));
     t->v_cache_.push_back(std::move(v));
   }
   return t;
+}
+
+std::vector<absl::Span<const uint8_t>> Transformer::KvCacheBytes() const {
+  std::vector<absl::Span<const uint8_t>> out;
+  for (const std::vector<DeviceBuffer>* cache : {&k_cache_, &v_cache_}) {
+    for (const DeviceBuffer& b : *cache) {
+      out.emplace_back(static_cast<const uint8_t*>(b.data()), static_cast<size_t>(b.bytes()));
+    }
+  }
+  return out;
 }
 
 absl::Status Transformer::Reserve(DeviceBuffer* buffer, int64_t bytes) {

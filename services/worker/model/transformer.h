@@ -61,6 +61,8 @@ class Transformer {
   static int64_t KvBytesPerSlot(const model_io::ModelConfig& config,
                                 model_io::DType kv_dtype = model_io::DType::kF32);
   model_io::DType kv_dtype() const { return kv_dtype_; }
+  // The KV cache's buffers: every layer's K, then every layer's V (tests check where they live).
+  std::vector<absl::Span<const uint8_t>> KvCacheBytes() const;
 
  private:
   Transformer(const model_io::ModelConfig& config, Backend* backend, int64_t num_kv_slots)

@@ -1,17 +1,23 @@
 // HugePageCollapser: which regions it works on, that collapsing never changes a byte, that a new
 // job replaces the one in progress, and that destroying it mid-job returns; CpuModelRunner starts
-// a job at creation and at every weight swap, and none with cpu_huge_pages off.
+// a job at creation and at every weight swap, and none with cpu_huge_pages off; its KV cache is
+// advised into 2 MiB pages with cpu_huge_pages.
 #include "services/worker/model/cpu_huge_pages.h"
 
 #include <sys/mman.h>
 
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/model_io/model_config.h"
 #include "common/model_io/model_maker.h"
 #include "gtest/gtest.h"
 #include "services/worker/model/cpu_model_runner.h"
@@ -191,6 +197,57 @@ TEST(CpuModelRunnerHugePagesTest, AJobPerLoadAndSwapAndNoneWhenOff) {
     const std::vector<float> after = Logits(**r);
     ASSERT_EQ(before.size(), after.size());
     EXPECT_EQ(std::memcmp(before.data(), after.data(), before.size() * sizeof(float)), 0);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The VmFlags of the mapping in /proc/self/smaps that holds `address` ("" if none does).
+std::string VmFlagsAt(const void* address) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto a = reinterpret_cast<uintptr_t>(address);
+  bool inside = false;
+  for (std::string line; std::getline(smaps, line);) {
+    uintptr_t begin = 0, end = 0;
+    // A mapping's first line is "begin-end perms ..."; its fields ("Size:", ...) follow.
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " ", &begin, &end) == 2) {
+      inside = begin <= a && a < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+
+// cpu_huge_pages also puts the KV cache in 2 MiB pages: every layer's K and V buffer is a
+// MADV_HUGEPAGE mapping ("hg" in its VmFlags), and none is without it.
+TEST(CpuModelRunnerHugePagesTest, TheKvCacheIsAdvisedIntoHugePages) {
+  const std::string dir = testing::FreshTempDir("huge_pages_kv");
+  model_io::MakeModelOptions mo;
+  mo.arch = "qwen2";
+  mo.seed = 12;
+  mo.out_dir = dir;
+  ASSERT_TRUE(model_io::MakeModel(mo).ok());
+  auto config = model_io::LoadModelConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  for (bool on : {true, false}) {
+    SCOPED_TRACE(on ? "cpu_huge_pages on" : "off");
+    RunnerOptions ro;
+    ro.model_dir = dir;
+    // 4 MiB per layer's K and per layer's V.
+    ro.num_kv_slots = (int64_t{4} << 20) / (int64_t{config->num_key_value_heads} *
+                                            config->head_dim * static_cast<int64_t>(sizeof(float)));
+    ro.cpu_huge_pages = on;
+    auto r = CpuModelRunner::Create(ro);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const std::vector<absl::Span<const uint8_t>> kv = (*r)->KvCacheBytes();
+    ASSERT_FALSE(kv.empty());
+    for (absl::Span<const uint8_t> buffer : kv) {
+      ASSERT_GE(buffer.size(), 2 * kHuge);
+      if (on) EXPECT_EQ(reinterpret_cast<uintptr_t>(buffer.data()) % kHuge, 0u);
+      const std::string flags = VmFlagsAt(buffer.data() + buffer.size() / 2);
+      ASSERT_NE(flags, "") << "no mapping holds the KV cache";
+      EXPECT_EQ(flags.find(" hg") != std::string::npos, on) << flags;
+    }
   }
   std::filesystem::remove_all(dir);
 }
