@@ -275,8 +275,8 @@ void AttendRows(const float* const* q, float* const* out, const int64_t* len, co
   // One or two rows (a decode token's GQA group of 1 or 2) take 8 blocks (16 accumulators, 8 V
   // vectors and a broadcast): a head dim of 128 in one pass, so each V row is read once, whole.
   // Decode attention is a stream of one head's 512 bytes of each slot's row: in two passes over
-  // their halves a decode step of 16 x 300 positions took 1.82-1.96 ms per layer, in one pass
-  // 1.62-1.77 (attention_bench, Zen 5, 1 thread, KV in 2 MiB pages, 3 interleaved runs).
+  // their halves a decode step of 16 x 300 positions took 1.82-1.86 ms per layer, in one pass
+  // 1.59-1.62 (attention_bench, Zen 5, 1 thread, KV in 2 MiB pages, 3 interleaved runs, quiet).
   constexpr int kPvAccumulators = HWY_TARGET == HWY_AVX2 ? 8 : 24;
   constexpr int kBlocks =
       kR <= 2 && HWY_TARGET != HWY_AVX2 ? 8 : std::min(4, std::max(1, kPvAccumulators / kR));

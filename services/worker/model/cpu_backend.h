@@ -23,7 +23,7 @@ struct CpuBackendOptions {
   kernels::cpu::OpProfile* profile = nullptr;
   // The KV cache in 2 MiB pages (AllocateKvCache: MADV_HUGEPAGE before its pages are committed).
   // Decode attention reads one KV head's slice of each slot's row, in 4 KiB pages a TLB miss
-  // per position: 7-10% of the attention's time (attention_bench --huge-pages=false).
+  // per position: 8-10% of the attention's time (attention_bench --huge-pages=false).
   bool huge_page_kv_cache = false;
 };
 

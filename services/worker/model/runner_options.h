@@ -42,7 +42,7 @@ struct RunnerOptions {
   bool cpu_bf16_products = false;
   // CPU runner only: move the served weights into 2 MiB pages in the background after every
   // load or swap (cpu_huge_pages.h; batch-1 decode ~10% faster on Zen 5), and allocate the KV
-  // cache in them (CpuBackendOptions::huge_page_kv_cache; decode attention 7-10%). On by default.
+  // cache in them (CpuBackendOptions::huge_page_kv_cache; decode attention 8-10%). On by default.
   bool cpu_huge_pages = true;
   // CPU runner only: time every op per shape (CpuModelRunner::op_profile; runner_bench
   // --op-profile). Costs two clock reads per op.
