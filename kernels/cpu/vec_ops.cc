@@ -1,5 +1,7 @@
 #include "kernels/cpu/vec_ops.h"
 
+#include <cmath>
+
 // foreach_target first, then highway.h, then the per-target headers (not sorted):
 // clang-format off
 #undef HWY_TARGET_INCLUDE
@@ -113,6 +115,47 @@ void SiluMulRangeImpl(const float* gate, const float* up, float* out, int64_t n)
   }
 }
 
+void ExpShiftScaleImpl(const double* x, double* out, int64_t n, double shift, double scale) {
+  using DD = hn::ScalableTag<double>;
+  using VD = hn::Vec<DD>;
+  const DD d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const VD vshift = hn::Set(d, shift), vscale = hn::Set(d, scale);
+  const VD neg_inf = hn::Set(d, -HUGE_VAL);
+  auto exp = [&](VD v) {
+    return hn::IfThenZeroElse(hn::Eq(v, neg_inf), hn::Exp(d, hn::Mul(hn::Sub(v, vshift), vscale)));
+  };
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) hn::StoreU(exp(hn::LoadU(d, x + i)), d, out + i);
+  if (i < n) {  // the tail through a full vector, lane for lane the same operations
+    HWY_ALIGN double v[HWY_LANES(double)] = {}, o[HWY_LANES(double)];
+    for (int64_t t = 0; t < n - i; ++t) v[t] = x[i + t];
+    hn::Store(exp(hn::Load(d, v)), d, o);
+    for (int64_t t = 0; t < n - i; ++t) out[i + t] = o[t];
+  }
+}
+
+double SumExpScaledImpl(const float* x, int64_t n, double scale, double shift) {
+  using DD = hn::ScalableTag<double>;
+  using VD = hn::Vec<DD>;
+  const DD d;
+  const hn::Rebind<float, DD> df;  // half a vector of floats, one per double lane
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const VD vshift = hn::Set(d, shift), vscale = hn::Set(d, scale);
+  auto exp = [&](VD v) { return hn::Exp(d, hn::Sub(hn::Mul(v, vscale), vshift)); };
+  VD sum = hn::Zero(d);
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes)
+    sum = hn::Add(sum, exp(hn::PromoteTo(d, hn::LoadU(df, x + i))));
+  if (i < n) {  // the tail's lanes through a full vector; the lanes past it add nothing
+    HWY_ALIGN double v[HWY_LANES(double)] = {};
+    for (int64_t t = 0; t < n - i; ++t) v[t] = static_cast<double>(x[i + t]);
+    const VD e = exp(hn::Load(d, v));
+    sum = hn::Add(sum, hn::IfThenElseZero(hn::FirstN(d, static_cast<size_t>(n - i)), e));
+  }
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace rl::kernels::cpu
 HWY_AFTER_NAMESPACE();
@@ -127,6 +170,8 @@ HWY_EXPORT(ScaleImpl);
 HWY_EXPORT(XorWordsImpl);
 HWY_EXPORT(RotateHalvesImpl);
 HWY_EXPORT(SiluMulRangeImpl);
+HWY_EXPORT(ExpShiftScaleImpl);
+HWY_EXPORT(SumExpScaledImpl);
 
 float Dot(const float* a, const float* b, int64_t n) {
   return HWY_DYNAMIC_DISPATCH(DotImpl)(a, b, n);
@@ -145,6 +190,13 @@ uint64_t XorWords(const void* data, int64_t bytes) {
 
 void SiluMulRange(const float* gate, const float* up, float* out, int64_t n) {
   if (n > 0) HWY_DYNAMIC_DISPATCH(SiluMulRangeImpl)(gate, up, out, n);
+}
+
+void ExpShiftScale(const double* x, double* out, int64_t n, double shift, double scale) {
+  HWY_DYNAMIC_DISPATCH(ExpShiftScaleImpl)(x, out, n, shift, scale);
+}
+double SumExpScaled(const float* x, int64_t n, double scale, double shift) {
+  return HWY_DYNAMIC_DISPATCH(SumExpScaledImpl)(x, n, scale, shift);
 }
 
 }  // namespace rl::kernels::cpu

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "common/status.h"
+#include "kernels/cpu/vec_ops.h"
 
 namespace rl::engine {
 namespace {
@@ -138,9 +139,8 @@ int32_t Sampler::Sample(const SampleInput& in) {
 
   const double inv_t = 1.0 / p.temperature;
   const double zmax = z_[best];
-  for (int64_t i = 0; i < vocab; ++i) {
-    z_[i] = z_[i] == kNegInf ? 0.0 : std::exp((z_[i] - zmax) * inv_t);  // unnormalized prob
-  }
+  // Unnormalized probabilities: e^((z - zmax) / T), 0 for a masked token.
+  kernels::cpu::ExpShiftScale(z_.data(), z_.data(), vocab, zmax, inv_t);
   const double u = CounterUniform(in.seed, static_cast<uint64_t>(in.step));
   const bool top_k_on = p.top_k > 0 && p.top_k < vocab;
   if (!top_k_on && p.top_p >= 1.0 && p.min_p <= 0.0) {
@@ -204,9 +204,7 @@ TokenLogprob Sampler::Logprob(const float* logits, int64_t vocab, double tempera
   const double inv_t = 1.0 / temperature;
   double zmax = kNegInf;
   for (int64_t i = 0; i < vocab; ++i) zmax = std::max(zmax, logits[i] * inv_t);
-  double sum = 0;
-  for (int64_t i = 0; i < vocab; ++i) sum += std::exp(logits[i] * inv_t - zmax);
-  const double log_z = zmax + std::log(sum);
+  const double log_z = zmax + std::log(kernels::cpu::SumExpScaled(logits, vocab, inv_t, zmax));
   TokenLogprob out;
   out.token_id = token;
   out.logprob = logits[token] * inv_t - log_z;
