@@ -25,8 +25,8 @@ void SiluMulRange(const float* gate, const float* up, float* out, int64_t n);
 void RotateHalves(float* x, const float* cos, const float* sin, int64_t half);
 // out[i] = x[i] == -inf ? 0 : e^((x[i] − shift) · scale) in double (the difference, then the
 // product, each rounded; then Highway's vectorized Exp, within 1 ULP of std::exp, 0 below
-// e^-1000): the sampler's unnormalized probabilities, 4-8x faster than a loop of std::exp.
-// `out` may be `x`.
+// e^-1000 and for a NaN argument, where std::exp gives NaN): the sampler's unnormalized
+// probabilities, a vector of lanes per step instead of a call per element. `out` may be `x`.
 void ExpShiftScale(const double* x, double* out, int64_t n, double shift, double scale);
 // Σ_i e^(x[i] · scale − shift) in double over float x (x[i] widened, the product, then the
 // difference, each rounded; Exp as above), summed in per-lane partial sums in index order, then
