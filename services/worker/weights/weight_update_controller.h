@@ -197,7 +197,6 @@ class WeightUpdateController final : public WeightUpdates {
   absl::StatusOr<ReadVersion> BuildDelta(const std::string& what, const DeltaUpdate& update,
                                          std::optional<int64_t> weight_version);
 
-  // StageTicket::Commit of BeginStage.
   // StageTicket::Commit of BeginStage; `digests` the tensors' TensorDigests when known (else
   // computed here).
   absl::StatusOr<AdminOutcome> CommitStage(const std::string& source,

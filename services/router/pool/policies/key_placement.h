@@ -46,7 +46,8 @@ std::string PlacementKey(const PickRequest& request);
 class KeyPlacement {
  public:
   static constexpr size_t kMaxKeys = 32768;
-  // New keys remembered per worker for spreading the next ones (a step's prompt groups).
+  // How many of the latest new keys' workers are remembered (over all workers) to spread the
+  // next ones (a step's prompt groups).
   static constexpr size_t kRecentKeys = 64;
 
   // Where a request of `key` (non-empty) goes among `candidates` (non-empty, sorted by
